@@ -1,0 +1,81 @@
+"""The ``kvtrace`` command.
+
+Each sub-command lives in its own module, which defines ``add_arguments(parser)`` and
+``run(args) -> int``; the docstring of ``run`` is the command's ``--help``.  Modules are imported
+only when their command runs, so ``kvtrace query`` never imports aiohttp or Streamlit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# command -> module implementing it (order = order in --help)
+COMMANDS: dict[str, str] = {
+    "demo": "kvtrace.analysis.demo",
+    "sim": "kvtrace.sim.cli",
+    "proxy": "kvtrace.proxy.cli",
+    "bench": "kvtrace.agent.bench_cli",
+    "query": "kvtrace.store.cli",
+    "report": "kvtrace.analysis.report_cli",
+    "dashboard": "kvtrace.analysis.dashboard_cli",
+    "collect": "kvtrace.collect.cli",
+}
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2, no traceback."""
+
+
+def _load(module: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None  # command not part of this build
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvtrace", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = _load(module_name)
+        if module is None:
+            continue
+        doc = (module.run.__doc__ or "").strip()
+        p = sub.add_parser(
+            name,
+            help=doc.splitlines()[0] if doc else name,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except CLIError as exc:
+        print(f"kvtrace {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

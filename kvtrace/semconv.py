@@ -1,0 +1,583 @@
+"""The kvtrace span contract: every span name, attribute key, event name and enumerated value.
+
+Nothing else in kvtrace types one of these strings.  OpenTelemetry names are reused where one
+exists (``gen_ai.*`` GenAI semantic conventions, ``session.id``, ``error.type``, ``server.*``,
+``http.*``); everything else lives under the ``kvtrace.`` namespace.
+
+``docs/semconv.md`` is generated from :data:`SPANS`, :data:`RESOURCE`, :data:`EVENTS` and
+:data:`KV_TRANSFER_FIELDS` with ``python -m kvtrace.semconv``; a test fails when a constant
+defined here is missing from it.
+
+Timebase: every span carries wall-clock timestamps of the process that emitted it.  The
+simulator compresses time by ``kvtrace.sim.time_scale`` (a resource attribute); multiply its
+durations by that factor to read them in simulated model time.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------
+# Span names
+# --------------------------------------------------------------------------------------------
+SPAN_PROXY_REQUEST = "kvtrace.proxy.request"  # SERVER, root of a proxied request
+SPAN_PROXY_PREFILL = "kvtrace.proxy.prefill"  # CLIENT, the P leg
+SPAN_PROXY_DECODE = "kvtrace.proxy.decode"  # CLIENT, the D leg
+SPAN_ENGINE_PREFILL = "kvtrace.engine.prefill"  # INTERNAL, a request's life on a prefill worker
+SPAN_ENGINE_DECODE = "kvtrace.engine.decode"  # INTERNAL, a request's life on a decode worker
+SPAN_KV_DECISION = "kvtrace.kv.decision"  # INTERNAL, pull-vs-recompute decision
+SPAN_KV_TRANSFER = "kvtrace.kv.transfer"  # INTERNAL, one KV load (d2p or p2d)
+SPAN_KV_RETENTION = "kvtrace.kv.retention"  # INTERNAL, blocks pinned on D after a turn
+SPAN_AGENT_SESSION = "kvtrace.agent.session"  # INTERNAL, invoke_agent
+SPAN_AGENT_TURN = "kvtrace.agent.turn"  # INTERNAL, one user turn of a session
+SPAN_AGENT_LLM_CALL = "kvtrace.agent.llm_call"  # CLIENT, chat
+SPAN_AGENT_TOOL_CALL = "kvtrace.agent.tool_call"  # INTERNAL, execute_tool (a tool wait)
+SPAN_AGENT_APP_WORK = "kvtrace.agent.app_work"  # INTERNAL, the agent's own work
+
+# --------------------------------------------------------------------------------------------
+# Event names
+# --------------------------------------------------------------------------------------------
+EVENT_FIRST_TOKEN = "kvtrace.first_token"
+EVENT_LAST_TOKEN = "kvtrace.last_token"
+EVENT_UPSTREAM_ERROR = "kvtrace.upstream_error"
+EVENT_CLIENT_DISCONNECT = "kvtrace.client_disconnect"
+EVENT_NIXL_STATS = "kvtrace.nixl.stats"
+
+# --------------------------------------------------------------------------------------------
+# OpenTelemetry attribute names reused as they are
+# --------------------------------------------------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only with KVTRACE_CAPTURE_CONTENT
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only with KVTRACE_CAPTURE_CONTENT
+SESSION_ID = "session.id"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+SERVICE_NAME = "service.name"
+SERVICE_INSTANCE_ID = "service.instance.id"
+HOST_NAME = "host.name"
+
+# gen_ai.operation.name values
+OP_CHAT = "chat"
+OP_TEXT_COMPLETION = "text_completion"
+OP_EXECUTE_TOOL = "execute_tool"
+OP_INVOKE_AGENT = "invoke_agent"
+
+# --------------------------------------------------------------------------------------------
+# kvtrace attributes
+# --------------------------------------------------------------------------------------------
+# request identity, shared by proxy, engine and agent spans
+TURN_INDEX = "kvtrace.turn.index"
+REQUEST_STREAM = "kvtrace.request.stream"
+REQUEST_TTFT_MS = "kvtrace.request.ttft_ms"
+REQUEST_LATENCY_MS = "kvtrace.request.latency_ms"
+REQUEST_CACHED_TOKENS = "kvtrace.request.cached_tokens"
+
+# proxy
+PROXY_OFFER = "kvtrace.proxy.offer"  # bool: D's blocks were offered to P
+PROXY_OFFER_REASON = "kvtrace.proxy.offer_reason"
+PROXY_ENTRY_AGE_S = "kvtrace.proxy.entry_age_s"
+PROXY_FALLBACK = "kvtrace.proxy.fallback"
+PROXY_PREFILL_ENDPOINT = "kvtrace.proxy.prefill_endpoint"
+PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
+
+# engine / connector identity (also resource attributes of connector processes)
+ENGINE_ID = "kvtrace.engine.id"
+ENGINE_ROLE = "kvtrace.engine.role"
+SUBSTRATE = "kvtrace.substrate"
+SIM_TIME_SCALE = "kvtrace.sim.time_scale"
+SIM_PRESET = "kvtrace.sim.preset"
+
+# decision
+KV_OUTCOME = "kvtrace.kv.outcome"
+KV_DIRECTION = "kvtrace.kv.direction"
+KV_PROMPT_TOKENS = "kvtrace.kv.prompt_tokens"
+KV_LOCAL_HIT_TOKENS = "kvtrace.kv.local_hit_tokens"
+KV_REMOTE_TOKENS = "kvtrace.kv.remote_tokens"
+KV_PULLED_TOKENS = "kvtrace.kv.pulled_tokens"
+KV_RECOMPUTED_TOKENS = "kvtrace.kv.recomputed_tokens"
+KV_THRESHOLD = "kvtrace.kv.threshold"
+KV_EXPIRY_DEADLINE = "kvtrace.kv.expiry_deadline"
+KV_EXPIRY_REMAINING_S = "kvtrace.kv.expiry_remaining_s"
+KV_PEER_ENGINE_ID = "kvtrace.kv.peer_engine_id"
+KV_REMOTE_REQUEST_ID = "kvtrace.kv.remote_request_id"
+KV_LOAD_FAILURE_POLICY = "kvtrace.kv.load_failure_policy"
+
+# transfer
+KV_TRANSFER_TOKENS = "kvtrace.kv.transfer.tokens"
+KV_TRANSFER_BLOCKS = "kvtrace.kv.transfer.blocks"
+KV_TRANSFER_BYTES = "kvtrace.kv.transfer.bytes"
+KV_TRANSFER_XFER_MS = "kvtrace.kv.transfer.xfer_ms"
+KV_TRANSFER_POST_MS = "kvtrace.kv.transfer.post_ms"
+KV_TRANSFER_STATUS = "kvtrace.kv.transfer.status"
+
+# retention
+KV_RETENTION_BLOCKS = "kvtrace.kv.retention.blocks"
+KV_RETENTION_TOKENS = "kvtrace.kv.retention.tokens"
+KV_RETENTION_BYTES = "kvtrace.kv.retention.bytes"
+KV_RETENTION_TTL_S = "kvtrace.kv.retention.ttl_s"
+KV_RETENTION_OUTCOME = "kvtrace.kv.retention.outcome"
+
+# nixl worker stats (event attributes)
+NIXL_NUM_TRANSFERS = "kvtrace.nixl.num_transfers"
+NIXL_BYTES = "kvtrace.nixl.bytes"
+NIXL_XFER_MS = "kvtrace.nixl.xfer_ms"
+NIXL_POST_MS = "kvtrace.nixl.post_ms"
+NIXL_NUM_FAILED = "kvtrace.nixl.num_failed"
+NIXL_NUM_EXPIRED = "kvtrace.nixl.num_expired"
+
+# agent
+AGENT_WORK_NAME = "kvtrace.agent.work_name"
+AGENT_SCENARIO = "kvtrace.agent.scenario"
+LLM_TTFT_MS = "kvtrace.llm.ttft_ms"
+LLM_TPOT_MS = "kvtrace.llm.tpot_ms"
+
+# --------------------------------------------------------------------------------------------
+# Enumerated values
+# --------------------------------------------------------------------------------------------
+OUTCOME_PULLED = "pulled"
+OUTCOME_BELOW_THRESHOLD = "below_threshold"
+OUTCOME_EXPIRED = "expired"
+OUTCOME_NO_REMOTE = "no_remote"
+OUTCOME_LOCAL_HIT = "local_hit"
+OUTCOME_FAILED = "failed"
+OUTCOMES = (
+    OUTCOME_PULLED,
+    OUTCOME_BELOW_THRESHOLD,
+    OUTCOME_EXPIRED,
+    OUTCOME_NO_REMOTE,
+    OUTCOME_LOCAL_HIT,
+    OUTCOME_FAILED,
+)
+
+DIRECTION_D2P = "d2p"  # reverse: next turn's P pulls D's retained blocks (bidirectional)
+DIRECTION_P2D = "p2d"  # forward: D pulls the prompt's blocks from P
+DIRECTIONS = (DIRECTION_D2P, DIRECTION_P2D)
+
+TRANSFER_OK = "ok"
+TRANSFER_FAILED = "failed"
+TRANSFER_EXPIRED = "expired"
+TRANSFER_STATUSES = (TRANSFER_OK, TRANSFER_FAILED, TRANSFER_EXPIRED)
+
+RETENTION_READ = "read"
+RETENTION_EXPIRED = "expired"
+RETENTION_RELEASED = "released"
+RETENTION_OUTCOMES = (RETENTION_READ, RETENTION_EXPIRED, RETENTION_RELEASED)
+
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+ROLE_BOTH = "both"
+ROLES = (ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH)
+
+SUBSTRATE_SIM = "sim"
+SUBSTRATE_VLLM = "vllm"
+SUBSTRATES = (SUBSTRATE_SIM, SUBSTRATE_VLLM)
+
+OFFER_OFFERED = "offered"
+OFFER_NO_CONVERSATION_ID = "no_conversation_id"
+OFFER_NO_ENTRY = "no_entry"
+OFFER_ENTRY_TOO_OLD = "entry_too_old"
+OFFER_DISABLED = "disabled"
+OFFER_REASONS = (
+    OFFER_OFFERED,
+    OFFER_NO_CONVERSATION_ID,
+    OFFER_NO_ENTRY,
+    OFFER_ENTRY_TOO_OLD,
+    OFFER_DISABLED,
+)
+
+FALLBACK_NONE = "none"
+FALLBACK_DECODE_ONLY = "decode_only"
+FALLBACKS = (FALLBACK_NONE, FALLBACK_DECODE_ONLY)
+
+# --------------------------------------------------------------------------------------------
+# Wire objects
+# --------------------------------------------------------------------------------------------
+# Key of the kvtrace entry inside vLLM's ``kv_transfer_params`` (both directions), of the
+# ``kv_transfer`` object the proxy adds to responses, and of the response header.
+KV_PARAMS_KEY = "kvtrace"
+RESPONSE_KV_TRANSFER = "kv_transfer"
+HEADER_TRACE_ID = "x-kvtrace-trace-id"
+HEADER_SESSION_ID = "X-Session-ID"
+HEADER_REQUEST_ID = "X-Request-Id"
+BODY_CONVERSATION_ID = "conversation_id"
+BAGGAGE_SESSION_ID = SESSION_ID
+
+# fields of the ``kvtrace`` entry the proxy puts into kv_transfer_params (request direction)
+CTX_TRACEPARENT = "traceparent"
+CTX_SESSION_ID = "session_id"
+CTX_TURN = "turn"
+
+# fields of the ``kvtrace`` object the connector / simulator returns in kv_transfer_params,
+# and (merged, with the proxy's fields) of the ``kv_transfer`` object sent to the client
+KVT_TRACE_ID = "trace_id"
+KVT_REQUEST_ID = "request_id"
+KVT_SESSION_ID = "session_id"
+KVT_TURN = "turn"
+KVT_ENGINE_ID = "engine_id"
+KVT_ROLE = "role"
+KVT_DECISION = "decision"
+KVT_PROMPT_TOKENS = "prompt_tokens"
+KVT_LOCAL_HIT_TOKENS = "local_hit_tokens"
+KVT_REMOTE_TOKENS = "remote_tokens"
+KVT_PULLED_TOKENS = "pulled_tokens"
+KVT_RECOMPUTED_TOKENS = "recomputed_tokens"
+KVT_BYTES = "bytes"
+KVT_TRANSFER_MS = "transfer_ms"
+KVT_PEER_ENGINE_ID = "peer_engine_id"
+KVT_RETAINED_BLOCKS = "retained_blocks"
+KVT_RETAINED_BYTES = "retained_bytes"
+KVT_RETAINED_TTL_S = "retained_ttl_s"
+KVT_OFFERED = "offered"
+KVT_OFFER_REASON = "offer_reason"
+KVT_PREFILL = "prefill"
+KVT_DECODE = "decode"
+KVT_FALLBACK = "fallback"
+KVT_TTFT_MS = "ttft_ms"
+
+# --------------------------------------------------------------------------------------------
+# The documented contract (drives docs/semconv.md and the documentation test)
+# --------------------------------------------------------------------------------------------
+_ID = {
+    SESSION_ID: "Conversation / agent session id (same value as gen_ai.conversation.id).",
+    GEN_AI_CONVERSATION_ID: "Conversation id (OTel GenAI).",
+    TURN_INDEX: "0-based turn index within the session (int).",
+    GEN_AI_REQUEST_ID: "The X-Request-Id shared by the proxy, P and D (vLLM's request id base).",
+}
+_ENGINE = {
+    ENGINE_ID: "vLLM engine id of the emitting worker.",
+    ENGINE_ROLE: f"Role of the emitting worker: {', '.join(ROLES)}.",
+}
+
+SPANS: dict[str, dict] = {
+    SPAN_PROXY_REQUEST: {
+        "kind": "SERVER",
+        "emitter": "proxy",
+        "doc": "One client request through the proxy; root of the trace unless the client sent a "
+        "traceparent. Events: first token, last token, upstream error, client disconnect.",
+        "attributes": {
+            **_ID,
+            GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
+            GEN_AI_REQUEST_MODEL: "Model named by the client.",
+            GEN_AI_REQUEST_MAX_TOKENS: "max_tokens asked by the client (int).",
+            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (from D's usage).",
+            GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (from D's usage).",
+            GEN_AI_RESPONSE_FINISH_REASONS: "Finish reasons (string array).",
+            HTTP_REQUEST_METHOD: "HTTP method.",
+            URL_PATH: "Route, e.g. /v1/chat/completions.",
+            HTTP_RESPONSE_STATUS_CODE: "Status returned to the client (int).",
+            REQUEST_STREAM: "Client asked for streaming (bool).",
+            REQUEST_TTFT_MS: "Time to first token seen by the proxy, ms (float).",
+            REQUEST_LATENCY_MS: "Completed latency, ms (float).",
+            PROXY_OFFER: "D's retained blocks were offered to P (bool).",
+            PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}.",
+            PROXY_ENTRY_AGE_S: "Age of the conversation-table entry when offered, s (float).",
+            PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
+            PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
+            PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
+            KV_OUTCOME: "P's decision outcome as reported by P (when known).",
+            KV_PULLED_TOKENS: "Tokens P pulled from D (int).",
+            ERROR_TYPE: "Error class when the request failed.",
+        },
+    },
+    SPAN_PROXY_PREFILL: {
+        "kind": "CLIENT",
+        "emitter": "proxy",
+        "doc": "The P leg (max_tokens=1, non-streaming).",
+        "attributes": {
+            **_ID,
+            SERVER_ADDRESS: "P host.",
+            SERVER_PORT: "P port (int).",
+            HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
+            PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
+            ERROR_TYPE: "Error class when the leg failed.",
+        },
+    },
+    SPAN_PROXY_DECODE: {
+        "kind": "CLIENT",
+        "emitter": "proxy",
+        "doc": "The D leg (always streaming).",
+        "attributes": {
+            **_ID,
+            SERVER_ADDRESS: "D host.",
+            SERVER_PORT: "D port (int).",
+            HTTP_RESPONSE_STATUS_CODE: "D's status (int).",
+            REQUEST_TTFT_MS: "First streamed token after the leg started, ms (float).",
+            ERROR_TYPE: "Error class when the leg failed.",
+        },
+    },
+    SPAN_ENGINE_PREFILL: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator on P",
+        "doc": "A prefill request's life on P, from the connector first seeing it to "
+        "request_finished. Parent: the proxy's P leg.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_PROMPT_TOKENS: "Prompt tokens (int).",
+            REQUEST_CACHED_TOKENS: "Tokens not computed on this worker (local hit + pulled).",
+        },
+    },
+    SPAN_ENGINE_DECODE: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator on D",
+        "doc": "A decode request's life on D. Parent: the proxy's D leg.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_PROMPT_TOKENS: "Prompt tokens (int).",
+            GEN_AI_USAGE_OUTPUT_TOKENS: "Tokens generated (int).",
+            REQUEST_CACHED_TOKENS: "Tokens not computed on this worker (local hit + pulled).",
+        },
+    },
+    SPAN_KV_DECISION: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator",
+        "doc": "The pull-vs-recompute decision for one request, from the scheduler's "
+        "get_num_new_matched_tokens until its outcome is known (a pull's outcome is final when the "
+        "load finishes). Direction d2p on P (bidirectional reuse), p2d on D.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_OUTCOME: f"One of: {', '.join(OUTCOMES)}.",
+            KV_DIRECTION: f"{DIRECTION_D2P} (P pulling D's blocks) or {DIRECTION_P2D}.",
+            KV_PROMPT_TOKENS: "Prompt tokens of the request (int).",
+            KV_LOCAL_HIT_TOKENS: "Tokens already in the local prefix cache (int).",
+            KV_REMOTE_TOKENS: "Reusable tokens the peer offered (remote_num_tokens, int).",
+            KV_PULLED_TOKENS: "Tokens loaded from the peer (int).",
+            KV_RECOMPUTED_TOKENS: "Prompt tokens computed locally (int).",
+            KV_THRESHOLD: "kv_recompute_threshold in force (int).",
+            KV_EXPIRY_DEADLINE: "Peer's remote_blocks_expiry_time (peer clock, float).",
+            KV_EXPIRY_REMAINING_S: "Seconds left before expiry at decision time (float).",
+            KV_PEER_ENGINE_ID: "Peer engine id (remote_engine_id).",
+            KV_REMOTE_REQUEST_ID: "Peer's request id (remote_request_id).",
+            KV_LOAD_FAILURE_POLICY: "kv_load_failure_policy: fail or recompute.",
+            ERROR_TYPE: "Error class when the outcome is failed.",
+        },
+    },
+    SPAN_KV_TRANSFER: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator",
+        "doc": "One asynchronous KV load, from being scheduled to finished/failed receiving. "
+        "Parent: the decision span.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_DIRECTION: f"{DIRECTION_D2P} or {DIRECTION_P2D}.",
+            KV_TRANSFER_TOKENS: "Tokens loaded (int).",
+            KV_TRANSFER_BLOCKS: "Blocks loaded (int).",
+            KV_TRANSFER_BYTES: "Bytes loaded, from the KV cache page sizes (int).",
+            KV_TRANSFER_XFER_MS: "Transport time reported by the worker, ms (float).",
+            KV_TRANSFER_POST_MS: "Time to post the transfer, ms (float).",
+            KV_TRANSFER_STATUS: f"One of: {', '.join(TRANSFER_STATUSES)}.",
+            KV_PEER_ENGINE_ID: "Engine the blocks came from.",
+            KV_REMOTE_REQUEST_ID: "Peer's request id.",
+            ERROR_TYPE: "Error class when the transfer failed.",
+        },
+    },
+    SPAN_KV_RETENTION: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator on D",
+        "doc": "Blocks D pins after a finished request (bidirectional), until read by the next "
+        "turn, expired, or freed. Parent: the D engine span.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_RETENTION_BLOCKS: "Blocks held (int).",
+            KV_RETENTION_TOKENS: "Tokens held (int).",
+            KV_RETENTION_BYTES: "Bytes held (int).",
+            KV_RETENTION_TTL_S: "decoder_kv_blocks_ttl, s (float).",
+            KV_RETENTION_OUTCOME: f"One of: {', '.join(RETENTION_OUTCOMES)}.",
+            KV_EXPIRY_DEADLINE: "remote_blocks_expiry_time returned (D clock, float).",
+        },
+    },
+    SPAN_AGENT_SESSION: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "A whole agent session (gen_ai.operation.name=invoke_agent).",
+        "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_INVOKE_AGENT}`.",
+            GEN_AI_AGENT_NAME: "Agent or scenario name.",
+            SESSION_ID: "Session id.",
+            GEN_AI_CONVERSATION_ID: "Same value.",
+            AGENT_SCENARIO: "Bench scenario name, when driven by kvtrace bench.",
+        },
+    },
+    SPAN_AGENT_TURN: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "One turn of a session: LLM calls, tool waits and app work until the answer.",
+        "attributes": {SESSION_ID: "Session id.", TURN_INDEX: "Turn index (int)."},
+    },
+    SPAN_AGENT_LLM_CALL: {
+        "kind": "CLIENT",
+        "emitter": "agent API / bench",
+        "doc": "One call to the OpenAI-compatible endpoint (gen_ai.operation.name=chat).",
+        "attributes": {
+            **_ID,
+            GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
+            GEN_AI_REQUEST_MODEL: "Model.",
+            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (int).",
+            GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (int).",
+            LLM_TTFT_MS: "Time to first token, ms (float).",
+            LLM_TPOT_MS: "Time per output token after the first, ms (float).",
+            KV_OUTCOME: "Decision outcome from the kv_transfer metadata.",
+            KV_PULLED_TOKENS: "Pulled tokens from the kv_transfer metadata (int).",
+            GEN_AI_INPUT_MESSAGES: "Prompt (only with KVTRACE_CAPTURE_CONTENT=1).",
+            GEN_AI_OUTPUT_MESSAGES: "Completion (only with KVTRACE_CAPTURE_CONTENT=1).",
+            ERROR_TYPE: "Error class when the call failed.",
+        },
+    },
+    SPAN_AGENT_TOOL_CALL: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "A tool call: the agent waits (gen_ai.operation.name=execute_tool).",
+        "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_EXECUTE_TOOL}`.",
+            GEN_AI_TOOL_NAME: "Tool name.",
+            GEN_AI_TOOL_CALL_ID: "Tool call id.",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int).",
+            ERROR_TYPE: "Error class when the tool failed.",
+        },
+    },
+    SPAN_AGENT_APP_WORK: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "Explicit application work (parsing, planning, I/O) between calls.",
+        "attributes": {
+            AGENT_WORK_NAME: "What the work was.",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int).",
+        },
+    },
+}
+
+EVENTS: dict[str, dict] = {
+    EVENT_FIRST_TOKEN: {"on": SPAN_PROXY_REQUEST, "doc": "First generated token reached the proxy.", "attributes": {}},
+    EVENT_LAST_TOKEN: {"on": SPAN_PROXY_REQUEST, "doc": "Last generated token reached the proxy.", "attributes": {}},
+    EVENT_UPSTREAM_ERROR: {
+        "on": SPAN_PROXY_REQUEST,
+        "doc": "A worker failed (connect, 5xx, stream cut).",
+        "attributes": {ERROR_TYPE: "Error class.", SERVER_ADDRESS: "Worker host.", SERVER_PORT: "Worker port."},
+    },
+    EVENT_CLIENT_DISCONNECT: {"on": SPAN_PROXY_REQUEST, "doc": "The client went away; upstream requests were cancelled.", "attributes": {}},
+    EVENT_NIXL_STATS: {
+        "on": "connector worker spans / engine spans",
+        "doc": "NIXL transfer telemetry that could not be attributed to one request.",
+        "attributes": {
+            NIXL_NUM_TRANSFERS: "Transfers in the interval (int).",
+            NIXL_BYTES: "Bytes moved (int).",
+            NIXL_XFER_MS: "Summed transfer time, ms (float).",
+            NIXL_POST_MS: "Summed post time, ms (float).",
+            NIXL_NUM_FAILED: "Failed transfers (int).",
+            NIXL_NUM_EXPIRED: "Reads declined as expired (int).",
+        },
+    },
+}
+
+RESOURCE: dict[str, str] = {
+    SERVICE_NAME: "kvtrace-proxy, kvtrace-sim-prefill, kvtrace-sim-decode, vllm-prefill, vllm-decode, kvtrace-agent, kvtrace-bench.",
+    SERVICE_INSTANCE_ID: "Unique per process.",
+    HOST_NAME: "Host name.",
+    SUBSTRATE: f"{SUBSTRATE_SIM} or {SUBSTRATE_VLLM} (connector / simulator processes).",
+    ENGINE_ID: "vLLM engine id (connector / simulator processes).",
+    ENGINE_ROLE: f"{', '.join(ROLES)} (connector / simulator processes).",
+    SIM_TIME_SCALE: "Simulator time compression factor (float; 1.0 = real time).",
+    SIM_PRESET: "Simulator cost-model preset.",
+}
+
+KV_TRANSFER_FIELDS: dict[str, str] = {
+    KVT_TRACE_ID: "Trace id (32 hex) of the request; also in the x-kvtrace-trace-id header.",
+    KVT_REQUEST_ID: "X-Request-Id shared with the workers.",
+    KVT_SESSION_ID: "Conversation id, or null.",
+    KVT_TURN: "Turn index the proxy assigned (int), or null.",
+    KVT_OFFERED: "The proxy offered D's retained blocks to P (bool).",
+    KVT_OFFER_REASON: f"Why (or why not): {', '.join(OFFER_REASONS)}.",
+    KVT_DECISION: f"P's outcome: {', '.join(OUTCOMES)}, or null when P is not instrumented.",
+    KVT_PROMPT_TOKENS: "Prompt tokens (int).",
+    KVT_LOCAL_HIT_TOKENS: "Tokens P found in its own prefix cache (int).",
+    KVT_REMOTE_TOKENS: "Reusable tokens D offered (int).",
+    KVT_PULLED_TOKENS: "Tokens P pulled from D (int).",
+    KVT_RECOMPUTED_TOKENS: "Prompt tokens P computed (int).",
+    KVT_BYTES: "Bytes P pulled (int).",
+    KVT_TRANSFER_MS: "Pull duration, ms (float).",
+    KVT_PEER_ENGINE_ID: "Engine P pulled from.",
+    KVT_ENGINE_ID: "Engine that produced the object (connector/simulator objects only).",
+    KVT_ROLE: "Role of that engine (connector/simulator objects only).",
+    KVT_RETAINED_BLOCKS: "Blocks D now holds for the next turn (int).",
+    KVT_RETAINED_BYTES: "Bytes D now holds for the next turn (int).",
+    KVT_RETAINED_TTL_S: "How long D holds them, s (float).",
+    KVT_PREFILL: "P's own kvtrace object, unmerged (proxy only).",
+    KVT_DECODE: "D's own kvtrace object, unmerged (proxy only).",
+    KVT_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
+    KVT_TTFT_MS: "TTFT measured at the proxy, ms (float).",
+}
+
+CONTEXT_FIELDS: dict[str, str] = {
+    CTX_TRACEPARENT: "W3C traceparent of the proxy leg; the connector parents its spans on it.",
+    CTX_SESSION_ID: "Conversation id.",
+    CTX_TURN: "Turn index (int).",
+}
+
+
+def render_markdown() -> str:
+    """docs/semconv.md, generated from the tables above."""
+    out = ["# kvtrace span contract", "", "Generated by `python -m kvtrace.semconv`; do not edit.", ""]
+    out += ["## Resource attributes", "", "| attribute | meaning |", "|---|---|"]
+    out += [f"| `{k}` | {v} |" for k, v in RESOURCE.items()]
+    for name, spec in SPANS.items():
+        out += ["", f"## Span `{name}`", "", f"Kind: {spec['kind']}. Emitted by: {spec['emitter']}.", "", spec["doc"], ""]
+        out += ["| attribute | meaning |", "|---|---|"]
+        out += [f"| `{k}` | {v} |" for k, v in spec["attributes"].items()]
+    for name, spec in EVENTS.items():
+        out += ["", f"## Event `{name}`", "", f"On: {spec['on']}. {spec['doc']}", ""]
+        if spec["attributes"]:
+            out += ["| attribute | meaning |", "|---|---|"]
+            out += [f"| `{k}` | {v} |" for k, v in spec["attributes"].items()]
+    out += ["", f"## `{KV_PARAMS_KEY}` entry the proxy sends inside `kv_transfer_params`", ""]
+    out += ["| field | meaning |", "|---|---|"]
+    out += [f"| `{k}` | {v} |" for k, v in CONTEXT_FIELDS.items()]
+    out += ["", f"## `{RESPONSE_KV_TRANSFER}` object in responses (and `{KV_PARAMS_KEY}` object from workers)", ""]
+    out += [
+        f"Non-streaming: a top-level `{RESPONSE_KV_TRANSFER}` field. Streaming: on the chunk carrying "
+        "`finish_reason` (or the usage chunk when `include_usage` is on). Header: "
+        f"`{HEADER_TRACE_ID}`.",
+        "",
+        "| field | meaning |",
+        "|---|---|",
+    ]
+    out += [f"| `{k}` | {v} |" for k, v in KV_TRANSFER_FIELDS.items()]
+    out += ["", "## Enumerations", "", "| set | values |", "|---|---|"]
+    for label, values in (
+        ("decision outcome", OUTCOMES),
+        ("transfer direction", DIRECTIONS),
+        ("transfer status", TRANSFER_STATUSES),
+        ("retention outcome", RETENTION_OUTCOMES),
+        ("engine role", ROLES),
+        ("substrate", SUBSTRATES),
+        ("proxy offer reason", OFFER_REASONS),
+        ("proxy fallback", FALLBACKS),
+        ("gen_ai.operation.name", (OP_CHAT, OP_TEXT_COMPLETION, OP_EXECUTE_TOOL, OP_INVOKE_AGENT)),
+    ):
+        out.append(f"| {label} | {', '.join(f'`{v}`' for v in values)} |")
+    out += ["", "## Wire names", "", "| name | value |", "|---|---|"]
+    for const in ("KV_PARAMS_KEY", "RESPONSE_KV_TRANSFER", "HEADER_TRACE_ID", "HEADER_SESSION_ID",
+                  "HEADER_REQUEST_ID", "BODY_CONVERSATION_ID", "BAGGAGE_SESSION_ID"):
+        out.append(f"| {const} | `{globals()[const]}` |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render_markdown(), end="")

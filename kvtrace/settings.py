@@ -1,0 +1,56 @@
+"""Every ``KVTRACE_*`` environment variable, with its default, in one place.
+
+Explicit arguments (CLI flags, ``configure(...)`` keywords, ``kv_connector_extra_config``)
+always beat the environment.  Standard ``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``, ...) are read by the OpenTelemetry SDK itself, as it always does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: object
+    doc: str
+    kind: type = str
+
+    def get(self, override: object = None) -> object:
+        """``override`` if given, else the environment, else the default, as ``kind``."""
+        if override is not None:
+            return override
+        raw = os.environ.get(self.env)
+        if raw is None or raw == "":
+            return self.default
+        if self.kind is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        try:
+            return self.kind(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.env}={raw!r} is not a valid {self.kind.__name__}") from exc
+
+
+TRACES_DIR = Setting("KVTRACE_TRACES_DIR", None, "Parquet trace directory; unset = no Parquet export.")
+SERVICE_NAME = Setting("KVTRACE_SERVICE_NAME", None, "service.name override (else OTEL_SERVICE_NAME, else the component's name).")
+OTLP = Setting("KVTRACE_OTLP", "auto", "OTLP export: auto (on when OTEL_EXPORTER_OTLP_*ENDPOINT is set), on, off.")
+CAPTURE_CONTENT = Setting("KVTRACE_CAPTURE_CONTENT", False, "Record prompt/completion text in spans (opt-in).", bool)
+ROLL_BYTES = Setting("KVTRACE_ROLL_BYTES", 64 * 1024 * 1024, "Parquet segment is rolled when its batch files reach this many bytes.", int)
+ROLL_SECONDS = Setting("KVTRACE_ROLL_SECONDS", 60.0, "Parquet segment is rolled when it is this old, s.", float)
+BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
+DISABLE = Setting("KVTRACE_DISABLE", False, "Turn all kvtrace telemetry off (the connector still forwards to vLLM).", bool)
+PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)
+VLLM_STREAM_PATCH = Setting("KVTRACE_VLLM_STREAM_PATCH", True, "vLLM plugin: add kv_transfer_params to the streaming finish chunk where vLLM does not.", bool)
+NIXL_PROGRESS_DELAY_US = Setting("KVTRACE_NIXL_PROGRESS_DELAY_US", 0, "vLLM plugin, CPU-only rigs: NIXL agent progress-thread delay, us (0 = NIXL default).", int)
+REQUIRE_VLLM = Setting("KVTRACE_REQUIRE_VLLM", False, "Tests that need vLLM/NIXL fail instead of skipping.", bool)
+
+ALL: tuple[Setting, ...] = tuple(v for v in globals().values() if isinstance(v, Setting))
+
+
+def render_markdown() -> str:
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{s.env}` | `{s.default}` | {s.doc} |" for s in ALL]
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,143 @@
+"""``kvtrace.configure``: one TracerProvider per component, exporting to Parquet and/or OTLP.
+
+Each kvtrace component (proxy, simulator worker, connector, agent, bench) calls
+:func:`configure` with its own ``service_name`` and passes the returned provider to the code
+that makes spans, so several components can share one process without sharing a resource.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+import weakref
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from kvtrace import semconv, settings
+
+log = logging.getLogger(__name__)
+
+_OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_providers: "weakref.WeakSet[TracerProvider]" = weakref.WeakSet()
+_sigterm_lock = threading.Lock()
+_sigterm_installed = False
+
+
+def otlp_exporter(protocol: str | None = None) -> SpanExporter:
+    """The SDK's OTLP span exporter for ``protocol`` (``grpc`` or ``http/protobuf``).
+
+    Endpoint, headers, timeout and compression come from the standard ``OTEL_EXPORTER_OTLP_*``
+    variables, read by the exporter itself.
+    """
+    protocol = protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+    )
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    elif protocol in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    else:
+        raise ValueError(f"unsupported OTLP protocol {protocol!r} (grpc or http/protobuf)")
+    return OTLPSpanExporter()
+
+
+def _otlp_wanted(otlp: bool | str | None) -> bool:
+    mode = settings.OTLP.get(otlp)
+    if mode in (True, "on", "1", "true"):
+        return True
+    if mode in (False, "off", "0", "false"):
+        return False
+    return any(os.environ.get(v) for v in _OTLP_ENDPOINT_VARS)
+
+
+def make_resource(service_name: str, attributes: dict | None = None) -> Resource:
+    """Resource with service.name (KVTRACE_SERVICE_NAME / OTEL_SERVICE_NAME win), instance id, host."""
+    name = settings.SERVICE_NAME.get() or os.environ.get("OTEL_SERVICE_NAME") or service_name
+    attrs = {
+        semconv.SERVICE_INSTANCE_ID: uuid.uuid4().hex,
+        semconv.HOST_NAME: socket.gethostname(),
+        **(attributes or {}),
+    }
+    # Resource.create merges OTEL_RESOURCE_ATTRIBUTES; explicit attributes win over it.
+    base = Resource.create({})
+    return base.merge(Resource({**attrs, semconv.SERVICE_NAME: name}))
+
+
+def configure(
+    service_name: str,
+    *,
+    traces_dir: str | os.PathLike | None = None,
+    otlp: bool | str | None = None,
+    resource_attributes: dict | None = None,
+    exporters: list[SpanExporter] | None = None,
+    set_global: bool = False,
+    handle_sigterm: bool = True,
+) -> TracerProvider:
+    """Build a TracerProvider for one component.
+
+    - ``traces_dir`` (else ``KVTRACE_TRACES_DIR``): Parquet export into that directory.
+    - ``otlp`` (else ``KVTRACE_OTLP``; ``auto`` = when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is
+      set): OTLP export beside Parquet.
+    - ``exporters``: extra exporters (tests pass an in-memory one).
+
+    Every exporter runs under its own ``BatchSpanProcessor``.  With ``handle_sigterm`` (main
+    thread only) SIGTERM flushes every provider made here before the process exits.
+    """
+    provider = TracerProvider(resource=make_resource(service_name, resource_attributes))
+    if settings.DISABLE.get():
+        return provider
+    directory = settings.TRACES_DIR.get(traces_dir)
+    chosen: list[SpanExporter] = list(exporters or [])
+    if directory:
+        from kvtrace.store.exporter import ParquetSpanExporter
+
+        chosen.append(ParquetSpanExporter(directory))
+    if _otlp_wanted(otlp):
+        chosen.append(otlp_exporter())
+    delay = settings.BATCH_DELAY_MS.get()
+    for exporter in chosen:
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay))
+    _providers.add(provider)
+    if set_global:
+        trace.set_tracer_provider(provider)
+    if handle_sigterm:
+        _install_sigterm_flush()
+    return provider
+
+
+def shutdown_all() -> None:
+    """Flush and shut down every provider made by :func:`configure` (idempotent)."""
+    for provider in list(_providers):
+        try:
+            provider.shutdown()
+        except Exception:  # telemetry must never raise into the host
+            log.exception("kvtrace: provider shutdown failed")
+
+
+def _install_sigterm_flush() -> None:
+    global _sigterm_installed
+    with _sigterm_lock:
+        if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def _on_sigterm(signum, frame):
+            shutdown_all()
+            if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
+                previous(signum, frame)
+            else:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            _sigterm_installed = True
+        except ValueError:  # not the main thread of the main interpreter
+            pass

@@ -1,0 +1,432 @@
+"""Connector-side span recording, shared by the real vLLM connector and the simulator.
+
+:class:`KVRecorder` turns the facts a KV connector sees (a request arrives, the scheduler decides
+to pull or recompute, a load starts and finishes, D pins blocks after a turn, the blocks are read
+or expire) into the ``kvtrace.engine.*`` / ``kvtrace.kv.*`` spans of :mod:`kvtrace.semconv`.
+It imports nothing from vLLM, so the simulator emits byte-for-byte the same spans as the
+instrumented NixlConnector and the analysis cannot tell them apart except by resource.
+
+Every public method is safe to call from vLLM's hot paths: it never raises (errors are logged
+once per kind) and does O(1) work.  One recorder per engine process; thread-safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from kvtrace import semconv as sc
+
+log = logging.getLogger(__name__)
+_propagator = TraceContextTextMapPropagator()
+_OUTCOME_BY_STATUS = {
+    sc.TRANSFER_OK: sc.OUTCOME_PULLED,
+    sc.TRANSFER_EXPIRED: sc.OUTCOME_EXPIRED,
+    sc.TRANSFER_FAILED: sc.OUTCOME_FAILED,
+}
+
+
+def _safe(default=None):
+    """Telemetry never raises into its host: log the first failure of each method, return default."""
+
+    def wrap(fn):
+        logged = False
+
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            nonlocal logged
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                if not logged:
+                    logged = True
+                    log.exception("kvtrace: %s failed; telemetry continues without it", fn.__name__)
+                return default() if callable(default) else default
+
+        return inner
+
+    return wrap
+
+
+def parent_context(kv_params: dict | None, headers: dict | None = None) -> otel_context.Context | None:
+    """The parent for engine spans: the ``kvtrace.traceparent`` the proxy put inside
+    ``kv_transfer_params``, else the request's own ``traceparent`` header, else None."""
+    entry = (kv_params or {}).get(sc.KV_PARAMS_KEY) or {}
+    carrier = None
+    if isinstance(entry, dict) and entry.get(sc.CTX_TRACEPARENT):
+        carrier = {"traceparent": entry[sc.CTX_TRACEPARENT]}
+    elif headers:
+        lowered = {str(k).lower(): v for k, v in headers.items()}
+        if lowered.get("traceparent"):
+            carrier = {"traceparent": lowered["traceparent"]}
+    if carrier is None:
+        return None
+    ctx = _propagator.extract(carrier)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    role: str
+    span: Span
+    ctx: otel_context.Context
+    identity: dict
+    summary: dict = field(default_factory=dict)
+    decision: Span | None = None
+    decision_ctx: otel_context.Context | None = None
+    transfer: Span | None = None
+    transfer_start_ns: int = 0
+
+
+@dataclass
+class _Retention:
+    span: Span
+    blocks: int
+    nbytes: int
+
+
+class KVRecorder:
+    """Records one engine's KV spans.
+
+    ``bytes_per_block`` is the KV-cache page size summed over layers (what one block of one
+    request costs in memory and on the wire); ``block_size`` is tokens per block.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None,
+        *,
+        engine_id: str,
+        role: str,
+        block_size: int,
+        bytes_per_block: int,
+        threshold: int,
+        ttl_s: float,
+        load_failure_policy: str = "fail",
+    ) -> None:
+        self.engine_id = engine_id
+        self.role = role
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.threshold = threshold
+        self.ttl_s = ttl_s
+        self.load_failure_policy = load_failure_policy
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("kvtrace.vllm")
+        self._lock = threading.Lock()
+        self._requests: dict[str, _Request] = {}
+        self._retained: dict[str, _Retention] = {}
+
+    # ------------------------------------------------------------------ request life
+    @_safe()
+    def request_started(
+        self,
+        request_id: str,
+        *,
+        phase: str,
+        prompt_tokens: int,
+        kv_params: dict | None = None,
+        headers: dict | None = None,
+    ) -> None:
+        """A request reached this engine's scheduler (first call for it). ``phase`` is
+        ``prefill`` (P leg), ``decode`` (D leg) or ``both`` (not disaggregated)."""
+        with self._lock:
+            if request_id in self._requests:
+                return
+        entry = (kv_params or {}).get(sc.KV_PARAMS_KEY) or {}
+        identity = {sc.GEN_AI_REQUEST_ID: request_id}
+        session = entry.get(sc.CTX_SESSION_ID) if isinstance(entry, dict) else None
+        turn = entry.get(sc.CTX_TURN) if isinstance(entry, dict) else None
+        if session is not None:
+            identity[sc.SESSION_ID] = str(session)
+            identity[sc.GEN_AI_CONVERSATION_ID] = str(session)
+        if isinstance(turn, int):
+            identity[sc.TURN_INDEX] = turn
+        name = sc.SPAN_ENGINE_DECODE if phase == sc.ROLE_DECODE else sc.SPAN_ENGINE_PREFILL
+        span = self._tracer.start_span(
+            name,
+            context=parent_context(kv_params, headers),
+            kind=SpanKind.INTERNAL,
+            attributes={**identity, **self._engine_attrs(), sc.KV_PROMPT_TOKENS: int(prompt_tokens)},
+        )
+        req = _Request(request_id, phase, span, trace.set_span_in_context(span), identity)
+        req.summary = {
+            sc.KVT_TRACE_ID: format(span.get_span_context().trace_id, "032x"),
+            sc.KVT_REQUEST_ID: request_id,
+            sc.KVT_SESSION_ID: identity.get(sc.SESSION_ID),
+            sc.KVT_TURN: identity.get(sc.TURN_INDEX),
+            sc.KVT_ENGINE_ID: self.engine_id,
+            sc.KVT_ROLE: phase,
+            sc.KVT_PROMPT_TOKENS: int(prompt_tokens),
+        }
+        with self._lock:
+            self._requests[request_id] = req
+
+    @_safe()
+    def decision(
+        self,
+        request_id: str,
+        *,
+        direction: str,
+        outcome: str | None,
+        prompt_tokens: int,
+        local_hit_tokens: int,
+        remote_tokens: int = 0,
+        pulled_tokens: int = 0,
+        recomputed_tokens: int | None = None,
+        threshold: int | None = None,
+        expiry_deadline: float | None = None,
+        expiry_remaining_s: float | None = None,
+        peer_engine_id: str | None = None,
+        remote_request_id: str | None = None,
+    ) -> None:
+        """The scheduler decided.  ``outcome=None`` means a pull was scheduled and its outcome
+        (pulled / expired / failed) is settled by :meth:`transfer_finished`."""
+        req = self._get(request_id)
+        if req is None or req.decision is not None:
+            return
+        if recomputed_tokens is None:
+            recomputed_tokens = max(0, prompt_tokens - local_hit_tokens - pulled_tokens)
+        attrs = {
+            **req.identity,
+            **self._engine_attrs(),
+            sc.KV_DIRECTION: direction,
+            sc.KV_PROMPT_TOKENS: int(prompt_tokens),
+            sc.KV_LOCAL_HIT_TOKENS: int(local_hit_tokens),
+            sc.KV_REMOTE_TOKENS: int(remote_tokens),
+            sc.KV_PULLED_TOKENS: int(pulled_tokens),
+            sc.KV_RECOMPUTED_TOKENS: int(recomputed_tokens),
+            sc.KV_THRESHOLD: int(self.threshold if threshold is None else threshold),
+            sc.KV_LOAD_FAILURE_POLICY: self.load_failure_policy,
+        }
+        optional = {
+            sc.KV_EXPIRY_DEADLINE: expiry_deadline,
+            sc.KV_EXPIRY_REMAINING_S: expiry_remaining_s,
+            sc.KV_PEER_ENGINE_ID: peer_engine_id,
+            sc.KV_REMOTE_REQUEST_ID: remote_request_id,
+        }
+        attrs.update({k: v for k, v in optional.items() if v is not None})
+        span = self._tracer.start_span(sc.SPAN_KV_DECISION, context=req.ctx, attributes=attrs)
+        req.decision = span
+        req.decision_ctx = trace.set_span_in_context(span)
+        req.summary.update(
+            {
+                sc.KVT_LOCAL_HIT_TOKENS: int(local_hit_tokens),
+                sc.KVT_REMOTE_TOKENS: int(remote_tokens),
+                sc.KVT_PULLED_TOKENS: int(pulled_tokens),
+                sc.KVT_RECOMPUTED_TOKENS: int(recomputed_tokens),
+                sc.KVT_PEER_ENGINE_ID: peer_engine_id,
+            }
+        )
+        if outcome is not None:
+            self._end_decision(req, outcome)
+
+    @_safe()
+    def transfer_started(
+        self,
+        request_id: str,
+        *,
+        direction: str,
+        tokens: int,
+        blocks: int,
+        peer_engine_id: str | None = None,
+        remote_request_id: str | None = None,
+        nbytes: int | None = None,
+    ) -> None:
+        """An asynchronous load was scheduled (update_state_after_alloc)."""
+        req = self._get(request_id)
+        if req is None or req.transfer is not None:
+            return
+        nbytes = int(blocks * self.bytes_per_block if nbytes is None else nbytes)
+        attrs = {
+            **req.identity,
+            **self._engine_attrs(),
+            sc.KV_DIRECTION: direction,
+            sc.KV_TRANSFER_TOKENS: int(tokens),
+            sc.KV_TRANSFER_BLOCKS: int(blocks),
+            sc.KV_TRANSFER_BYTES: nbytes,
+        }
+        if peer_engine_id is not None:
+            attrs[sc.KV_PEER_ENGINE_ID] = peer_engine_id
+        if remote_request_id is not None:
+            attrs[sc.KV_REMOTE_REQUEST_ID] = remote_request_id
+        req.transfer_start_ns = time.time_ns()
+        req.transfer = self._tracer.start_span(
+            sc.SPAN_KV_TRANSFER, context=req.decision_ctx or req.ctx, attributes=attrs, start_time=req.transfer_start_ns
+        )
+        req.summary[sc.KVT_BYTES] = nbytes
+
+    @_safe()
+    def transfer_finished(
+        self,
+        request_id: str,
+        *,
+        status: str = sc.TRANSFER_OK,
+        xfer_ms: float | None = None,
+        post_ms: float | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        """The load finished (or failed / was declined as expired)."""
+        req = self._get(request_id)
+        if req is None:
+            return
+        span = req.transfer
+        if span is not None:
+            req.transfer = None
+            span.set_attribute(sc.KV_TRANSFER_STATUS, status)
+            if xfer_ms is not None:
+                span.set_attribute(sc.KV_TRANSFER_XFER_MS, float(xfer_ms))
+            if post_ms is not None:
+                span.set_attribute(sc.KV_TRANSFER_POST_MS, float(post_ms))
+            if status != sc.TRANSFER_OK:
+                span.set_attribute(sc.ERROR_TYPE, error_type or status)
+                span.set_status(Status(StatusCode.ERROR, status))
+            end_ns = time.time_ns()
+            span.end(end_time=end_ns)
+            req.summary[sc.KVT_TRANSFER_MS] = round((end_ns - req.transfer_start_ns) / 1e6, 3)
+        if req.decision is not None:
+            if status != sc.TRANSFER_OK:
+                pulled = 0
+                recomputed = req.summary.get(sc.KVT_PROMPT_TOKENS, 0) - req.summary.get(sc.KVT_LOCAL_HIT_TOKENS, 0)
+                req.decision.set_attribute(sc.KV_PULLED_TOKENS, pulled)
+                req.decision.set_attribute(sc.KV_RECOMPUTED_TOKENS, recomputed)
+                req.summary.update({sc.KVT_PULLED_TOKENS: pulled, sc.KVT_RECOMPUTED_TOKENS: recomputed, sc.KVT_BYTES: 0})
+                if error_type:
+                    req.decision.set_attribute(sc.ERROR_TYPE, error_type)
+            self._end_decision(req, _OUTCOME_BY_STATUS.get(status, sc.OUTCOME_FAILED))
+
+    @_safe(dict)
+    def request_finished(
+        self,
+        request_id: str,
+        *,
+        output_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        error_type: str | None = None,
+    ) -> dict:
+        """The request left the engine.  Returns the ``kvtrace`` object for kv_transfer_params."""
+        with self._lock:
+            req = self._requests.pop(request_id, None)
+        if req is None:
+            return {}
+        if req.transfer is not None:  # never finished: the request was aborted mid-load
+            span, req.transfer = req.transfer, None
+            span.set_attribute(sc.KV_TRANSFER_STATUS, sc.TRANSFER_FAILED)
+            span.set_status(Status(StatusCode.ERROR, "aborted"))
+            span.end()
+        if req.decision is not None and sc.KVT_DECISION not in req.summary:
+            self._end_decision(req, sc.OUTCOME_FAILED)
+        if output_tokens is not None:
+            req.span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(output_tokens))
+        if cached_tokens is not None:
+            req.span.set_attribute(sc.REQUEST_CACHED_TOKENS, int(cached_tokens))
+        if error_type:
+            req.span.set_attribute(sc.ERROR_TYPE, error_type)
+            req.span.set_status(Status(StatusCode.ERROR, error_type))
+        req.span.end()
+        return dict(req.summary)
+
+    # ------------------------------------------------------------------ retention on D
+    @_safe()
+    def retention_started(
+        self,
+        request_id: str,
+        *,
+        blocks: int,
+        tokens: int,
+        expiry_deadline: float | None = None,
+        parent_request: dict | None = None,
+    ) -> dict:
+        """D pinned ``blocks`` of a finished request for the next turn (call right before
+        :meth:`request_finished`, while the request is still known).  Returns the retention
+        fields to merge into the kvtrace summary."""
+        req = self._get(request_id)
+        identity = req.identity if req else {sc.GEN_AI_REQUEST_ID: request_id}
+        nbytes = int(blocks * self.bytes_per_block)
+        attrs = {
+            **identity,
+            **self._engine_attrs(),
+            sc.KV_RETENTION_BLOCKS: int(blocks),
+            sc.KV_RETENTION_TOKENS: int(tokens),
+            sc.KV_RETENTION_BYTES: nbytes,
+            sc.KV_RETENTION_TTL_S: float(self.ttl_s),
+        }
+        if expiry_deadline is not None:
+            attrs[sc.KV_EXPIRY_DEADLINE] = float(expiry_deadline)
+        span = self._tracer.start_span(sc.SPAN_KV_RETENTION, context=req.ctx if req else None, attributes=attrs)
+        with self._lock:
+            old = self._retained.pop(request_id, None)
+            self._retained[request_id] = _Retention(span, int(blocks), nbytes)
+        if old is not None:
+            self._end_retention(old, sc.RETENTION_RELEASED)
+        fields = {
+            sc.KVT_RETAINED_BLOCKS: int(blocks),
+            sc.KVT_RETAINED_BYTES: nbytes,
+            sc.KVT_RETAINED_TTL_S: float(self.ttl_s),
+        }
+        if req is not None:
+            req.summary.update(fields)
+        return fields
+
+    @_safe(False)
+    def retention_ended(self, request_id: str, outcome: str) -> bool:
+        """D's pinned blocks were read (``read``), timed out (``expired``) or freed for another
+        reason (``released``).  Returns False if nothing was retained under that id."""
+        with self._lock:
+            ret = self._retained.pop(request_id, None)
+        if ret is None:
+            return False
+        self._end_retention(ret, outcome)
+        return True
+
+    def retained(self) -> dict[str, tuple[int, int]]:
+        """request id -> (blocks, bytes) currently pinned."""
+        with self._lock:
+            return {k: (v.blocks, v.nbytes) for k, v in self._retained.items()}
+
+    @_safe()
+    def shutdown(self) -> None:
+        """End every open span (engine shutting down): retention ends ``released``."""
+        with self._lock:
+            retained, self._retained = self._retained, {}
+            requests, self._requests = self._requests, {}
+        for ret in retained.values():
+            self._end_retention(ret, sc.RETENTION_RELEASED)
+        for req in requests.values():
+            for span in (req.transfer, req.decision, req.span):
+                if span is not None and span.is_recording():
+                    span.set_status(Status(StatusCode.ERROR, "engine shutdown"))
+                    span.end()
+
+    # ------------------------------------------------------------------ helpers
+    def summary(self, request_id: str) -> dict:
+        req = self._get(request_id)
+        return dict(req.summary) if req else {}
+
+    def _get(self, request_id: str) -> _Request | None:
+        with self._lock:
+            return self._requests.get(request_id)
+
+    def _engine_attrs(self) -> dict:
+        return {sc.ENGINE_ID: self.engine_id, sc.ENGINE_ROLE: self.role}
+
+    def _end_decision(self, req: _Request, outcome: str) -> None:
+        span = req.decision
+        span.set_attribute(sc.KV_OUTCOME, outcome)
+        if outcome == sc.OUTCOME_FAILED:
+            span.set_status(Status(StatusCode.ERROR, outcome))
+        span.end()
+        req.summary[sc.KVT_DECISION] = outcome
+
+    @staticmethod
+    def _end_retention(ret: _Retention, outcome: str) -> None:
+        ret.span.set_attribute(sc.KV_RETENTION_OUTCOME, outcome)
+        ret.span.end()

@@ -1,0 +1,55 @@
+"""The span contract is documented, generated docs are current, and no name is typed twice."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from kvtrace import semconv as sc
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _constants() -> dict[str, str]:
+    return {k: v for k, v in vars(sc).items() if k.isupper() and isinstance(v, str)}
+
+
+def test_docs_are_generated_from_semconv():
+    assert (ROOT / "docs" / "semconv.md").read_text() == sc.render_markdown()
+
+
+def test_every_constant_is_documented():
+    doc = (ROOT / "docs" / "semconv.md").read_text()
+    missing = [name for name, value in _constants().items() if f"`{value}`" not in doc]
+    assert missing == []
+
+
+def test_outcomes_are_exactly_the_contract():
+    assert sc.OUTCOMES == ("pulled", "below_threshold", "expired", "no_remote", "local_hit", "failed")
+    assert sc.DIRECTIONS == ("d2p", "p2d")
+    assert sc.RETENTION_OUTCOMES == ("read", "expired", "released")
+
+
+def test_otel_names_reused():
+    assert sc.GEN_AI_OPERATION_NAME == "gen_ai.operation.name"
+    assert sc.SESSION_ID == "session.id"
+    assert sc.GEN_AI_USAGE_INPUT_TOKENS == "gen_ai.usage.input_tokens"
+    assert (sc.OP_CHAT, sc.OP_EXECUTE_TOOL, sc.OP_INVOKE_AGENT) == ("chat", "execute_tool", "invoke_agent")
+
+
+def _dotted_names() -> set[str]:
+    # attribute / span / event names (dotted); short wire words like "kvtrace" or "turn" are
+    # ordinary dict keys in vLLM's JSON and are not policed here
+    return {v for v in _constants().values() if "." in v and " " not in v and not v.startswith("x-")}
+
+
+def test_no_name_is_typed_outside_semconv():
+    names = _dotted_names()
+    offenders = []
+    for path in sorted((ROOT / "kvtrace").rglob("*.py")) + sorted((ROOT / "dashboards").rglob("*.py")):
+        if path.name == "semconv.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
+    assert offenders == []
