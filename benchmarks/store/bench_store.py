@@ -1,0 +1,99 @@
+"""Store benchmark: Parquet export throughput on one core and bytes/span, against OTLP.
+
+    python benchmarks/store/bench_store.py [--spans 200000] [--batch 512]
+
+Generates realistic kvtrace spans with the real SDK (see gen_spans.py), then times
+``ParquetSpanExporter.export`` over batches of ``--batch`` spans (what BatchSpanProcessor hands
+it; conversion + Parquet write + rename all inside the timed call) and the final ``shutdown``
+(which merges batch files into sorted segments).  Baselines, measured in the same run on the
+same spans: OTLP JSON (the SDK's OTLP encoder + protobuf's MessageToJson) and OTLP protobuf.
+Targets: >= 200,000 spans/s exported, <= 60 B/span on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gen_spans import generate  # noqa: E402
+
+from kvtrace.store.exporter import ParquetSpanExporter  # noqa: E402
+from kvtrace.store.files import list_files  # noqa: E402
+
+TARGET_SPANS_S = 200_000
+TARGET_BYTES = 60.0
+
+
+def _dir_bytes(directory: str) -> int:
+    return sum(os.path.getsize(p) for p in list_files(directory))
+
+
+def _otlp_sizes(spans) -> tuple[int, int]:
+    from google.protobuf.json_format import MessageToJson
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    proto = json_len = 0
+    for i in range(0, len(spans), 512):
+        msg = encode_spans(spans[i : i + 512])
+        proto += len(msg.SerializeToString())
+        json_len += len(MessageToJson(msg, indent=None).encode())
+    return proto, json_len
+
+
+def _export_run(spans, batch: int, directory: str) -> dict:
+    exporter = ParquetSpanExporter(directory)  # default roll settings: no roll inside the timed loop
+    batches = [spans[i : i + batch] for i in range(0, len(spans), batch)]
+    gc.collect()
+    t0 = time.process_time()
+    for b in batches:
+        exporter.export(b)
+    t_export = time.process_time() - t0
+    batch_bytes = _dir_bytes(directory)
+    t1 = time.process_time()
+    exporter.shutdown()
+    t_roll = time.process_time() - t1
+    return {"export_s": t_export, "roll_s": t_roll, "batch_bytes": batch_bytes, "segment_bytes": _dir_bytes(directory),
+            "files": len(list_files(directory))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spans", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, nargs="+", default=[512, 4096])
+    args = ap.parse_args(argv)
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}) if hasattr(os, "sched_setaffinity") else None
+    spans = generate(args.spans)
+    n = len(spans)
+    proto, json_len = _otlp_sizes(spans)
+    print(f"{n} spans, 11 per trace, pinned to one core; CPU time (process_time) of the export calls\n")
+    print(f"{'measure':44} {'value':>12} {'vs OTLP JSON':>13}")
+    print(f"{'OTLP JSON bytes/span (baseline)':44} {json_len / n:12.1f} {1.0:13.3f}")
+    print(f"{'OTLP protobuf bytes/span':44} {proto / n:12.1f} {proto / json_len:13.3f}")
+    verdicts = []
+    for batch in args.batch:
+        with tempfile.TemporaryDirectory(prefix="kvtrace-bench-") as d:
+            r = _export_run(spans, batch, d)
+        rate = n / r["export_s"]
+        rate_all = n / (r["export_s"] + r["roll_s"])
+        seg = r["segment_bytes"] / n
+        print(f"{f'batch {batch}: export spans/s (convert+write)':44} {rate:12,.0f}")
+        print(f"{f'batch {batch}: spans/s incl. final roll/merge':44} {rate_all:12,.0f}")
+        print(f"{f'batch {batch}: batch files bytes/span':44} {r['batch_bytes'] / n:12.1f} {r['batch_bytes'] / json_len:13.3f}")
+        print(f"{f'batch {batch}: rolled segments bytes/span':44} {seg:12.1f} {r['segment_bytes'] / json_len:13.3f}")
+        verdicts.append((batch, rate, rate_all, seg))
+    print()
+    for batch, rate, rate_all, seg in verdicts:
+        print(f"batch {batch}: throughput target {TARGET_SPANS_S:,}/s: export {'REACHED' if rate >= TARGET_SPANS_S else 'NOT reached'}"
+              f" ({rate:,.0f}), incl. roll {'REACHED' if rate_all >= TARGET_SPANS_S else 'NOT reached'} ({rate_all:,.0f});"
+              f" size target {TARGET_BYTES:.0f} B/span: {'REACHED' if seg <= TARGET_BYTES else 'NOT reached'} ({seg:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

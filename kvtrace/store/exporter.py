@@ -1,0 +1,170 @@
+"""``ParquetSpanExporter``: the OTel SpanExporter that writes a kvtrace trace directory.
+
+Installed by :func:`kvtrace.configure` under a ``BatchSpanProcessor``.  Durability design:
+
+- every ``export()`` call writes its batch as one complete zstd Parquet file per Hive partition
+  (``date=YYYY-MM-DD/hour=HH`` of the span start, UTC), via a dot-tmp name and an atomic rename
+  to ``<writer>-b<seq>.parquet``; ``writer`` = host-pid-random, so any number of processes can
+  write one directory.  When ``export`` returns SUCCESS the spans are on disk: a crash loses at
+  most the batch in flight, and SIGTERM (which flushes the processor) loses nothing exported.
+- rolling: once a partition's own batch files reach ``roll_bytes`` or ``roll_seconds`` of age,
+  they are merged into ``<writer>-s<first>-<last>.parquet`` (same atomic write).  The batch files
+  it supersedes are hidden from readers by :func:`kvtrace.store.files.list_files` at once and
+  deleted only ``grace_seconds`` later, so a reader holding an older listing never hits a
+  missing file.  Merge or clean-up failures are logged; the batch files stay valid.
+
+Errors are logged and returned as ``SpanExportResult.FAILURE``; nothing is ever raised into the
+SDK or the host process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from kvtrace import settings
+from kvtrace.store import files, writer
+from kvtrace.store.convert import spans_to_table
+
+log = logging.getLogger(__name__)
+
+MIN_GRACE_S = 30.0
+"""Superseded batch files live at least this long (a reader's list-then-query window)."""
+TMP_MAX_AGE_S = 3600.0
+"""Abandoned ``.tmp`` files (from a writer that crashed mid-write) are swept after this."""
+
+
+@dataclass
+class _Pending:
+    """One partition's batch files written since its last roll."""
+
+    since: float
+    seqs: list[int] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+def writer_id() -> str:
+    """``host-pid-random``: unique per process (and per exporter), safe in a file name."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class ParquetSpanExporter(SpanExporter):
+    """Write exported spans into a Hive-partitioned Parquet trace directory (see module doc)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        roll_bytes: int | None = None,
+        roll_seconds: float | None = None,
+        grace_seconds: float | None = None,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.roll_bytes = int(settings.ROLL_BYTES.get(roll_bytes))
+        self.roll_seconds = float(settings.ROLL_SECONDS.get(roll_seconds))
+        self.grace_seconds = (
+            float(grace_seconds) if grace_seconds is not None else max(2 * self.roll_seconds, MIN_GRACE_S)
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+        self._failures = 0
+        self.spans_written = 0
+        self._reset_writer()
+
+    def _reset_writer(self) -> None:
+        """New identity; also after a fork, so parent and child never share file names."""
+        self._pid = os.getpid()
+        self.writer = writer_id()
+        self._seq = 0
+        self._pending: dict[str, _Pending] = {}
+        self._sweep_due: list[tuple[float, str]] = []  # (when, partition dir), one per merge
+
+    # -- SpanExporter interface ------------------------------------------------------------
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Write ``spans`` durably (one file per partition), then roll/sweep if due."""
+        if self._closed:
+            log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", len(spans))
+            return SpanExportResult.FAILURE
+        if not spans:
+            return SpanExportResult.SUCCESS
+        with self._lock:
+            if os.getpid() != self._pid:
+                self._reset_writer()
+            try:
+                self._write_batch(spans)
+            except Exception as exc:
+                self._failures += 1
+                log.error(
+                    "kvtrace: Parquet export of %d spans to %s failed: %s",
+                    len(spans), self.directory, exc, exc_info=self._failures == 1,
+                )
+                return SpanExportResult.FAILURE
+            self._maintain(force=False)
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing is buffered here: every successful export is already on disk."""
+        return True
+
+    def shutdown(self) -> None:
+        """Roll every partition's pending batch files into segments, sweep; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if os.getpid() == self._pid:
+                self._maintain(force=True)
+
+    # -- internals -------------------------------------------------------------------------
+    def _write_batch(self, spans: Sequence[ReadableSpan]) -> None:
+        table = spans_to_table(spans)
+        for part, rows in writer.split_by_partition(table):
+            self._seq += 1
+            directory = os.path.join(self.directory, part)
+            name = files.batch_name(self.writer, self._seq)
+            size = writer.write_atomic(rows, directory, name)
+            pending = self._pending.setdefault(part, _Pending(since=time.monotonic()))
+            pending.seqs.append(self._seq)
+            pending.paths.append(os.path.join(directory, name))
+            pending.size += size
+        self.spans_written += len(spans)
+
+    def _maintain(self, *, force: bool) -> None:
+        """Roll due partitions and delete superseded files whose grace has passed; never raises."""
+        try:
+            now = time.monotonic()
+            for part in list(self._pending):
+                pending = self._pending[part]
+                if force or pending.size >= self.roll_bytes or now - pending.since >= self.roll_seconds:
+                    self._roll(part, pending, force=force)
+            due = {d for when, d in self._sweep_due if force or now >= when}
+            for directory in due:
+                files.sweep(directory, superseded_age_s=self.grace_seconds, tmp_age_s=TMP_MAX_AGE_S)
+            self._sweep_due = [(when, d) for when, d in self._sweep_due if now < when]
+        except Exception as exc:  # the batch files stay valid; retry on the next export
+            log.warning("kvtrace: rolling Parquet files in %s failed: %s", self.directory, exc, exc_info=True)
+
+    def _roll(self, part: str, pending: _Pending, *, force: bool) -> None:
+        """Merge the partition's pending batch files (a lone file is already its own segment:
+        it waits for company, or at shutdown simply stays)."""
+        if len(pending.paths) < 2:
+            if force:
+                del self._pending[part]
+            return
+        directory = os.path.join(self.directory, part)
+        name = files.segment_name(self.writer, pending.seqs[0], pending.seqs[-1])
+        writer.merge(pending.paths, directory, name)
+        del self._pending[part]
+        self._sweep_due.append((time.monotonic() + self.grace_seconds, directory))
