@@ -1,0 +1,106 @@
+"""``kvtrace sim``: run a simulated P/D cluster until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvtrace.sim.costmodel import LINKS, PRESETS
+
+    parser.add_argument("--preset", default="qwen3-32b", choices=sorted(PRESETS), help="cost model / KV size preset")
+    parser.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
+    parser.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
+    parser.add_argument("--prefill-port", type=int, default=8100, help="first prefill port; more use port+1, ...")
+    parser.add_argument("--decode-port", type=int, default=8200, help="first decode port; more use port+1, ...")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--traces", metavar="DIR", help="write Parquet traces here (else KVTRACE_TRACES_DIR)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="compress simulated time by this factor")
+    parser.add_argument("--no-cost", action="store_true", help="zero-cost mode: no simulated delays")
+    parser.add_argument("--kv-transfer-config", metavar="JSON",
+                        help="vLLM --kv-transfer-config JSON (bidirectional_kv_xfer defaults to true)")
+    parser.add_argument("--link", default="efa-3200", choices=sorted(LINKS), help="P<->D link preset")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--capacity-blocks", type=int, default=65536, help="KV blocks per worker")
+    parser.add_argument("--model", help="served model name (default: accept any, list the preset)")
+
+
+def _kv_config(raw: str | None) -> dict | None:
+    from kvtrace.cli import CLIError
+    from kvtrace.sim.scheduler import ConfigError, KVConfig
+
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw)
+    except ValueError as exc:
+        raise CLIError(f"--kv-transfer-config is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise CLIError("--kv-transfer-config must be a JSON object")
+    try:
+        KVConfig.from_dict(cfg)
+    except ConfigError as exc:
+        raise CLIError(f"--kv-transfer-config: {exc}") from None
+    return cfg
+
+
+def _check(args) -> None:
+    from kvtrace.cli import CLIError
+
+    if args.prefill < 0 or args.decode < 0 or args.prefill + args.decode == 0:
+        raise CLIError("need at least one worker (--prefill/--decode)")
+    if args.time_scale <= 0:
+        raise CLIError("--time-scale must be positive")
+    if args.block_size <= 0 or args.capacity_blocks <= 0:
+        raise CLIError("--block-size and --capacity-blocks must be positive")
+    for name in ("prefill_port", "decode_port"):
+        if not 0 <= getattr(args, name) <= 65535:
+            raise CLIError(f"--{name.replace('_', '-')} must be a port number")
+
+
+async def _serve(args, kv_config) -> None:
+    import asyncio
+    import signal
+
+    from kvtrace.sim.cluster import SimCluster
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with SimCluster(
+        args.prefill, args.decode, preset=args.preset, kv_config=kv_config, time_scale=args.time_scale,
+        cost=not args.no_cost, traces_dir=args.traces, host=args.host, prefill_port=args.prefill_port,
+        decode_port=args.decode_port, block_size=args.block_size, capacity_blocks=args.capacity_blocks,
+        link=args.link, model=args.model,
+    ) as cluster:
+        print(f"kvtrace sim: preset {args.preset}, bidirectional={cluster.kv.bidirectional}, "
+              f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}", flush=True)
+        for url in cluster.prefill_urls:
+            print(f"  prefill {url}", flush=True)
+        for url in cluster.decode_urls:
+            print(f"  decode  {url}", flush=True)
+        await stop.wait()
+    print("kvtrace sim: stopped, traces flushed", flush=True)
+
+
+def run(args) -> int:
+    """Run a simulated vLLM P/D cluster (NixlConnector, bidirectional KV transfer) on 127.0.0.1.
+
+    Workers speak vLLM 0.33's OpenAI API (/v1/completions, /v1/chat/completions, /health,
+    /v1/models) and kv_transfer_params protocol, decide pull-vs-recompute with vLLM's rules, and
+    emit kvtrace engine/decision/transfer/retention spans.  Runs until SIGINT/SIGTERM, then
+    releases held blocks and flushes traces.
+    """
+    import asyncio
+
+    from kvtrace.cli import CLIError
+
+    _check(args)
+    kv_config = _kv_config(args.kv_transfer_config)
+    try:
+        asyncio.run(_serve(args, kv_config))
+    except OSError as exc:
+        raise CLIError(f"cannot start workers: {exc.strerror or exc}") from None
+    return 0

@@ -1,0 +1,138 @@
+"""Paged KV cache of one simulated worker: blocks, prefix cache, LRU eviction, pinning.
+
+Modelled on vLLM's v1 KV cache manager (one KV-cache group):
+
+- ``capacity`` physical blocks of ``block_size`` tokens, ids ``0..capacity-1``;
+- a *full* block gets a content hash chained on its parent's hash
+  (``hash((parent_hash, tokens_of_block))``), so equal prefixes give equal hashes;
+- :meth:`lookup` walks a prompt's block hashes through the prefix cache; like vLLM the hit is
+  capped so the last prompt token is always computed (``max hit = (n - 1) // block_size``);
+- every block has a reference count; a request's block table, P's lease and D's retention each
+  hold one reference (pinning).  A block whose count drops to 0 stays cached and evictable,
+  least recently freed first; a block without a hash goes back to the free list.
+
+Allocation takes never-used/free blocks first, then evicts cached unreferenced blocks in LRU
+order; it raises :class:`NoSpace` when referenced blocks leave too few.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class NoSpace(Exception):
+    """Not enough free or evictable blocks."""
+
+
+def block_hashes(tokens: list[int], block_size: int) -> list[int]:
+    """Chained content hashes of the full blocks of ``tokens``."""
+    out: list[int] = []
+    parent = 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, tuple(tokens[start : start + block_size])))
+        out.append(parent)
+    return out
+
+
+class KVCache:
+    """Block pool + prefix cache of one worker.  Not thread-safe (one asyncio loop)."""
+
+    def __init__(self, capacity: int, block_size: int) -> None:
+        if capacity <= 0 or block_size <= 0:
+            raise ValueError("capacity and block_size must be positive")
+        self.capacity = capacity
+        self.block_size = block_size
+        self._ref = [0] * capacity
+        self._hash: list[int | None] = [None] * capacity
+        self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() gives 0, 1, 2, ...
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ queries
+    def lookup(self, hashes: list[int], num_tokens: int) -> list[int]:
+        """Block ids of the longest cached prefix of ``hashes`` (capped at (n-1)//bs)."""
+        limit = min(len(hashes), max(0, (num_tokens - 1) // self.block_size))
+        hit: list[int] = []
+        for h in hashes[:limit]:
+            bid = self._cached.get(h)
+            if bid is None:
+                break
+            hit.append(bid)
+        return hit
+
+    @property
+    def num_free(self) -> int:
+        """Blocks available to a new allocation (free + evictable)."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by at least one reference."""
+        return self.capacity - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def is_cached(self, block_id: int) -> bool:
+        h = self._hash[block_id]
+        return h is not None and self._cached.get(h) == block_id
+
+    def refcount(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    # ------------------------------------------------------------------ mutation
+    def touch(self, block_ids: list[int]) -> None:
+        """Take one more reference on existing blocks (a prefix hit, a pin)."""
+        for bid in block_ids:
+            if self._ref[bid] == 0:
+                self._lru.pop(bid, None)
+            self._ref[bid] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` new blocks with one reference each, evicting LRU cached blocks if needed."""
+        if n > self.num_free:
+            raise NoSpace(f"need {n} blocks, {self.num_free} free or evictable of {self.capacity}")
+        out: list[int] = []
+        for _ in range(n):
+            if self._free:
+                bid = self._free.pop()
+            else:
+                bid, _ = self._lru.popitem(last=False)
+                self._uncache(bid)
+                self.evictions += 1
+            self._ref[bid] = 1
+            out.append(bid)
+        return out
+
+    def commit(self, block_ids: list[int], hashes: list[int]) -> None:
+        """Publish full blocks in the prefix cache (``hashes[i]`` is block ``block_ids[i]``'s).
+        A hash already cached under another block keeps the existing entry."""
+        for bid, h in zip(block_ids, hashes):
+            if self._hash[bid] is not None:
+                continue
+            if h in self._cached:
+                continue
+            self._hash[bid] = h
+            self._cached[h] = bid
+
+    def free(self, block_ids: list[int]) -> None:
+        """Drop one reference per block; unreferenced blocks become evictable (or free)."""
+        for bid in block_ids:
+            ref = self._ref[bid] - 1
+            if ref < 0:
+                raise ValueError(f"block {bid} freed more often than referenced")
+            self._ref[bid] = ref
+            if ref == 0:
+                if self.is_cached(bid):
+                    self._lru[bid] = None
+                else:
+                    self._hash[bid] = None
+                    self._free.append(bid)
+
+    def _uncache(self, bid: int) -> None:
+        h = self._hash[bid]
+        if h is not None and self._cached.get(h) == bid:
+            del self._cached[h]
+        self._hash[bid] = None

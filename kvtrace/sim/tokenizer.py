@@ -1,0 +1,76 @@
+"""Deterministic, cheap stand-in tokenizer and chat template for the simulator.
+
+The worker (:mod:`kvtrace.sim.worker`) tokenises prompts with :func:`encode`; the engine
+(:mod:`kvtrace.sim.engine`) generates output with :func:`generate`.  Properties the KV model
+relies on:
+
+- the same text always gives the same ids (CRC32 of each piece, no per-process salt);
+- text split at a piece boundary tokenises to a prefix: ``encode(a + b) == encode(a) +
+  encode(b)`` when ``a`` ends in whitespace or a special token, so a conversation's turn N
+  prompt starts with turn N-1's prompt + completion and prefix caching works across turns;
+- generated pieces are ``"word "`` (trailing space), so a completion pasted back into the next
+  prompt re-tokenises to exactly the generated ids.
+
+A piece is a special token ``<|name|>``, a run of non-space characters with its trailing
+whitespace, or leading whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+VOCAB_SIZE = 100_000
+_PIECE = re.compile(r"<\|[a-z_]+\|>|[^\s<]+\s*|<\s*|\s+")
+_ids: dict[str, int] = {}
+_WORDS = (
+    "the of and to in is for on that with as it by at from this be are or an was which "
+    "cache block token prefill decode transfer pull reuse latency agent turn tool model "
+    "prompt context memory batch engine worker request stream result plan step check"
+).split()
+_GEN_PIECES = tuple(w + " " for w in _WORDS)
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+
+def piece_id(piece: str) -> int:
+    tid = _ids.get(piece)
+    if tid is None:
+        tid = zlib.crc32(piece.encode()) % VOCAB_SIZE
+        if len(_ids) < 1_000_000:
+            _ids[piece] = tid
+    return tid
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text``."""
+    return [piece_id(p) for p in _PIECE.findall(text)]
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """ChatML-style template: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message,
+    then ``<|im_start|>assistant\\n``.  List contents keep their ``text`` parts."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        out.append(f"{IM_START}{m.get('role', 'user')}\n{content or ''}{IM_END}\n")
+    if add_generation_prompt:
+        out.append(f"{IM_START}assistant\n")
+    return "".join(out)
+
+
+def generate(seed: int, n: int) -> tuple[list[int], list[str]]:
+    """``n`` output token ids and their text pieces, a deterministic function of ``seed``."""
+    k = len(_GEN_PIECES)
+    pieces = [_GEN_PIECES[(seed + i * 7919) % k] for i in range(n)]
+    return [piece_id(p) for p in pieces], pieces
+
+
+def seed_for(prompt_ids: list[int], seed: int | None) -> int:
+    """The request's ``seed`` if given, else a hash of the prompt (same prompt, same text)."""
+    if seed is not None:
+        return int(seed) & 0x7FFFFFFF
+    return zlib.crc32(repr(prompt_ids[-64:]).encode() + str(len(prompt_ids)).encode())

@@ -1,0 +1,168 @@
+"""HTTP surface of one simulated vLLM worker (aiohttp), as a P/D proxy sees it.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /health``,
+``GET /v1/models``.  Request ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` /
+``chatcmpl-{X-Request-Id}`` (a random hex id without the header); the engine-internal id sent
+as ``remote_request_id`` adds ``-0`` (completions) and an 8-character random suffix, like
+``InputProcessor.assign_request_id``.  KVRecorder keys requests by that internal id and
+records the X-Request-Id (``public_id``) as gen_ai.request.id, the join key of proxy, P and D.
+
+:class:`SimWorker` is created by :class:`kvtrace.sim.cluster.SimCluster`; several run in one
+process, each on its own port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+
+from aiohttp import web
+
+from kvtrace import semconv as sc
+from kvtrace.sim import wire
+from kvtrace.sim.engine import Engine, EngineError, FINISH_LENGTH
+
+log = logging.getLogger(__name__)
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _json(obj, status: int = 200) -> web.Response:
+    return web.Response(body=_dumps(obj).encode(), status=status, content_type="application/json")
+
+
+def _error(message: str, status: int, err_type: str, param: str | None = None) -> web.Response:
+    return _json(wire.error_body(message, status, err_type, param), status)
+
+
+class SimWorker:
+    """aiohttp application around one :class:`Engine`."""
+
+    def __init__(self, engine: Engine, *, model: str, max_model_len: int, strict_model: bool = False) -> None:
+        self.engine = engine
+        self.model = model
+        self.strict_model = strict_model
+        self.max_model_len = max_model_len
+        self.created = int(time.time())
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.add_routes([
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/health", self.health),
+            web.get("/v1/models", self.models),
+        ])
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    # ------------------------------------------------------------------ routes
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return _json(wire.models_body(self.model, self.created, self.max_model_len))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    # ------------------------------------------------------------------ serving
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError):
+            return _error("request body is not valid JSON", 400, "BadRequestError")
+        try:
+            req = wire.parse_request(body, chat, self.model if self.strict_model else None)
+        except wire.WireError as exc:
+            return _error(str(exc), exc.status, exc.err_type, exc.param)
+        base = request.headers.get(sc.HEADER_REQUEST_ID) or uuid.uuid4().hex
+        rid = f"chatcmpl-{base}" if chat else f"cmpl-{base}"
+        internal = f"{rid}-{uuid.uuid4().hex[:8]}" if chat else f"{rid}-0-{uuid.uuid4().hex[:8]}"
+        try:
+            gen = self.engine.submit(req.prompt_ids, max_tokens=req.max_tokens, params=req.kv_transfer_params,
+                                     request_id=base, internal_id=internal, seed=req.seed,
+                                     headers=dict(request.headers))
+        except EngineError as exc:
+            return _error(str(exc), exc.status, exc.err_type)
+        model = req.model or self.model
+        if req.stream:
+            return await self._stream(request, req, gen, rid, model)
+        try:
+            await gen.prefill()
+            pieces = [piece async for _, piece in gen.decode()]
+        except EngineError as exc:
+            return _error(str(exc), exc.status, exc.err_type)
+        except BaseException:
+            gen.abort("client_disconnect")
+            raise
+        kvp = gen.finish(FINISH_LENGTH)
+        make = wire.chat_body if chat else wire.completion_body
+        return _json(make(rid, int(time.time()), model, "".join(pieces), FINISH_LENGTH, len(req.prompt_ids),
+                          len(pieces), kvp))
+
+    async def _stream(self, request, req: wire.ParsedRequest, gen, rid: str, model: str) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        created = int(time.time())
+        n_prompt = len(req.prompt_ids)
+        cont = req.continuous_usage
+        try:
+            try:
+                await gen.prefill()
+            except EngineError as exc:
+                await resp.write(f"data: {_dumps(wire.error_body(str(exc), exc.status, exc.err_type))}\n\n".encode())
+                await resp.write(wire.DONE)
+                return resp
+            if req.chat:
+                first = wire.chat_role_chunk(rid, created, model, wire.usage(n_prompt, 0, False) if cont else None)
+                await resp.write(f"data: {_dumps(first)}\n\n".encode())
+            await self._write_tokens(resp, req, gen, rid, model, created)
+            if req.include_usage:
+                chunk = wire.usage_chunk(rid, created, model, req.chat, n_prompt, len(gen.output))
+                await resp.write(f"data: {_dumps(chunk)}\n\n".encode())
+            await resp.write(wire.DONE)
+            await resp.write_eof()
+        except BaseException:
+            gen.abort("client_disconnect")
+            raise
+        return resp
+
+    async def _write_tokens(self, resp, req, gen, rid, model, created) -> None:
+        """One chunk per token; the last carries finish_reason and kv_transfer_params."""
+        make = wire.chat_chunk if req.chat else wire.completion_chunk
+        n_prompt, max_tokens = len(req.prompt_ids), req.max_tokens
+        buf: list[bytes] = []
+        async for _, piece in gen.decode():
+            n_out = len(gen.output)
+            last = n_out >= max_tokens
+            kvp = gen.finish(FINISH_LENGTH) if last else None
+            usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
+            chunk = make(rid, created, model, piece, FINISH_LENGTH if last else None, kvp, usage)
+            buf.append(f"data: {_dumps(chunk)}\n\n".encode())
+            if not self.engine.cost.enabled and not last:
+                continue  # zero-cost: no time passes between tokens, write in one go
+            await resp.write(b"".join(buf))
+            buf.clear()
+        if buf:
+            await resp.write(b"".join(buf))
