@@ -1,0 +1,184 @@
+"""Latency and throughput the kvtrace proxy adds over calling the workers directly.
+
+Starts a zero-cost simulator (``kvtrace sim --no-cost``, 1 P + 1 D) and ``kvtrace proxy`` as
+subprocesses, then drives streaming chat requests at concurrency 1 / 16 / 64 in four modes:
+
+- ``direct_d``: the client calls D alone (what the issue's "added latency" is measured against);
+- ``direct_pd``: the client itself calls P (max_tokens=1) then streams D — the minimum P/D work;
+- ``kvtrace``: through ``kvtrace proxy`` (traces exported to Parquet unless ``--no-traces``);
+- ``baseline``: through ``--baseline-cmd`` (e.g. vLLM's upstream proxy), if given.
+
+Prints p50/p99 latency (request sent -> [DONE]) and req/s per mode, the latency added over
+``direct_d`` and over ``direct_pd``, and throughput as a ratio of ``direct_d`` — all measured in
+this one run.  Targets: <= 0.5 ms p50 and <= 2 ms p99 added, >= 95 % of direct throughput.
+
+    python benchmarks/proxy/bench_proxy.py [--requests 400] [--baseline-cmd 'python /tmp/vllm-src/\
+examples/disaggregated/disaggregated_serving/disagg_proxy_multiturn.py --port {port} \
+--prefiller-port {prefill_port} --decoder-port {decode_port}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import aiohttp
+
+HOST = "127.0.0.1"
+MESSAGES = [{"role": "user", "content": "summarise the plot of a short story about a lighthouse keeper"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
+            try:
+                async with http.get(url + "/health") as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} not ready after {timeout}s")
+
+
+def body(max_tokens: int, stream: bool = True, **extra) -> dict:
+    return {"model": "m", "messages": MESSAGES, "max_tokens": max_tokens, "stream": stream, **extra}
+
+
+async def one_direct_pd(http, p_url, d_url, max_tokens, i):
+    p_body = body(1, stream=False, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
+    async with http.post(p_url + "/v1/chat/completions", json=p_body) as r:
+        params = (await r.json()).get("kv_transfer_params")
+    async with http.post(d_url + "/v1/chat/completions", json=body(max_tokens, kv_transfer_params=params)) as r:
+        async for _ in r.content.iter_any():
+            pass
+
+
+async def one_stream(http, url, max_tokens, i, conv):
+    extra = {"conversation_id": f"bench-{i}"} if conv else {}
+    async with http.post(url + "/v1/chat/completions", json=body(max_tokens, **extra)) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {await r.text()}")
+        async for _ in r.content.iter_any():
+            pass
+
+
+async def load(call, concurrency: int, requests: int) -> tuple[list[float], float]:
+    """Run ``requests`` calls with ``concurrency`` workers; latencies (ms) and req/s."""
+    lat: list[float] = []
+    counter = iter(range(requests))
+
+    async def worker(w: int) -> None:
+        for _ in counter:
+            t0 = time.perf_counter()
+            await call(w)
+            lat.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return lat, requests / (time.perf_counter() - t0)
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+async def bench(args, urls: dict, p_url: str, d_url: str) -> dict:
+    results: dict = {}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        calls = {
+            "direct_d": lambda w: one_stream(http, d_url, args.max_tokens, w, conv=False),
+            "direct_pd": lambda w: one_direct_pd(http, p_url, d_url, args.max_tokens, w),
+        }
+        for name, url in urls.items():
+            calls[name] = (lambda u: lambda w: one_stream(http, u, args.max_tokens, w, conv=True))(url)
+        for conc in args.concurrency:
+            n = max(args.requests, conc * 8)
+            for name, call in calls.items():
+                await load(call, conc, max(conc * 2, 20))  # warm-up: connections, caches
+                lat, rps = await load(call, conc, n)
+                results[(name, conc)] = (pct(lat, 50), pct(lat, 99), rps)
+    return results
+
+
+def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
+    print(f"{'mode':<10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'+p50 vs D':>10} {'+p99 vs D':>10} "
+          f"{'+p50 vs PD':>10} {'+p99 vs PD':>10} {'tput/D':>7}")
+    for conc in concurrency:
+        d50, d99, drps = results[("direct_d", conc)]
+        pd50, pd99, _ = results[("direct_pd", conc)]
+        for mode in modes:
+            p50, p99, rps = results[(mode, conc)]
+            print(f"{mode:<10} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:8.0f} {p50 - d50:10.3f} {p99 - d99:10.3f} "
+                  f"{p50 - pd50:10.3f} {p99 - pd99:10.3f} {rps / drps:7.1%}")
+
+
+def spawn(cmd: list[str], log_dir: str, name: str) -> subprocess.Popen:
+    """Start ``cmd`` with its output in ``log_dir/name.log`` (a pipe nobody reads would block it)."""
+    log = open(os.path.join(log_dir, f"{name}.log"), "wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=400, help="measured requests per mode and concurrency")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--no-traces", action="store_true", help="run kvtrace proxy without Parquet export")
+    ap.add_argument("--baseline-cmd", help="another proxy; {port} {host} {prefill_port} {decode_port} are filled in")
+    args = ap.parse_args()
+
+    p_port, d_port, k_port, b_port = (free_port() for _ in range(4))
+    procs: list[subprocess.Popen] = []
+    traces = tempfile.mkdtemp(prefix="kvtrace-bench-proxy-")  # traces and process logs
+    try:
+        procs.append(spawn([sys.executable, "-m", "kvtrace.cli", "sim", "--no-cost", "--prefill-port", str(p_port),
+                            "--decode-port", str(d_port)], traces, "sim"))
+        p_url, d_url = f"http://{HOST}:{p_port}", f"http://{HOST}:{d_port}"
+        cmd = [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(k_port), "--prefiller-port", str(p_port),
+               "--decoder-port", str(d_port)] + ([] if args.no_traces else ["--traces", traces])
+        procs.append(spawn(cmd, traces, "kvtrace-proxy"))
+        urls = {"kvtrace": f"http://{HOST}:{k_port}"}
+        if args.baseline_cmd:
+            filled = args.baseline_cmd.format(port=b_port, host=HOST, prefill_port=p_port, decode_port=d_port)
+            procs.append(spawn(shlex.split(filled), traces, "baseline"))
+            urls["baseline"] = f"http://{HOST}:{b_port}"
+        for url, proc in [(p_url, procs[0]), (d_url, procs[0]), (urls["kvtrace"], procs[1])] + (
+                [(urls["baseline"], procs[2])] if args.baseline_cmd else []):
+            await wait_ready(url, proc)
+        results = await bench(args, urls, p_url, d_url)
+        print(f"# zero-cost simulator 1P+1D, max_tokens={args.max_tokens}, streaming chat, "
+              f"kvtrace traces={'off' if args.no_traces else 'parquet'}, cpus={os.cpu_count()}")
+        report(results, ["direct_d", "direct_pd", *urls], args.concurrency)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

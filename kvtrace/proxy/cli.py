@@ -1,0 +1,93 @@
+"""``kvtrace proxy``: the traced stateful P/D proxy (command module for :mod:`kvtrace.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, PREFILL_FAILURE_MODES, TTL_MARGIN_S
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--traces", metavar="DIR", help="Parquet trace directory (else KVTRACE_TRACES_DIR)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--prefiller-host", "--prefiller-hosts", dest="prefiller_hosts", nargs="+", default=["localhost"])
+    p.add_argument("--prefiller-port", "--prefiller-ports", dest="prefiller_ports", type=int, nargs="+", default=[8100])
+    p.add_argument("--decoder-host", "--decoder-hosts", dest="decoder_hosts", nargs="+", default=["localhost"])
+    p.add_argument("--decoder-port", "--decoder-ports", dest="decoder_ports", type=int, nargs="+", default=[8200])
+    p.add_argument(
+        "--conversation-ttl",
+        type=float,
+        default=DECODER_KV_BLOCKS_TTL_S - TTL_MARGIN_S,
+        metavar="S",
+        help="offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; default %(default)s)",
+    )
+    p.add_argument("--max-conversations", type=int, default=100_000, help="conversation table size (LRU)")
+    p.add_argument(
+        "--prefill-failure",
+        choices=PREFILL_FAILURE_MODES,
+        default=PREFILL_FAILURE_MODES[0],
+        help="P unreachable or 5xx: answer 502 (error) or let D prefill locally (decode_only)",
+    )
+    p.add_argument("--no-patch", action="store_true", help="do not add kv_transfer / x-kvtrace-trace-id to responses")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
+    p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
+
+
+def build_config(args: argparse.Namespace):
+    """ProxyConfig from parsed flags; CLIError on bad values."""
+    from kvtrace.cli import CLIError
+    from kvtrace.proxy.config import ProxyConfig
+
+    try:
+        return ProxyConfig(
+            prefill=ProxyConfig.workers(args.prefiller_hosts, args.prefiller_ports, "prefiller"),
+            decode=ProxyConfig.workers(args.decoder_hosts, args.decoder_ports, "decoder"),
+            host=args.host,
+            port=args.port,
+            conversation_ttl_s=args.conversation_ttl,
+            max_conversations=args.max_conversations,
+            prefill_failure=args.prefill_failure,
+            connect_timeout_s=args.connect_timeout,
+            read_timeout_s=args.read_timeout,
+            max_body_bytes=args.max_body_bytes,
+            **({"patch_responses": False} if args.no_patch else {}),
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the traced stateful P/D proxy (drop-in for vLLM's disagg_proxy_multiturn.py).
+
+    Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models.
+    Conversation key: body `conversation_id`, else the X-Session-ID header, else W3C baggage
+    `session.id`.  Responses carry a `kv_transfer` object (streaming: on the final chunk) and an
+    x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
+    """
+    import asyncio
+
+    from kvtrace import telemetry
+    from kvtrace.cli import CLIError
+    from kvtrace.proxy.server import start
+
+    config = build_config(args)
+    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces)
+
+    async def serve() -> None:
+        try:
+            running = await start(config, provider)
+        except OSError as exc:
+            raise CLIError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+        print(f"kvtrace proxy listening on {running.url}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await running.close()
+
+    try:
+        asyncio.run(serve())
+    finally:
+        telemetry.shutdown_all()
+    return 0

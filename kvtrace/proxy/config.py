@@ -1,0 +1,72 @@
+"""Proxy configuration: workers, conversation-table limits, fault policy, timeouts.
+
+Built by :mod:`kvtrace.proxy.cli` from flags (or by tests directly) and read by
+:mod:`kvtrace.proxy.app`.  Defaults follow vLLM's upstream ``disagg_proxy_multiturn.py``
+(conversation TTL 450 s = ``decoder_kv_blocks_ttl`` 480 s minus a 30 s margin), except that the
+proxy binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from kvtrace import settings
+
+DECODER_KV_BLOCKS_TTL_S = 480.0  # vLLM default decoder_kv_blocks_ttl
+TTL_MARGIN_S = 30.0
+PREFILL_FAILURE_ERROR = "error"
+PREFILL_FAILURE_DECODE_ONLY = "decode_only"
+PREFILL_FAILURE_MODES = (PREFILL_FAILURE_ERROR, PREFILL_FAILURE_DECODE_ONLY)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One P or D worker: ``base`` is ``http://host:port`` (routes are appended as-is)."""
+
+    host: str
+    port: int
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass
+class ProxyConfig:
+    prefill: list[Worker]
+    decode: list[Worker]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    conversation_ttl_s: float = DECODER_KV_BLOCKS_TTL_S - TTL_MARGIN_S
+    max_conversations: int = 100_000
+    prefill_failure: str = PREFILL_FAILURE_ERROR
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    patch_responses: bool = field(default_factory=lambda: bool(settings.PATCH_RESPONSES.get()))
+    api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY") or None)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError (one line) on an unusable configuration."""
+        if not self.prefill or not self.decode:
+            raise ValueError("need at least one prefill and one decode worker")
+        if self.prefill_failure not in PREFILL_FAILURE_MODES:
+            raise ValueError(f"prefill_failure must be one of {PREFILL_FAILURE_MODES}, not {self.prefill_failure!r}")
+        for name in ("conversation_ttl_s", "connect_timeout_s", "read_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_conversations < 1 or self.max_body_bytes < 1:
+            raise ValueError("max_conversations and max_body_bytes must be >= 1")
+
+    @staticmethod
+    def workers(hosts: list[str], ports: list[int], role: str) -> list[Worker]:
+        """Pair ``--<role>-hosts`` with ``--<role>-ports`` like upstream (one host may serve many ports)."""
+        if len(hosts) == 1 and len(ports) > 1:
+            hosts = hosts * len(ports)
+        if len(hosts) != len(ports):
+            raise ValueError(f"number of {role} hosts ({len(hosts)}) must match ports ({len(ports)})")
+        return [Worker(h, int(p)) for h, p in zip(hosts, ports)]

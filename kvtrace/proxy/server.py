@@ -1,0 +1,62 @@
+"""Run the proxy: ``create_app`` (aiohttp Application) and ``start`` (bound to a port).
+
+Used by :mod:`kvtrace.proxy.cli`, the tests and ``benchmarks/proxy``.  The server runs with
+``handler_cancellation=True`` so a client that disconnects cancels its handler, which closes the
+upstream P/D requests (vLLM aborts them) and records ``kvtrace.client_disconnect``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from kvtrace.proxy.app import Proxy
+from kvtrace.proxy.config import ProxyConfig
+from kvtrace.proxy.parse import CHAT_PATH, COMPLETIONS_PATH
+
+PROXY_KEY = web.AppKey("kvtrace_proxy", Proxy)
+
+
+def create_app(config: ProxyConfig, tracer_provider=None, clock=time.monotonic) -> web.Application:
+    proxy = Proxy(config, tracer_provider, clock)
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[PROXY_KEY] = proxy
+    app.router.add_post(CHAT_PATH, proxy.handle)
+    app.router.add_post(COMPLETIONS_PATH, proxy.handle)
+    app.router.add_get("/health", proxy.health)
+    app.router.add_get("/v1/models", proxy.models)
+
+    async def _start(app: web.Application) -> None:
+        await proxy.pool.start()
+
+    async def _stop(app: web.Application) -> None:
+        await proxy.pool.close()
+
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+@dataclass
+class Running:
+    """A started proxy: ``url`` (http://host:port), ``proxy`` (its state), ``close()``."""
+
+    runner: web.AppRunner
+    url: str
+    proxy: Proxy
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start(config: ProxyConfig, tracer_provider=None, clock=time.monotonic, port: int | None = None) -> Running:
+    """Run the proxy on ``config.host`` / ``port`` (default ``config.port``; 0 = any free port)."""
+    app = create_app(config, tracer_provider, clock)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port if port is None else port)
+    await site.start()
+    host, bound = runner.addresses[0][:2]
+    return Running(runner, f"http://{host}:{bound}", app[PROXY_KEY])

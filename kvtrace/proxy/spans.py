@@ -1,0 +1,115 @@
+"""Spans of one proxied request: the SERVER span and its P-leg / D-leg CLIENT spans.
+
+:class:`RequestTrace` is created by the handler in :mod:`kvtrace.proxy.app` for every
+completion request.  It continues the client's ``traceparent`` (W3C trace context) and reads
+``session.id`` from W3C baggage; each leg gets a CLIENT span whose context travels to the worker
+as the ``traceparent`` header and inside ``kv_transfer_params["kvtrace"]`` (``sc.CTX_*``) so the
+connector / simulator parents its engine spans on it.  Telemetry never changes the request: every
+method here is cheap and does not raise on a broken exporter (the SDK isolates exporters).
+"""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import baggage, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from kvtrace import semconv as sc
+
+_incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+_outgoing = TraceContextTextMapPropagator()
+
+
+def tracer(provider: TracerProvider | None) -> trace.Tracer:
+    return (provider or trace.get_tracer_provider()).get_tracer("kvtrace.proxy")
+
+
+class RequestTrace:
+    """The SERVER span of one request plus helpers for its legs and events."""
+
+    def __init__(self, tracer_: trace.Tracer, headers, method: str, path: str) -> None:
+        self.tracer = tracer_
+        self.t0 = time.perf_counter()
+        self.ctx_in = _incoming.extract(headers)
+        self.span: Span = tracer_.start_span(
+            sc.SPAN_PROXY_REQUEST,
+            context=self.ctx_in,
+            kind=SpanKind.SERVER,
+            attributes={sc.HTTP_REQUEST_METHOD: method, sc.URL_PATH: path},
+        )
+        self.ctx = trace.set_span_in_context(self.span)
+        self.identity: dict = {}
+        self.ttft_ms: float | None = None
+
+    @property
+    def trace_id(self) -> str:
+        return format(self.span.get_span_context().trace_id, "032x")
+
+    def baggage_session(self) -> str | None:
+        value = baggage.get_baggage(sc.BAGGAGE_SESSION_ID, self.ctx_in)
+        return str(value) if value else None
+
+    def set_identity(self, request_id: str, session_id: str | None, turn: int | None) -> None:
+        ident = {sc.GEN_AI_REQUEST_ID: request_id}
+        if session_id:
+            ident[sc.SESSION_ID] = session_id
+            ident[sc.GEN_AI_CONVERSATION_ID] = session_id
+        if turn is not None:
+            ident[sc.TURN_INDEX] = turn
+        self.identity = ident
+        self.span.set_attributes(ident)
+
+    def leg(self, name: str, host: str, port: int, **attrs) -> tuple[Span, str]:
+        """Start a CLIENT span for a leg; returns it and the traceparent to send."""
+        span = self.tracer.start_span(
+            name,
+            context=self.ctx,
+            kind=SpanKind.CLIENT,
+            attributes={**self.identity, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **attrs},
+        )
+        carrier: dict = {}
+        _outgoing.inject(carrier, context=trace.set_span_in_context(span))
+        return span, carrier.get("traceparent", "")
+
+    def first_token(self) -> None:
+        if self.ttft_ms is None:
+            self.ttft_ms = round((time.perf_counter() - self.t0) * 1000.0, 3)
+            self.span.add_event(sc.EVENT_FIRST_TOKEN)
+
+    def upstream_error(self, error_type: str, host: str, port: int) -> None:
+        self.span.add_event(
+            sc.EVENT_UPSTREAM_ERROR, {sc.ERROR_TYPE: error_type, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}
+        )
+
+    def finish(self, status: int, error_type: str | None = None, **attrs) -> None:
+        """End the SERVER span with the client-facing status."""
+        span = self.span
+        if not span.is_recording():
+            return
+        attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
+        attrs[sc.REQUEST_LATENCY_MS] = round((time.perf_counter() - self.t0) * 1000.0, 3)
+        if self.ttft_ms is not None:
+            attrs[sc.REQUEST_TTFT_MS] = self.ttft_ms
+        span.set_attributes({k: v for k, v in attrs.items() if v is not None})
+        if error_type:
+            span.set_attribute(sc.ERROR_TYPE, error_type)
+            span.set_status(Status(StatusCode.ERROR, error_type))
+        span.end()
+
+
+def end_leg(span: Span, status: int | None, error_type: str | None = None, **attrs) -> None:
+    """End a leg's CLIENT span."""
+    if not span.is_recording():
+        return
+    if status is not None:
+        attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
+    span.set_attributes({k: v for k, v in attrs.items() if v is not None})
+    if error_type:
+        span.set_attribute(sc.ERROR_TYPE, error_type)
+        span.set_status(Status(StatusCode.ERROR, error_type))
+    span.end()

@@ -1,0 +1,257 @@
+"""Server-sent-event handling of D's stream: a pass-through patcher and a non-streaming aggregator.
+
+:class:`StreamPatcher` is the fast path.  The handler feeds it each network chunk from D and
+writes what it returns to the client.  Bytes are split at the last newline only; a chunk whose
+complete lines cannot carry a ``finish_reason`` or ``usage`` value (one compiled regex search) is
+returned untouched.  Only candidate lines are JSON-decoded: the finish chunk yields D's
+``kv_transfer_params`` (handed to ``on_params`` so the conversation table learns where D's blocks
+live), the usage chunk yields token counts, and the target chunk gets the ``kv_transfer`` object.
+When the proxy asked D for usage the client did not ask for, that usage-only chunk is dropped.
+
+:class:`Aggregator` rebuilds a normal (non-streaming) OpenAI response from D's stream for
+clients that asked ``stream: false`` (D's leg always streams, as upstream).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Callable
+
+from kvtrace import semconv as sc
+
+_CANDIDATE = re.compile(rb'"(?:finish_reason|usage)"\s*:\s*(?!null)')
+_DATA = b"data:"
+_DONE = b"[DONE]"
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sse_event(obj: object) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+def _decode(line: bytes) -> dict | None:
+    """JSON of a ``data:`` line, or None (not data, [DONE], not an object)."""
+    s = line.strip()
+    if not s.startswith(_DATA):
+        return None
+    payload = s[len(_DATA):].strip()
+    if not payload or payload == _DONE:
+        return None
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+class _Lines:
+    """Split a byte stream at newlines; keep the incomplete tail."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.done = False
+
+    def complete(self, chunk: bytes) -> bytes:
+        buf = self.tail + chunk if self.tail else chunk
+        cut = buf.rfind(b"\n") + 1
+        self.tail = buf[cut:]
+        out = buf[:cut]
+        if _DONE in out:
+            self.done = True
+        return out
+
+
+class StreamPatcher:
+    """Pass D's SSE stream through, capturing metadata and patching the target chunk.
+
+    ``patch_usage_chunk``: the client asked for ``include_usage``, so ``kv_transfer`` goes on the
+    usage chunk; otherwise on the chunk(s) carrying ``finish_reason``.  ``drop_usage``: the
+    usage-only chunk was requested by the proxy and is removed.  ``make_kv`` (None = no patching)
+    builds the object; it is called after ``on_params`` saw D's params.
+    """
+
+    def __init__(
+        self,
+        *,
+        patch_usage_chunk: bool,
+        drop_usage: bool,
+        make_kv: Callable[[], dict] | None,
+        on_params: Callable[[dict], None],
+    ) -> None:
+        self.patch_usage_chunk = patch_usage_chunk
+        self.drop_usage = drop_usage
+        self.make_kv = make_kv
+        self.on_params = on_params
+        self.lines = _Lines()
+        self.usage: dict | None = None
+        self.finish_reasons: list[str] = []
+        self.error: dict | None = None
+        self._skip_blank = False
+
+    @property
+    def done(self) -> bool:
+        return self.lines.done
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = self.lines.complete(chunk)
+        if not out:
+            return out
+        if not self._skip_blank and not _CANDIDATE.search(out) and b'"error"' not in out:
+            return out
+        return b"".join(self._line(line) for line in out.splitlines(keepends=True))
+
+    def flush(self) -> bytes:
+        tail, self.lines.tail = self.lines.tail, b""
+        return self.feed(tail + b"\n") if tail.strip() else b""
+
+    def _line(self, line: bytes) -> bytes:
+        if self._skip_blank and not line.strip():
+            self._skip_blank = False
+            return b""
+        self._skip_blank = False
+        if not _CANDIDATE.search(line) and b'"error"' not in line:
+            return line
+        obj = _decode(line)
+        if obj is None:
+            return line
+        if isinstance(obj.get("error"), dict):
+            self.error = obj["error"]
+            return line
+        patch = False
+        reasons = [c.get("finish_reason") for c in obj.get("choices") or () if isinstance(c, dict)]
+        reasons = [r for r in reasons if r]
+        if reasons:
+            self.finish_reasons.extend(reasons)
+            params = obj.get("kv_transfer_params")
+            if isinstance(params, dict):
+                self.on_params(params)
+            patch = not self.patch_usage_chunk
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            if not obj.get("choices"):
+                if self.drop_usage:
+                    self._skip_blank = True
+                    return b""
+                patch = patch or self.patch_usage_chunk
+        if not patch or self.make_kv is None:
+            return line
+        obj[sc.RESPONSE_KV_TRANSFER] = self.make_kv()
+        return b"data: " + _dumps(obj) + (b"\r\n" if line.endswith(b"\r\n") else b"\n")
+
+
+class Aggregator:
+    """Collect D's stream into a chat.completion / text_completion body."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.lines = _Lines()
+        self.head: dict = {}
+        self.choices: dict[int, dict] = {}
+        self.usage: dict | None = None
+        self.kv_params: dict | None = None
+        self.error: dict | None = None
+        self.finish_reasons: list[str] = []
+
+    @property
+    def done(self) -> bool:
+        return self.lines.done
+
+    def feed(self, chunk: bytes) -> None:
+        for line in self.lines.complete(chunk).splitlines():
+            obj = _decode(line)
+            if obj is not None:
+                self._chunk(obj)
+
+    def flush(self) -> None:
+        tail, self.lines.tail = self.lines.tail, b""
+        if tail.strip():
+            self.feed(tail + b"\n")
+
+    def _chunk(self, obj: dict) -> None:
+        if isinstance(obj.get("error"), dict):
+            self.error = obj["error"]
+            return
+        if not self.head:
+            self.head = {k: obj.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        if isinstance(obj.get("kv_transfer_params"), dict):
+            self.kv_params = obj["kv_transfer_params"]
+        for c in obj.get("choices") or ():
+            if isinstance(c, dict):
+                self._choice(c)
+
+    def _choice(self, c: dict) -> None:
+        idx = c.get("index", 0)
+        acc = self.choices.setdefault(idx, {"index": idx, "text": [], "reasoning": [], "tools": {}, "logprobs": None})
+        if c.get("finish_reason"):
+            acc["finish_reason"] = c["finish_reason"]
+            self.finish_reasons.append(c["finish_reason"])
+            if "stop_reason" in c:
+                acc["stop_reason"] = c["stop_reason"]
+        if self.chat:
+            delta = c.get("delta") or {}
+            acc["text"].append(delta.get("content") or "")
+            acc["reasoning"].append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            for tc in delta.get("tool_calls") or ():
+                self._tool(acc["tools"], tc)
+        else:
+            acc["text"].append(c.get("text") or "")
+        lp = c.get("logprobs")
+        if isinstance(lp, dict):
+            acc["logprobs"] = _merge_logprobs(acc["logprobs"], lp)
+
+    @staticmethod
+    def _tool(tools: dict, tc: dict) -> None:
+        slot = tools.setdefault(tc.get("index", len(tools)), {"id": None, "type": "function", "name": "", "args": []})
+        slot["id"] = tc.get("id") or slot["id"]
+        slot["type"] = tc.get("type") or slot["type"]
+        fn = tc.get("function") or {}
+        slot["name"] += fn.get("name") or ""
+        slot["args"].append(fn.get("arguments") or "")
+
+    def body(self) -> dict:
+        choices = [self._final_choice(self.choices[i]) for i in sorted(self.choices)]
+        out = {
+            "id": self.head.get("id"),
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.head.get("created"),
+            "model": self.head.get("model"),
+            "choices": choices,
+            "usage": self.usage,
+        }
+        if self.head.get("system_fingerprint"):
+            out["system_fingerprint"] = self.head["system_fingerprint"]
+        out["kv_transfer_params"] = self.kv_params
+        return out
+
+    def _final_choice(self, acc: dict) -> dict:
+        base = {"index": acc["index"], "logprobs": acc["logprobs"], "finish_reason": acc.get("finish_reason")}
+        if "stop_reason" in acc:
+            base["stop_reason"] = acc["stop_reason"]
+        if not self.chat:
+            return {**base, "text": "".join(acc["text"])}
+        msg: dict = {"role": "assistant", "content": "".join(acc["text"])}
+        reasoning = "".join(acc["reasoning"])
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        if acc["tools"]:
+            msg["tool_calls"] = [
+                {"id": t["id"], "type": t["type"], "function": {"name": t["name"], "arguments": "".join(t["args"])}}
+                for _, t in sorted(acc["tools"].items())
+            ]
+        return {**base, "message": msg}
+
+
+def _merge_logprobs(acc: dict | None, lp: dict) -> dict:
+    if acc is None:
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in lp.items()}
+    for k, v in lp.items():
+        if isinstance(v, list) and isinstance(acc.get(k), list):
+            acc[k].extend(v)
+    return acc
