@@ -78,4 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # ``python -m kvtrace.cli``: go through the package module so CLIError is the same class
+    from kvtrace.cli import main as _main
+
+    sys.exit(_main())

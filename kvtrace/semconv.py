@@ -31,6 +31,7 @@ SPAN_AGENT_TURN = "kvtrace.agent.turn"  # INTERNAL, one user turn of a session
 SPAN_AGENT_LLM_CALL = "kvtrace.agent.llm_call"  # CLIENT, chat
 SPAN_AGENT_TOOL_CALL = "kvtrace.agent.tool_call"  # INTERNAL, execute_tool (a tool wait)
 SPAN_AGENT_APP_WORK = "kvtrace.agent.app_work"  # INTERNAL, the agent's own work
+SPAN_VLLM_LLM_REQUEST = "llm_request"  # SERVER, vLLM's own span (--otlp-traces-endpoint); not emitted by kvtrace
 
 # --------------------------------------------------------------------------------------------
 # Event names
@@ -67,6 +68,17 @@ URL_PATH = "url.path"
 SERVICE_NAME = "service.name"
 SERVICE_INSTANCE_ID = "service.instance.id"
 HOST_NAME = "host.name"
+
+# vLLM's own llm_request span attributes (vllm/tracing; latencies in seconds, float)
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+VLLM_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+VLLM_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
+VLLM_LATENCY_E2E = "gen_ai.latency.e2e"
+VLLM_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
+VLLM_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
+VLLM_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
 
 # gen_ai.operation.name values
 OP_CHAT = "chat"
@@ -460,6 +472,24 @@ SPANS: dict[str, dict] = {
             AGENT_WORK_NAME: "What the work was.",
             SESSION_ID: "Session id.",
             TURN_INDEX: "Turn index (int).",
+        },
+    },
+    SPAN_VLLM_LLM_REQUEST: {
+        "kind": "SERVER",
+        "emitter": "vLLM itself (--otlp-traces-endpoint), ingested by kvtrace collect",
+        "doc": "vLLM's own per-request span; parent: the proxy leg's traceparent. kvtrace does not emit "
+        "it; the vllm_requests view joins it to kvtrace's requests.",
+        "attributes": {
+            GEN_AI_REQUEST_ID: "vLLM's request id (contains the X-Request-Id).",
+            GEN_AI_RESPONSE_MODEL: "Model served.",
+            GEN_AI_USAGE_PROMPT_TOKENS: "Prompt tokens (int).",
+            GEN_AI_USAGE_COMPLETION_TOKENS: "Generated tokens (int).",
+            VLLM_LATENCY_TIME_IN_QUEUE: "Time waiting in the scheduler queue, s (float).",
+            VLLM_LATENCY_TIME_TO_FIRST_TOKEN: "Time to first token, s (float).",
+            VLLM_LATENCY_E2E: "Arrival to finish, s (float).",
+            VLLM_LATENCY_TIME_IN_MODEL_PREFILL: "Prefill time, s (float).",
+            VLLM_LATENCY_TIME_IN_MODEL_DECODE: "Decode time, s (float).",
+            VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: "Prefill + decode time, s (float).",
         },
     },
 }

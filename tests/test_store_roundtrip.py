@@ -40,6 +40,9 @@ EXPECTED_COLUMNS = {
     "app_work": "trace_id span_id session_id turn work_name start_ns end_ns duration_ms",
     "turns": "trace_id span_id session_id turn start_time end_time start_ns end_ns duration_ms",
     "sessions": "trace_id session_id agent_name scenario start_time end_time start_ns end_ns wall_ms turns traces requests",
+    "vllm_requests": "trace_id span_id parent_span_id vllm_request_id request_id session_id turn leg proxy_span_id "
+    "request_trace_id matched_by service_name model prompt_tokens completion_tokens queue_ms ttft_ms e2e_ms "
+    "prefill_ms decode_ms inference_ms start_time end_time start_ns end_ns duration_ms status_code",
 }
 SPANS_DERIVED = ("trace_id span_id parent_span_id name kind service_name start_time end_time start_ns end_ns duration_ms "
                  "status_code session_id request_id turn engine_id engine_role substrate").split()
@@ -92,11 +95,11 @@ def _expected(span):
         "span_id": format(span.context.span_id, "016x"),
         "parent_span_id": format(span.parent.span_id, "016x") if span.parent else "",
         "name": span.name,
-        "kind": {SpanKind.SERVER: "Server", SpanKind.INTERNAL: "Internal"}[span.kind],
+        "kind": {SpanKind.SERVER: "SPAN_KIND_SERVER", SpanKind.INTERNAL: "SPAN_KIND_INTERNAL"}[span.kind],
         "start_ns": span.start_time,
         "end_ns": span.end_time,
         "Duration": span.end_time - span.start_time,
-        "status_code": {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}[span.status.status_code],
+        "status_code": {StatusCode.UNSET: "STATUS_CODE_UNSET", StatusCode.OK: "STATUS_CODE_OK", StatusCode.ERROR: "STATUS_CODE_ERROR"}[span.status.status_code],
         "StatusMessage": span.status.description or "",
         "ScopeName": "kvtrace.test",
         "ScopeVersion": "9.9",
@@ -165,7 +168,7 @@ def test_typed_views(tmp_path):
     assert con.execute("SELECT bytes, xfer_ms, status, end_ns - start_ns FROM kv_transfers").fetchall() == [
         (5 << 20, 0.1, None, 2_000_100)]
     assert con.execute("SELECT tool_name, tool_call_id, status_code, duration_ms FROM tool_calls").fetchall() == [
-        ("grep", "call-1", "Ok", 990 / 1e6)]
+        ("grep", "call-1", "STATUS_CODE_OK", 990 / 1e6)]
     assert con.execute("SELECT session_id, turns, traces, requests, start_ns FROM sessions").fetchall() == [
         ("s-1", 1, 2, 1, T0)]
     provider.shutdown()

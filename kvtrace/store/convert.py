@@ -73,7 +73,7 @@ def _as_dict(attributes) -> dict:
     return dict(attributes or {})
 
 
-def _offsets(lengths) -> pa.Array:
+def offsets(lengths) -> pa.Array:
     out = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=out[1:])
     return pa.array(out)
@@ -89,16 +89,16 @@ def _hex64(ids: list[int], present: np.ndarray | None = None) -> pa.Array:
     chars[:, 0::2] = _HEX[raw >> 4]
     chars[:, 1::2] = _HEX[raw & 15]
     lengths = np.full(n, 16, dtype=np.int32) if present is None else np.where(present, 16, 0).astype(np.int32)
-    return pa.StringArray.from_buffers(n, _offsets(lengths).buffers()[1], pa.py_buffer(chars.tobytes()))
+    return pa.StringArray.from_buffers(n, offsets(lengths).buffers()[1], pa.py_buffer(chars.tobytes()))
 
 
-def _string_maps(dicts: Sequence[dict]) -> pa.Array:
+def string_maps(dicts: Sequence[dict]) -> pa.Array:
     """MapArray<string,string> of ``dicts`` (event/link/resource attributes: small, simple path)."""
     keys = list(chain.from_iterable(dicts))
     values = list(chain.from_iterable(d.values() for d in dicts))
     strs = [v if type(v) is str else _other_to_str(v) for v in values]
     return pa.MapArray.from_arrays(
-        _offsets([len(d) for d in dicts]), pa.array(keys, pa.string()), pa.array(strs, pa.string())
+        offsets([len(d) for d in dicts]), pa.array(keys, pa.string()), pa.array(strs, pa.string())
     )
 
 
@@ -125,7 +125,7 @@ def _typed_values(values: list, codes: np.ndarray) -> tuple[pa.Array, pa.Array, 
     return parts.take(pa.array(inverse)), int_arr, float_arr, codes
 
 
-def _attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array]:
+def attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array]:
     """(SpanAttributes, SpanAttributesInt, SpanAttributesFloat) for one batch."""
     n = len(attr_dicts)
     lengths = np.fromiter(map(len, attr_dicts), dtype=np.int32, count=n)
@@ -138,25 +138,25 @@ def _attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Arra
     for code, arr in ((_INT, ints), (_FLOAT, floats)):
         mask = codes == code
         counts = np.bincount(owner[mask], minlength=n)
-        typed.append(pa.MapArray.from_arrays(_offsets(counts), keys.filter(pa.array(mask)), arr))
-    return pa.MapArray.from_arrays(_offsets(lengths), keys, strs), typed[0], typed[1]
+        typed.append(pa.MapArray.from_arrays(offsets(counts), keys.filter(pa.array(mask)), arr))
+    return pa.MapArray.from_arrays(offsets(lengths), keys, strs), typed[0], typed[1]
 
 
 def _nested(events_per_span: Sequence, links_per_span: Sequence) -> list[pa.Array]:
     """Events.* and Links.* columns (parallel lists, ClickHouse Nested layout)."""
-    ev_off = _offsets(list(map(len, events_per_span)))
-    ln_off = _offsets(list(map(len, links_per_span)))
+    ev_off = offsets(list(map(len, events_per_span)))
+    ln_off = offsets(list(map(len, links_per_span)))
     events = [e for evs in events_per_span if len(evs) for e in evs]
     links = [lk for lks in links_per_span if len(lks) for lk in lks]
     ctxs = [lk.context for lk in links]
     return [
         pa.ListArray.from_arrays(ev_off, pa.array([e.timestamp for e in events], pa.int64()).cast(TS)),
         pa.ListArray.from_arrays(ev_off, pa.array([e.name for e in events], pa.string())),
-        pa.ListArray.from_arrays(ev_off, _string_maps([_as_dict(e.attributes) for e in events])),
+        pa.ListArray.from_arrays(ev_off, string_maps([_as_dict(e.attributes) for e in events])),
         pa.ListArray.from_arrays(ln_off, pa.array([format(c.trace_id, "032x") for c in ctxs], pa.string())),
         pa.ListArray.from_arrays(ln_off, _hex64([c.span_id for c in ctxs])),
         pa.ListArray.from_arrays(ln_off, pa.array([_trace_state(c) for c in ctxs], pa.string())),
-        pa.ListArray.from_arrays(ln_off, _string_maps([_as_dict(lk.attributes) for lk in links])),
+        pa.ListArray.from_arrays(ln_off, string_maps([_as_dict(lk.attributes) for lk in links])),
     ]
 
 
@@ -199,7 +199,7 @@ def spans_to_table(spans: Sequence) -> pa.Table:
     res_items, res_take = _unique(resources)
     res_attrs = [_as_dict(r.attributes) for r in res_items]
     scope_items, scope_take = _unique(scopes)
-    span_map, int_map, float_map = _attribute_maps(list(map(_as_dict, attrs)))
+    span_map, int_map, float_map = attribute_maps(list(map(_as_dict, attrs)))
     columns = [
         pa.array(start).cast(TS),
         pa.array(list(map(hex_of.__getitem__, trace_ids)), pa.string()),
@@ -209,7 +209,7 @@ def spans_to_table(spans: Sequence) -> pa.Table:
         pa.array(names, pa.string()),
         pa.array(list(map(_KIND.__getitem__, kinds)), pa.string()),
         pa.array([str(r.get(sc.SERVICE_NAME, "")) for r in res_attrs], pa.string()).take(res_take),
-        _string_maps(res_attrs).take(res_take),
+        string_maps(res_attrs).take(res_take),
         pa.array([(s.name if s else "") for s in scope_items], pa.string()).take(scope_take),
         pa.array([((s.version or "") if s else "") for s in scope_items], pa.string()).take(scope_take),
         span_map,

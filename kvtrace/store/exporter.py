@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -94,21 +95,31 @@ class ParquetSpanExporter(SpanExporter):
     # -- SpanExporter interface ------------------------------------------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Write ``spans`` durably (one file per partition), then roll/sweep if due."""
-        if self._closed:
-            log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", len(spans))
-            return SpanExportResult.FAILURE
         if not spans:
-            return SpanExportResult.SUCCESS
+            return SpanExportResult.FAILURE if self._closed else SpanExportResult.SUCCESS
+        return self._export(len(spans), lambda: spans_to_table(spans))
+
+    def export_table(self, table: pa.Table) -> SpanExportResult:
+        """Like :meth:`export`, for rows already in :data:`kvtrace.store.schema.SCHEMA`
+        (``kvtrace collect`` converts OTLP requests itself)."""
+        if table.num_rows == 0:
+            return SpanExportResult.FAILURE if self._closed else SpanExportResult.SUCCESS
+        return self._export(table.num_rows, lambda: table)
+
+    def _export(self, count: int, make_table) -> SpanExportResult:
+        if self._closed:
+            log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", count)
+            return SpanExportResult.FAILURE
         with self._lock:
             if os.getpid() != self._pid:
                 self._reset_writer()
             try:
-                self._write_batch(spans)
+                self._write_table(make_table())
             except Exception as exc:
                 self._failures += 1
                 log.error(
                     "kvtrace: Parquet export of %d spans to %s failed: %s",
-                    len(spans), self.directory, exc, exc_info=self._failures == 1,
+                    count, self.directory, exc, exc_info=self._failures == 1,
                 )
                 return SpanExportResult.FAILURE
             self._maintain(force=False)
@@ -128,8 +139,7 @@ class ParquetSpanExporter(SpanExporter):
                 self._maintain(force=True)
 
     # -- internals -------------------------------------------------------------------------
-    def _write_batch(self, spans: Sequence[ReadableSpan]) -> None:
-        table = spans_to_table(spans)
+    def _write_table(self, table: pa.Table) -> None:
         for part, rows in writer.split_by_partition(table):
             self._seq += 1
             directory = os.path.join(self.directory, part)
@@ -139,7 +149,7 @@ class ParquetSpanExporter(SpanExporter):
             pending.seqs.append(self._seq)
             pending.paths.append(os.path.join(directory, name))
             pending.size += size
-        self.spans_written += len(spans)
+        self.spans_written += table.num_rows
 
     def _maintain(self, *, force: bool) -> None:
         """Roll due partitions and delete superseded files whose grace has passed; never raises."""

@@ -51,8 +51,16 @@ SCHEMA = pa.schema(
     ]
 )
 
-# ClickHouse exporter spellings (traceutil.SpanKindStr / StatusCodeStr)
-SPAN_KINDS = {0: "Internal", 1: "Server", 2: "Client", 3: "Producer", 4: "Consumer"}
-STATUS_CODES = {0: "Unset", 1: "Ok", 2: "Error"}
+# ClickHouse exporter spellings (collector-contrib traceutil.SpanKindStr / StatusCodeStr), keyed
+# by the Python SDK's enum values (SpanKind.INTERNAL = 0 ..., StatusCode.UNSET = 0 ...)
+SPAN_KIND_UNSPECIFIED = "SPAN_KIND_UNSPECIFIED"
+SPAN_KINDS = {
+    0: "SPAN_KIND_INTERNAL",
+    1: "SPAN_KIND_SERVER",
+    2: "SPAN_KIND_CLIENT",
+    3: "SPAN_KIND_PRODUCER",
+    4: "SPAN_KIND_CONSUMER",
+}
+STATUS_CODES = {0: "STATUS_CODE_UNSET", 1: "STATUS_CODE_OK", 2: "STATUS_CODE_ERROR"}
 
 PARTITION_KEYS = ("date", "hour")

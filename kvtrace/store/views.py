@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from kvtrace import semconv as sc
+from kvtrace.collect.views import VIEWS as VLLM_VIEWS
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
 
@@ -200,6 +201,7 @@ VIEW_SQL: dict[str, str] = {
     "app_work": APP_WORK_SQL,
     "turns": TURNS_SQL,
     "sessions": SESSIONS_SQL,
+    **VLLM_VIEWS,  # vLLM's own llm_request spans beside kvtrace's requests (kvtrace collect)
 }
 VIEWS: tuple[str, ...] = tuple(VIEW_SQL)
 

@@ -135,14 +135,18 @@ class KVRecorder:
         prompt_tokens: int,
         kv_params: dict | None = None,
         headers: dict | None = None,
+        public_id: str | None = None,
     ) -> None:
         """A request reached this engine's scheduler (first call for it). ``phase`` is
-        ``prefill`` (P leg), ``decode`` (D leg) or ``both`` (not disaggregated)."""
+        ``prefill`` (P leg), ``decode`` (D leg) or ``both`` (not disaggregated).
+        ``public_id`` is the id recorded as gen_ai.request.id / the summary's request_id when
+        it differs from the key (vLLM keys requests by an internal id derived from the
+        X-Request-Id); every other method takes the key."""
         with self._lock:
             if request_id in self._requests:
                 return
         entry = (kv_params or {}).get(sc.KV_PARAMS_KEY) or {}
-        identity = {sc.GEN_AI_REQUEST_ID: request_id}
+        identity = {sc.GEN_AI_REQUEST_ID: public_id or request_id}
         session = entry.get(sc.CTX_SESSION_ID) if isinstance(entry, dict) else None
         turn = entry.get(sc.CTX_TURN) if isinstance(entry, dict) else None
         if session is not None:
@@ -160,7 +164,7 @@ class KVRecorder:
         req = _Request(request_id, phase, span, trace.set_span_in_context(span), identity)
         req.summary = {
             sc.KVT_TRACE_ID: format(span.get_span_context().trace_id, "032x"),
-            sc.KVT_REQUEST_ID: request_id,
+            sc.KVT_REQUEST_ID: public_id or request_id,
             sc.KVT_SESSION_ID: identity.get(sc.SESSION_ID),
             sc.KVT_TURN: identity.get(sc.TURN_INDEX),
             sc.KVT_ENGINE_ID: self.engine_id,
@@ -333,6 +337,15 @@ class KVRecorder:
             req.span.set_status(Status(StatusCode.ERROR, error_type))
         req.span.end()
         return dict(req.summary)
+
+    @_safe()
+    def nixl_stats(self, request_id: str, attributes: dict) -> None:
+        """Attach worker NIXL telemetry that could not be attributed to one transfer (an
+        ``kvtrace.nixl.stats`` event with ``kvtrace.nixl.*`` attributes) to the request's
+        engine span."""
+        req = self._get(request_id)
+        if req is not None:
+            req.span.add_event(sc.EVENT_NIXL_STATS, attributes=attributes)
 
     # ------------------------------------------------------------------ retention on D
     @_safe()

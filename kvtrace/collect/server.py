@@ -1,0 +1,106 @@
+"""``Collector``: OTLP gRPC + HTTP receivers feeding one bounded queue into a Parquet trace directory.
+
+Used by ``kvtrace collect`` (:mod:`kvtrace.collect.cli`), the tests and the benchmark.  Lifecycle:
+:meth:`Collector.start` opens the trace directory and binds the listeners (port 0 = any free
+port; the bound ports are in ``grpc_port`` / ``http_port``); :meth:`Collector.stop` is the graceful
+shutdown: listeners stop accepting and finish in-flight requests, the queue is drained into
+Parquet, the writer rolls its files; idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from kvtrace.collect import grpc_server
+from kvtrace.collect.http_server import HTTPReceiver
+from kvtrace.collect.queue import SpanQueue
+from kvtrace.collect.sink import TableSink
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUE_SPANS = 200_000
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port); ValueError when malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class Collector:
+    """OTLP trace receivers writing into ``traces_dir`` (see module doc)."""
+
+    def __init__(
+        self,
+        traces_dir: str | os.PathLike,
+        *,
+        grpc_address: str | None = None,
+        http_address: str | None = None,
+        max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS,
+        batch_delay_s: float = 0.2,
+        grace_s: float = 5.0,
+        sink=None,
+    ) -> None:
+        if not grpc_address and not http_address:
+            raise ValueError("give at least one of grpc_address / http_address")
+        self.traces_dir = os.fspath(traces_dir)
+        self.grpc_address, self.http_address = grpc_address, http_address
+        self.max_queue_spans = max_queue_spans
+        self.batch_delay_s = batch_delay_s
+        self.grace_s = grace_s
+        self._sink = sink
+        self.queue: SpanQueue | None = None
+        self.grpc_port: int | None = None
+        self.http_port: int | None = None
+        self._grpc = None
+        self._http: HTTPReceiver | None = None
+        self._stopped = False
+
+    def start(self) -> "Collector":
+        """Open the directory, start the writer and the listeners; OSError when one cannot bind."""
+        os.makedirs(self.traces_dir, exist_ok=True)
+        if self._sink is None:
+            self._sink = TableSink(self.traces_dir)
+        self.queue = SpanQueue(self._sink, max_spans=self.max_queue_spans, batch_delay_s=self.batch_delay_s)
+        try:
+            if self.grpc_address:
+                self._grpc, self.grpc_port = grpc_server.start(self.queue, self.grpc_address)
+            if self.http_address:
+                host, port = split_address(self.http_address)
+                self._http = HTTPReceiver(self.queue, host, port, grace_s=self.grace_s)
+                self.http_port = self._http.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every span accepted so far is in a Parquet file."""
+        return self.queue.flush(timeout) if self.queue else True
+
+    def stop(self) -> None:
+        """Graceful shutdown (see module doc); idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._http is not None:
+            self._http.stop()
+        if self._grpc is not None:
+            self._grpc.stop(self.grace_s).wait(self.grace_s + 5)
+        if self.queue is not None:
+            self.queue.close()
+        if self._sink is not None:
+            self._sink.shutdown()
+        if self.queue is not None:
+            st = self.queue.stats
+            log.info("kvtrace collect: stopped; %d spans accepted, %d written, %d lost, %d requests refused",
+                     st.accepted_spans, st.written_spans, st.lost_spans, st.refused_requests)
+
+    def __enter__(self) -> "Collector":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
