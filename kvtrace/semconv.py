@@ -209,6 +209,11 @@ OFFER_REASONS = (
     OFFER_DISABLED,
 )
 
+# error.type values kvtrace itself sets (otherwise: the exception class or the worker's error type)
+ERROR_STREAM_INTERRUPTED = "stream_interrupted"  # agent: the stream was closed before its end
+ERROR_CLIENT_DISCONNECT = "client_disconnect"  # proxy / sim: the client went away
+ERROR_VALUES = (ERROR_STREAM_INTERRUPTED, ERROR_CLIENT_DISCONNECT)
+
 FALLBACK_NONE = "none"
 FALLBACK_DECODE_ONLY = "decode_only"
 FALLBACKS = (FALLBACK_NONE, FALLBACK_DECODE_ONLY)
@@ -599,6 +604,7 @@ def render_markdown() -> str:
         ("substrate", SUBSTRATES),
         ("proxy offer reason", OFFER_REASONS),
         ("proxy fallback", FALLBACKS),
+        ("error.type set by kvtrace", ERROR_VALUES),
         ("gen_ai.operation.name", (OP_CHAT, OP_TEXT_COMPLETION, OP_EXECUTE_TOOL, OP_INVOKE_AGENT)),
     ):
         out.append(f"| {label} | {', '.join(f'`{v}`' for v in values)} |")

@@ -27,7 +27,7 @@ from kvtrace.agent.scopes import record_error, reset_var
 log = logging.getLogger(__name__)
 
 # error.type of a stream the caller stopped reading before the end
-ERROR_STREAM_INTERRUPTED = "stream_interrupted"
+ERROR_STREAM_INTERRUPTED = sc.ERROR_STREAM_INTERRUPTED
 
 
 @dataclass
