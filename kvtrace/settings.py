@@ -45,12 +45,19 @@ DISABLE = Setting("KVTRACE_DISABLE", False, "Turn all kvtrace telemetry off (the
 PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)
 VLLM_STREAM_PATCH = Setting("KVTRACE_VLLM_STREAM_PATCH", True, "vLLM plugin: add kv_transfer_params to the streaming finish chunk where vLLM does not.", bool)
 NIXL_PROGRESS_DELAY_US = Setting("KVTRACE_NIXL_PROGRESS_DELAY_US", 0, "vLLM plugin, CPU-only rigs: NIXL agent progress-thread delay, us (0 = NIXL default).", int)
+COMPARE_DIR = Setting("KVTRACE_COMPARE_DIR", None, "Dashboard: second trace directory for the run comparison page (kvtrace dashboard --compare).")
 REQUIRE_VLLM = Setting("KVTRACE_REQUIRE_VLLM", False, "Tests that need vLLM/NIXL fail instead of skipping.", bool)
 
 ALL: tuple[Setting, ...] = tuple(v for v in globals().values() if isinstance(v, Setting))
 
 
 def render_markdown() -> str:
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    """docs/settings.md (``python -m kvtrace.settings > docs/settings.md``)."""
+    rows = ["# kvtrace settings", "", "Generated from `kvtrace/settings.py`. Arguments beat the environment.", ""]
+    rows += ["| variable | default | meaning |", "|---|---|---|"]
     rows += [f"| `{s.env}` | `{s.default}` | {s.doc} |" for s in ALL]
     return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render_markdown(), end="")

@@ -53,3 +53,10 @@ def test_no_name_is_typed_outside_semconv():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
     assert offenders == []
+
+
+def test_settings_docs_are_generated():
+    from kvtrace import settings
+
+    assert (ROOT / "docs" / "settings.md").read_text() == settings.render_markdown()
+    assert all(s.env.startswith("KVTRACE_") and s.doc for s in settings.ALL)
