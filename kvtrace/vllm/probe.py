@@ -1,0 +1,302 @@
+"""Scheduler-side instrumentation: turns what NixlConnector's scheduler hooks see into
+:class:`~kvtrace.vllm.recorder.KVRecorder` calls.
+
+Lives in the EngineCore process, next to vLLM's scheduler, and is driven only by
+:class:`~kvtrace.vllm.connector.KVTraceNixlConnector` *after* it forwarded each hook to
+NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`_guard`:
+an exception in here is logged once per hook and never reaches vLLM.
+
+Per request (keyed by vLLM's internal request id):
+
+- ``on_new_request`` starts the engine span; the leg is read from ``kv_transfer_params``
+  before NixlConnector mutates them: ``do_remote_decode`` = P leg (phase prefill, direction
+  d2p: the next turn's P pulls D's retained blocks), ``do_remote_prefill`` = D leg (phase
+  decode, p2d); neither = not disaggregated (engine span only, no decision).
+- ``matched`` (get_num_new_matched_tokens; may run several times while the request cannot be
+  allocated) keeps the latest inputs; ``allocated`` (update_state_after_alloc; its
+  ``num_external_tokens`` is what the scheduler really loads) makes the decision and, when
+  tokens are loaded, starts the transfer span.
+- ``connector_output`` (update_connector_output, every step): finished / failed receiving end
+  transfers (``expired`` when the worker's stats in the same output count declined expired
+  reads), NIXL stats are attributed, ``finished_sending`` of a retained request ends its
+  retention (``expired`` when past D's own deadline, else ``read``).
+- ``finished`` (request_finished*): retention starts on D when the returned params carry
+  ``do_remote_decode`` with held blocks; the recorder's summary goes into the params.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+from kvtrace import semconv as sc
+from kvtrace.vllm.config import public_request_id
+from kvtrace.vllm.recorder import KVRecorder
+
+log = logging.getLogger(__name__)
+_REMOTE_KEYS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
+_ABORT_ERRORS = {"FINISHED_ABORTED": "aborted", "FINISHED_ERROR": "error"}
+
+
+def _guard(fn):
+    """Telemetry never raises into vLLM: log the first failure of each hook, return None."""
+    logged = False
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        nonlocal logged
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            if not logged:
+                logged = True
+                log.exception("kvtrace: connector probe %s failed; vLLM continues unaffected", fn.__name__)
+            return None
+
+    return inner
+
+
+@dataclass
+class _Req:
+    phase: str
+    direction: str | None
+    prompt_tokens: int
+    local: int = 0
+    offered: int = 0  # min(remote_num_tokens, prompt) on a P leg
+    has_remote: bool = False
+    decided: bool = False
+    peer: str | None = None
+    remote_request_id: str | None = None
+    deadline: float | None = None  # peer's remote_blocks_expiry_time (peer clock)
+    loading: bool = False
+    block_ids: frozenset = frozenset()
+
+
+def _has_remote(params: dict) -> bool:
+    return bool(params.get("remote_block_ids")) and all(k in params for k in _REMOTE_KEYS)
+
+
+def _context_entry(params: dict | None) -> dict | None:
+    """The proxy's kvtrace context; a worker summary echoed back (it has engine_id) is not one."""
+    if not params:
+        return None
+    entry = params.get(sc.KV_PARAMS_KEY)
+    if isinstance(entry, dict) and sc.KVT_ENGINE_ID in entry and sc.CTX_TRACEPARENT not in entry:
+        return {k: v for k, v in params.items() if k != sc.KV_PARAMS_KEY}
+    return params
+
+
+class SchedulerProbe:
+    """Instrumentation state of one scheduler-side connector."""
+
+    def __init__(self, recorder: KVRecorder, *, block_bytes: list[int], bidirectional: bool) -> None:
+        self.recorder = recorder
+        self.threshold = recorder.threshold
+        self.block_bytes = block_bytes
+        self.bidirectional = bidirectional
+        self._reqs: dict[str, _Req] = {}
+        self._loading: dict[str, _Req] = {}
+        self._retained: dict[str, float | None] = {}  # request id -> own expiry (perf_counter)
+        # requests vLLM failed for a failed load: it frees them (request_finished) before it
+        # hands the same step's connector output to update_connector_output
+        self._deferred: dict[str, dict] = {}
+
+    # ------------------------------------------------------------------ request arrives
+    @_guard
+    def on_new_request(self, request) -> None:
+        rid = request.request_id
+        if rid in self._reqs:
+            return
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_decode"):
+            phase, direction = sc.ROLE_PREFILL, sc.DIRECTION_D2P
+        elif params and params.get("do_remote_prefill"):
+            phase, direction = sc.ROLE_DECODE, sc.DIRECTION_P2D
+        else:
+            phase, direction = sc.ROLE_BOTH, None
+        prompt = int(request.num_prompt_tokens)
+        st = _Req(phase, direction, prompt)
+        if params:
+            st.has_remote = _has_remote(params)
+            st.peer = params.get("remote_engine_id")
+            st.remote_request_id = params.get("remote_request_id")
+            st.deadline = params.get("remote_blocks_expiry_time")
+            st.offered = min(int(params.get("remote_num_tokens") or 0), prompt) if phase == sc.ROLE_PREFILL else prompt
+        self._reqs[rid] = st
+        self.recorder.request_started(
+            rid,
+            phase=phase,
+            prompt_tokens=prompt,
+            kv_params=_context_entry(params),
+            headers=request.trace_headers,
+            public_id=public_request_id(rid),
+        )
+
+    # ------------------------------------------------------------------ the decision
+    @_guard
+    def matched(self, request, num_computed_tokens: int) -> None:
+        st = self._reqs.get(request.request_id)
+        if st is not None and not st.decided:
+            st.local = int(num_computed_tokens)
+
+    @_guard
+    def allocated(self, request, blocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        if st is None or st.decided or st.direction is None:
+            return
+        st.decided = True
+        common = dict(
+            direction=st.direction,
+            prompt_tokens=st.prompt_tokens,
+            local_hit_tokens=st.local,
+            remote_tokens=st.offered if st.has_remote else 0,
+            expiry_deadline=st.deadline,
+            expiry_remaining_s=self._remaining(st),
+            peer_engine_id=st.peer,
+            remote_request_id=st.remote_request_id,
+        )
+        if num_external_tokens > 0:
+            self.recorder.decision(rid, outcome=None, pulled_tokens=int(num_external_tokens), **common)
+            self._start_transfer(rid, st, blocks, int(num_external_tokens))
+        else:
+            self.recorder.decision(rid, outcome=self._no_load_outcome(st), **common)
+
+    def _no_load_outcome(self, st: _Req) -> str:
+        if not st.has_remote:
+            return sc.OUTCOME_NO_REMOTE
+        wanted = st.offered - st.local
+        if wanted <= 0:
+            return sc.OUTCOME_LOCAL_HIT
+        if st.direction == sc.DIRECTION_D2P and self.threshold > 0 and wanted < self.threshold:
+            return sc.OUTCOME_BELOW_THRESHOLD
+        # the scheduler declined a load NixlConnector offered (e.g. prompt logprobs)
+        return sc.OUTCOME_LOCAL_HIT if st.local > 0 else sc.OUTCOME_NO_REMOTE
+
+    @staticmethod
+    def _remaining(st: _Req) -> float | None:
+        # remote_blocks_expiry_time is on D's perf_counter (CLOCK_MONOTONIC): comparable on one
+        # host; across hosts it is off by the hosts' boot-time difference.
+        if st.deadline is None:
+            return None
+        return round(float(st.deadline) - time.perf_counter(), 3)
+
+    def _start_transfer(self, rid: str, st: _Req, blocks, tokens: int) -> None:
+        per_group = blocks.get_unhashed_block_ids_all_groups()
+        nbytes = sum(len(ids) * size for ids, size in zip(per_group, self.block_bytes))
+        st.loading = True
+        st.block_ids = frozenset(b for ids in per_group for b in ids)
+        self._loading[rid] = st
+        self.recorder.transfer_started(
+            rid,
+            direction=st.direction,
+            tokens=tokens,
+            blocks=len(per_group[0]) if per_group else 0,
+            peer_engine_id=st.peer,
+            remote_request_id=st.remote_request_id,
+            nbytes=nbytes,
+        )
+
+    # ------------------------------------------------------------------ worker results
+    @_guard
+    def connector_output(self, output) -> None:
+        recving = output.finished_recving
+        sending = output.finished_sending
+        failed_ids = getattr(output, "failed_recving", None)
+        invalid = output.invalid_block_ids
+        stats = getattr(output.kv_connector_stats, "data", None)
+        if not (recving or sending or failed_ids or invalid or stats or self._deferred):
+            return
+        if self._loading and (recving or failed_ids or invalid):
+            self._end_transfers(set(recving or ()), set(failed_ids or ()), invalid, stats)
+        elif stats:
+            log.debug("kvtrace: NIXL stats with no finishing transfer (in vllm:nixl_* metrics)")
+        if self._deferred:
+            deferred, self._deferred = self._deferred, {}
+            for rid, kwargs in deferred.items():
+                self._loading.pop(rid, None)
+                self.recorder.request_finished(rid, **kwargs)
+        if sending and self._retained:
+            now = time.perf_counter()
+            for rid in sending:
+                if rid in self._retained:
+                    deadline = self._retained.pop(rid)
+                    expired = deadline is not None and now >= deadline
+                    self.recorder.retention_ended(rid, sc.RETENTION_EXPIRED if expired else sc.RETENTION_READ)
+
+    def _end_transfers(self, recving: set, failed_ids: set, invalid, stats: dict | None) -> None:
+        failed = {rid for rid in failed_ids if rid in self._loading}
+        if invalid:
+            failed |= {rid for rid, st in self._loading.items() if st.block_ids & invalid}
+        ok = [rid for rid in recving if rid in self._loading and rid not in failed]
+        n_expired = len(stats.get("num_kv_expired_reqs", ())) if stats else 0
+        # the worker declines a read near D's deadline: the least time left is the likeliest
+        ranked = sorted(failed, key=lambda r: self._remaining(self._loading[r]) or float("inf"))
+        expired = set(ranked[:n_expired])
+        timing = {}
+        if stats and len(ok) == 1 and stats.get("transfer_duration"):
+            timing = {
+                "xfer_ms": sum(stats["transfer_duration"]) * 1e3,
+                "post_ms": sum(stats.get("post_duration", ())) * 1e3,
+            }
+        elif stats:
+            event = _stats_event(stats)
+            for rid in (*ok, *ranked):
+                self.recorder.nixl_stats(rid, event)
+        for rid in ok:
+            self._loading.pop(rid).loading = False
+            self.recorder.transfer_finished(rid, status=sc.TRANSFER_OK, **timing)
+        for rid in ranked:
+            self._loading.pop(rid).loading = False
+            status = sc.TRANSFER_EXPIRED if rid in expired else sc.TRANSFER_FAILED
+            self.recorder.transfer_finished(rid, status=status, error_type=status)
+
+    # ------------------------------------------------------------------ request leaves
+    @_guard
+    def finished(self, request, delay_free: bool, params: dict | None) -> None:
+        rid = request.request_id
+        st = self._reqs.pop(rid, None)
+        if st is None:
+            return
+        status = getattr(request.status, "name", "")
+        finish = dict(
+            output_tokens=int(request.num_output_tokens),
+            cached_tokens=max(0, int(getattr(request, "num_cached_tokens", 0) or 0)),
+            error_type=_ABORT_ERRORS.get(status),
+        )
+        if st.loading and status == "FINISHED_ERROR":
+            self._deferred[rid] = finish  # its load result is in this step's connector output
+            return
+        self._loading.pop(rid, None)
+        if delay_free and params and params.get("do_remote_decode") and st.phase != sc.ROLE_PREFILL:
+            block_ids = params.get("remote_block_ids") or [[]]
+            first = block_ids[0] if block_ids and isinstance(block_ids[0], list) else block_ids
+            self.recorder.retention_started(
+                rid,
+                blocks=len(first),
+                tokens=int(params.get("remote_num_tokens") or 0),
+                expiry_deadline=params.get("remote_blocks_expiry_time"),
+            )
+            self._retained[rid] = params.get("remote_blocks_expiry_time")
+        summary = self.recorder.request_finished(rid, **finish)
+        if params is not None and summary:
+            params[sc.KV_PARAMS_KEY] = summary
+
+    @_guard
+    def shutdown(self) -> None:
+        self._retained.clear()
+        self.recorder.shutdown()
+
+
+def _stats_event(stats: dict) -> dict:
+    """kvtrace.nixl.* attributes of one interval of NixlKVConnectorStats.data."""
+    return {
+        sc.NIXL_NUM_TRANSFERS: len(stats.get("transfer_duration", ())),
+        sc.NIXL_BYTES: int(sum(stats.get("bytes_transferred", ()))),
+        sc.NIXL_XFER_MS: float(sum(stats.get("transfer_duration", ())) * 1e3),
+        sc.NIXL_POST_MS: float(sum(stats.get("post_duration", ())) * 1e3),
+        sc.NIXL_NUM_FAILED: len(stats.get("num_failed_transfers", ())) + len(stats.get("num_failed_handshakes", ())),
+        sc.NIXL_NUM_EXPIRED: len(stats.get("num_kv_expired_reqs", ())),
+    }

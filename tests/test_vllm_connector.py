@@ -1,0 +1,352 @@
+"""KVTraceNixlConnector inside vLLM's real Scheduler (scheduler role, no workers, no NIXL I/O).
+
+The worker side is played by hand-made ModelRunnerOutputs, as vLLM's own connector tests do.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import pytest
+
+from kvtrace import semconv as sc
+from conftest import require_vllm
+
+pytestmark = pytest.mark.vllm
+require_vllm()
+require_vllm("nixl")
+
+import vllm_rig as rig  # noqa: E402
+
+BS = 16
+BLOCK_BYTES = 2 * BS * 2 * 32 * 2 * 2  # K,V x block x kv heads x head dim x bf16 x 2 layers
+P_ENGINE, D_ENGINE = "engine-p", "engine-d"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return rig.make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def connector_cls(monkeypatch, tracer_provider):
+    from kvtrace.vllm.connector import KVTraceNixlConnector
+
+    monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", tracer_provider)
+    return KVTraceNixlConnector
+
+
+def _sched(model_dir, *, role="prefill", engine=P_ENGINE, ttl=480, threshold=64, connector="KVTraceNixlConnector",
+           module="kvtrace.vllm.connector"):
+    extra = {"bidirectional_kv_xfer": True, "kv_recompute_threshold": threshold, "decoder_kv_blocks_ttl": ttl,
+             sc.KV_PARAMS_KEY: {"role": role}}
+    if connector == "NixlConnector":
+        module = None
+    return rig.scheduler(rig.vllm_config(model_dir, extra=extra, block_size=BS, engine_id=engine,
+                                         connector=connector, module_path=module))
+
+
+def _d_params(num_tokens: int, blocks: int, *, expiry_in: float = 300.0, ctx: dict | None = None) -> dict:
+    """What D returned after its turn (bidirectional), as the proxy forwards it to P."""
+    params = {
+        "do_remote_decode": True, "do_remote_prefill": False,
+        "remote_block_ids": [list(range(100, 100 + blocks))], "remote_engine_id": D_ENGINE,
+        "remote_request_id": "chatcmpl-prev-0000abcd", "remote_host": "127.0.0.1", "remote_port": 5601,
+        "tp_size": 1, "remote_num_tokens": num_tokens,
+        "remote_blocks_expiry_time": time.perf_counter() + expiry_in,
+    }
+    if ctx is not None:
+        params[sc.KV_PARAMS_KEY] = ctx
+    return params
+
+
+def _run(sched, req, **connector_output):
+    """One step: schedule and feed back a runner output.  Returns the engine outputs."""
+    out = sched.schedule()
+    running = [r for r in (req,) if r.request_id in out.num_scheduled_tokens]
+    return sched.update_from_output(out, rig.runner_output(running, **connector_output)), out
+
+
+def _finished_params(engine_outputs, rid):
+    for outs in engine_outputs.values():
+        for o in outs.outputs:
+            if o.request_id == rid and o.finish_reason is not None:
+                return o.kv_transfer_params
+    raise AssertionError(f"{rid} did not finish")
+
+
+def _spans(exporter, name):
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def _stats(**data):
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+    stats = NixlKVConnectorStats()
+    for k, v in data.items():
+        stats.data[k] = list(v)
+    return stats
+
+
+def _prefill_turn(sched, prompt, params, **first_output):
+    req = rig.request(prompt, params=params, max_tokens=1, block_size=BS)
+    sched.add_request(req)
+    eo, _ = _run(sched, req, **first_output)
+    return req, eo
+
+
+# ------------------------------------------------------------------------------ contract
+def test_every_base_method_is_forwarded_explicitly(connector_cls):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
+
+    public = {n for cls in (KVConnectorBase_V1, SupportsHMA) for n in vars(cls) if not n.startswith("_")}
+    missing = sorted(n for n in public if n not in vars(connector_cls))
+    assert missing == [], f"vLLM hooks not forwarded by KVTraceNixlConnector: {missing}"
+    for name in public:
+        raw = inspect.getattr_static(connector_cls, name)
+        base = inspect.getattr_static(KVConnectorBase_V1 if name in vars(KVConnectorBase_V1) else SupportsHMA, name)
+        assert type(raw) is type(base), f"{name}: {type(raw).__name__} vs vLLM's {type(base).__name__}"
+        target = raw.fget if isinstance(raw, property) else getattr(raw, "__func__", raw)
+        assert target.__doc__, f"{name} has no docstring saying who calls it"
+
+
+def test_class_level_contract_is_nixls(connector_cls, model_dir):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+    cfg = rig.vllm_config(model_dir, extra={})
+    assert KVConnectorFactory.get_connector_class(cfg.kv_transfer_config) is connector_cls
+    assert supports_hma(connector_cls)
+    assert connector_cls._cache_hit_source == NixlConnector._cache_hit_source
+    assert connector_cls.get_required_kvcache_layout(cfg) == NixlConnector.get_required_kvcache_layout(cfg)
+    assert isinstance(connector_cls.build_kv_connector_stats({"transfer_duration": []}), NixlKVConnectorStats)
+
+
+@pytest.mark.parametrize(
+    "internal, public",
+    [("chatcmpl-req-42-1a2b3c4d", "req-42"), ("cmpl-abc-0-deadbeef", "abc"), ("plain", "plain"),
+     ("chatcmpl-9f1e-2-0011aabb", "9f1e-2")],
+)
+def test_public_request_id(internal, public):
+    from kvtrace.vllm.config import public_request_id
+
+    assert public_request_id(internal) == public
+
+
+# ------------------------------------------------------------------------------ P side
+def test_turn1_prefill_no_remote_and_summary_in_params(connector_cls, model_dir, span_exporter):
+    sched = _sched(model_dir)
+    ctx = {sc.CTX_TRACEPARENT: TRACEPARENT, sc.CTX_SESSION_ID: "s1", sc.CTX_TURN: 0}
+    req, eo = _prefill_turn(sched, list(range(1, 201)), {"do_remote_decode": True, sc.KV_PARAMS_KEY: ctx})
+    params = _finished_params(eo, req.request_id)
+    assert params["do_remote_prefill"] is True and params["remote_engine_id"] == P_ENGINE
+    [decision] = _spans(span_exporter, sc.SPAN_KV_DECISION)
+    [engine] = _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)
+    ident = {sc.GEN_AI_REQUEST_ID: req.request_id.split("-")[1], sc.SESSION_ID: "s1",
+             sc.GEN_AI_CONVERSATION_ID: "s1", sc.TURN_INDEX: 0, sc.ENGINE_ID: P_ENGINE, sc.ENGINE_ROLE: sc.ROLE_PREFILL}
+    assert dict(decision.attributes) == {
+        **ident, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_OUTCOME: sc.OUTCOME_NO_REMOTE, sc.KV_PROMPT_TOKENS: 200,
+        sc.KV_LOCAL_HIT_TOKENS: 0, sc.KV_REMOTE_TOKENS: 0, sc.KV_PULLED_TOKENS: 0, sc.KV_RECOMPUTED_TOKENS: 200,
+        sc.KV_THRESHOLD: 64, sc.KV_LOAD_FAILURE_POLICY: "fail",
+    }
+    assert dict(engine.attributes) == {**ident, sc.KV_PROMPT_TOKENS: 200, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1,
+                                       sc.REQUEST_CACHED_TOKENS: 0}
+    assert format(engine.context.trace_id, "032x") == TRACEPARENT[3:35]
+    assert format(engine.parent.span_id, "016x") == TRACEPARENT[36:52]
+    assert decision.parent.span_id == engine.context.span_id
+    assert params[sc.KV_PARAMS_KEY] == {
+        sc.KVT_TRACE_ID: TRACEPARENT[3:35], sc.KVT_REQUEST_ID: ident[sc.GEN_AI_REQUEST_ID], sc.KVT_SESSION_ID: "s1",
+        sc.KVT_TURN: 0, sc.KVT_ENGINE_ID: P_ENGINE, sc.KVT_ROLE: sc.ROLE_PREFILL, sc.KVT_PROMPT_TOKENS: 200,
+        sc.KVT_DECISION: sc.OUTCOME_NO_REMOTE, sc.KVT_LOCAL_HIT_TOKENS: 0, sc.KVT_REMOTE_TOKENS: 0,
+        sc.KVT_PULLED_TOKENS: 0, sc.KVT_RECOMPUTED_TOKENS: 200, sc.KVT_PEER_ENGINE_ID: None,
+    }
+
+
+def test_turn2_pull_decision_transfer_and_stats(connector_cls, model_dir, span_exporter):
+    sched = _sched(model_dir)
+    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # 96 tokens now cached on P
+    prompt = list(range(1, 301))
+    req, eo = _prefill_turn(sched, prompt, _d_params(260, 17))
+    assert req.request_id not in sched.running  # waiting for the remote KV
+    stats = _stats(transfer_duration=[0.004], post_duration=[0.001], bytes_transferred=[123], num_descriptors=[4])
+    _run(sched, req, finished_recving={req.request_id}, stats=stats)
+    eo, _ = _run(sched, req)
+    params = _finished_params(eo, req.request_id)
+    decision = [s for s in _spans(span_exporter, sc.SPAN_KV_DECISION) if s.attributes[sc.KV_OUTCOME] == "pulled"]
+    [transfer] = _spans(span_exporter, sc.SPAN_KV_TRANSFER)
+    assert len(decision) == 1
+    d = decision[0].attributes
+    assert (d[sc.KV_LOCAL_HIT_TOKENS], d[sc.KV_REMOTE_TOKENS], d[sc.KV_PULLED_TOKENS], d[sc.KV_RECOMPUTED_TOKENS]) == (
+        96, 260, 164, 40)
+    assert d[sc.KV_PEER_ENGINE_ID] == D_ENGINE and d[sc.KV_REMOTE_REQUEST_ID] == "chatcmpl-prev-0000abcd"
+    assert 290 < d[sc.KV_EXPIRY_REMAINING_S] <= 300
+    t = dict(transfer.attributes)
+    blocks = -(-260 // BS) - 96 // BS  # blocks allocated past the local hit
+    assert {k: t[k] for k in (sc.KV_DIRECTION, sc.KV_TRANSFER_TOKENS, sc.KV_TRANSFER_BLOCKS, sc.KV_TRANSFER_BYTES,
+                              sc.KV_TRANSFER_STATUS, sc.KV_TRANSFER_XFER_MS, sc.KV_TRANSFER_POST_MS,
+                              sc.KV_PEER_ENGINE_ID)} == {
+        sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_TRANSFER_TOKENS: 164, sc.KV_TRANSFER_BLOCKS: blocks,
+        sc.KV_TRANSFER_BYTES: blocks * BLOCK_BYTES, sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK,
+        sc.KV_TRANSFER_XFER_MS: 4.0, sc.KV_TRANSFER_POST_MS: 1.0, sc.KV_PEER_ENGINE_ID: D_ENGINE}
+    assert transfer.parent.span_id == decision[0].context.span_id
+    summary = params[sc.KV_PARAMS_KEY]
+    assert (summary[sc.KVT_DECISION], summary[sc.KVT_PULLED_TOKENS], summary[sc.KVT_BYTES]) == (
+        "pulled", 164, blocks * BLOCK_BYTES)
+    assert summary[sc.KVT_TRANSFER_MS] >= 0
+
+
+@pytest.mark.parametrize(
+    "remote_tokens, outcome",
+    [(96 + 40, sc.OUTCOME_BELOW_THRESHOLD), (90, sc.OUTCOME_LOCAL_HIT)],
+)
+def test_no_pull_outcomes(connector_cls, model_dir, span_exporter, remote_tokens, outcome):
+    sched = _sched(model_dir)
+    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
+    req, eo = _prefill_turn(sched, list(range(1, 201)), _d_params(remote_tokens, 9))
+    params = _finished_params(eo, req.request_id)
+    assert params[sc.KV_PARAMS_KEY][sc.KVT_DECISION] == outcome
+    [d] = [s for s in _spans(span_exporter, sc.SPAN_KV_DECISION) if s.attributes[sc.KV_REMOTE_TOKENS]]
+    assert (d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS], d.attributes[sc.KV_LOCAL_HIT_TOKENS],
+            d.attributes[sc.KV_RECOMPUTED_TOKENS]) == (outcome, 0, 96, 104)
+    assert _spans(span_exporter, sc.SPAN_KV_TRANSFER) == []
+
+
+@pytest.mark.parametrize(
+    "expired_stats, outcome, status",
+    [([1], sc.OUTCOME_EXPIRED, sc.TRANSFER_EXPIRED), ([], sc.OUTCOME_FAILED, sc.TRANSFER_FAILED)],
+)
+def test_failed_pull_is_expired_or_failed(connector_cls, model_dir, span_exporter, expired_stats, outcome, status):
+    sched = _sched(model_dir)
+    req, _ = _prefill_turn(sched, list(range(1, 201)), _d_params(180, 12, expiry_in=2.0))
+    stats = _stats(num_kv_expired_reqs=expired_stats, num_failed_transfers=[] if expired_stats else [1])
+    _run(sched, req, finished_recving={req.request_id}, failed_recving={req.request_id}, stats=stats)
+    [d] = _spans(span_exporter, sc.SPAN_KV_DECISION)
+    [t] = _spans(span_exporter, sc.SPAN_KV_TRANSFER)
+    assert (d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS], d.attributes[sc.KV_RECOMPUTED_TOKENS]) == (
+        outcome, 0, 200)
+    assert (t.attributes[sc.KV_TRANSFER_STATUS], t.attributes[sc.ERROR_TYPE]) == (status, status)
+    assert t.status.status_code.name == "ERROR"
+
+
+def test_unattributable_stats_become_events(connector_cls, model_dir, span_exporter):
+    sched = _sched(model_dir)
+    a, _ = _prefill_turn(sched, list(range(1, 201)), _d_params(180, 12))
+    b = rig.request(list(range(500, 700)), params=_d_params(180, 12), max_tokens=1, block_size=BS)
+    sched.add_request(b)
+    _run(sched, b)
+    stats = _stats(transfer_duration=[0.002, 0.003], post_duration=[0.001, 0.001], bytes_transferred=[10, 20])
+    out = sched.schedule()
+    sched.update_from_output(out, rig.runner_output([], finished_recving={a.request_id, b.request_id}, stats=stats))
+    sched.finish_requests([a.request_id, b.request_id], __import__("vllm.v1.request", fromlist=["x"]).RequestStatus.FINISHED_ABORTED)
+    engines = _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)
+    assert len(engines) == 2
+    for span in engines:
+        [event] = [e for e in span.events if e.name == sc.EVENT_NIXL_STATS]
+        assert dict(event.attributes) == {sc.NIXL_NUM_TRANSFERS: 2, sc.NIXL_BYTES: 30, sc.NIXL_XFER_MS: 5.0,
+                                          sc.NIXL_POST_MS: 2.0, sc.NIXL_NUM_FAILED: 0, sc.NIXL_NUM_EXPIRED: 0}
+    assert {t.attributes[sc.KV_TRANSFER_STATUS] for t in _spans(span_exporter, sc.SPAN_KV_TRANSFER)} == {"ok"}
+
+
+# ------------------------------------------------------------------------------ D side
+def _decode_turn(sched, prompt, *, max_tokens=3):
+    p_params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [list(range(len(prompt) // BS))],
+                "remote_engine_id": P_ENGINE, "remote_request_id": "chatcmpl-p1-00aa00aa", "remote_host": "127.0.0.1",
+                "remote_port": 5600, "tp_size": 1, "remote_num_tokens": len(prompt)}
+    req = rig.request(prompt, params=p_params, max_tokens=max_tokens, block_size=BS,
+                      trace_headers={"traceparent": TRACEPARENT})
+    sched.add_request(req)
+    _run(sched, req)
+    _run(sched, req, finished_recving={req.request_id})
+    eo = None
+    for _ in range(max_tokens + 1):
+        eo, _ = _run(sched, req)
+        if any(o.finish_reason is not None for outs in eo.values() for o in outs.outputs):
+            break
+    return req, _finished_params(eo, req.request_id)
+
+
+@pytest.mark.parametrize("ttl, outcome", [(480, sc.RETENTION_READ), (0, sc.RETENTION_EXPIRED)])
+def test_decode_pull_and_retention(connector_cls, model_dir, span_exporter, ttl, outcome):
+    sched = _sched(model_dir, role="decode", engine=D_ENGINE, ttl=ttl)
+    req, params = _decode_turn(sched, list(range(1, 161)))
+    assert params["do_remote_decode"] is True and params["remote_engine_id"] == D_ENGINE
+    [d] = _spans(span_exporter, sc.SPAN_KV_DECISION)
+    assert (d.attributes[sc.KV_DIRECTION], d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS]) == (
+        sc.DIRECTION_P2D, sc.OUTCOME_PULLED, 160)
+    [engine] = _spans(span_exporter, sc.SPAN_ENGINE_DECODE)
+    assert format(engine.context.trace_id, "032x") == TRACEPARENT[3:35]  # from the trace headers
+    summary = params[sc.KV_PARAMS_KEY]
+    blocks = len(params["remote_block_ids"][0])
+    assert (summary[sc.KVT_RETAINED_BLOCKS], summary[sc.KVT_RETAINED_BYTES], summary[sc.KVT_RETAINED_TTL_S]) == (
+        blocks, blocks * BLOCK_BYTES, float(ttl))
+    assert _spans(span_exporter, sc.SPAN_KV_RETENTION) == []  # held until the next turn reads it
+    _run(sched, req, finished_sending={req.request_id})
+    [ret] = _spans(span_exporter, sc.SPAN_KV_RETENTION)
+    assert {k: ret.attributes[k] for k in (sc.KV_RETENTION_BLOCKS, sc.KV_RETENTION_TOKENS, sc.KV_RETENTION_BYTES,
+                                           sc.KV_RETENTION_OUTCOME, sc.KV_EXPIRY_DEADLINE)} == {
+        sc.KV_RETENTION_BLOCKS: blocks, sc.KV_RETENTION_TOKENS: params["remote_num_tokens"],
+        sc.KV_RETENTION_BYTES: blocks * BLOCK_BYTES, sc.KV_RETENTION_OUTCOME: outcome,
+        sc.KV_EXPIRY_DEADLINE: params["remote_blocks_expiry_time"]}
+    assert ret.parent.span_id == engine.context.span_id
+    assert sched.connector._probe._retained == {}
+
+
+def test_echoed_worker_summary_is_not_a_context(connector_cls, model_dir, span_exporter):
+    sched = _sched(model_dir)
+    echoed = {sc.KVT_ENGINE_ID: D_ENGINE, sc.KVT_SESSION_ID: "old", sc.KVT_TURN: 3, sc.KVT_DECISION: "pulled"}
+    req, eo = _prefill_turn(sched, list(range(1, 201)), _d_params(40, 3, ctx=echoed))
+    assert _finished_params(eo, req.request_id)[sc.KV_PARAMS_KEY][sc.KVT_SESSION_ID] is None
+    for span in _spans(span_exporter, sc.SPAN_ENGINE_PREFILL) + _spans(span_exporter, sc.SPAN_KV_DECISION):
+        assert sc.SESSION_ID not in span.attributes and sc.TURN_INDEX not in span.attributes
+    assert _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)[0].parent is None
+
+
+# ------------------------------------------------------------------------------ never changes vLLM
+def _conversation(sched):
+    """Turn 1 then a pulling turn 2 on P; returns what vLLM hands back (params sans kvtrace, tokens)."""
+    seen = []
+    r1, eo = _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
+    seen.append(_finished_params(eo, r1.request_id))
+    r2, _ = _prefill_turn(sched, list(range(1, 301)), _d_params(260, 17))
+    _run(sched, r2, finished_recving={r2.request_id}, stats=_stats(transfer_duration=[0.001]))
+    eo, out = _run(sched, r2)
+    seen.append(_finished_params(eo, r2.request_id))
+    for p in seen:
+        p.pop(sc.KV_PARAMS_KEY, None)
+        p.pop("remote_request_id")
+        p.pop("remote_engine_id")
+    return seen, sched.make_stats()
+
+
+class _Raising:
+    def __getattr__(self, name):
+        if name in ("shutdown", "force_flush"):  # let the process exit quietly
+            return lambda *a, **k: True
+
+        def boom(*a, **k):
+            raise RuntimeError(f"exporter {name} exploded")
+
+        return boom
+
+
+def test_raising_telemetry_does_not_change_vllm(monkeypatch, model_dir, caplog):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from kvtrace.vllm.connector import KVTraceNixlConnector
+
+    bare, bare_stats = _conversation(_sched(model_dir, connector="NixlConnector"))
+    provider = TracerProvider()
+    provider.add_span_processor(_Raising())  # on_start / on_end raise inside the SDK
+    provider.add_span_processor(SimpleSpanProcessor(_Raising()))  # export raises
+    monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", provider)
+    sched = _sched(model_dir)
+    wrapped, wrapped_stats = _conversation(sched)
+    assert wrapped == bare
+    assert wrapped_stats.prefix_cache_stats == bare_stats.prefix_cache_stats
+    assert wrapped_stats.connector_prefix_cache_stats == bare_stats.connector_prefix_cache_stats
+    assert "exploded" in caplog.text
