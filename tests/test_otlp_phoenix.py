@@ -22,6 +22,7 @@ import pytest
 from test_collect_workload import read_rows, run_workload
 
 from kvtrace import semconv as sc
+from kvtrace import settings
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 120.0
@@ -29,10 +30,14 @@ INGEST_S = 60.0
 
 
 def _require_phoenix() -> str:
+    """The ``phoenix`` command: KVTRACE_PHOENIX_BIN (scripts/test.sh installs Phoenix in its own
+    venv, since its pins clash with vLLM's), else the one beside an importable ``phoenix``."""
+    if settings.PHOENIX_BIN.get():
+        return settings.PHOENIX_BIN.get()
     if importlib.util.find_spec("phoenix") is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("arize-phoenix is not installed (pip install -e '.[phoenix]')")
-        pytest.skip("arize-phoenix not installed (pip install -e '.[phoenix]')")
+            pytest.fail("arize-phoenix is not installed (pip install -e '.[phoenix]' or set KVTRACE_PHOENIX_BIN)")
+        pytest.skip("arize-phoenix not installed (pip install -e '.[phoenix]' or set KVTRACE_PHOENIX_BIN)")
     exe = shutil.which("phoenix", path=os.path.dirname(sys.executable)) or shutil.which("phoenix")
     assert exe, "phoenix is importable but its 'phoenix' command is missing"
     return exe
