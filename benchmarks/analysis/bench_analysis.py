@@ -1,0 +1,200 @@
+"""Analysis-layer benchmark: the session breakdown over a synthetic 10M-span store, and the
+dashboard's first render at 1M spans.
+
+    python benchmarks/analysis/bench_analysis.py [--spans 10000000] [--dashboard-spans 1000000]
+                                                  [--dir DIR] [--threads 2]
+
+The store is written directly with pyarrow in :data:`kvtrace.store.schema.SCHEMA` (vectorised,
+~1M spans per file, Hive date/hour partitions).  Each session is one trace of 8 turns; a turn has
+two overlapping LLM calls, a tool wait and app work, and every LLM call brings the 8 proxy /
+engine / KV spans a real store holds (170 spans per session).  Printed: time of a plain
+``count(*)`` scan and of a full-column scan (baselines, same run), of ``session_breakdown`` and
+``turn_breakdown`` fully computed, against the 2 s target; then the AppTest first render of the
+sessions page on the smaller store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from kvtrace import semconv as sc
+from kvtrace.analysis.synth import BASE_NS, write_table
+from kvtrace.store.schema import SCHEMA, TS
+
+TURNS = 8
+TURN_MS, GAP_MS = 10_000, 1_000
+# (name, start ms, end ms, ttft ms or None) within a turn; fillers follow each LLM call
+AGENT = [
+    (sc.SPAN_AGENT_TURN, 0, TURN_MS, None),
+    (sc.SPAN_AGENT_LLM_CALL, 100, 3100, 400.0),
+    (sc.SPAN_AGENT_LLM_CALL, 2000, 5000, 300.0),
+    (sc.SPAN_AGENT_TOOL_CALL, 3000, 6000, None),
+    (sc.SPAN_AGENT_APP_WORK, 6000, 6500, None),
+]
+FILLERS = [sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE, sc.SPAN_ENGINE_PREFILL,
+           sc.SPAN_ENGINE_DECODE, sc.SPAN_KV_DECISION, sc.SPAN_KV_TRANSFER, sc.SPAN_KV_RETENTION]
+PER_TURN = len(AGENT) + 2 * len(FILLERS)
+PER_SESSION = 1 + TURNS * PER_TURN
+
+
+def _template() -> list[tuple[str, int, int, float | None, int | None]]:
+    """(name, start ms, end ms, ttft, turn) of one session's spans, relative to its start."""
+    rows = []
+    for t in range(TURNS):
+        base = t * (TURN_MS + GAP_MS)
+        for name, s, e, ttft in AGENT:
+            rows.append((name, base + s, base + e, ttft, t))
+            if name == sc.SPAN_AGENT_LLM_CALL:
+                rows += [(f, base + s + 10, base + e - 10, None, t) for f in FILLERS]
+    rows.insert(0, (sc.SPAN_AGENT_SESSION, 0, TURNS * (TURN_MS + GAP_MS) - GAP_MS, None, None))
+    return rows
+
+
+def _maps(keys: list[str], columns: list[np.ndarray], n: int, typ) -> pa.MapArray:
+    k = len(keys)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * k)
+    if k == 0:
+        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], typ))
+    vals = np.stack(columns, axis=1).ravel() if k > 1 else columns[0]
+    return pa.MapArray.from_arrays(offsets, pa.array(np.tile(np.array(keys, dtype=object), n), pa.string()),
+                                   pa.array(vals, typ))
+
+
+def session_batch(first: int, count: int) -> pa.Table:
+    """Spans of sessions ``first .. first+count-1`` (session i starts i seconds after BASE_NS)."""
+    tpl = _template()
+    m = len(tpl)
+    sess = np.repeat(np.arange(first, first + count), m)
+    idx = np.tile(np.arange(m), count)
+    starts = np.array([r[1] for r in tpl], dtype=np.int64)[idx] * 1_000_000 + BASE_NS + sess * 1_000_000_000
+    ends = np.array([r[2] for r in tpl], dtype=np.int64)[idx] * 1_000_000 + BASE_NS + sess * 1_000_000_000
+    names = np.array([r[0] for r in tpl], dtype=object)[idx]
+    n = len(sess)
+    sid = np.char.add("s", sess.astype(str)).astype(object)
+    turn = np.array([-1 if r[4] is None else r[4] for r in tpl], dtype=np.int64)[idx]
+    ttft = np.array([np.nan if r[3] is None else r[3] for r in tpl])[idx]
+    has_turn, is_llm = turn >= 0, ~np.isnan(ttft)
+    # string map: session.id on every span; typed maps: turn index where known, TTFT on LLM calls
+    span_map = _maps([sc.SESSION_ID], [sid], n, pa.string())
+    int_map = _typed(has_turn, sc.TURN_INDEX, turn, pa.int64())
+    float_map = _typed(is_llm, sc.LLM_TTFT_MS, ttft, pa.float64())
+    empty_ts = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], TS))
+    empty_str = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()))
+    empty_maps = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)),
+                                          pa.MapArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.string()),
+                                                                  pa.array([], pa.string())))
+    const = lambda v: pa.array(np.full(n, v, dtype=object), pa.string())  # noqa: E731
+    no_map = _maps([], [], n, pa.string())
+    columns = [
+        pa.array(starts).cast(TS),
+        pa.array(np.char.mod("%032x", sess).astype(object), pa.string()),
+        pa.array(np.char.mod("%016x", sess * m + idx + 1).astype(object), pa.string()),
+        const(""), const(""), pa.array(names, pa.string()), const("Internal"), const("kvtrace-bench"), no_map,
+        const(""), const(""), span_map, pa.array(ends - starts), const("Unset"), const(""),
+        empty_ts, empty_str, empty_maps, empty_str, empty_str, empty_str, empty_maps, int_map, float_map,
+    ]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def _typed(mask: np.ndarray, key: str, values: np.ndarray, typ) -> pa.MapArray:
+    offsets = np.zeros(len(mask) + 1, dtype=np.int32)
+    np.cumsum(mask, out=offsets[1:])
+    k = int(mask.sum())
+    return pa.MapArray.from_arrays(pa.array(offsets), pa.array(np.full(k, key, dtype=object), pa.string()),
+                                   pa.array(values[mask], typ))
+
+
+def build_store(directory: Path, spans: int, per_file: int = 1_000_000) -> int:
+    sessions = max(1, spans // PER_SESSION)
+    step = max(1, per_file // PER_SESSION)
+    for i, first in enumerate(range(0, sessions, step)):
+        write_table(session_batch(first, min(step, sessions - first)), directory, writer=f"bench{i:04d}")
+    return sessions * PER_SESSION
+
+
+def _timed(fn, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_queries(directory: Path, threads: int) -> None:
+    from kvtrace.analysis.store import open_store
+
+    con = open_store(directory)
+    con.execute(f"SET threads = {threads}")
+    n = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    scan = _timed(lambda: con.sql("SELECT count(*) FROM spans").fetchall())
+    full = _timed(lambda: con.sql("SELECT count(*), sum(duration_ms), count(DISTINCT session_id) FROM spans").fetchall())
+    sql = ("SELECT count(*), sum(wall_ms), sum(input_processing_ms), sum(generation_ms), sum(tool_wait_ms), "
+           "sum(app_work_ms) FROM {}")
+    sess = _timed(lambda: con.sql(sql.format("session_breakdown")).fetchall())
+    turns = _timed(lambda: con.sql(sql.format("turn_breakdown")).fetchall())
+    row = con.sql(sql.format("session_breakdown")).fetchall()[0]
+    print(f"store: {n:,} spans, {row[0]:,} sessions, threads={threads}")
+    print(f"  baseline count(*) scan            {scan:7.3f} s")
+    print(f"  baseline scan + session_id map     {full:7.3f} s")
+    print(f"  session_breakdown (all sessions)   {sess:7.3f} s   target <= 2.0 s  "
+          f"{'OK' if sess <= 2.0 else 'MISSED'}  ({sess / full:.2f}x the session_id scan)")
+    print(f"  turn_breakdown (all turns)         {turns:7.3f} s   ({turns / full:.2f}x the session_id scan)")
+    assert abs(row[1] - sum(row[2:])) < row[0], "parts do not sum to wall time"
+
+
+def bench_dashboard(directory: Path) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    app = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+    os.environ["KVTRACE_TRACES_DIR"] = str(directory)
+    t = time.perf_counter()
+    at = AppTest.from_file(str(app), default_timeout=600).run()
+    first = time.perf_counter() - t
+    assert not at.exception, [e.value for e in at.exception]
+    t = time.perf_counter()
+    at.run()
+    cached = time.perf_counter() - t
+    t = time.perf_counter()
+    at.switch_page("app_pages/reuse.py").run()
+    reuse_page = time.perf_counter() - t
+    print(f"dashboard (AppTest): sessions page first render {first:.2f} s, rerun from cache {cached:.2f} s, "
+          f"KV reuse page {reuse_page:.2f} s")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spans", type=int, default=10_000_000)
+    p.add_argument("--dashboard-spans", type=int, default=1_000_000)
+    p.add_argument("--dir", help="work directory (default: a temp dir, removed afterwards)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-analysis-"))
+    try:
+        for label, spans, fn in (("big", args.spans, lambda d: bench_queries(d, args.threads)),
+                                 ("dash", args.dashboard_spans, bench_dashboard)):
+            if spans <= 0:
+                continue
+            d = root / label
+            if not d.exists():
+                t = time.perf_counter()
+                written = build_store(d, spans)
+                print(f"wrote {written:,} spans to {d} in {time.perf_counter() - t:.1f} s", flush=True)
+            fn(d)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

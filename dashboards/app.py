@@ -1,0 +1,32 @@
+"""kvtrace dashboard: where agent time goes, whether KV reuse happens, what it saves and holds.
+
+Start it with ``kvtrace dashboard --traces DIR [--port N] [--compare DIR2]`` (which runs
+``streamlit run`` on this file, bound to 127.0.0.1), or directly with
+``streamlit run dashboards/app.py -- --traces DIR``.  Pages live in ``app_pages/`` (a
+``pages/`` folder would switch on Streamlit's legacy page list); every number comes from
+:mod:`kvtrace.analysis`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import streamlit as st
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # pages import the shared helpers as ``common``
+    sys.path.insert(0, HERE)
+
+st.set_page_config(page_title="kvtrace", layout="wide")
+
+PAGES = [
+    st.Page("app_pages/sessions.py", title="Sessions", url_path="sessions", default=True),
+    st.Page("app_pages/drilldown.py", title="Session drill-down", url_path="drilldown"),
+    st.Page("app_pages/reuse.py", title="KV reuse", url_path="reuse"),
+    st.Page("app_pages/retention.py", title="Retention", url_path="retention"),
+    st.Page("app_pages/latency.py", title="Latency by turn", url_path="latency"),
+    st.Page("app_pages/compare.py", title="Run comparison", url_path="compare"),
+]
+
+st.navigation(PAGES).run()

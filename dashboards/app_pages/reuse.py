@@ -1,0 +1,86 @@
+"""KV reuse: decision mix, tokens by source, transfer time against recompute time."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+from common import df, fmt_bytes, fmt_ms, no_data, q, sidebar
+
+from kvtrace import semconv as sc
+from kvtrace.analysis import reuse
+
+directory, filters, facets = sidebar()
+st.title("KV reuse")
+st.caption(f"P's `{sc.DIRECTION_D2P}` decisions: the next turn's prefill pulling D's retained blocks "
+           "instead of recomputing them.")
+if no_data(facets, directory):
+    st.stop()
+
+s = q(reuse.summary, directory, filters)
+c = st.columns(5)
+c[0].metric("Pull rate", "–" if s["pull_rate"] is None else f"{s['pull_rate']:.0%}",
+            f"{s['pulled_requests']:,} of {s['decisions']:,}", delta_color="off", delta_arrow="off")
+c[1].metric("Pulled tokens", f"{s['pulled_tokens']:,}", f"of {s['reusable_tokens']:,} reusable",
+            delta_color="off", delta_arrow="off")
+c[2].metric("Moved", fmt_bytes(s["bytes"]))
+c[3].metric("Recompute avoided (est.)", fmt_ms(s["saved_ms"]),
+            f"{fmt_ms(s['recompute_est_ms'])} recompute vs {fmt_ms(s['transfer_ms'])} transfer",
+            delta_color="off", delta_arrow="off")
+c[4].metric("Break-even", "–" if s["break_even_tokens"] is None else f"{s['break_even_tokens']:,.0f} tokens")
+
+left, right = st.columns(2)
+mix = df(q(reuse.decision_mix, directory, filters))
+if not mix.empty:
+    left.altair_chart(
+        alt.Chart(mix).mark_bar().encode(
+            x=alt.X("decisions:Q"), y=alt.Y("direction:N", title=None), color=alt.Color("outcome:N"),
+            tooltip=["direction", "outcome", "decisions", "pulled_tokens", "recomputed_tokens"],
+        ).properties(title="Decision mix", height=140),
+        width="stretch",
+    )
+offers = df(q(reuse.offer_mix, directory, filters))
+if not offers.empty:
+    right.altair_chart(
+        alt.Chart(offers).mark_bar().encode(
+            x=alt.X("requests:Q"), y=alt.Y("offer_reason:N", sort="-x", title=None),
+            tooltip=["offer_reason", "requests"],
+        ).properties(title="Proxy: offered D's blocks to P?", height=140),
+        width="stretch",
+    )
+
+tokens = df(q(reuse.tokens_by_source, directory, filters))
+if not tokens.empty:
+    long = tokens.melt(id_vars=["turn"], value_vars=["local_hit_tokens", "pulled_tokens", "computed_tokens"],
+                       var_name="source", value_name="tokens")
+    long["source"] = long["source"].str.replace("_tokens", "")
+    st.altair_chart(
+        alt.Chart(long).mark_bar().encode(
+            x=alt.X("turn:O"), y=alt.Y("tokens:Q", stack="zero"),
+            color=alt.Color("source:N", sort=["local_hit", "pulled", "computed"]),
+            tooltip=["turn", "source", alt.Tooltip("tokens:Q", format=",")],
+        ).properties(title="P's prompt tokens by source, per turn index", height=260),
+        width="stretch",
+    )
+
+reqs = df(q(reuse.requests, directory, filters, limit=5000))
+pulled = reqs[reqs["outcome"] == sc.OUTCOME_PULLED] if not reqs.empty else reqs
+if not pulled.empty:
+    points = pd.concat([
+        pulled.assign(kind="transfer (measured)", ms=pulled["transfer_ms"]),
+        pulled.assign(kind="recompute (estimated)", ms=pulled["recompute_est_ms"]),
+    ])[["request_id", "session_id", "turn", "pulled_tokens", "kind", "ms"]].dropna()
+    layers = [alt.Chart(points).mark_circle(size=50).encode(
+        x=alt.X("pulled_tokens:Q", title="pulled tokens"), y=alt.Y("ms:Q", title="ms"),
+        color=alt.Color("kind:N", title=None),
+        tooltip=["request_id", "session_id", "turn", "pulled_tokens", alt.Tooltip("ms:Q", format=",.2f")])]
+    if s["break_even_tokens"] is not None:
+        rule = pd.DataFrame({"tokens": [s["break_even_tokens"]], "label": ["break-even"]})
+        layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 3]).encode(x="tokens:Q", tooltip=["label", "tokens"]))
+    st.altair_chart(alt.layer(*layers).properties(title="Transfer vs recompute per pulled request", height=320),
+                    width="stretch")
+    st.caption("Recompute estimate = pulled tokens ÷ the P worker's observed prefill rate. The dashed line is "
+               "the break-even token count: above it pulling is cheaper than recomputing.")
+
+st.subheader("Per request")
+st.dataframe(reqs.head(1000), hide_index=True, width="stretch")
+st.subheader("Transfer cost and break-even per P engine")
+st.dataframe(pd.DataFrame(q(reuse.break_even, directory)), hide_index=True, width="stretch")

@@ -1,0 +1,60 @@
+"""Sessions overview: where agent time goes (input processing, generation, tool waits, app work)."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+from common import PART_LABELS, df, fmt_ms, no_data, q, sidebar
+
+from kvtrace.analysis import sessions
+from kvtrace.analysis.breakdown import PRECEDENCE
+
+directory, filters, facets = sidebar()
+st.title("Sessions")
+st.caption(
+    "Each session's wall time split into four parts that add up to it. Overlaps are counted once, "
+    f"by precedence {' > '.join(PRECEDENCE)}; app work includes unattributed time."
+)
+if no_data(facets, directory):
+    st.stop()
+
+tot = q(sessions.totals, directory, filters)
+cols = st.columns(6)
+cols[0].metric("Sessions", f"{tot['sessions']:,}")
+cols[1].metric("Turns", f"{tot['turns']:,}")
+for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
+    share = tot[key] / tot["wall_ms"] if tot["wall_ms"] else 0
+    col.metric(label.capitalize(), f"{share:.0%}", fmt_ms(tot[key]), delta_color="off", delta_arrow="off")
+
+left, mid, right = st.columns([2, 1, 1])
+order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"))
+descending = mid.toggle("Descending", value=True)
+limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, step=100)
+table = df(q(sessions.breakdown, directory, filters, order=order, descending=descending, limit=int(limit)))
+
+top = table.head(50)
+if not top.empty:
+    long = top.melt(id_vars=["session_id"], value_vars=list(PART_LABELS), var_name="part", value_name="ms")
+    long["part"] = long["part"].map(PART_LABELS)
+    chart = (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            y=alt.Y("session_id:N", sort=list(top["session_id"]), title=None),
+            x=alt.X("ms:Q", stack="zero", title="ms"),
+            color=alt.Color("part:N", sort=list(PART_LABELS.values()), title="part"),
+            order=alt.Order("part:N"),
+            tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
+        )
+        .properties(height=max(120, 18 * len(top)), title=f"First {len(top)} sessions by {order}")
+    )
+    st.altair_chart(chart, width="stretch")
+
+totals = pd.DataFrame({"part": list(PART_LABELS.values()), "ms": [tot[k] for k in PART_LABELS]})
+st.altair_chart(
+    alt.Chart(totals).mark_bar().encode(x=alt.X("ms:Q", stack="normalize", title="share of all wall time"),
+                                        color=alt.Color("part:N", sort=list(PART_LABELS.values())),
+                                        tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")])
+    .properties(height=60, title="All sessions"),
+    width="stretch",
+)
+st.dataframe(table.drop(columns=["end_ns"]), hide_index=True, width="stretch")

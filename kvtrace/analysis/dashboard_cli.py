@@ -1,0 +1,63 @@
+"""``kvtrace dashboard``: start the Streamlit app (``dashboards/app.py``) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvtrace.analysis.store import traces_dir
+
+APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--traces", help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces)")
+    parser.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--compare", help="a second trace directory (baseline) for the run comparison page")
+
+
+def run(args) -> int:
+    """Open the kvtrace dashboard (Streamlit) over a Parquet trace directory.
+
+    Pages: sessions overview, session drill-down, KV reuse, retention, latency by turn index, run
+    comparison (--compare DIR2: the baseline; --traces is the candidate).  Serves on
+    http://127.0.0.1:PORT (headless; open it in a browser).  Needs the dashboard extra:
+    pip install 'kvtrace[dashboard]'.
+    """
+    from kvtrace.cli import CLIError
+
+    directory = traces_dir(args.traces)
+    for label, path in (("--traces", directory), ("--compare", args.compare)):
+        if path and not os.path.isdir(path):
+            raise CLIError(f"{label} {path}: no such directory")
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port {args.port}: must be 1-65535")
+    return launch(directory, port=args.port, compare=args.compare, host=args.host)
+
+
+def command(directory: str, *, port: int = 8501, compare: str | None = None, host: str = "127.0.0.1") -> list[str]:
+    """The ``streamlit run`` command line for the dashboard."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", host, "--server.port", str(port),
+           "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", "--traces", directory]
+    return cmd + (["--compare", compare] if compare else [])
+
+
+def launch(directory: str, *, port: int = 8501, compare: str | None = None, host: str = "127.0.0.1") -> int:
+    """Run the dashboard in the foreground until Ctrl-C; returns its exit status."""
+    import importlib.util
+
+    from kvtrace.cli import CLIError
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise CLIError("the dashboard needs Streamlit: pip install 'kvtrace[dashboard]'")
+    if not APP.is_file():
+        raise CLIError(f"dashboard app not found at {APP} (install kvtrace from a source checkout)")
+    print(f"kvtrace dashboard: http://{host}:{port}  (traces: {directory}"
+          + (f", baseline: {compare}" if compare else "") + ")", flush=True)
+    try:
+        return subprocess.call(command(directory, port=port, compare=compare, host=host))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,83 @@
+"""Latency by turn index, and the A/B comparison of two runs.
+
+Reuse pays off in later turns, so latency is grouped by the 0-based turn index:
+
+- **TTFT** and call latency per LLM call: the agent's ``llm_call`` spans, else (sessions whose
+  agent is not instrumented) the proxy's request spans;
+- **completed-task latency**: the turn's wall time (agent turn span, else first request start →
+  last request end of that turn; see ``kvtrace_turn_windows`` in :mod:`.breakdown`).
+
+:func:`compare` joins two runs' per-turn tables (for example ``DIR/baseline`` and ``DIR/bidir``
+written by ``kvtrace demo``) and adds ``candidate / baseline`` ratios: below 1 = the candidate
+is faster.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from kvtrace.analysis.common import table
+from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
+
+CALLS_SQL = """
+WITH llm_sessions AS (SELECT DISTINCT session_id FROM llm_calls WHERE session_id IS NOT NULL)
+SELECT session_id, turn, start_ns, end_ns, ttft_ms, duration_ms AS latency_ms FROM llm_calls
+UNION ALL
+SELECT session_id, turn, start_ns, end_ns, ttft_ms, latency_ms FROM requests
+WHERE session_id IS NULL OR session_id NOT IN (SELECT session_id FROM llm_sessions)
+"""
+
+BY_TURN_SQL = f"""
+WITH c AS (SELECT * FROM ({CALLS_SQL}) {{where}}),
+calls AS (
+    SELECT turn, count(*) AS calls,
+           median(ttft_ms) AS ttft_p50_ms, quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
+           avg(ttft_ms) AS ttft_mean_ms,
+           median(latency_ms) AS latency_p50_ms, avg(latency_ms) AS latency_mean_ms
+    FROM c WHERE turn IS NOT NULL GROUP BY turn
+),
+w AS (SELECT * FROM kvtrace_turn_windows {{where}}),
+tasks AS (
+    SELECT turn, count(*) AS turns,
+           median((end_ns - start_ns) / 1e6) AS task_p50_ms,
+           quantile_cont((end_ns - start_ns) / 1e6, 0.9) AS task_p90_ms,
+           avg((end_ns - start_ns) / 1e6) AS task_mean_ms
+    FROM w GROUP BY turn
+)
+SELECT turn, coalesce(tasks.turns, 0) AS turns, coalesce(calls.calls, 0) AS calls,
+       ttft_p50_ms, ttft_p90_ms, ttft_mean_ms, latency_p50_ms, latency_mean_ms,
+       task_p50_ms, task_p90_ms, task_mean_ms
+FROM calls FULL OUTER JOIN tasks USING (turn)
+ORDER BY turn
+"""
+
+COMPARED = ("ttft_p50_ms", "ttft_mean_ms", "latency_p50_ms", "task_p50_ms", "task_mean_ms")
+
+
+def by_turn(con, filters: Filters | None = None) -> pa.Table:
+    """Per turn index: calls, TTFT p50/p90/mean, call latency p50/mean, turns and
+    completed-task latency p50/p90/mean (ms)."""
+    clause, params = where(filters, SESSION_SCOPE)
+    return table(con, BY_TURN_SQL.format(where=clause), params)
+
+
+def compare(baseline: pa.Table, candidate: pa.Table) -> list[dict]:
+    """Join two :func:`by_turn` tables on turn: ``<metric>_baseline``, ``<metric>_candidate``
+    and ``<metric>_ratio`` (candidate / baseline, None when either side is missing or 0)."""
+    base = {r["turn"]: r for r in baseline.to_pylist()}
+    cand = {r["turn"]: r for r in candidate.to_pylist()}
+    out = []
+    for turn in sorted(set(base) | set(cand), key=lambda t: (t is None, t)):
+        b, c = base.get(turn, {}), cand.get(turn, {})
+        row = {"turn": turn, "calls_baseline": b.get("calls", 0), "calls_candidate": c.get("calls", 0)}
+        for m in COMPARED:
+            bv, cv = b.get(m), c.get(m)
+            row[f"{m}_baseline"], row[f"{m}_candidate"] = bv, cv
+            row[f"{m}_ratio"] = cv / bv if bv and cv is not None else None
+        out.append(row)
+    return out
+
+
+def compare_runs(baseline_con, candidate_con, filters: Filters | None = None) -> list[dict]:
+    """:func:`compare` of two stores' :func:`by_turn` tables."""
+    return compare(by_turn(baseline_con, filters), by_turn(candidate_con, filters))

@@ -1,0 +1,183 @@
+"""The static report behind ``kvtrace report``: key tables and a few PNG plots (matplotlib).
+
+:func:`build` returns the Markdown text and the plots (name → PNG bytes); :func:`to_html`
+renders the same document as one self-contained HTML page with the PNGs embedded as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import io
+
+from kvtrace.analysis import latency, retention, reuse, sessions, text
+from kvtrace.analysis.breakdown import PART_COLUMNS, PRECEDENCE
+
+PLOTS = ("breakdown", "tokens_by_source", "ttft_by_turn", "retention")
+
+
+def build(con, directory: str, *, compare_con=None, compare_dir: str | None = None,
+          plots: bool = True) -> tuple[list[tuple[str, str]], dict[str, bytes]]:
+    """(sections as (kind, content) with kind ``md`` or ``plot``, plots name → PNG bytes)."""
+    facets = sessions.facets(con)
+    when = "–"
+    if facets.get("start_ns") is not None:
+        when = f"{_utc(facets['start_ns'])} – {_utc(facets['end_ns'])} UTC"
+    doc: list[tuple[str, str]] = [("md", "\n".join([
+        "# kvtrace report", "",
+        f"- traces: `{directory}`", f"- spans: {facets['spans']:,}", f"- time: {when}",
+        f"- services: {', '.join(facets['services']) or '–'}",
+        f"- substrates: {', '.join(facets['substrates']) or '–'}",
+    ]))]
+    doc.append(("md", "## Where agent time goes\n\nEach session's wall time split into four parts that sum to "
+                f"it; overlaps counted once by precedence {' > '.join(PRECEDENCE)}; app work includes "
+                "unattributed time.\n\n" + text.md_table(*text.breakdown_totals_rows(con)) + "\n\n"
+                + "Longest sessions:\n\n" + text.md_table(*text.breakdown_rows(con, limit=20))))
+    doc.append(("plot", "breakdown"))
+    doc.append(("md", "## KV reuse\n\n" + text.md_table(*text.reuse_rows(con)) + "\n\n"
+                + text.md_table(*text.decision_mix_rows(con)) + "\n\nP's prompt tokens by source:\n\n"
+                + text.md_table(*text.tokens_by_source_rows(con))))
+    doc.append(("plot", "tokens_by_source"))
+    doc.append(("md", "## Retention on decode workers\n\n" + text.md_table(*text.retention_rows(con))))
+    doc.append(("plot", "retention"))
+    doc.append(("md", "## Latency by turn index\n\n" + text.md_table(*text.latency_rows(con))))
+    doc.append(("plot", "ttft_by_turn"))
+    if compare_con is not None:
+        doc.append(("md", f"## Comparison with `{compare_dir}` (baseline)\n\nratio = this run / baseline; "
+                    "below 1 = this run is faster.\n\n" + text.md_table(*text.compare_rows(compare_con, con))))
+    images = render_plots(con) if plots else {}
+    return [d for d in doc if d[0] == "md" or d[1] in images], images
+
+
+def to_markdown(doc: list[tuple[str, str]], image_links: dict[str, str]) -> str:
+    parts = [c if kind == "md" else f"![{c}]({image_links[c]})" for kind, c in doc]
+    return "\n\n".join(parts) + "\n"
+
+
+def to_html(doc: list[tuple[str, str]], images: dict[str, bytes]) -> str:
+    """One HTML page; Markdown tables become <table>s, plots inline PNGs."""
+    body = []
+    for kind, content in doc:
+        if kind == "plot":
+            data = base64.b64encode(images[content]).decode("ascii")
+            body.append(f'<img alt="{content}" src="data:image/png;base64,{data}">')
+        else:
+            body.append(_md_to_html(content))
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>kvtrace report</title><style>{style}"
+            f"</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def _md_to_html(md: str) -> str:
+    out, table = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            table.append([c.strip() for c in line.strip("|").split("|")])
+            continue
+        if table:
+            head, rows = table[0], [r for r in table[2:]]
+            out.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+                       + "</table>")
+            table = []
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+        elif line.startswith("- "):
+            out.append(f"<li>{html.escape(line[2:])}</li>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line)}</p>")
+    return "\n".join(out)
+
+
+def render_plots(con) -> dict[str, bytes]:
+    """The plots that have data, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    for name, draw in (("breakdown", _breakdown), ("tokens_by_source", _tokens), ("retention", _retention),
+                       ("ttft_by_turn", _ttft)):
+        fig, ax = plt.subplots(figsize=(9, 4))
+        try:
+            if draw(con, ax):
+                fig.tight_layout()
+                buf = io.BytesIO()
+                fig.savefig(buf, format="png", dpi=90)
+                out[name] = buf.getvalue()
+        finally:
+            plt.close(fig)
+    return out
+
+
+def _breakdown(con, ax) -> bool:
+    rows = sessions.breakdown(con, limit=20).to_pylist()
+    if not rows:
+        return False
+    labels = [r["session_id"] for r in rows][::-1]
+    left = [0.0] * len(rows)
+    for col, name in zip(PART_COLUMNS, text.PART_NAMES.values()):
+        vals = [r[col] for r in rows][::-1]
+        ax.barh(labels, vals, left=left, label=name)
+        left = [a + b for a, b in zip(left, vals)]
+    ax.set_xlabel("ms")
+    ax.set_title("Where agent time goes (longest sessions)")
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    return True
+
+
+def _tokens(con, ax) -> bool:
+    rows = [r for r in reuse.tokens_by_source(con).to_pylist() if r["turn"] is not None]
+    if not rows:
+        return False
+    turns = [r["turn"] for r in rows]
+    bottom = [0] * len(rows)
+    for key, name in (("local_hit_tokens", "local hit"), ("pulled_tokens", "pulled from D"),
+                      ("computed_tokens", "computed")):
+        vals = [r[key] for r in rows]
+        ax.bar(turns, vals, bottom=bottom, label=name)
+        bottom = [a + b for a, b in zip(bottom, vals)]
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("tokens")
+    ax.set_title("P's prompt tokens by source")
+    ax.legend(fontsize=8)
+    return True
+
+
+def _retention(con, ax) -> bool:
+    rows = retention.series(con, max_points=800).to_pylist()
+    if not rows:
+        return False
+    t0 = min(r["t"] for r in rows)
+    for engine in sorted({r["engine_id"] for r in rows}, key=str):
+        pts = [r for r in rows if r["engine_id"] == engine]
+        ax.step([(r["t"] - t0) / 1e9 for r in pts], [r["bytes_held"] / 2**30 for r in pts], where="post",
+                label=str(engine))
+    ax.set_xlabel("s since first retention")
+    ax.set_ylabel("GiB held")
+    ax.set_title("KV held on decode workers")
+    ax.legend(fontsize=8)
+    return True
+
+
+def _ttft(con, ax) -> bool:
+    rows = [r for r in latency.by_turn(con).to_pylist() if r["ttft_p50_ms"] is not None]
+    if not rows:
+        return False
+    ax.plot([r["turn"] for r in rows], [r["ttft_p50_ms"] for r in rows], marker="o", label="TTFT p50")
+    ax.plot([r["turn"] for r in rows], [r["ttft_p90_ms"] for r in rows], marker="o", label="TTFT p90")
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("ms")
+    ax.set_title("Time to first token by turn index")
+    ax.legend(fontsize=8)
+    return True
+
+
+def _utc(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,74 @@
+"""``kvtrace report``: the key tables and plots of a trace directory as Markdown or HTML."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from kvtrace.analysis.store import traces_dir
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--traces", help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces)")
+    parser.add_argument("--format", choices=("md", "html"), default="md", help="output format (default md)")
+    parser.add_argument("--output", "-o", help="file to write (default: stdout; Markdown to stdout has no plots)")
+    parser.add_argument("--compare", help="a baseline trace directory: adds per-turn ratios against it")
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+
+
+def run(args) -> int:
+    """Write a static report of a trace directory: session breakdown, KV reuse, retention,
+    latency by turn index (and, with --compare DIR2, per-turn ratios against a baseline).
+
+    --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
+    --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:
+    pip install 'kvtrace[report]'.
+    """
+    from kvtrace.analysis import report
+    from kvtrace.analysis.store import open_store
+    from kvtrace.cli import CLIError
+    from kvtrace.store.views import StoreError
+
+    directory = traces_dir(args.traces)
+    try:
+        con = open_store(directory)
+        base = open_store(args.compare) if args.compare else None
+    except StoreError as exc:
+        raise CLIError(str(exc)) from None
+    plots = not args.no_plots and (args.format == "html" or bool(args.output))
+    if plots and _missing("matplotlib"):
+        raise CLIError("plots need matplotlib: pip install 'kvtrace[report]' (or pass --no-plots)")
+    doc, images = report.build(con, directory, compare_con=base, compare_dir=args.compare, plots=plots)
+    if args.format == "html":
+        _write(args.output, report.to_html(doc, images))
+        return 0
+    links = {}
+    if args.output:
+        stem = os.path.splitext(args.output)[0]
+        for name, png in images.items():
+            path = f"{stem}-{name}.png"
+            with open(path, "wb") as f:
+                f.write(png)
+            links[name] = os.path.basename(path)
+    _write(args.output, report.to_markdown(doc, links))
+    return 0
+
+
+def _write(path: str | None, content: str) -> None:
+    if not path:
+        sys.stdout.write(content)
+        return
+    from kvtrace.cli import CLIError
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(content)
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc.strerror}") from None
+    print(f"kvtrace report: wrote {path}", file=sys.stderr)
+
+
+def _missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None

@@ -1,0 +1,194 @@
+"""Does bidirectional KV reuse happen, and what does it save?
+
+Reuse is judged on P's ``d2p`` decisions (next turn's P pulling D's retained blocks):
+
+- per request: reusable (tokens D offered, ``remote_num_tokens``), locally hit, pulled and
+  recomputed tokens, the outcome, bytes moved (successful transfers only) and time of the pull
+  (every attempt, failed or declined ones too), and the time the pulled tokens would have taken
+  to recompute on that P worker;
+- aggregated: decision mix, token totals by source, transfer time against recompute time, and the
+  break-even token count.
+
+**Prefill rate** of a worker = tokens it computed (prompt − cached, from ``engine_requests``
+prefill spans) / the time it spent on them (span duration minus its own d2p transfer time),
+summed over its requests.  Recompute estimate of ``n`` tokens = ``n / rate`` (linear: it ignores
+attention's growth with context, so it slightly understates recompute for long contexts).
+
+**Break-even**: transfer time is fitted as ``a + b·n`` (DuckDB ``regr_intercept`` /
+``regr_slope`` over successful d2p transfers; a single distinct size falls back to ``a = 0``,
+``b`` = mean ms per token).  Pulling wins above ``n* = a / (1/rate − b)`` tokens; ``NULL`` when
+the per-token transfer cost is not below the per-token recompute cost (pulling never pays).
+Rows with ``engine_id`` NULL are all engines pooled.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from kvtrace import semconv as sc
+from kvtrace.analysis.common import one, rows, table
+from kvtrace.analysis.filters import ROW_SCOPE, ROW_SCOPE_NO_SERVICE, Filters, where
+
+D2P = f"'{sc.DIRECTION_D2P}'"
+PREFILL = f"'{sc.ROLE_PREFILL}'"
+
+_D2P_XFER = f"""
+    SELECT request_id, engine_id,
+           coalesce(sum(tokens) FILTER (WHERE status = '{sc.TRANSFER_OK}'), 0)::BIGINT AS xfer_tokens,
+           coalesce(sum(bytes) FILTER (WHERE status = '{sc.TRANSFER_OK}'), 0)::BIGINT AS bytes,
+           sum(duration_ms) AS transfer_ms, sum(xfer_ms) AS xfer_ms
+    FROM kv_transfers WHERE direction = {D2P} GROUP BY request_id, engine_id
+"""
+
+# per engine and pooled (engine_id NULL): computed tokens per ms of compute
+PREFILL_RATE_SQL = f"""
+WITH x AS ({_D2P_XFER}),
+p AS (
+    SELECT e.engine_id,
+           e.prompt_tokens - coalesce(e.cached_tokens, 0) AS computed,
+           e.duration_ms - coalesce(x.transfer_ms, 0) AS compute_ms
+    FROM (SELECT * FROM engine_requests WHERE phase = {PREFILL}) e
+    LEFT JOIN x ON x.request_id = e.request_id AND x.engine_id = e.engine_id
+)
+SELECT engine_id, count(*) AS requests, sum(computed)::BIGINT AS computed_tokens,
+       sum(compute_ms) AS compute_ms, sum(computed)::BIGINT / sum(compute_ms) AS tokens_per_ms
+FROM p WHERE computed > 0 AND compute_ms > 0
+GROUP BY GROUPING SETS ((engine_id), ())
+"""
+
+BREAK_EVEN_SQL = f"""
+WITH rate AS ({PREFILL_RATE_SQL}),
+t AS (
+    SELECT engine_id, tokens, duration_ms FROM kv_transfers
+    WHERE direction = {D2P} AND status = '{sc.TRANSFER_OK}' AND tokens > 0
+),
+fit AS (
+    SELECT engine_id, count(*) AS transfers,
+           regr_intercept(duration_ms, tokens) AS a, regr_slope(duration_ms, tokens) AS b,
+           sum(duration_ms) / sum(tokens)::BIGINT AS mean_ms_per_token
+    FROM t GROUP BY GROUPING SETS ((engine_id), ())
+),
+m AS (
+    SELECT f.engine_id, f.transfers,
+           CASE WHEN f.fallback THEN 0.0 ELSE f.a END AS overhead_ms,
+           CASE WHEN f.fallback THEN f.mean_ms_per_token ELSE f.b END AS xfer_ms_per_token,
+           1.0 / r.tokens_per_ms AS recompute_ms_per_token, r.tokens_per_ms
+    FROM (SELECT *, coalesce(isnan(b) OR isnan(a) OR a < 0, true) AS fallback FROM fit) f
+    LEFT JOIN rate r ON r.engine_id IS NOT DISTINCT FROM f.engine_id
+)
+SELECT engine_id, transfers, overhead_ms, xfer_ms_per_token, recompute_ms_per_token, tokens_per_ms,
+       CASE WHEN recompute_ms_per_token > xfer_ms_per_token
+            THEN ceil(overhead_ms / (recompute_ms_per_token - xfer_ms_per_token)) END AS break_even_tokens
+FROM m ORDER BY engine_id NULLS FIRST
+"""
+
+REQUESTS_SQL = f"""
+WITH x AS ({_D2P_XFER}),
+r AS ({PREFILL_RATE_SQL})
+SELECT d.start_ns, d.session_id, d.turn, d.request_id, d.engine_id, d.peer_engine_id, d.outcome,
+       d.prompt_tokens, d.remote_tokens AS reusable_tokens, d.local_hit_tokens, d.pulled_tokens,
+       d.recomputed_tokens, d.threshold, d.expiry_remaining_s,
+       coalesce(x.bytes, 0) AS bytes, x.transfer_ms, x.xfer_ms,
+       CASE WHEN r.tokens_per_ms > 0 THEN d.pulled_tokens / r.tokens_per_ms END AS recompute_est_ms,
+       d.substrate
+FROM (SELECT * FROM kv_decisions WHERE direction = {D2P} {{where}}) d
+LEFT JOIN x ON x.request_id = d.request_id AND x.engine_id = d.engine_id
+LEFT JOIN r ON r.engine_id = d.engine_id
+ORDER BY d.start_ns, d.request_id
+LIMIT $limit
+"""
+
+SUMMARY_SQL = f"""
+WITH q AS ({REQUESTS_SQL})
+SELECT count(*) AS decisions,
+       count(*) FILTER (WHERE outcome = '{sc.OUTCOME_PULLED}') AS pulled_requests,
+       coalesce(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
+       coalesce(sum(reusable_tokens), 0)::BIGINT AS reusable_tokens,
+       coalesce(sum(local_hit_tokens), 0)::BIGINT AS local_hit_tokens,
+       coalesce(sum(pulled_tokens), 0)::BIGINT AS pulled_tokens,
+       coalesce(sum(recomputed_tokens), 0)::BIGINT AS recomputed_tokens,
+       coalesce(sum(bytes), 0)::BIGINT AS bytes,
+       coalesce(sum(transfer_ms) FILTER (WHERE outcome = '{sc.OUTCOME_PULLED}'), 0) AS transfer_ms,
+       coalesce(sum(recompute_est_ms) FILTER (WHERE outcome = '{sc.OUTCOME_PULLED}'), 0) AS recompute_est_ms
+FROM q
+"""
+
+DECISION_MIX_SQL = """
+SELECT direction, outcome, count(*) AS decisions,
+       coalesce(sum(pulled_tokens), 0)::BIGINT AS pulled_tokens,
+       coalesce(sum(recomputed_tokens), 0)::BIGINT AS recomputed_tokens
+FROM kv_decisions {where}
+GROUP BY direction, outcome ORDER BY direction, decisions DESC, outcome
+"""
+
+OFFER_MIX_SQL = """
+SELECT offer_reason, count(*) AS requests FROM requests {where}
+GROUP BY offer_reason ORDER BY requests DESC, offer_reason
+"""
+
+TOKENS_BY_SOURCE_SQL = f"""
+WITH d AS (
+    SELECT request_id, engine_id, local_hit_tokens, pulled_tokens
+    FROM kv_decisions WHERE direction = {D2P}
+),
+e AS (SELECT * FROM engine_requests WHERE phase = {PREFILL} {{where}}),
+j AS (
+    SELECT e.turn, e.prompt_tokens, coalesce(d.pulled_tokens, 0) AS pulled,
+           coalesce(d.local_hit_tokens,
+                    greatest(coalesce(e.cached_tokens, 0) - coalesce(d.pulled_tokens, 0), 0)) AS local_hit
+    FROM e LEFT JOIN d ON d.request_id = e.request_id AND d.engine_id = e.engine_id
+)
+SELECT turn, count(*) AS requests,
+       sum(local_hit)::BIGINT AS local_hit_tokens, sum(pulled)::BIGINT AS pulled_tokens,
+       sum(greatest(prompt_tokens - local_hit - pulled, 0))::BIGINT AS computed_tokens
+FROM j GROUP BY turn ORDER BY turn NULLS LAST
+"""
+
+# requests scope: proxy rows have service_name and substrate columns
+_REQUEST_SCOPE = ROW_SCOPE
+
+
+def requests(con, filters: Filters | None = None, limit: int = 100_000) -> pa.Table:
+    """One row per d2p decision (P's reuse decision), in start order, at most ``limit``."""
+    clause, params = where(filters, ROW_SCOPE, prefix="AND")
+    return table(con, REQUESTS_SQL.format(where=clause), {**params, "limit": limit})
+
+
+def summary(con, filters: Filters | None = None) -> dict:
+    """Totals over every d2p decision, plus ``saved_ms`` (recompute estimate − transfer time of
+    the pulled requests), ``pull_rate`` and the pooled ``break_even_tokens``."""
+    clause, params = where(filters, ROW_SCOPE, prefix="AND")
+    out = one(con, SUMMARY_SQL.format(where=clause), {**params, "limit": 2**62})
+    out["saved_ms"] = out["recompute_est_ms"] - out["transfer_ms"]
+    out["pull_rate"] = out["pulled_requests"] / out["decisions"] if out["decisions"] else None
+    pooled = [r for r in break_even(con) if r["engine_id"] is None]
+    out["break_even_tokens"] = pooled[0]["break_even_tokens"] if pooled else None
+    return out
+
+
+def decision_mix(con, filters: Filters | None = None) -> pa.Table:
+    """Decisions per (direction, outcome)."""
+    clause, params = where(filters, ROW_SCOPE)
+    return table(con, DECISION_MIX_SQL.format(where=clause), params)
+
+
+def offer_mix(con, filters: Filters | None = None) -> pa.Table:
+    """Proxy requests per offer reason (was D's location offered to P, and if not, why)."""
+    clause, params = where(filters, _REQUEST_SCOPE)
+    return table(con, OFFER_MIX_SQL.format(where=clause), params)
+
+
+def tokens_by_source(con, filters: Filters | None = None) -> pa.Table:
+    """P's prompt tokens per turn index by source: local prefix hit, pulled from D, computed."""
+    clause, params = where(filters, ROW_SCOPE_NO_SERVICE, prefix="AND")
+    return table(con, TOKENS_BY_SOURCE_SQL.format(where=clause), params)
+
+
+def prefill_rates(con) -> list[dict]:
+    """Observed prefill rate per P engine (and pooled, engine_id None)."""
+    return rows(con, PREFILL_RATE_SQL + " ORDER BY engine_id NULLS FIRST")
+
+
+def break_even(con) -> list[dict]:
+    """Transfer cost fit, recompute cost and break-even tokens per engine (and pooled)."""
+    return rows(con, BREAK_EVEN_SQL)

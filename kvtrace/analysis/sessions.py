@@ -1,0 +1,149 @@
+"""Reading the breakdown views: sorted/limited session tables, totals, turns, and one session's
+spans for the drill-down waterfall.
+
+Aggregate first: :func:`totals` and :func:`breakdown` (``ORDER BY`` a whitelisted column,
+``LIMIT``) keep the dashboard usable at 100k sessions; :func:`spans_of_session` reads one
+session's traces only, capped at ``limit`` spans.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from kvtrace import semconv as sc
+from kvtrace.analysis.breakdown import BREAKDOWN_COLUMNS
+from kvtrace.analysis.common import one, rows, table
+from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
+
+SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns")
+
+BREAKDOWN_SQL = """
+SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, turns,
+       unattributed_ms, start_ns, end_ns
+FROM session_breakdown {where}
+ORDER BY {order} {direction} NULLS LAST, session_id
+LIMIT $limit
+"""
+
+TOTALS_SQL = """
+SELECT count(*) AS sessions, coalesce(sum(turns), 0)::BIGINT AS turns,
+       coalesce(sum(wall_ms), 0) AS wall_ms,
+       coalesce(sum(input_processing_ms), 0) AS input_processing_ms,
+       coalesce(sum(generation_ms), 0) AS generation_ms,
+       coalesce(sum(tool_wait_ms), 0) AS tool_wait_ms,
+       coalesce(sum(app_work_ms), 0) AS app_work_ms,
+       coalesce(sum(unattributed_ms), 0) AS unattributed_ms,
+       min(start_ns) AS start_ns, max(end_ns) AS end_ns
+FROM session_breakdown {where}
+"""
+
+TURNS_SQL = """
+SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms,
+       unattributed_ms, start_ns, end_ns
+FROM turn_breakdown {where}
+ORDER BY session_id, turn
+LIMIT $limit
+"""
+
+SESSION_INFO_SQL = """
+SELECT session_id, agent_name, scenario, start_ns, end_ns, wall_ms, turns, traces, requests
+FROM sessions WHERE session_id = $session_id
+"""
+
+# the session's traces, then every span in them (agent, proxy, engines, transfers, retention)
+SESSION_SPANS_SQL = """
+WITH t AS (SELECT DISTINCT trace_id FROM spans WHERE session_id = $session_id)
+SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.service_name, s.start_ns, s.end_ns,
+       s.duration_ms, s.status_code, s.turn, s.request_id, s.engine_id, s.engine_role, s.substrate
+FROM spans s SEMI JOIN t ON s.trace_id = t.trace_id
+ORDER BY s.start_ns, s.end_ns DESC
+LIMIT $limit
+"""
+
+LIST_SESSIONS_SQL = """
+SELECT session_id FROM session_breakdown {where} ORDER BY wall_ms DESC NULLS LAST, session_id LIMIT $limit
+"""
+
+FACETS_SQL = """
+SELECT (SELECT list(DISTINCT service_name ORDER BY service_name) FROM spans
+        WHERE service_name IS NOT NULL AND service_name <> '') AS services,
+       (SELECT list(DISTINCT substrate ORDER BY substrate) FROM spans WHERE substrate IS NOT NULL) AS substrates,
+       (SELECT min(start_ns) FROM spans) AS start_ns, (SELECT max(end_ns) FROM spans) AS end_ns,
+       (SELECT count(*) FROM spans) AS spans
+"""
+
+# waterfall lane per span name (page code colours by lane)
+LANES = {
+    sc.SPAN_AGENT_SESSION: "agent",
+    sc.SPAN_AGENT_TURN: "agent",
+    sc.SPAN_AGENT_LLM_CALL: "agent",
+    sc.SPAN_AGENT_APP_WORK: "agent",
+    sc.SPAN_AGENT_TOOL_CALL: "tool",
+    sc.SPAN_PROXY_REQUEST: "proxy",
+    sc.SPAN_PROXY_PREFILL: "proxy",
+    sc.SPAN_PROXY_DECODE: "proxy",
+    sc.SPAN_ENGINE_PREFILL: "P",
+    sc.SPAN_ENGINE_DECODE: "D",
+    sc.SPAN_KV_DECISION: "kv",
+    sc.SPAN_KV_TRANSFER: "transfer",
+    sc.SPAN_KV_RETENTION: "retention",
+}
+
+
+def breakdown(con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True,
+              limit: int = 1000) -> pa.Table:
+    """Rows of ``session_breakdown`` sorted by ``order`` (one of :data:`SORTABLE`)."""
+    if order not in SORTABLE:
+        raise ValueError(f"cannot sort by {order!r}; choose one of {', '.join(SORTABLE)}")
+    clause, params = where(filters, SESSION_SCOPE)
+    sql = BREAKDOWN_SQL.format(where=clause, order=order, direction="DESC" if descending else "ASC")
+    return table(con, sql, {**params, "limit": limit})
+
+
+def totals(con, filters: Filters | None = None) -> dict:
+    """The four parts summed over all (filtered) sessions, with session and turn counts."""
+    clause, params = where(filters, SESSION_SCOPE)
+    return one(con, TOTALS_SQL.format(where=clause), params)
+
+
+def turns(con, filters: Filters | None = None, limit: int = 100_000) -> pa.Table:
+    """Rows of ``turn_breakdown`` (use ``Filters(session_id=...)`` for one session)."""
+    clause, params = where(filters, SESSION_SCOPE)
+    return table(con, TURNS_SQL.format(where=clause), {**params, "limit": limit})
+
+
+def session_info(con, session_id: str) -> dict:
+    return one(con, SESSION_INFO_SQL, {"session_id": session_id})
+
+
+def list_sessions(con, filters: Filters | None = None, limit: int = 500) -> list[str]:
+    """Session ids, longest first (the drill-down picker samples the top ``limit``)."""
+    clause, params = where(filters, SESSION_SCOPE)
+    return [r["session_id"] for r in rows(con, LIST_SESSIONS_SQL.format(where=clause), {**params, "limit": limit})]
+
+
+def spans_of_session(con, session_id: str, limit: int = 5000, clip_ns: int | None = None) -> list[dict]:
+    """Every span of the session's traces, start order, with ``lane`` and offsets from the first
+    span in ms (``start_ms``/``end_ms``).  ``clip_ns``: spans ending later (retention held past the
+    session) are cut there and marked ``clipped``."""
+    out = rows(con, SESSION_SPANS_SQL, {"session_id": session_id, "limit": limit})
+    if not out:
+        return out
+    t0 = min(r["start_ns"] for r in out)
+    for r in out:
+        r["lane"] = LANES.get(r["name"], "other")
+        end = r["end_ns"]
+        r["clipped"] = clip_ns is not None and end > clip_ns
+        if r["clipped"]:
+            end = max(clip_ns, r["start_ns"])
+        r["start_ms"] = (r["start_ns"] - t0) / 1e6
+        r["end_ms"] = (end - t0) / 1e6
+    return out
+
+
+def facets(con) -> dict:
+    """Values for the filter widgets: services, substrates, overall time range, span count."""
+    out = one(con, FACETS_SQL)
+    out["services"] = out.get("services") or []
+    out["substrates"] = out.get("substrates") or []
+    return out

@@ -1,0 +1,76 @@
+"""``kvtrace report``: Markdown with PNGs beside it, self-contained HTML, clear errors."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from kvtrace.analysis import reuse, sessions
+from kvtrace.analysis.store import open_store
+from kvtrace.analysis.synth import sample_store
+from kvtrace.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    sample_store(root / "bidir")
+    sample_store(root / "baseline", pull=False)
+    return root
+
+
+def _cell(md: str, label: str) -> str:
+    m = re.search(rf"^\| {re.escape(label)} +\| ([^|]+?) +\|", md, re.M)
+    assert m, label
+    return m.group(1)
+
+
+def test_markdown_with_plots_and_comparison(runs, tmp_path, capsys):
+    out = tmp_path / "r.md"
+    assert main(["report", "--traces", str(runs / "bidir"), "--output", str(out),
+                 "--compare", str(runs / "baseline")]) == 0
+    md = out.read_text()
+    plots = sorted(p.name for p in tmp_path.glob("r-*.png"))
+    assert plots == ["r-breakdown.png", "r-retention.png", "r-tokens_by_source.png", "r-ttft_by_turn.png"]
+    assert all((tmp_path / p).read_bytes().startswith(PNG) for p in plots)
+    for p in plots:
+        assert f"]({p})" in md
+    con = open_store(runs / "bidir")
+    tot = sessions.totals(con)
+    assert _cell(md, "generation") == f"{tot['generation_ms']:,.1f}"
+    assert _cell(md, "pulled tokens") == f"{reuse.summary(con)['pulled_tokens']:,}"
+    assert "## Comparison with" in md
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_html_embeds_plots(runs, tmp_path):
+    out = tmp_path / "r.html"
+    assert main(["report", "--traces", str(runs / "bidir"), "--format", "html", "-o", str(out)]) == 0
+    page = out.read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG) for i in images)
+    assert page.count("<table>") == 7 and "<h2>KV reuse</h2>" in page
+
+
+def test_stdout_markdown_has_tables_only(runs, capsys):
+    assert main(["report", "--traces", str(runs / "bidir")]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("# kvtrace report") and "![" not in md
+    assert "| D engine" in md
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--traces", "/nonexistent/kvtrace"], "does not exist"),
+    (["--traces", "{empty}"], "no trace files"),
+    (["--traces", "{bidir}", "-o", "/nonexistent/dir/r.md", "--no-plots"], "cannot write"),
+])
+def test_errors_are_one_line(runs, tmp_path, capsys, argv, message):
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(empty=tmp_path / "empty", bidir=runs / "bidir") for a in argv]
+    assert main(["report", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
