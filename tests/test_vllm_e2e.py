@@ -84,6 +84,16 @@ def rig_run(tmp_path_factory):
         u1 = pd.run_turn(p, d2, session="conv-b", turn=1, prompt=b0 + u0.output_ids + _ids(8, 122),
                          cached=u0.d_params, max_tokens=4, p_fails=True, attempts=1)
         out.update(u0=u0, u1=u1)
+        # vLLM's API server kills its engine process at shutdown: wait until every span the
+        # assertions need has been exported before stopping the servers.
+        for turn in (t1, t2, u1):
+            pd.wait_for(lambda: _rows(traces, "SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
+                                      [turn.request_id, sc.ROLE_PREFILL]), deadline_s=60,
+                        what=f"P's decision span for {turn.request_id}")
+        for turn in (t1, u1):
+            pd.wait_for(lambda: _rows(traces, "SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?",
+                                      [turn.request_id, sc.DIRECTION_D2P]), deadline_s=60,
+                        what=f"P's d2p transfer span for {turn.request_id}")
     finally:
         for s in (p, d, d2):
             s.stop()
