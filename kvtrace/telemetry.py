@@ -28,6 +28,7 @@ _OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES
 _providers: "weakref.WeakSet[TracerProvider]" = weakref.WeakSet()
 _sigterm_lock = threading.Lock()
 _sigterm_installed = False
+_pre_shutdown: list = []
 
 
 def otlp_exporter(protocol: str | None = None) -> SpanExporter:
@@ -112,8 +113,20 @@ def configure(
     return provider
 
 
+def register_pre_shutdown(fn) -> None:
+    """Have :func:`shutdown_all` call ``fn()`` before it flushes the providers, e.g. so
+    :mod:`kvtrace.vllm.deferred` can apply the span operations it still has queued."""
+    if fn not in _pre_shutdown:
+        _pre_shutdown.append(fn)
+
+
 def shutdown_all() -> None:
     """Flush and shut down every provider made by :func:`configure` (idempotent)."""
+    for fn in list(_pre_shutdown):
+        try:
+            fn()
+        except Exception:  # telemetry must never raise into the host
+            log.exception("kvtrace: pre-shutdown hook failed")
     for provider in list(_providers):
         try:
             provider.shutdown()

@@ -105,8 +105,11 @@ def tracer_provider_for(settings: ConnectorSettings):
         return provider
 
 
-def recorder_for(settings: ConnectorSettings, kv_cache_config, block_size: int, tracer_provider=None) -> KVRecorder:
-    """The KVRecorder of one scheduler-side connector."""
+def recorder_for(
+    settings: ConnectorSettings, kv_cache_config, block_size: int, tracer_provider=None, *, deferred: bool = False
+) -> KVRecorder:
+    """The KVRecorder of one scheduler-side connector (``deferred``: spans are built off the
+    scheduler's thread, see :mod:`kvtrace.vllm.deferred`)."""
     provider = tracer_provider if tracer_provider is not None else tracer_provider_for(settings)
     return KVRecorder(
         provider,
@@ -117,4 +120,5 @@ def recorder_for(settings: ConnectorSettings, kv_cache_config, block_size: int, 
         threshold=settings.threshold,
         ttl_s=settings.ttl_s,
         load_failure_policy=settings.load_failure_policy,
+        deferred=deferred,
     )

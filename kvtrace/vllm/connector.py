@@ -42,6 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
 from kvtrace.vllm.config import ConnectorSettings, block_bytes_by_group, recorder_for
 from kvtrace.vllm.probe import SchedulerProbe
+from kvtrace.vllm.recorder import KVRecorder
 
 
 class KVTraceNixlConnector(NixlConnector):
@@ -49,18 +50,27 @@ class KVTraceNixlConnector(NixlConnector):
 
     #: tests set this to route spans to an in-memory exporter; None = kvtrace.configure
     tracer_provider = None
+    #: apply spans on a background thread (``KVRecorder(deferred=True)``), keeping the SDK's span
+    #: start/end cost out of the scheduler hooks.  None = deferred with kvtrace.configure's
+    #: provider, synchronous with an injected ``tracer_provider`` (tests that read spans right
+    #: after a scheduler step)
+    deferred_spans: bool | None = None
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config):
         super().__init__(vllm_config, role, kv_cache_config)
         self._probe: SchedulerProbe | None = None
         if role == KVConnectorRole.SCHEDULER:
             settings = ConnectorSettings.from_kv_transfer_config(vllm_config.kv_transfer_config)
-            recorder = recorder_for(
-                settings, kv_cache_config, vllm_config.cache_config.block_size, type(self).tracer_provider
-            )
+            recorder = self._recorder(settings, kv_cache_config, vllm_config.cache_config.block_size)
             self._probe = SchedulerProbe(
                 recorder, block_bytes=block_bytes_by_group(kv_cache_config), bidirectional=settings.bidirectional
             )
+
+    @classmethod
+    def _recorder(cls, settings: ConnectorSettings, kv_cache_config, block_size: int) -> KVRecorder:
+        """The scheduler-side KVRecorder (see ``deferred_spans``)."""
+        deferred = cls.tracer_provider is None if cls.deferred_spans is None else cls.deferred_spans
+        return recorder_for(settings, kv_cache_config, block_size, cls.tracer_provider, deferred=deferred)
 
     # ================================================================ class-level contract
     @classmethod
@@ -205,7 +215,8 @@ class KVTraceNixlConnector(NixlConnector):
         return super().get_kv_connector_stats()
 
     def shutdown(self):
-        """Engine shutdown, once per process: ends open spans (retention ends released)."""
+        """Engine shutdown, once per process: ends open spans (retention ends released) and
+        waits for the deferred spans to reach the exporters' processors."""
         try:
             return super().shutdown()
         finally:

@@ -3,7 +3,7 @@
 
 Lives in the EngineCore process, next to vLLM's scheduler, and is driven only by
 :class:`~kvtrace.vllm.connector.KVTraceNixlConnector` *after* it forwarded each hook to
-NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`_guard`:
+NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`~kvtrace.vllm.recorder.never_raise`:
 an exception in here is logged once per hook and never reaches vLLM.
 
 Per request (keyed by vLLM's internal request id):
@@ -26,39 +26,20 @@ Per request (keyed by vLLM's internal request id):
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
 from kvtrace.vllm.config import public_request_id
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.vllm.recorder import KVRecorder, never_raise
 
 log = logging.getLogger(__name__)
-_REMOTE_KEYS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
+_REMOTE_KEYS = frozenset(("remote_engine_id", "remote_request_id", "remote_host", "remote_port"))
 _ABORT_ERRORS = {"FINISHED_ABORTED": "aborted", "FINISHED_ERROR": "error"}
 
 
-def _guard(fn):
-    """Telemetry never raises into vLLM: log the first failure of each hook, return None."""
-    logged = False
-
-    @functools.wraps(fn)
-    def inner(*args, **kwargs):
-        nonlocal logged
-        try:
-            return fn(*args, **kwargs)
-        except Exception:
-            if not logged:
-                logged = True
-                log.exception("kvtrace: connector probe %s failed; vLLM continues unaffected", fn.__name__)
-            return None
-
-    return inner
-
-
-@dataclass
+@dataclass(slots=True)
 class _Req:
     phase: str
     direction: str | None
@@ -71,11 +52,11 @@ class _Req:
     remote_request_id: str | None = None
     deadline: float | None = None  # peer's remote_blocks_expiry_time (peer clock)
     loading: bool = False
-    block_ids: frozenset = frozenset()
+    block_ids: tuple | list = ()  # per KV-cache group: the blocks being loaded
 
 
 def _has_remote(params: dict) -> bool:
-    return bool(params.get("remote_block_ids")) and all(k in params for k in _REMOTE_KEYS)
+    return bool(params.get("remote_block_ids")) and params.keys() >= _REMOTE_KEYS
 
 
 def _context_entry(params: dict | None) -> dict | None:
@@ -104,7 +85,7 @@ class SchedulerProbe:
         self._deferred: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ request arrives
-    @_guard
+    @never_raise()
     def on_new_request(self, request) -> None:
         rid = request.request_id
         if rid in self._reqs:
@@ -135,34 +116,35 @@ class SchedulerProbe:
         )
 
     # ------------------------------------------------------------------ the decision
-    @_guard
+    @never_raise()
     def matched(self, request, num_computed_tokens: int) -> None:
         st = self._reqs.get(request.request_id)
         if st is not None and not st.decided:
             st.local = int(num_computed_tokens)
 
-    @_guard
+    @never_raise()
     def allocated(self, request, blocks, num_external_tokens: int) -> None:
         rid = request.request_id
         st = self._reqs.get(rid)
         if st is None or st.decided or st.direction is None:
             return
         st.decided = True
-        common = dict(
+        pulled = int(num_external_tokens) if num_external_tokens > 0 else 0
+        self.recorder.decision(
+            rid,
             direction=st.direction,
+            outcome=None if pulled else self._no_load_outcome(st),  # None: settled when the load ends
             prompt_tokens=st.prompt_tokens,
             local_hit_tokens=st.local,
             remote_tokens=st.offered if st.has_remote else 0,
+            pulled_tokens=pulled,
             expiry_deadline=st.deadline,
             expiry_remaining_s=self._remaining(st),
             peer_engine_id=st.peer,
             remote_request_id=st.remote_request_id,
         )
-        if num_external_tokens > 0:
-            self.recorder.decision(rid, outcome=None, pulled_tokens=int(num_external_tokens), **common)
-            self._start_transfer(rid, st, blocks, int(num_external_tokens))
-        else:
-            self.recorder.decision(rid, outcome=self._no_load_outcome(st), **common)
+        if pulled:
+            self._start_transfer(rid, st, blocks, pulled)
 
     def _no_load_outcome(self, st: _Req) -> str:
         if not st.has_remote:
@@ -185,9 +167,12 @@ class SchedulerProbe:
 
     def _start_transfer(self, rid: str, st: _Req, blocks, tokens: int) -> None:
         per_group = blocks.get_unhashed_block_ids_all_groups()
-        nbytes = sum(len(ids) * size for ids, size in zip(per_group, self.block_bytes))
+        if len(per_group) == 1:  # the common case, without a generator
+            nbytes = len(per_group[0]) * self.block_bytes[0]
+        else:
+            nbytes = sum(len(ids) * size for ids, size in zip(per_group, self.block_bytes))
         st.loading = True
-        st.block_ids = frozenset(b for ids in per_group for b in ids)
+        st.block_ids = per_group  # checked against invalid_block_ids only when there are some
         self._loading[rid] = st
         self.recorder.transfer_started(
             rid,
@@ -200,7 +185,7 @@ class SchedulerProbe:
         )
 
     # ------------------------------------------------------------------ worker results
-    @_guard
+    @never_raise()
     def connector_output(self, output) -> None:
         recving = output.finished_recving
         sending = output.finished_sending
@@ -229,7 +214,9 @@ class SchedulerProbe:
     def _end_transfers(self, recving: set, failed_ids: set, invalid, stats: dict | None) -> None:
         failed = {rid for rid in failed_ids if rid in self._loading}
         if invalid:
-            failed |= {rid for rid, st in self._loading.items() if st.block_ids & invalid}
+            failed |= {
+                rid for rid, st in self._loading.items() if any(not invalid.isdisjoint(ids) for ids in st.block_ids)
+            }
         ok = [rid for rid in recving if rid in self._loading and rid not in failed]
         n_expired = len(stats.get("num_kv_expired_reqs", ())) if stats else 0
         # the worker declines a read near D's deadline: the least time left is the likeliest
@@ -254,7 +241,7 @@ class SchedulerProbe:
             self.recorder.transfer_finished(rid, status=status, error_type=status)
 
     # ------------------------------------------------------------------ request leaves
-    @_guard
+    @never_raise()
     def finished(self, request, delay_free: bool, params: dict | None) -> None:
         rid = request.request_id
         st = self._reqs.pop(rid, None)
@@ -284,7 +271,7 @@ class SchedulerProbe:
         if params is not None and summary:
             params[sc.KV_PARAMS_KEY] = summary
 
-    @_guard
+    @never_raise()
     def shutdown(self) -> None:
         self._retained.clear()
         self.recorder.shutdown()

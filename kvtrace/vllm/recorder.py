@@ -8,6 +8,12 @@ instrumented NixlConnector and the analysis cannot tell them apart except by res
 
 Every public method is safe to call from vLLM's hot paths: it never raises (errors are logged
 once per kind) and does O(1) work.  One recorder per engine process; thread-safe.
+
+Spans reach the SDK through :mod:`kvtrace.vllm.deferred`: synchronously by default (the
+simulator, whose tests read spans right after each call), or with ``deferred=True`` (the vLLM
+connector) from a background thread, so a scheduler hook pays for a few dicts and a queue put
+instead of SDK span starts/ends.  Both modes take every timestamp here, on the caller's thread,
+and make the same spans; request ids, summaries and trace ids are known immediately in both.
 """
 
 from __future__ import annotations
@@ -18,12 +24,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kvtrace import semconv as sc
+from kvtrace.vllm.deferred import DeferredSpans, SyncSpans
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
@@ -34,7 +40,7 @@ _OUTCOME_BY_STATUS = {
 }
 
 
-def _safe(default=None):
+def never_raise(default=None):
     """Telemetry never raises into its host: log the first failure of each method, return default."""
 
     def wrap(fn):
@@ -56,40 +62,43 @@ def _safe(default=None):
     return wrap
 
 
-def parent_context(kv_params: dict | None, headers: dict | None = None) -> otel_context.Context | None:
+@functools.lru_cache(maxsize=1024)
+def _parse_traceparent(value: str) -> SpanContext | None:
+    """W3C ``traceparent`` -> remote SpanContext (None if invalid), parsed once per value."""
+    ctx = _propagator.extract({"traceparent": value})
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def parent_span_context(kv_params: dict | None, headers: dict | None = None) -> SpanContext | None:
     """The parent for engine spans: the ``kvtrace.traceparent`` the proxy put inside
     ``kv_transfer_params``, else the request's own ``traceparent`` header, else None."""
     entry = (kv_params or {}).get(sc.KV_PARAMS_KEY) or {}
-    carrier = None
+    value = None
     if isinstance(entry, dict) and entry.get(sc.CTX_TRACEPARENT):
-        carrier = {"traceparent": entry[sc.CTX_TRACEPARENT]}
+        value = entry[sc.CTX_TRACEPARENT]
     elif headers:
-        lowered = {str(k).lower(): v for k, v in headers.items()}
-        if lowered.get("traceparent"):
-            carrier = {"traceparent": lowered["traceparent"]}
-    if carrier is None:
-        return None
-    ctx = _propagator.extract(carrier)
-    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+        value = next((v for k, v in headers.items() if str(k).lower() == "traceparent"), None)
+    return _parse_traceparent(str(value)) if value else None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
+    """A request's open spans, as handles of the recorder's span applier."""
+
     request_id: str
     role: str
-    span: Span
-    ctx: otel_context.Context
-    identity: dict
+    span: object
+    base: dict  # identity + engine attributes: what every span of the request carries
     summary: dict = field(default_factory=dict)
-    decision: Span | None = None
-    decision_ctx: otel_context.Context | None = None
-    transfer: Span | None = None
+    decision: object | None = None
+    transfer: object | None = None
     transfer_start_ns: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Retention:
-    span: Span
+    span: object
     blocks: int
     nbytes: int
 
@@ -99,6 +108,8 @@ class KVRecorder:
 
     ``bytes_per_block`` is the KV-cache page size summed over layers (what one block of one
     request costs in memory and on the wire); ``block_size`` is tokens per block.
+    ``deferred=True`` applies spans on a background thread (SDK tracers only; other tracers,
+    e.g. a no-op provider's, stay synchronous): call :meth:`flush` before reading them.
     """
 
     def __init__(
@@ -112,6 +123,7 @@ class KVRecorder:
         threshold: int,
         ttl_s: float,
         load_failure_policy: str = "fail",
+        deferred: bool = False,
     ) -> None:
         self.engine_id = engine_id
         self.role = role
@@ -120,13 +132,21 @@ class KVRecorder:
         self.threshold = threshold
         self.ttl_s = ttl_s
         self.load_failure_policy = load_failure_policy
-        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("kvtrace.vllm")
+        tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("kvtrace.vllm")
+        self._spans = DeferredSpans(tracer) if deferred and DeferredSpans.supports(tracer) else SyncSpans(tracer)
+        self._clock = time.time_ns
+        self._engine = {sc.ENGINE_ID: engine_id, sc.ENGINE_ROLE: role}
         self._lock = threading.Lock()
         self._requests: dict[str, _Request] = {}
         self._retained: dict[str, _Retention] = {}
 
+    @property
+    def deferred(self) -> bool:
+        """True when spans are applied on a background thread (see :meth:`flush`)."""
+        return self._spans.deferred
+
     # ------------------------------------------------------------------ request life
-    @_safe()
+    @never_raise()
     def request_started(
         self,
         request_id: str,
@@ -142,9 +162,8 @@ class KVRecorder:
         ``public_id`` is the id recorded as gen_ai.request.id / the summary's request_id when
         it differs from the key (vLLM keys requests by an internal id derived from the
         X-Request-Id); every other method takes the key."""
-        with self._lock:
-            if request_id in self._requests:
-                return
+        if request_id in self._requests:
+            return
         entry = (kv_params or {}).get(sc.KV_PARAMS_KEY) or {}
         identity = {sc.GEN_AI_REQUEST_ID: public_id or request_id}
         session = entry.get(sc.CTX_SESSION_ID) if isinstance(entry, dict) else None
@@ -155,15 +174,13 @@ class KVRecorder:
         if isinstance(turn, int):
             identity[sc.TURN_INDEX] = turn
         name = sc.SPAN_ENGINE_DECODE if phase == sc.ROLE_DECODE else sc.SPAN_ENGINE_PREFILL
-        span = self._tracer.start_span(
-            name,
-            context=parent_context(kv_params, headers),
-            kind=SpanKind.INTERNAL,
-            attributes={**identity, **self._engine_attrs(), sc.KV_PROMPT_TOKENS: int(prompt_tokens)},
-        )
-        req = _Request(request_id, phase, span, trace.set_span_in_context(span), identity)
+        base = {**identity, **self._engine}
+        parent = parent_span_context(kv_params, headers)
+        attrs = {**base, sc.KV_PROMPT_TOKENS: int(prompt_tokens)}
+        span = self._spans.start(name, parent, attrs, self._clock(), SpanKind.INTERNAL)
+        req = _Request(request_id, phase, span, base)
         req.summary = {
-            sc.KVT_TRACE_ID: format(span.get_span_context().trace_id, "032x"),
+            sc.KVT_TRACE_ID: format(self._spans.trace_id(span), "032x"),
             sc.KVT_REQUEST_ID: public_id or request_id,
             sc.KVT_SESSION_ID: identity.get(sc.SESSION_ID),
             sc.KVT_TURN: identity.get(sc.TURN_INDEX),
@@ -174,7 +191,7 @@ class KVRecorder:
         with self._lock:
             self._requests[request_id] = req
 
-    @_safe()
+    @never_raise()
     def decision(
         self,
         request_id: str,
@@ -200,8 +217,7 @@ class KVRecorder:
         if recomputed_tokens is None:
             recomputed_tokens = max(0, prompt_tokens - local_hit_tokens - pulled_tokens)
         attrs = {
-            **req.identity,
-            **self._engine_attrs(),
+            **req.base,
             sc.KV_DIRECTION: direction,
             sc.KV_PROMPT_TOKENS: int(prompt_tokens),
             sc.KV_LOCAL_HIT_TOKENS: int(local_hit_tokens),
@@ -211,29 +227,25 @@ class KVRecorder:
             sc.KV_THRESHOLD: int(self.threshold if threshold is None else threshold),
             sc.KV_LOAD_FAILURE_POLICY: self.load_failure_policy,
         }
-        optional = {
-            sc.KV_EXPIRY_DEADLINE: expiry_deadline,
-            sc.KV_EXPIRY_REMAINING_S: expiry_remaining_s,
-            sc.KV_PEER_ENGINE_ID: peer_engine_id,
-            sc.KV_REMOTE_REQUEST_ID: remote_request_id,
-        }
-        attrs.update({k: v for k, v in optional.items() if v is not None})
-        span = self._tracer.start_span(sc.SPAN_KV_DECISION, context=req.ctx, attributes=attrs)
-        req.decision = span
-        req.decision_ctx = trace.set_span_in_context(span)
-        req.summary.update(
-            {
-                sc.KVT_LOCAL_HIT_TOKENS: int(local_hit_tokens),
-                sc.KVT_REMOTE_TOKENS: int(remote_tokens),
-                sc.KVT_PULLED_TOKENS: int(pulled_tokens),
-                sc.KVT_RECOMPUTED_TOKENS: int(recomputed_tokens),
-                sc.KVT_PEER_ENGINE_ID: peer_engine_id,
-            }
-        )
+        if expiry_deadline is not None:
+            attrs[sc.KV_EXPIRY_DEADLINE] = expiry_deadline
+        if expiry_remaining_s is not None:
+            attrs[sc.KV_EXPIRY_REMAINING_S] = expiry_remaining_s
+        if peer_engine_id is not None:
+            attrs[sc.KV_PEER_ENGINE_ID] = peer_engine_id
+        if remote_request_id is not None:
+            attrs[sc.KV_REMOTE_REQUEST_ID] = remote_request_id
+        req.decision = self._spans.start(sc.SPAN_KV_DECISION, req.span, attrs, self._clock())
+        summary = req.summary
+        summary[sc.KVT_LOCAL_HIT_TOKENS] = attrs[sc.KV_LOCAL_HIT_TOKENS]
+        summary[sc.KVT_REMOTE_TOKENS] = attrs[sc.KV_REMOTE_TOKENS]
+        summary[sc.KVT_PULLED_TOKENS] = attrs[sc.KV_PULLED_TOKENS]
+        summary[sc.KVT_RECOMPUTED_TOKENS] = attrs[sc.KV_RECOMPUTED_TOKENS]
+        summary[sc.KVT_PEER_ENGINE_ID] = peer_engine_id
         if outcome is not None:
             self._end_decision(req, outcome)
 
-    @_safe()
+    @never_raise()
     def transfer_started(
         self,
         request_id: str,
@@ -251,8 +263,7 @@ class KVRecorder:
             return
         nbytes = int(blocks * self.bytes_per_block if nbytes is None else nbytes)
         attrs = {
-            **req.identity,
-            **self._engine_attrs(),
+            **req.base,
             sc.KV_DIRECTION: direction,
             sc.KV_TRANSFER_TOKENS: int(tokens),
             sc.KV_TRANSFER_BLOCKS: int(blocks),
@@ -262,13 +273,11 @@ class KVRecorder:
             attrs[sc.KV_PEER_ENGINE_ID] = peer_engine_id
         if remote_request_id is not None:
             attrs[sc.KV_REMOTE_REQUEST_ID] = remote_request_id
-        req.transfer_start_ns = time.time_ns()
-        req.transfer = self._tracer.start_span(
-            sc.SPAN_KV_TRANSFER, context=req.decision_ctx or req.ctx, attributes=attrs, start_time=req.transfer_start_ns
-        )
+        req.transfer_start_ns = self._clock()
+        req.transfer = self._spans.start(sc.SPAN_KV_TRANSFER, req.decision or req.span, attrs, req.transfer_start_ns)
         req.summary[sc.KVT_BYTES] = nbytes
 
-    @_safe()
+    @never_raise()
     def transfer_finished(
         self,
         request_id: str,
@@ -285,29 +294,28 @@ class KVRecorder:
         span = req.transfer
         if span is not None:
             req.transfer = None
-            span.set_attribute(sc.KV_TRANSFER_STATUS, status)
+            attrs = {sc.KV_TRANSFER_STATUS: status}
             if xfer_ms is not None:
-                span.set_attribute(sc.KV_TRANSFER_XFER_MS, float(xfer_ms))
+                attrs[sc.KV_TRANSFER_XFER_MS] = float(xfer_ms)
             if post_ms is not None:
-                span.set_attribute(sc.KV_TRANSFER_POST_MS, float(post_ms))
+                attrs[sc.KV_TRANSFER_POST_MS] = float(post_ms)
             if status != sc.TRANSFER_OK:
-                span.set_attribute(sc.ERROR_TYPE, error_type or status)
-                span.set_status(Status(StatusCode.ERROR, status))
-            end_ns = time.time_ns()
-            span.end(end_time=end_ns)
+                attrs[sc.ERROR_TYPE] = error_type or status
+            end_ns = self._clock()
+            self._spans.finish(span, attrs, None if status == sc.TRANSFER_OK else status, end_ns)
             req.summary[sc.KVT_TRANSFER_MS] = round((end_ns - req.transfer_start_ns) / 1e6, 3)
         if req.decision is not None:
+            attrs = {}
             if status != sc.TRANSFER_OK:
                 pulled = 0
                 recomputed = req.summary.get(sc.KVT_PROMPT_TOKENS, 0) - req.summary.get(sc.KVT_LOCAL_HIT_TOKENS, 0)
-                req.decision.set_attribute(sc.KV_PULLED_TOKENS, pulled)
-                req.decision.set_attribute(sc.KV_RECOMPUTED_TOKENS, recomputed)
+                attrs = {sc.KV_PULLED_TOKENS: pulled, sc.KV_RECOMPUTED_TOKENS: recomputed}
                 req.summary.update({sc.KVT_PULLED_TOKENS: pulled, sc.KVT_RECOMPUTED_TOKENS: recomputed, sc.KVT_BYTES: 0})
                 if error_type:
-                    req.decision.set_attribute(sc.ERROR_TYPE, error_type)
-            self._end_decision(req, _OUTCOME_BY_STATUS.get(status, sc.OUTCOME_FAILED))
+                    attrs[sc.ERROR_TYPE] = error_type
+            self._end_decision(req, _OUTCOME_BY_STATUS.get(status, sc.OUTCOME_FAILED), attrs)
 
-    @_safe(dict)
+    @never_raise(dict)
     def request_finished(
         self,
         request_id: str,
@@ -321,34 +329,33 @@ class KVRecorder:
             req = self._requests.pop(request_id, None)
         if req is None:
             return {}
+        now = self._clock()
         if req.transfer is not None:  # never finished: the request was aborted mid-load
             span, req.transfer = req.transfer, None
-            span.set_attribute(sc.KV_TRANSFER_STATUS, sc.TRANSFER_FAILED)
-            span.set_status(Status(StatusCode.ERROR, "aborted"))
-            span.end()
+            self._spans.finish(span, {sc.KV_TRANSFER_STATUS: sc.TRANSFER_FAILED}, "aborted", now)
         if req.decision is not None and sc.KVT_DECISION not in req.summary:
-            self._end_decision(req, sc.OUTCOME_FAILED)
+            self._end_decision(req, sc.OUTCOME_FAILED, end_ns=now)
+        attrs = {}
         if output_tokens is not None:
-            req.span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(output_tokens))
+            attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(output_tokens)
         if cached_tokens is not None:
-            req.span.set_attribute(sc.REQUEST_CACHED_TOKENS, int(cached_tokens))
+            attrs[sc.REQUEST_CACHED_TOKENS] = int(cached_tokens)
         if error_type:
-            req.span.set_attribute(sc.ERROR_TYPE, error_type)
-            req.span.set_status(Status(StatusCode.ERROR, error_type))
-        req.span.end()
+            attrs[sc.ERROR_TYPE] = error_type
+        self._spans.finish(req.span, attrs, error_type or None, now)
         return dict(req.summary)
 
-    @_safe()
+    @never_raise()
     def nixl_stats(self, request_id: str, attributes: dict) -> None:
         """Attach worker NIXL telemetry that could not be attributed to one transfer (an
         ``kvtrace.nixl.stats`` event with ``kvtrace.nixl.*`` attributes) to the request's
         engine span."""
         req = self._get(request_id)
         if req is not None:
-            req.span.add_event(sc.EVENT_NIXL_STATS, attributes=attributes)
+            self._spans.event(req.span, sc.EVENT_NIXL_STATS, dict(attributes), self._clock())
 
     # ------------------------------------------------------------------ retention on D
-    @_safe()
+    @never_raise()
     def retention_started(
         self,
         request_id: str,
@@ -362,11 +369,9 @@ class KVRecorder:
         :meth:`request_finished`, while the request is still known).  Returns the retention
         fields to merge into the kvtrace summary."""
         req = self._get(request_id)
-        identity = req.identity if req else {sc.GEN_AI_REQUEST_ID: request_id}
         nbytes = int(blocks * self.bytes_per_block)
         attrs = {
-            **identity,
-            **self._engine_attrs(),
+            **(req.base if req else {sc.GEN_AI_REQUEST_ID: request_id, **self._engine}),
             sc.KV_RETENTION_BLOCKS: int(blocks),
             sc.KV_RETENTION_TOKENS: int(tokens),
             sc.KV_RETENTION_BYTES: nbytes,
@@ -374,7 +379,7 @@ class KVRecorder:
         }
         if expiry_deadline is not None:
             attrs[sc.KV_EXPIRY_DEADLINE] = float(expiry_deadline)
-        span = self._tracer.start_span(sc.SPAN_KV_RETENTION, context=req.ctx if req else None, attributes=attrs)
+        span = self._spans.start(sc.SPAN_KV_RETENTION, req.span if req else None, attrs, self._clock())
         with self._lock:
             old = self._retained.pop(request_id, None)
             self._retained[request_id] = _Retention(span, int(blocks), nbytes)
@@ -389,7 +394,7 @@ class KVRecorder:
             req.summary.update(fields)
         return fields
 
-    @_safe(False)
+    @never_raise(False)
     def retention_ended(self, request_id: str, outcome: str) -> bool:
         """D's pinned blocks were read (``read``), timed out (``expired``) or freed for another
         reason (``released``).  Returns False if nothing was retained under that id."""
@@ -405,19 +410,28 @@ class KVRecorder:
         with self._lock:
             return {k: (v.blocks, v.nbytes) for k, v in self._retained.items()}
 
-    @_safe()
-    def shutdown(self) -> None:
-        """End every open span (engine shutting down): retention ends ``released``."""
+    @never_raise()
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """End every open span (engine shutting down): retention ends ``released``.  In
+        deferred mode, then wait up to ``timeout`` s for the spans to be applied and stop the
+        applier thread (spans of later calls are dropped)."""
         with self._lock:
             retained, self._retained = self._retained, {}
             requests, self._requests = self._requests, {}
         for ret in retained.values():
             self._end_retention(ret, sc.RETENTION_RELEASED)
+        now = self._clock()
         for req in requests.values():
             for span in (req.transfer, req.decision, req.span):
-                if span is not None and span.is_recording():
-                    span.set_status(Status(StatusCode.ERROR, "engine shutdown"))
-                    span.end()
+                if span is not None:
+                    self._spans.abort(span, "engine shutdown", now)
+        self._spans.close(timeout)
+
+    @never_raise(False)
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every span operation so far reached the SDK (deferred mode; immediate in
+        sync mode).  False if ``timeout`` s passed first."""
+        return self._spans.flush(timeout)
 
     # ------------------------------------------------------------------ helpers
     def summary(self, request_id: str) -> dict:
@@ -425,21 +439,13 @@ class KVRecorder:
         return dict(req.summary) if req else {}
 
     def _get(self, request_id: str) -> _Request | None:
-        with self._lock:
-            return self._requests.get(request_id)
+        return self._requests.get(request_id)  # one dict read: atomic, no lock needed
 
-    def _engine_attrs(self) -> dict:
-        return {sc.ENGINE_ID: self.engine_id, sc.ENGINE_ROLE: self.role}
-
-    def _end_decision(self, req: _Request, outcome: str) -> None:
-        span = req.decision
-        span.set_attribute(sc.KV_OUTCOME, outcome)
-        if outcome == sc.OUTCOME_FAILED:
-            span.set_status(Status(StatusCode.ERROR, outcome))
-        span.end()
+    def _end_decision(self, req: _Request, outcome: str, attrs: dict | None = None, end_ns: int | None = None) -> None:
+        attrs = {**(attrs or {}), sc.KV_OUTCOME: outcome}
+        error = outcome if outcome == sc.OUTCOME_FAILED else None
+        self._spans.finish(req.decision, attrs, error, self._clock() if end_ns is None else end_ns)
         req.summary[sc.KVT_DECISION] = outcome
 
-    @staticmethod
-    def _end_retention(ret: _Retention, outcome: str) -> None:
-        ret.span.set_attribute(sc.KV_RETENTION_OUTCOME, outcome)
-        ret.span.end()
+    def _end_retention(self, ret: _Retention, outcome: str) -> None:
+        self._spans.finish(ret.span, {sc.KV_RETENTION_OUTCOME: outcome}, None, self._clock())
