@@ -3,14 +3,19 @@
 Starts a zero-cost simulator (``kvtrace sim --no-cost``, 1 P + 1 D) and ``kvtrace proxy`` as
 subprocesses, then drives streaming chat requests at concurrency 1 / 16 / 64 in four modes:
 
-- ``direct_d``: the client calls D alone (what the issue's "added latency" is measured against);
-- ``direct_pd``: the client itself calls P (max_tokens=1) then streams D — the minimum P/D work;
+- ``direct_d``: the client calls D alone;
+- ``direct_pd``: the client itself calls P (max_tokens=1) then streams D — the minimum P/D work, and
+  the honest baseline of a proxy that must also call P;
 - ``kvtrace``: through ``kvtrace proxy`` (traces exported to Parquet unless ``--no-traces``);
 - ``baseline``: through ``--baseline-cmd`` (e.g. vLLM's upstream proxy), if given.
 
 Prints p50/p99 latency (request sent -> [DONE]) and req/s per mode, the latency added over
-``direct_d`` and over ``direct_pd``, and throughput as a ratio of ``direct_d`` — all measured in
-this one run.  Targets: <= 0.5 ms p50 and <= 2 ms p99 added, >= 95 % of direct throughput.
+``direct_pd`` and over ``direct_d``, throughput as a ratio of each, and the proxy process's CPU
+time per request (user + system from /proc/PID/stat around each measured run, 10 ms ticks; it includes
+the span export thread) — all measured in this one run.  CPU per request is the number to optimise
+on a shared or small machine: wall-clock latency and throughput there mostly measure the other
+processes (client, simulator) competing for the same cores.  Targets: <= 0.5 ms p50 and <= 2 ms
+p99 added, >= 95 % of direct throughput.
 
     python benchmarks/proxy/bench_proxy.py [--requests 400] [--baseline-cmd 'python /tmp/vllm-src/\
 examples/disaggregated/disaggregated_serving/disagg_proxy_multiturn.py --port {port} \
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shlex
 import socket
@@ -101,7 +105,20 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
-async def bench(args, urls: dict, p_url: str, d_url: str) -> dict:
+def cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds used so far by process ``pid`` (Linux /proc; None elsewhere)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
+    """``results[(mode, conc)] = (p50 ms, p99 ms, req/s, proxy CPU µs/request or None)``."""
     results: dict = {}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
@@ -115,21 +132,27 @@ async def bench(args, urls: dict, p_url: str, d_url: str) -> dict:
             n = max(args.requests, conc * 8)
             for name, call in calls.items():
                 await load(call, conc, max(conc * 2, 20))  # warm-up: connections, caches
+                c0 = cpu_s(pids.get(name))
                 lat, rps = await load(call, conc, n)
-                results[(name, conc)] = (pct(lat, 50), pct(lat, 99), rps)
+                c1 = cpu_s(pids.get(name))
+                cpu_us = (c1 - c0) / n * 1e6 if c0 is not None and c1 is not None else None
+                results[(name, conc)] = (pct(lat, 50), pct(lat, 99), rps, cpu_us)
     return results
 
 
 def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
-    print(f"{'mode':<10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'+p50 vs D':>10} {'+p99 vs D':>10} "
-          f"{'+p50 vs PD':>10} {'+p99 vs PD':>10} {'tput/D':>7}")
+    """One row per mode and concurrency; "vs PD" columns are against ``direct_pd`` (the P/D work a
+    proxy must do), "vs D" against ``direct_d``.  ``cpu us/req``: CPU of the proxy process per request."""
+    print(f"{'mode':<10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'+p50 vs PD':>10} {'+p99 vs PD':>10} "
+          f"{'+p50 vs D':>10} {'+p99 vs D':>10} {'tput/PD':>7} {'tput/D':>7} {'cpu us/req':>10}")
     for conc in concurrency:
-        d50, d99, drps = results[("direct_d", conc)]
-        pd50, pd99, _ = results[("direct_pd", conc)]
+        d50, d99, drps, _ = results[("direct_d", conc)]
+        pd50, pd99, pdrps, _ = results[("direct_pd", conc)]
         for mode in modes:
-            p50, p99, rps = results[(mode, conc)]
-            print(f"{mode:<10} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:8.0f} {p50 - d50:10.3f} {p99 - d99:10.3f} "
-                  f"{p50 - pd50:10.3f} {p99 - pd99:10.3f} {rps / drps:7.1%}")
+            p50, p99, rps, cpu = results[(mode, conc)]
+            cpu_col = f"{cpu:10.0f}" if cpu is not None else f"{'-':>10}"
+            print(f"{mode:<10} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:8.0f} {p50 - pd50:10.3f} {p99 - pd99:10.3f} "
+                  f"{p50 - d50:10.3f} {p99 - d99:10.3f} {rps / pdrps:7.1%} {rps / drps:7.1%} {cpu_col}")
 
 
 def spawn(cmd: list[str], log_dir: str, name: str) -> subprocess.Popen:
@@ -165,7 +188,8 @@ async def main() -> int:
         for url, proc in [(p_url, procs[0]), (d_url, procs[0]), (urls["kvtrace"], procs[1])] + (
                 [(urls["baseline"], procs[2])] if args.baseline_cmd else []):
             await wait_ready(url, proc)
-        results = await bench(args, urls, p_url, d_url)
+        pids = {"kvtrace": procs[1].pid, **({"baseline": procs[2].pid} if args.baseline_cmd else {})}
+        results = await bench(args, urls, p_url, d_url, pids)
         print(f"# zero-cost simulator 1P+1D, max_tokens={args.max_tokens}, streaming chat, "
               f"kvtrace traces={'off' if args.no_traces else 'parquet'}, cpus={os.cpu_count()}")
         report(results, ["direct_d", "direct_pd", *urls], args.concurrency)

@@ -11,7 +11,6 @@ next turn and attaches the merged ``kv_transfer`` object (:mod:`.metadata`).  Sp
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -21,9 +20,9 @@ import aiohttp
 from aiohttp import web
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import legs, metadata
+from kvtrace.proxy import codec, legs, metadata
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
-from kvtrace.proxy.parse import CHAT_PATH, COMPLETIONS_PATH, ClientRequest, RequestError, error_body, parse_request
+from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, error_body, parse_request
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
 from kvtrace.proxy.stream import Aggregator, StreamPatcher, sse_event
 from kvtrace.proxy.table import ConversationTable, Turn
@@ -125,7 +124,6 @@ class Proxy:
         session = req.conversation_id or hdrs.get(sc.HEADER_SESSION_ID) or rt.baggage_session()
         request_id = hdrs.get(sc.HEADER_REQUEST_ID) or uuid.uuid4().hex
         turn = self.table.begin(session)
-        rt.set_identity(request_id, session, turn.index)
         attrs = {
             sc.GEN_AI_OPERATION_NAME: req.operation,
             sc.REQUEST_STREAM: req.stream,
@@ -136,7 +134,7 @@ class Proxy:
             attrs[sc.GEN_AI_REQUEST_MODEL] = req.model
         if turn.entry_age_s is not None:
             attrs[sc.PROXY_ENTRY_AGE_S] = round(turn.entry_age_s, 3)
-        rt.span.set_attributes(attrs)
+        rt.set_identity(request_id, session, turn.index, attrs)
         auth = hdrs.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
         return _Call(req, rt, request_id, session, turn, auth)
 
@@ -368,7 +366,7 @@ class Proxy:
 
     def _json(self, rt: RequestTrace, body: dict, status: int) -> web.Response:
         headers = {sc.HEADER_TRACE_ID: rt.trace_id} if self.config.patch_responses else None
-        return web.Response(body=legs.dumps(body), status=status, content_type="application/json", headers=headers)
+        return web.Response(body=codec.dumps(body), status=status, content_type="application/json", headers=headers)
 
     def _auth_headers(self, request: web.Request) -> dict:
         auth = request.headers.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
@@ -377,7 +375,7 @@ class Proxy:
 
 def _json_object(data: bytes) -> dict | None:
     try:
-        obj = json.loads(data)
+        obj = codec.loads(data)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None

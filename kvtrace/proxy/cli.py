@@ -6,6 +6,8 @@ import argparse
 
 from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, PREFILL_FAILURE_MODES, TTL_MARGIN_S
 
+_GC_GEN0_THRESHOLD = 10_000  # see _tune_gc
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces", metavar="DIR", help="Parquet trace directory (else KVTRACE_TRACES_DIR)")
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             running = await start(config, provider)
         except OSError as exc:
             raise CLIError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+        _tune_gc()
         print(f"kvtrace proxy listening on {running.url}", flush=True)
         try:
             await asyncio.Event().wait()
@@ -91,3 +94,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         telemetry.shutdown_all()
     return 0
+
+
+def _tune_gc() -> None:
+    """The proxy process's garbage collector, once serving.
+
+    Per request the proxy allocates a few hundred container objects that reference counting frees
+    (no cycles), but with concurrent requests in flight the young generation keeps crossing the
+    default threshold (700), so the collector runs every few requests and, every ~100 young
+    collections, rescans the ~90k objects of the loaded modules: ~50 us of CPU per request.
+    ``gc.freeze()`` moves everything alive now (modules, app, pools) out of the collector's scans and
+    a higher young threshold lets transient request objects die before a collection sees them.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(gen0, _GC_GEN0_THRESHOLD), gen1, gen2)
+

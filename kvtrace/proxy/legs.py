@@ -10,9 +10,8 @@ tokens), ``kv_transfer_params`` = what P returned.  Both legs carry the proxy's 
 
 from __future__ import annotations
 
-import json
-
 from kvtrace import semconv as sc
+from kvtrace.proxy.codec import dumps
 
 P_LEG_DROPPED = ("max_completion_tokens", "min_tokens", "stream_options")
 
@@ -30,10 +29,6 @@ def _miss_params() -> dict:
 
 def context(traceparent: str, session_id: str | None, turn: int | None) -> dict:
     return {sc.CTX_TRACEPARENT: traceparent, sc.CTX_SESSION_ID: session_id, sc.CTX_TURN: turn}
-
-
-def dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def prefill_body(body: dict, offered_params: dict | None, ctx: dict) -> bytes:

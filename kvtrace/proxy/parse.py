@@ -7,10 +7,10 @@ proxy itself reads or rewrites; everything else is left for the workers to judge
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
+from kvtrace.proxy import codec
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -62,7 +62,7 @@ def _type_or_none(body: dict, name: str, types: type | tuple, what: str) -> None
 def parse_request(raw: bytes, path: str) -> ClientRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
     try:
-        body = json.loads(raw)
+        body = codec.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"body is not valid JSON: {exc.__class__.__name__}", "invalid_json") from None
     except RecursionError:

@@ -45,16 +45,20 @@ class RequestTrace:
         self.ctx = trace.set_span_in_context(self.span)
         self.identity: dict = {}
         self.ttft_ms: float | None = None
+        self._trace_id: str | None = None
 
     @property
     def trace_id(self) -> str:
-        return format(self.span.get_span_context().trace_id, "032x")
+        if self._trace_id is None:
+            self._trace_id = format(self.span.get_span_context().trace_id, "032x")
+        return self._trace_id
 
     def baggage_session(self) -> str | None:
         value = baggage.get_baggage(sc.BAGGAGE_SESSION_ID, self.ctx_in)
         return str(value) if value else None
 
-    def set_identity(self, request_id: str, session_id: str | None, turn: int | None) -> None:
+    def set_identity(self, request_id: str, session_id: str | None, turn: int | None, extra: dict | None = None) -> None:
+        """Record who the request is (copied onto each leg span); ``extra`` attributes are set in the same call."""
         ident = {sc.GEN_AI_REQUEST_ID: request_id}
         if session_id:
             ident[sc.SESSION_ID] = session_id
@@ -62,7 +66,7 @@ class RequestTrace:
         if turn is not None:
             ident[sc.TURN_INDEX] = turn
         self.identity = ident
-        self.span.set_attributes(ident)
+        self.span.set_attributes({**ident, **extra} if extra else ident)
 
     def leg(self, name: str, host: str, port: int, **attrs) -> tuple[Span, str]:
         """Start a CLIENT span for a leg; returns it and the traceparent to send."""
@@ -95,11 +99,7 @@ class RequestTrace:
         attrs[sc.REQUEST_LATENCY_MS] = round((time.perf_counter() - self.t0) * 1000.0, 3)
         if self.ttft_ms is not None:
             attrs[sc.REQUEST_TTFT_MS] = self.ttft_ms
-        span.set_attributes({k: v for k, v in attrs.items() if v is not None})
-        if error_type:
-            span.set_attribute(sc.ERROR_TYPE, error_type)
-            span.set_status(Status(StatusCode.ERROR, error_type))
-        span.end()
+        _end(span, attrs, error_type)
 
 
 def end_leg(span: Span, status: int | None, error_type: str | None = None, **attrs) -> None:
@@ -108,8 +108,16 @@ def end_leg(span: Span, status: int | None, error_type: str | None = None, **att
         return
     if status is not None:
         attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
-    span.set_attributes({k: v for k, v in attrs.items() if v is not None})
+    _end(span, attrs, error_type)
+
+
+def _end(span: Span, attrs: dict, error_type: str | None) -> None:
+    """Set the final attributes (None values skipped) and the error, in one call each, and end ``span``."""
+    final = {k: v for k, v in attrs.items() if v is not None}
     if error_type:
-        span.set_attribute(sc.ERROR_TYPE, error_type)
+        final[sc.ERROR_TYPE] = error_type
+        span.set_attributes(final)
         span.set_status(Status(StatusCode.ERROR, error_type))
+    else:
+        span.set_attributes(final)
     span.end()

@@ -2,8 +2,9 @@
 
 :class:`StreamPatcher` is the fast path.  The handler feeds it each network chunk from D and
 writes what it returns to the client.  Bytes are split at the last newline only; a chunk whose
-complete lines cannot carry a ``finish_reason`` or ``usage`` value (one compiled regex search) is
-returned untouched.  Only candidate lines are JSON-decoded: the finish chunk yields D's
+complete lines cannot carry a ``finish_reason``/``usage`` value or an ``error`` (one compiled regex
+search) is returned untouched.  Otherwise only the lines holding a match are cut out and handled;
+the bytes between them pass through as slices.  Only those lines are JSON-decoded: the finish chunk yields D's
 ``kv_transfer_params`` (handed to ``on_params`` so the conversation table learns where D's blocks
 live), the usage chunk yields token counts, and the target chunk gets the ``kv_transfer`` object.
 When the proxy asked D for usage the client did not ask for, that usage-only chunk is dropped.
@@ -14,23 +15,20 @@ clients that asked ``stream: false`` (D's leg always streams, as upstream).
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Callable
 
 from kvtrace import semconv as sc
+from kvtrace.proxy.codec import dumps, loads
 
-_CANDIDATE = re.compile(rb'"(?:finish_reason|usage)"\s*:\s*(?!null)')
+# a line that may need handling: a non-null finish_reason / usage value, or an error object
+_CANDIDATE = re.compile(rb'"(?:finish_reason|usage)"\s*:\s*(?!null)|"error"')
 _DATA = b"data:"
 _DONE = b"[DONE]"
 
 
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def sse_event(obj: object) -> bytes:
-    return b"data: " + _dumps(obj) + b"\n\n"
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 def _decode(line: bytes) -> dict | None:
@@ -42,7 +40,7 @@ def _decode(line: bytes) -> dict | None:
     if not payload or payload == _DONE:
         return None
     try:
-        obj = json.loads(payload)
+        obj = loads(payload)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
@@ -97,23 +95,35 @@ class StreamPatcher:
         return self.lines.done
 
     def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send on for ``chunk``: its complete lines, with the candidate lines handled."""
         out = self.lines.complete(chunk)
-        if not out:
-            return out
-        if not self._skip_blank and not _CANDIDATE.search(out) and b'"error"' not in out:
-            return out
-        return b"".join(self._line(line) for line in out.splitlines(keepends=True))
+        pos = self._after_blank(out, 0) if self._skip_blank and out else 0
+        m = _CANDIDATE.search(out, pos)
+        if m is None:
+            return out[pos:]
+        parts = []
+        while m is not None:
+            start = out.rfind(b"\n", pos, m.start()) + 1 or pos
+            end = out.find(b"\n", m.start()) + 1  # ``out`` ends with a newline
+            parts.append(out[pos:start])
+            parts.append(self._line(out[start:end]))
+            pos = self._after_blank(out, end) if self._skip_blank and end < len(out) else end
+            m = _CANDIDATE.search(out, pos)
+        parts.append(out[pos:])
+        return b"".join(parts)
 
     def flush(self) -> bytes:
         tail, self.lines.tail = self.lines.tail, b""
         return self.feed(tail + b"\n") if tail.strip() else b""
 
-    def _line(self, line: bytes) -> bytes:
-        if self._skip_blank and not line.strip():
-            self._skip_blank = False
-            return b""
+    def _after_blank(self, out: bytes, pos: int) -> int:
+        """After a dropped usage chunk: skip the line at ``pos`` if it is blank (its SSE separator)."""
         self._skip_blank = False
-        if not _CANDIDATE.search(line) and b'"error"' not in line:
+        end = out.find(b"\n", pos) + 1
+        return pos if out[pos:end].strip() else end
+
+    def _line(self, line: bytes) -> bytes:
+        if not _CANDIDATE.search(line):
             return line
         obj = _decode(line)
         if obj is None:
@@ -141,7 +151,7 @@ class StreamPatcher:
         if not patch or self.make_kv is None:
             return line
         obj[sc.RESPONSE_KV_TRANSFER] = self.make_kv()
-        return b"data: " + _dumps(obj) + (b"\r\n" if line.endswith(b"\r\n") else b"\n")
+        return b"data: " + dumps(obj) + (b"\r\n" if line.endswith(b"\r\n") else b"\n")
 
 
 class Aggregator:

@@ -1,0 +1,89 @@
+"""JSON of the proxy's hot path: ``orjson`` when it is installed, else the standard library.
+
+Every body the proxy reads (the client request, P's response, D's final/usage chunks, aggregated
+streams) goes through :func:`loads`, and every body it writes through :func:`dumps`.  ``orjson`` is
+optional (not a kvtrace dependency) and 3-10x faster on these bodies; it is used only where its
+result equals the standard library's, so the proxy behaves the same with or without it:
+
+- :func:`loads`: orjson rejects what it cannot represent as ``json`` does (NaN/Infinity literals,
+  numbers that overflow a double, lone surrogates, non-UTF-8, BOMs), and those bodies fall back to
+  ``json.loads``.  It reads integers beyond 64 bits as floats and nests deeper than ``json`` may, so
+  bodies with a run of 19+ digits or many brackets go to ``json.loads`` directly.
+- :func:`dumps`: orjson raises where ``json`` may not (integers beyond 64 bits, deep nesting,
+  surrogates, non-str keys) and the call falls back to ``json.dumps``.  It writes non-finite floats
+  as ``null`` where ``json`` writes ``NaN``/``Infinity``; those can only come from a ``json.loads``
+  fallback, so once one has produced a non-finite float, :func:`dumps` stays on ``json``.
+Numbers may be spelled differently (``1e16`` vs ``1e+16``); they are the same JSON values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+
+try:
+    import orjson as _orjson
+except ImportError:  # optional accelerator
+    _orjson = None
+
+# bytes.translate maps every digit to "0" and anything else to " "; a run of 19 zeros then marks a
+# 19+ digit number (10x faster than a regex search)
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_LONG_RUN = b"0" * 19
+# what a non-finite float can be decoded from: NaN/Infinity literals, or a literal that overflows
+_MAYBE_NONFINITE = re.compile(rb"NaN|Infinity|\d[eE]\+?\d{3}|\d{19}")
+_NESTING_MARGIN = 200  # stack frames the proxy itself may use below the recursion limit
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_nonfinite_seen = False
+
+
+def loads(data: bytes) -> object:
+    """``json.loads(data)``; raises what it raises (ValueError, UnicodeDecodeError, RecursionError)."""
+    if _orjson is not None and _orjson_safe(data):
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass
+    obj = json.loads(data)
+    if _orjson is not None and not _nonfinite_seen and _MAYBE_NONFINITE.search(data) and _has_nonfinite(obj):
+        _saw_nonfinite()
+    return obj
+
+
+def dumps(obj: object) -> bytes:
+    """Compact UTF-8 JSON (``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)``)."""
+    if _orjson is not None and not _nonfinite_seen:
+        try:
+            return _orjson.dumps(obj)
+        except TypeError:  # orjson.JSONEncodeError
+            pass
+    return _encoder.encode(obj).encode()
+
+
+def _orjson_safe(data: bytes) -> bool:
+    if _LONG_RUN in data.translate(_DIGITS_AS_ZERO):
+        return False
+    limit = sys.getrecursionlimit() - _NESTING_MARGIN
+    return data.count(b"[") + data.count(b"{") < limit
+
+
+def _has_nonfinite(obj: object) -> bool:
+    """A float ``json`` would write as NaN/Infinity, anywhere in ``obj`` (fallback path only)."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, float):
+            if not math.isfinite(o):
+                return True
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+    return False
+
+
+def _saw_nonfinite() -> None:
+    global _nonfinite_seen
+    _nonfinite_seen = True

@@ -1,0 +1,82 @@
+"""The proxy's JSON codec gives the standard library's results, with or without orjson."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtrace.proxy import codec
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()  # includes integers beyond 64 bits
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _same(a, b) -> bool:
+    """Equal values of equal types (an int must not come back as a float)."""
+    return repr(a) == repr(b)
+
+
+@pytest.fixture(params=["orjson", "stdlib"])
+def backend(request, monkeypatch):
+    if request.param == "orjson":
+        pytest.importorskip("orjson")
+    else:
+        monkeypatch.setattr(codec, "_orjson", None)
+    monkeypatch.setattr(codec, "_nonfinite_seen", False)
+    return request.param
+
+
+@given(value=_values)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_round_trip_equals_stdlib(value, backend):
+    raw = json.dumps(value).encode()
+    assert _same(codec.loads(raw), json.loads(raw))
+    std = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    assert _same(json.loads(codec.dumps(value)), json.loads(std))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"max_tokens": 18446744073709551616}',  # beyond 64 bits: stays an int
+        b'{"n": -9223372036854775809}',
+        b'{"t": 1e400}',  # overflows a double
+        b'{"t": NaN, "u": [-Infinity]}',
+        b'\xef\xbb\xbf{"a": 1}',  # BOM
+        '{"a": "\u00e9"}'.encode("utf-16"),
+        b'{"s": "\\ud800"}',  # lone surrogate
+        b'{"a": 1, "a": 2}',
+    ],
+)
+def test_edge_inputs_decode_like_stdlib(raw, backend):
+    assert _same(codec.loads(raw), json.loads(raw))
+
+
+@pytest.mark.parametrize("raw", [b"{", b"\xff", b"[" * 5000 + b"]" * 5000, b'{"a": 1}x'])
+def test_errors_are_stdlib_errors(raw, backend):
+    with pytest.raises(Exception) as std:
+        json.loads(raw)
+    with pytest.raises(std.type):
+        codec.loads(raw)
+
+
+def test_nonfinite_floats_are_written_as_stdlib_writes_them(backend):
+    obj = codec.loads(b'{"t": NaN, "u": [1e999, -Infinity], "v": 2}')
+    out = codec.dumps({"body": obj})
+    assert out == b'{"body":{"t":NaN,"u":[Infinity,-Infinity],"v":2}}'
+    assert math.isnan(json.loads(out)["body"]["t"])
+    assert codec.dumps({"big": 2**70, 1: "k"}) == b'{"big":1180591620717411303424,"1":"k"}'
