@@ -9,7 +9,20 @@ from pathlib import Path
 
 from kvtrace.analysis.store import traces_dir
 
-APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+def _app() -> Path:
+    """dashboards/app.py: installed as the kvtrace.dashboards package data, or the checkout's."""
+    try:
+        from importlib.resources import files
+
+        installed = Path(str(files("kvtrace.dashboards") / "app.py"))
+        if installed.is_file():
+            return installed
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+
+
+APP = _app()
 
 
 def add_arguments(parser) -> None:
