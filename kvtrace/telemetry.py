@@ -102,9 +102,11 @@ def configure(
         chosen.append(ParquetSpanExporter(directory))
     if _otlp_wanted(otlp):
         chosen.append(otlp_exporter())
-    delay = settings.BATCH_DELAY_MS.get()
+    delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()
     for exporter in chosen:
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay))
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=delay, max_export_batch_size=size, max_queue_size=4 * size)
+        )
     _providers.add(provider)
     if set_global:
         trace.set_tracer_provider(provider)

@@ -1,9 +1,13 @@
 """ReadableSpans -> an Arrow table in :data:`kvtrace.store.schema.SCHEMA`, column-wise and fast.
 
 Called by :class:`kvtrace.store.exporter.ParquetSpanExporter` once per exported batch (and by the
-store benchmark).  The hot path avoids per-span pyarrow calls: one Python loop gathers scalar
-columns, the attribute maps are built from flat key/value lists with offsets, and all type
-dispatch on attribute values is done once per value with C-level ``map`` calls.
+store benchmark); :mod:`kvtrace.collect.otlp_convert` reuses :func:`offsets`, :func:`string_maps`
+and :func:`attribute_maps`.  The hot path has no per-span Python code: every per-span or
+per-value step is a C-level ``map``/``zip``/``compress``/``chain`` pass or a numpy/Arrow kernel
+(SDK properties are bypassed by reading the SDK's private slots, enum members are looked up by
+``id``, ``SpanContext`` is read as the tuple it is), and objects shared by many spans (resources,
+scopes, trace states, trace ids) are converted once per batch.  The store benchmark
+(``benchmarks/store/bench_store.py``) measures it; keep it that way when adding columns.
 
 Attribute encoding (ClickHouse ``otel_traces`` compatible): every value is stringified into
 ``SpanAttributes`` (bools ``"true"``/``"false"``, sequences and mappings as JSON, bytes as
@@ -17,29 +21,44 @@ from __future__ import annotations
 import base64
 import json
 from itertools import chain, compress, repeat
-from operator import attrgetter
+from operator import attrgetter, is_not, itemgetter
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan, Span
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
+from opentelemetry.trace.status import Status
 
 from kvtrace import semconv as sc
 from kvtrace.store.schema import SCHEMA, SPAN_KINDS, STATUS_CODES, TS
 
 _STR, _INT, _FLOAT, _BOOL, _OTHER = 0, 1, 2, 3, 4
 _TYPE_CODE = {str: _STR, int: _INT, float: _FLOAT, bool: _BOOL}
+_BOOL_STR = {True: "true", False: "false"}
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _KIND = {k: SPAN_KINDS[k.value] for k in SpanKind}
 _STATUS = {c: STATUS_CODES[c.value] for c in StatusCode}
+# enum members are singletons: look them up by id (Enum.__hash__ is Python code)
+_KIND_BY_ID = {id(k): v for k, v in _KIND.items()}
+_STATUS_BY_ID = {id(c): v for c, v in _STATUS.items()}
 # exact SDK classes whose private slots are read directly (fast path); anything else (wrappers,
 # subclasses that override properties) goes through the public ReadableSpan properties
-_FAST_TYPES = (ReadableSpan, Span)
+_FAST_TYPES = frozenset((ReadableSpan, Span))
 _FIELDS = ("context", "parent", "name", "kind", "start_time", "end_time", "status", "events", "links",
            "resource", "instrumentation_scope", "attributes")
-_get_fast = attrgetter(*(f"_{f}" for f in _FIELDS))
-_get_public = attrgetter(*_FIELDS)
+_GET_FAST = [attrgetter(f"_{f}") for f in _FIELDS]
+_GET_PUBLIC = [attrgetter(f) for f in _FIELDS]
+_get_dq = attrgetter("_dq")
+_GET_STATUS_FAST = (attrgetter("_status_code"), attrgetter("_description"))
+_GET_STATUS_PUBLIC = (attrgetter("status_code"), attrgetter("description"))
+# SpanContext is a tuple: (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid)
+_GET_CTX_FAST = (itemgetter(0), itemgetter(1), itemgetter(4))
+_GET_CTX_PUBLIC = (attrgetter("trace_id"), attrgetter("span_id"), attrgetter("trace_state"))
+_SPAN_ID = itemgetter(1)
+_JSON_CACHE_MAX = 4096
+_json_cache: dict = {}
 
 
 def _other_to_str(value: Any) -> str:
@@ -51,6 +70,25 @@ def _other_to_str(value: Any) -> str:
     if isinstance(value, (str, int, float)):
         return str(value)
     return json.dumps(value, default=_json_default, separators=(",", ":"), ensure_ascii=False)
+
+
+def _tuple_to_str(value: Any) -> str:
+    """:func:`_other_to_str`, memoised for tuples (the SDK's sequence attributes; a span kind's
+    ``finish_reasons`` repeat endlessly).  The key includes the element types: ``(1,)`` and
+    ``(True,)`` are equal but stringify differently."""
+    if type(value) is not tuple:
+        return _other_to_str(value)
+    key = (value, tuple(map(type, value)))
+    try:
+        return _json_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable element
+        return _other_to_str(value)
+    if len(_json_cache) >= _JSON_CACHE_MAX:
+        _json_cache.clear()
+    out = _json_cache[key] = _other_to_str(value)
+    return out
 
 
 def _json_default(value: Any) -> Any:
@@ -80,16 +118,15 @@ def offsets(lengths) -> pa.Array:
 
 
 def _hex64(ids: list[int], present: np.ndarray | None = None) -> pa.Array:
-    """16-char lowercase hex strings of 64-bit ids, vectorised; "" where ``present`` is False."""
-    n = len(ids)
-    raw = np.array(ids, dtype=np.uint64).astype(">u8").view(np.uint8).reshape(n, 8)
-    if present is not None:
-        raw = raw[present]
-    chars = np.empty((len(raw), 16), dtype=np.uint8)
+    """16-char lowercase hex strings of 64-bit ids, vectorised; "" where ``present`` is False
+    (``ids`` then holds only the present ones)."""
+    n = len(ids) if present is None else len(present)
+    raw = np.fromiter(ids, dtype=np.uint64, count=len(ids)).astype(">u8").view(np.uint8).reshape(len(ids), 8)
+    chars = np.empty((len(ids), 16), dtype=np.uint8)
     chars[:, 0::2] = _HEX[raw >> 4]
     chars[:, 1::2] = _HEX[raw & 15]
     lengths = np.full(n, 16, dtype=np.int32) if present is None else np.where(present, 16, 0).astype(np.int32)
-    return pa.StringArray.from_buffers(n, offsets(lengths).buffers()[1], pa.py_buffer(chars.tobytes()))
+    return pa.StringArray.from_buffers(n, offsets(lengths).buffers()[1], pa.py_buffer(chars))
 
 
 def string_maps(dicts: Sequence[dict]) -> pa.Array:
@@ -102,52 +139,113 @@ def string_maps(dicts: Sequence[dict]) -> pa.Array:
     )
 
 
-def _typed_values(values: list, codes: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array, np.ndarray]:
-    """(all values as strings, int values, float values, codes) - casts done by Arrow in C++.
+def _group_by_keys(attr_dicts: list[dict]) -> tuple[dict, np.ndarray]:
+    """(distinct key tuples in first-seen order, each dict's group number).  Spans of one kind
+    carry the same keys in the same order, so a batch has a handful of groups."""
+    distinct = dict.fromkeys(map(tuple, attr_dicts))  # tuples built twice, never all alive (GC)
+    index = {kt: g for g, kt in enumerate(distinct)}
+    return distinct, np.fromiter(map(index.__getitem__, map(tuple, attr_dicts)), np.intp, len(attr_dicts))
 
-    Floats are stringified by Arrow (shortest round-trip form); ints outside int64 are demoted
-    to the generic path."""
-    ints = list(compress(values, (codes == _INT).tolist()))
+
+def _classify(attr_dicts: list[dict], distinct: dict, gid: np.ndarray, starts: np.ndarray):
+    """Values by type code, and each value's position in the flattened (span-major) map.
+
+    Works a key group at a time: the group's values form a rows x keys matrix; when every row
+    has the first row's value types (the usual case) whole columns are routed by type at once,
+    otherwise each value is dispatched on its own type."""
+    vals: list[list] = [[] for _ in range(_OTHER + 1)]
+    poss: list[list] = [[] for _ in range(_OTHER + 1)]
+    order = np.argsort(gid, kind="stable")
+    bounds = np.zeros(len(distinct) + 1, np.intp)
+    np.cumsum(np.bincount(gid, minlength=len(distinct)), out=bounds[1:])
+    get = _TYPE_CODE.get
+    for g, keys in enumerate(distinct):
+        k = len(keys)
+        if not k:
+            continue
+        rows = order[bounds[g]:bounds[g + 1]]
+        flat = list(chain.from_iterable(map(dict.values, map(attr_dicts.__getitem__, rows.tolist()))))
+        types = list(map(type, flat))
+        pos = starts[rows] + np.arange(k)[:, None]  # keys x rows
+        if types == types[:k] * len(rows):
+            col_codes = list(map(get, types[:k], repeat(_OTHER)))
+            columns = [flat[j::k] for j in range(k)]
+            for code in set(col_codes):
+                mask = list(map(code.__eq__, col_codes))
+                vals[code].extend(chain.from_iterable(compress(columns, mask)))
+                poss[code].append(pos[mask].ravel())
+        else:
+            codes = np.fromiter(map(get, types, repeat(_OTHER)), np.int8, len(types))
+            flat_pos = pos.T.ravel()  # row-major, like flat
+            for code in set(codes.tolist()):
+                mask = codes == code
+                vals[code].extend(compress(flat, mask.tolist()))
+                poss[code].append(flat_pos[mask])
+    return vals, [np.concatenate(p) if p else np.empty(0, np.intp) for p in poss]
+
+
+def _demote_big_ints(vals: list[list], poss: list[np.ndarray]) -> pa.Array:
+    """Int values as int64; ints outside int64 move to the generic (stringified) path."""
     try:
-        int_arr = pa.array(ints, pa.int64())
+        return pa.array(vals[_INT], pa.int64())
     except OverflowError:
-        big = np.array([type(v) is int and not -(2**63) <= v < 2**63 for v in values])
-        codes = np.where(big, _OTHER, codes)
-        int_arr = pa.array(list(compress(values, (codes == _INT).tolist())), pa.int64())
-    float_arr = pa.array(list(compress(values, (codes == _FLOAT).tolist())), pa.float64())
-    str_arr = pa.array(list(compress(values, (codes == _STR).tolist())), pa.string())
-    other = [_other_to_str(v) for v in compress(values, (codes >= _BOOL).tolist())]
-    order = np.argsort(codes, kind="stable")  # groups STR, INT, FLOAT, then BOOL/OTHER (in order)
-    parts = pa.concat_arrays([str_arr, int_arr.cast(pa.string()), float_arr.cast(pa.string()),
-                              pa.array(other, pa.string())])
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return parts.take(pa.array(inverse)), int_arr, float_arr, codes
+        small = [-(2**63) <= v < 2**63 for v in vals[_INT]]
+        keep = np.array(small, dtype=bool)
+        vals[_OTHER] = vals[_OTHER] + list(compress(vals[_INT], [not s for s in small]))
+        poss[_OTHER] = np.concatenate([poss[_OTHER], poss[_INT][~keep]])
+        vals[_INT], poss[_INT] = list(compress(vals[_INT], small)), poss[_INT][keep]
+        return pa.array(vals[_INT], pa.int64())
 
 
 def attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """(SpanAttributes, SpanAttributesInt, SpanAttributesFloat) for one batch."""
+    """(SpanAttributes, SpanAttributesInt, SpanAttributesFloat) for one batch.
+
+    Ints and floats are stringified by Arrow (floats in shortest round-trip form), bools as
+    ``true``/``false``, everything else by :func:`_other_to_str`."""
     n = len(attr_dicts)
     lengths = np.fromiter(map(len, attr_dicts), dtype=np.int32, count=n)
-    keys = pa.array(list(chain.from_iterable(attr_dicts)), pa.string())
-    values = list(chain.from_iterable(map(dict.values, attr_dicts)))
-    codes = np.fromiter(map(_TYPE_CODE.get, map(type, values), repeat(_OTHER)), dtype=np.int8, count=len(values))
-    strs, ints, floats, codes = _typed_values(values, codes)
+    off = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=off[1:])
+    total = int(off[-1])
+    distinct, gid = _group_by_keys(attr_dicts)
+    vals, poss = _classify(attr_dicts, distinct, gid, off[:-1].astype(np.intp))
+    key_pool = pa.array(list(chain.from_iterable(distinct)), pa.string())
+    key_start = np.zeros(len(distinct) + 1, dtype=np.int64)
+    np.cumsum(list(map(len, distinct)), out=key_start[1:])
+    keys = key_pool.take(pa.array(np.repeat(key_start[gid] - off[:-1], lengths) + np.arange(total)))
+    ints = _demote_big_ints(vals, poss)
+    floats = pa.array(vals[_FLOAT], pa.float64())
+    parts = [pa.array(vals[_STR], pa.string()), ints.cast(pa.string()), floats.cast(pa.string()),
+             pa.array(list(map(_BOOL_STR.__getitem__, vals[_BOOL])), pa.string()),
+             pa.array(list(map(_tuple_to_str, vals[_OTHER])), pa.string())]
+    inverse = np.empty(total, dtype=np.intp)
+    inverse[np.concatenate(poss)] = np.arange(total)
+    strs = pa.concat_arrays(parts).take(pa.array(inverse))
     owner = np.repeat(np.arange(n), lengths)
     typed = []
     for code, arr in ((_INT, ints), (_FLOAT, floats)):
-        mask = codes == code
-        counts = np.bincount(owner[mask], minlength=n)
-        typed.append(pa.MapArray.from_arrays(offsets(counts), keys.filter(pa.array(mask)), arr))
-    return pa.MapArray.from_arrays(offsets(lengths), keys, strs), typed[0], typed[1]
+        order = np.argsort(poss[code], kind="stable")
+        pos = poss[code][order]
+        counts = np.bincount(owner[pos], minlength=n)
+        typed.append(pa.MapArray.from_arrays(offsets(counts), keys.take(pa.array(pos)), arr.take(pa.array(order))))
+    return pa.MapArray.from_arrays(pa.array(off), keys, strs), typed[0], typed[1]
+
+
+def _items(seqs: Sequence) -> list:
+    """The SDK's BoundedLists (events, links) as their backing deques (``len`` in C)."""
+    if set(map(type, seqs)) == {BoundedList}:
+        return list(map(_get_dq, seqs))
+    return seqs
 
 
 def _nested(events_per_span: Sequence, links_per_span: Sequence) -> list[pa.Array]:
     """Events.* and Links.* columns (parallel lists, ClickHouse Nested layout)."""
-    ev_off = offsets(list(map(len, events_per_span)))
-    ln_off = offsets(list(map(len, links_per_span)))
-    events = [e for evs in events_per_span if len(evs) for e in evs]
-    links = [lk for lks in links_per_span if len(lks) for lk in lks]
+    events_per_span, links_per_span = _items(events_per_span), _items(links_per_span)
+    ev_len = list(map(len, events_per_span))
+    ln_len = list(map(len, links_per_span))
+    ev_off, ln_off = offsets(ev_len), offsets(ln_len)
+    events = list(chain.from_iterable(compress(events_per_span, ev_len)))
+    links = list(chain.from_iterable(compress(links_per_span, ln_len)))
     ctxs = [lk.context for lk in links]
     return [
         pa.ListArray.from_arrays(ev_off, pa.array([e.timestamp for e in events], pa.int64()).cast(TS)),
@@ -165,24 +263,81 @@ def _trace_state(ctx) -> str:
     return state.to_header() if state else ""
 
 
-def _unique(objs: Sequence) -> tuple[list, pa.Array]:
-    """Distinct objects (by identity) and each row's index into them (for ``take``)."""
-    index: dict[int, int] = {}
-    items: list = []
-    rows = []
-    for obj in objs:
-        i = index.get(id(obj))
-        if i is None:
-            i = index[id(obj)] = len(items)
-            items.append(obj)
-        rows.append(i)
-    return items, pa.array(rows, pa.int32())
+def _by_identity(objs: Sequence, convert) -> tuple[list, np.ndarray]:
+    """(``convert(obj)`` for each distinct object (by identity), each row's index into them).
+    For values shared by many spans: resources, scopes, trace states, statuses' enum members."""
+    ids = list(map(id, objs))
+    distinct = dict(zip(ids, objs))
+    index = {key: i for i, key in enumerate(distinct)}
+    return list(map(convert, distinct.values())), np.fromiter(map(index.__getitem__, ids), np.int32, len(ids))
 
 
-def _fields(spans: Sequence) -> list[tuple]:
-    if all(type(s) in _FAST_TYPES for s in spans):
-        return list(map(_get_fast, spans))
-    return list(map(_get_public, spans))
+def _shared_strings(objs: Sequence, convert) -> pa.Array:
+    """String column of ``convert(obj)`` per row, converting each distinct object once."""
+    strs, take = _by_identity(objs, convert)
+    if len(strs) == 1:
+        return pa.array(strs * len(take), pa.string())
+    return pa.array(strs, pa.string()).take(pa.array(take))
+
+
+def _fields(spans: Sequence) -> list[list]:
+    """One list per :data:`_FIELDS` entry.  Field by field rather than a tuple per span: a
+    batch's worth of live tuples would feed the cyclic GC (full collections of the host's
+    heap); the same reason keeps per-span containers out of every step below."""
+    getters = _GET_FAST if set(map(type, spans)) <= _FAST_TYPES else _GET_PUBLIC
+    return [list(map(get, spans)) for get in getters]
+
+
+def _ints(values: Sequence) -> np.ndarray:
+    """int64 array of epoch-ns times; ``None`` (a span never started/ended) as 0."""
+    try:
+        return np.fromiter(values, dtype=np.int64, count=len(values))
+    except TypeError:
+        return np.array([t or 0 for t in values], dtype=np.int64)
+
+
+def _status_columns(statuses: Sequence) -> list[pa.Array]:
+    get_code, get_desc = _GET_STATUS_FAST if set(map(type, statuses)) == {Status} else _GET_STATUS_PUBLIC
+    codes, descs = list(map(get_code, statuses)), list(map(get_desc, statuses))
+    try:
+        code_strs = list(map(_STATUS_BY_ID.__getitem__, map(id, codes)))
+    except KeyError:
+        code_strs = [_STATUS[c] for c in codes]
+    return [pa.array(code_strs, pa.string()), pa.array([d or "" for d in descs], pa.string())]
+
+
+def _kind_column(kinds: Sequence) -> pa.Array:
+    try:
+        return pa.array(list(map(_KIND_BY_ID.__getitem__, map(id, kinds))), pa.string())
+    except KeyError:
+        return pa.array([_KIND[k] for k in kinds], pa.string())
+
+
+def _id_columns(ctxs: Sequence, parents: Sequence) -> list[pa.Array]:
+    """TraceId, SpanId, ParentSpanId, TraceState."""
+    getters = _GET_CTX_FAST if set(map(type, ctxs)) == {SpanContext} else _GET_CTX_PUBLIC
+    trace_ids, span_ids, states = (list(map(get, ctxs)) for get in getters)
+    hex_of = {t: format(t, "032x") for t in set(trace_ids)}
+    has_parent = list(map(is_not, parents, repeat(None)))
+    present = list(compress(parents, has_parent))
+    tuples = set(map(type, present)) <= {SpanContext}
+    parent_ids = list(map(_SPAN_ID, present)) if tuples else [p.span_id for p in present]
+    return [
+        pa.array(list(map(hex_of.__getitem__, trace_ids)), pa.string()),
+        _hex64(span_ids),
+        _hex64(parent_ids, np.array(has_parent, dtype=bool)),
+        _shared_strings(states, lambda s: s.to_header() if s else ""),
+    ]
+
+
+def _resource_columns(resources: Sequence) -> list[pa.Array]:
+    """ServiceName, ResourceAttributes: each distinct resource converted once."""
+    res_attrs, take = _by_identity(resources, lambda r: _as_dict(r.attributes))
+    take = pa.array(take)
+    return [
+        pa.array([str(r.get(sc.SERVICE_NAME, "")) for r in res_attrs], pa.string()).take(take),
+        string_maps(res_attrs).take(take),
+    ]
 
 
 def spans_to_table(spans: Sequence) -> pa.Table:
@@ -190,32 +345,20 @@ def spans_to_table(spans: Sequence) -> pa.Table:
     if not spans:
         return SCHEMA.empty_table()
     (ctxs, parents, names, kinds, starts, ends, statuses, events, links, resources, scopes,
-     attrs) = zip(*_fields(spans))
-    trace_ids = list(map(attrgetter("trace_id"), ctxs))
-    hex_of = {t: format(t, "032x") for t in set(trace_ids)}
-    has_parent = np.fromiter((p is not None for p in parents), dtype=bool, count=len(spans))
-    start = np.array([t or 0 for t in starts], dtype=np.int64)
-    end = np.array([t or 0 for t in ends], dtype=np.int64)
-    res_items, res_take = _unique(resources)
-    res_attrs = [_as_dict(r.attributes) for r in res_items]
-    scope_items, scope_take = _unique(scopes)
+     attrs) = _fields(spans)
+    start, end = _ints(starts), _ints(ends)
     span_map, int_map, float_map = attribute_maps(list(map(_as_dict, attrs)))
     columns = [
         pa.array(start).cast(TS),
-        pa.array(list(map(hex_of.__getitem__, trace_ids)), pa.string()),
-        _hex64(list(map(attrgetter("span_id"), ctxs))),
-        _hex64([p.span_id if p is not None else 0 for p in parents], has_parent),
-        pa.array([_trace_state(c) for c in ctxs], pa.string()),
+        *_id_columns(ctxs, parents),
         pa.array(names, pa.string()),
-        pa.array(list(map(_KIND.__getitem__, kinds)), pa.string()),
-        pa.array([str(r.get(sc.SERVICE_NAME, "")) for r in res_attrs], pa.string()).take(res_take),
-        string_maps(res_attrs).take(res_take),
-        pa.array([(s.name if s else "") for s in scope_items], pa.string()).take(scope_take),
-        pa.array([((s.version or "") if s else "") for s in scope_items], pa.string()).take(scope_take),
+        _kind_column(kinds),
+        *_resource_columns(resources),
+        _shared_strings(scopes, lambda s: s.name if s else ""),
+        _shared_strings(scopes, lambda s: (s.version or "") if s else ""),
         span_map,
         pa.array(np.where(end > 0, end - start, 0)),
-        pa.array([_STATUS[st.status_code] for st in statuses], pa.string()),
-        pa.array([st.description or "" for st in statuses], pa.string()),
+        *_status_columns(statuses),
         *_nested(events, links),
         int_map,
         float_map,

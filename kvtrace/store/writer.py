@@ -3,13 +3,24 @@
 Used by :class:`kvtrace.store.exporter.ParquetSpanExporter`.  Every file is written complete
 under a dot ``.tmp`` name in its final directory and then ``os.replace``-d to its real name, so
 readers (which ignore dot-files) only ever see whole files.  Batch files (on the export path)
-are written as they come at a fast zstd level; segments (one writer's batch files merged) are
-sorted by (TraceId, Timestamp) and compressed harder.
+are written as they come at a fast zstd level; segments (one writer's batch files merged, in
+export order) are compressed harder.
+
+Costs measured by ``benchmarks/store/bench_store.py`` (one core): a batch file has a fixed cost
+of roughly 0.5 ms (writer set-up, one zstd context per compressed page, footer) on top of the
+per-row work, so the files are serialised in memory and written with one ``write``; tiny
+dictionary-encoded columns are stored uncompressed (compressing a few bytes costs a zstd context
+each).  Merges read with ``use_threads=False`` (the exporter thread shares the host's cores;
+Arrow's thread pool cost more than it saved) and keep export order: spans of one trace end
+within seconds of each other, so they already sit in neighbouring batches, and a
+(TraceId, Timestamp) sort measured 56.8 B/span against 56.4 unsorted while costing more CPU than
+the rest of the merge (row-group statistics on random trace ids prune nothing either way).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 
 import numpy as np
@@ -21,10 +32,10 @@ from kvtrace.store import files
 from kvtrace.store.schema import SCHEMA
 
 HOUR_NS = 3_600_000_000_000
-SORT_KEYS = [("TraceId", "ascending"), ("Timestamp", "ascending")]
 # batch files are written on the export path (fast level); segments are merged off it (smaller)
-BATCH_ZSTD_LEVEL = 3
+BATCH_ZSTD_LEVEL = 1
 SEGMENT_ZSTD_LEVEL = 6
+SEGMENT_ROW_GROUP = 1 << 17
 # measured on bench_store spans: delta encodings beat dictionaries for these columns
 _ENCODINGS = {
     "Timestamp": "DELTA_BINARY_PACKED",
@@ -54,25 +65,58 @@ def split_by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:
     ]
 
 
-def _write_options(table: pa.Table, level: int) -> dict:
+# dictionary-encoded, few distinct values per file: a handful of bytes per page either way
+_UNCOMPRESSED = ("TraceState", "SpanName", "SpanKind", "ServiceName", "ScopeName", "ScopeVersion",
+                 "StatusCode", "StatusMessage")
+# Parquet leaf paths of map keys (a few hundred distinct) and resource values (a few per
+# writer): dictionary-encoded in segments, where they would otherwise be most of the raw bytes
+_SEGMENT_DICTIONARY = tuple(f"{m}.key_value.key" for m in (
+    "ResourceAttributes", "SpanAttributes", "SpanAttributesInt", "SpanAttributesFloat")) + (
+    "ResourceAttributes.key_value.value",)
+
+
+def _leaf_paths(name: str, type_: pa.DataType) -> list[str]:
+    """Parquet column paths of an Arrow field (how per-column writer options address them)."""
+    if pa.types.is_map(type_):
+        return [*_leaf_paths(f"{name}.key_value.key", type_.key_type),
+                *_leaf_paths(f"{name}.key_value.value", type_.item_type)]
+    if pa.types.is_list(type_):
+        return _leaf_paths(f"{name}.list.element", type_.value_type)
+    return [name]
+
+
+_LEAVES = [path for field in SCHEMA for path in _leaf_paths(field.name, field.type)]
+_DICTIONARY = [c for c in SCHEMA.names if c not in _ENCODINGS]
+_STATISTICS = ["Timestamp", "TraceId", "SpanName", "ServiceName"]
+
+
+@functools.lru_cache(maxsize=8)
+def _write_options(level: int, segment: bool) -> dict:
+    """Batch files leave tiny columns uncompressed; segments (~1M rows) compress everything."""
+    zstd = _LEAVES if segment else [c for c in _LEAVES if c not in _UNCOMPRESSED]
     return dict(
-        compression="zstd",
-        compression_level=level,
-        use_dictionary=[c for c in table.column_names if c not in _ENCODINGS],
+        compression={c: ("zstd" if c in zstd else "none") for c in _LEAVES},
+        compression_level={c: level for c in zstd},
+        use_dictionary=_DICTIONARY + list(_SEGMENT_DICTIONARY) if segment else _DICTIONARY,
         column_encoding=_ENCODINGS,
-        write_statistics=["Timestamp", "TraceId", "SpanName", "ServiceName"],
+        write_statistics=_STATISTICS,
         row_group_size=1 << 20,
     )
 
 
-def write_atomic(table: pa.Table, directory: str, name: str, *, level: int = BATCH_ZSTD_LEVEL) -> int:
+def write_atomic(table: pa.Table, directory: str, name: str, *, level: int = BATCH_ZSTD_LEVEL,
+                 segment: bool = False) -> int:
     """Write ``table`` as ``directory/name`` via a dot-tmp file + rename; return its bytes."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, name)
     tmp = os.path.join(directory, files.tmp_name(name))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **_write_options(level, segment))
+    data = sink.getvalue()
     try:
-        pq.write_table(table, tmp, **_write_options(table, level))
-        size = os.path.getsize(tmp)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        size = data.size
         os.replace(tmp, final)
     except BaseException:
         _unlink_quietly(tmp)
@@ -81,10 +125,31 @@ def write_atomic(table: pa.Table, directory: str, name: str, *, level: int = BAT
 
 
 def merge(paths: list[str], directory: str, name: str) -> int:
-    """Merge complete files ``paths`` (one writer's batch files) into segment ``name``."""
-    tables = [pq.ParquetFile(p).read().cast(SCHEMA) for p in paths]
-    merged = pa.concat_tables(tables).sort_by(SORT_KEYS)
-    return write_atomic(merged, directory, name, level=SEGMENT_ZSTD_LEVEL)
+    """Merge complete files ``paths`` (one writer's batch files) into segment ``name``, in export
+    order and streaming: at most about one row group (:data:`SEGMENT_ROW_GROUP` rows) of decoded
+    spans is held in memory, not the whole segment (~1 KB/span decoded, 64 MB of batch files)."""
+    final = os.path.join(directory, name)
+    tmp = os.path.join(directory, files.tmp_name(name))
+    options = dict(_write_options(SEGMENT_ZSTD_LEVEL, True))
+    del options["row_group_size"]
+    try:
+        with pq.ParquetWriter(tmp, SCHEMA, **options) as out:
+            pending: list[pa.Table] = []
+            rows = 0
+            for path in paths:
+                pending.append(pq.ParquetFile(path).read(use_threads=False).cast(SCHEMA))
+                rows += pending[-1].num_rows
+                if rows >= SEGMENT_ROW_GROUP:
+                    out.write_table(pa.concat_tables(pending), row_group_size=rows)
+                    pending, rows = [], 0
+            if pending:
+                out.write_table(pa.concat_tables(pending), row_group_size=rows)
+        size = os.path.getsize(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return size
 
 
 def _unlink_quietly(path: str) -> None:
