@@ -7,6 +7,11 @@ Conversation A (D with decoder_kv_blocks_ttl=480):
   turn 2: turn 1 + 20 output + 30 new tokens: P now holds 512 locally, D offers ~541 -> 29 < 64
           -> below_threshold.
 Conversation C: one chat turn, D streamed through the kvtrace plugin's finish-chunk patch.
+Conversation "agent" (same P and D, before D stops): a kvtrace agent session whose traced
+  ``openai`` client streams chat through the real kvtrace proxy (in-process): turn 0 (~300
+  tokens, 100 generated) is not offered (no_entry -> no_remote); turn 1 adds >= 100 new tokens and
+  P pulls from D.  One trace runs agent session -> turn -> llm_call -> proxy request -> P leg ->
+  P's engine prefill -> decision -> d2p transfer (and D leg -> D's engine decode), one session id.
 Conversation B (a second D, ttl=10 s, started after the first one stops): turn 0, then, once
   D has released the blocks (its retention span ended ``expired``), turn 1 offers the stale
   blocks: P's worker declines the read -> decision expired.
@@ -17,7 +22,9 @@ Prometheus counters -- never on latency.
 
 from __future__ import annotations
 
+import asyncio
 import time
+import traceback
 
 import pytest
 
@@ -30,7 +37,19 @@ require_vllm("nixl")
 
 import vllm_pd as pd  # noqa: E402
 import vllm_rig as rig  # noqa: E402
+from kvtrace.agent import kv_transfer_of  # noqa: E402
+from kvtrace.store.schema import SPAN_KINDS  # noqa: E402
 from kvtrace.store.views import connect  # noqa: E402
+from kvtrace.vllm.config import public_request_id  # noqa: E402
+from opentelemetry.trace import SpanKind  # noqa: E402
+
+AGENT_SESSION = "conv-agent"
+AGENT_MAX_TOKENS = [100, 20]
+AGENT_TURNS = [
+    " ".join(f"step {i}: the agent reads file {i} and calls tool number {i * 7} again." for i in range(16)),
+    " ".join(f"follow-up {i}: now the agent reads file {i + 40} and calls tool number {i * 11} again."
+             for i in range(5)),
+]
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -74,6 +93,10 @@ def rig_run(tmp_path_factory):
         chat = [{"role": "user", "content": "turn 0: the agent reads file 3 and calls tool number 21 again. " * 8}]
         tc = pd.run_turn(p, d, session="conv-c", turn=0, prompt=chat, cached=None, max_tokens=8, chat=True)
         out.update(t0=t0, t1=t1, t2=t2, tc=tc)
+        try:  # a failure here fails the agent tests only (agent_run), not the turns above
+            out.update(_agent_session(p, d, traces, model))
+        except Exception:
+            out["agent_error"] = traceback.format_exc()
         d.stop()
         d2.start()
         d2.wait_ready()
@@ -102,11 +125,39 @@ def rig_run(tmp_path_factory):
     return out
 
 
+def _agent_session(p, d, traces, model) -> dict:
+    """Conversation "agent" through the kvtrace proxy; waits (before D stops) for every span the
+    agent tests read.  Turn 0 pulls nothing, so P's counter delta is turn 1's pull."""
+    from tokenizers import Tokenizer
+
+    started, before = time.monotonic(), p.external_kv_tokens()
+    turns = asyncio.run(pd.run_agent_session(p, d, traces, session=AGENT_SESSION, user_turns=AGENT_TURNS,
+                                             max_tokens=AGENT_MAX_TOKENS))
+    delta = pd.wait_for(lambda: p.external_kv_tokens() - before, deadline_s=30,
+                        what="P's external_kv_transfer counter (agent turn 1)")
+    rid0, rid1 = (_agent_rid(t) for t in turns)
+    waits = [
+        ("SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?", [rid0, sc.ROLE_PREFILL]),
+        ("SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?", [rid1, sc.ROLE_PREFILL]),
+        ("SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?", [rid1, sc.DIRECTION_D2P]),
+        ("SELECT 1 FROM spans WHERE request_id = ? AND name = ?", [rid1, sc.SPAN_ENGINE_PREFILL]),
+        ("SELECT 1 FROM spans WHERE request_id = ? AND name = ?", [rid1, sc.SPAN_ENGINE_DECODE]),
+        ("SELECT 1 FROM kv_retention WHERE request_id = ? AND outcome IS NOT NULL", [rid0]),
+    ]
+    for sql, params in waits:
+        pd.wait_for(lambda: _rows(traces, sql, params), deadline_s=60, what=f"{sql} {params}")
+    new_tokens = len(Tokenizer.from_file(str(model / "tokenizer.json")).encode(AGENT_TURNS[1]).ids)
+    print(f"\nagent session through the kvtrace proxy: {time.monotonic() - started:.1f}s, "
+          f"attempts per turn {[t.attempts for t in turns]}")
+    return {"agent": turns, "agent_metric_delta": delta, "agent_new_tokens": new_tokens}
+
+
+def _agent_rid(turn) -> str | None:
+    return (turn.kv_transfer or {}).get(sc.KVT_REQUEST_ID)
+
+
 def _decision(run, turn, role=sc.ROLE_PREFILL):
-    rows = _rows(run["traces"], "SELECT * FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
-                 [turn.request_id, role])
-    assert len(rows) == 1, rows
-    return rows[0]
+    return _decision_of(run, turn.request_id, role)
 
 
 def test_turn_1_pulls_what_vllm_counts(rig_run):
@@ -172,3 +223,146 @@ def test_streaming_finish_chunk_carries_kv_transfer_params(rig_run, turn):
     assert (summary[sc.KVT_ROLE], summary[sc.KVT_DECISION], summary[sc.KVT_TRACE_ID]) == (
         sc.ROLE_DECODE, sc.OUTCOME_PULLED, t.trace_id)
     assert summary[sc.KVT_RETAINED_BLOCKS] == len(params["remote_block_ids"][0])
+
+
+# ---------------------------------------------------------------------------- agent -> proxy -> P/D
+@pytest.fixture
+def agent_run(rig_run):
+    if "agent_error" in rig_run:
+        pytest.fail(f"the agent session through the kvtrace proxy failed:\n{rig_run['agent_error']}")
+    return rig_run
+
+
+def _decision_of(run, request_id, role=sc.ROLE_PREFILL):
+    rows = _rows(run["traces"], "SELECT * FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
+                 [request_id, role])
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def _d2p_transfer(run, request_id):
+    [xfer] = _rows(run["traces"], "SELECT * FROM kv_transfers WHERE request_id = ? AND direction = ?",
+                   [request_id, sc.DIRECTION_D2P])
+    return xfer
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_agent_stream_last_chunk_carries_kv_transfer(agent_run, index):
+    t = agent_run["agent"][index]
+    carrying = [n for n, chunk in enumerate(t.chunks) if kv_transfer_of(chunk) is not None]
+    assert carrying == [len(t.chunks) - 1]  # only the last chunk: the usage chunk (include_usage)
+    last = t.chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == AGENT_MAX_TOKENS[index]
+    kvt = kv_transfer_of(last)
+    assert t.kv_transfer == t.last_kv_transfer == t.result.kv_transfer == kvt
+    assert (kvt[sc.KVT_TRACE_ID], kvt[sc.KVT_SESSION_ID], kvt[sc.KVT_TURN]) == (
+        t.result.trace_id, AGENT_SESSION, t.proxy_turn)
+    assert (t.result.session_id, t.result.turn, t.result.error) == (AGENT_SESSION, index, None)
+    assert kvt[sc.KVT_FALLBACK] == sc.FALLBACK_NONE
+    assert kvt[sc.KVT_DECODE][sc.KVT_ROLE] == sc.ROLE_DECODE and kvt[sc.KVT_PREFILL][sc.KVT_ROLE] == sc.ROLE_PREFILL
+
+
+def test_agent_turn_0_is_not_offered(agent_run):
+    t0 = agent_run["agent"][0]
+    kvt = t0.kv_transfer
+    fields = (sc.KVT_OFFERED, sc.KVT_OFFER_REASON, sc.KVT_DECISION, sc.KVT_PULLED_TOKENS, sc.KVT_REMOTE_TOKENS)
+    assert {k: kvt[k] for k in fields} == {sc.KVT_OFFERED: False, sc.KVT_OFFER_REASON: sc.OFFER_NO_ENTRY,
+                                           sc.KVT_DECISION: sc.OUTCOME_NO_REMOTE, sc.KVT_PULLED_TOKENS: 0,
+                                           sc.KVT_REMOTE_TOKENS: 0}
+    dec = _decision_of(agent_run, kvt[sc.KVT_REQUEST_ID])
+    assert (dec["outcome"], dec["direction"], dec["pulled_tokens"], dec["remote_tokens"]) == (
+        sc.OUTCOME_NO_REMOTE, sc.DIRECTION_D2P, 0, 0)
+    assert (dec["session_id"], dec["turn"], dec["trace_id"]) == (AGENT_SESSION, t0.proxy_turn, t0.result.trace_id)
+    [req] = _rows(agent_run["traces"], "SELECT * FROM requests WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
+    assert (req["offered"], req["offer_reason"], req["outcome"], req["pulled_tokens"], req["http_status"]) == (
+        False, sc.OFFER_NO_ENTRY, sc.OUTCOME_NO_REMOTE, 0, 200)
+
+
+def test_agent_turn_1_pulls_from_decode(agent_run):
+    t0, t1 = agent_run["agent"]
+    assert agent_run["agent_new_tokens"] >= 100
+    kvt = t1.kv_transfer
+    # turn 1's prompt = turn 0's prompt + the reply + the new user message (template tokens aside)
+    assert kvt[sc.KVT_PROMPT_TOKENS] - t0.kv_transfer[sc.KVT_PROMPT_TOKENS] >= agent_run["agent_new_tokens"]
+    dec = _decision_of(agent_run, kvt[sc.KVT_REQUEST_ID])
+    assert (dec["outcome"], dec["direction"], dec["peer_engine_id"]) == (
+        sc.OUTCOME_PULLED, sc.DIRECTION_D2P, agent_run["d"].engine_id)
+    assert kvt[sc.KVT_PULLED_TOKENS] == dec["pulled_tokens"] == agent_run["agent_metric_delta"] >= 64
+    assert {k: kvt[k] for k in (sc.KVT_OFFERED, sc.KVT_OFFER_REASON, sc.KVT_DECISION, sc.KVT_PEER_ENGINE_ID,
+                                sc.KVT_LOCAL_HIT_TOKENS, sc.KVT_REMOTE_TOKENS, sc.KVT_PROMPT_TOKENS)} == {
+        sc.KVT_OFFERED: True, sc.KVT_OFFER_REASON: sc.OFFER_OFFERED, sc.KVT_DECISION: sc.OUTCOME_PULLED,
+        sc.KVT_PEER_ENGINE_ID: agent_run["d"].engine_id, sc.KVT_LOCAL_HIT_TOKENS: dec["local_hit_tokens"],
+        sc.KVT_REMOTE_TOKENS: dec["remote_tokens"], sc.KVT_PROMPT_TOKENS: dec["prompt_tokens"]}
+    xfer = _d2p_transfer(agent_run, kvt[sc.KVT_REQUEST_ID])
+    assert (xfer["status"], xfer["tokens"], kvt[sc.KVT_BYTES]) == (sc.TRANSFER_OK, dec["pulled_tokens"], xfer["bytes"])
+    assert xfer["bytes"] == xfer["blocks"] * rig.BLOCK_BYTES > 0
+    assert public_request_id(xfer["remote_request_id"]) == t0.kv_transfer[sc.KVT_REQUEST_ID]
+    [req] = _rows(agent_run["traces"], "SELECT * FROM requests WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
+    assert (req["offered"], req["offer_reason"], req["outcome"], req["pulled_tokens"], req["http_status"]) == (
+        True, sc.OFFER_OFFERED, sc.OUTCOME_PULLED, dec["pulled_tokens"], 200)
+    [llm] = _rows(agent_run["traces"], "SELECT * FROM llm_calls WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
+    assert (llm["outcome"], llm["pulled_tokens"], llm["session_id"], llm["turn"], llm["trace_id"]) == (
+        sc.OUTCOME_PULLED, dec["pulled_tokens"], AGENT_SESSION, 1, t1.result.trace_id)
+
+
+def _kind(kind: SpanKind) -> str:
+    return SPAN_KINDS[kind.value]
+
+
+def test_agent_proxy_connector_trace_tree(agent_run):
+    t1 = agent_run["agent"][1]
+    rid, trace_id = t1.kv_transfer[sc.KVT_REQUEST_ID], t1.result.trace_id
+    spans = {r["span_id"]: r for r in _rows(
+        agent_run["traces"],
+        "SELECT span_id, parent_span_id, name, kind, service_name, session_id, turn, request_id, engine_id "
+        "FROM spans WHERE trace_id = ?", [trace_id])}
+    chain = [spans[_d2p_transfer(agent_run, rid)["span_id"]]]
+    while chain[-1]["parent_span_id"] and chain[-1]["parent_span_id"] in spans:
+        chain.append(spans[chain[-1]["parent_span_id"]])
+    internal, client, server = _kind(SpanKind.INTERNAL), _kind(SpanKind.CLIENT), _kind(SpanKind.SERVER)
+    p_service = agent_run["p"].service_name
+    assert [(s["name"], s["kind"], s["service_name"]) for s in chain] == [
+        (sc.SPAN_KV_TRANSFER, internal, p_service),
+        (sc.SPAN_KV_DECISION, internal, p_service),
+        (sc.SPAN_ENGINE_PREFILL, internal, p_service),
+        (sc.SPAN_PROXY_PREFILL, client, pd.PROXY_SERVICE),
+        (sc.SPAN_PROXY_REQUEST, server, pd.PROXY_SERVICE),
+        (sc.SPAN_AGENT_LLM_CALL, client, pd.AGENT_SERVICE),
+        (sc.SPAN_AGENT_TURN, internal, pd.AGENT_SERVICE),
+        (sc.SPAN_AGENT_SESSION, internal, pd.AGENT_SERVICE),
+    ]
+    assert chain[-1]["parent_span_id"] == ""  # the agent session is the trace's root
+    assert chain[1]["span_id"] == _decision_of(agent_run, rid)["span_id"]
+    assert [s["request_id"] for s in chain[:6]] == [rid] * 6
+    assert [s["turn"] for s in chain] == [t1.proxy_turn] * 5 + [1, 1, None]
+    assert [s["engine_id"] for s in chain[:3]] == [agent_run["p"].engine_id] * 3
+    # D's side of the same request hangs off the proxy's D leg
+    [leg] = [s for s in spans.values()
+             if s["parent_span_id"] == chain[4]["span_id"] and s["name"] == sc.SPAN_PROXY_DECODE]
+    [engine_d] = [s for s in spans.values() if s["parent_span_id"] == leg["span_id"]]
+    assert (engine_d["name"], engine_d["engine_id"], engine_d["request_id"], leg["kind"]) == (
+        sc.SPAN_ENGINE_DECODE, agent_run["d"].engine_id, rid, client)
+
+
+def test_agent_session_id_on_agent_proxy_and_connector_spans(agent_run):
+    t0, t1 = agent_run["agent"]
+    assert t0.result.trace_id == t1.result.trace_id  # one agent session = one trace
+    rows = _rows(agent_run["traces"], "SELECT service_name, name, session_id FROM spans WHERE trace_id = ?",
+                 [t1.result.trace_id])
+    assert {r["service_name"] for r in rows} == {pd.AGENT_SERVICE, pd.PROXY_SERVICE, agent_run["p"].service_name,
+                                                  agent_run["d"].service_name}
+    assert {r["session_id"] for r in rows} == {AGENT_SESSION}
+    assert {r["name"] for r in rows} >= {sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL,
+                                          sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE,
+                                          sc.SPAN_ENGINE_PREFILL, sc.SPAN_ENGINE_DECODE, sc.SPAN_KV_DECISION,
+                                          sc.SPAN_KV_TRANSFER, sc.SPAN_KV_RETENTION}
+
+
+def test_agent_turn_0_retention_on_decode_ends_read(agent_run):
+    t0 = agent_run["agent"][0]
+    kvt = t0.kv_transfer
+    [ret] = _rows(agent_run["traces"], "SELECT * FROM kv_retention WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
+    assert (ret["outcome"], ret["engine_id"], ret["session_id"], ret["turn"], ret["trace_id"], ret["ttl_s"]) == (
+        sc.RETENTION_READ, agent_run["d"].engine_id, AGENT_SESSION, t0.proxy_turn, t0.result.trace_id, 480)
+    assert (ret["blocks"], ret["bytes"]) == (kvt[sc.KVT_RETAINED_BLOCKS], kvt[sc.KVT_RETAINED_BYTES])
+    assert ret["bytes"] == ret["blocks"] * rig.BLOCK_BYTES > 0

@@ -1,6 +1,8 @@
-"""A real prefill/decode pair of vLLM servers on loopback, and a driver that talks to them the
-way the P/D proxy does (P leg: max_tokens=1, non-streaming, ``do_remote_decode`` + D's cached
-params; D leg: streaming with P's params).  Used by test_vllm_e2e.py only.
+"""A real prefill/decode pair of vLLM servers on loopback, and two drivers: ``run_turn`` talks to
+them the way the P/D proxy does (P leg: max_tokens=1, non-streaming, ``do_remote_decode`` + D's
+cached params; D leg: streaming with P's params); ``run_agent_session`` drives a chat through the
+real kvtrace proxy (in-process, ephemeral port) with the kvtrace agent API and the official
+``openai`` client.  Used by test_vllm_e2e.py only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 from kvtrace import semconv as sc
 
 MODEL = "tiny"
+PROXY_SERVICE = "kvtrace-proxy"
+AGENT_SERVICE = "kvtrace-agent"
 _EXTERNAL = re.compile(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\}\s+(\S+)', re.M)
 
 
@@ -53,13 +57,17 @@ class Server:
     def engine_id(self) -> str:
         return f"{self.name}-engine"
 
+    @property
+    def service_name(self) -> str:
+        return f"vllm-{self.role}"
+
     def start(self) -> None:
         extra = {
             "bidirectional_kv_xfer": True,
             "kv_recompute_threshold": 64,
             "decoder_kv_blocks_ttl": self.ttl_s,
             sc.KV_PARAMS_KEY: {"traces_dir": str(self.traces_dir), "role": self.role,
-                               "service_name": f"vllm-{self.role}"},
+                               "service_name": self.service_name},
         }
         ktc = {"kv_connector": "KVTraceNixlConnector", "kv_connector_module_path": "kvtrace.vllm.connector",
                "kv_role": "kv_both", "kv_buffer_device": "cpu", "engine_id": self.engine_id,
@@ -207,3 +215,86 @@ def wait_for(fn, *, deadline_s: float, what: str, interval: float = 0.5):
             return last
         time.sleep(interval)
     raise TimeoutError(f"timed out after {deadline_s}s waiting for {what} (last: {last!r})")
+
+
+# ---------------------------------------------------------------------------- agent -> kvtrace proxy
+@dataclass
+class AgentTurn:
+    """One agent turn sent through the kvtrace proxy (its successful attempt)."""
+
+    index: int  # the agent's turn index
+    proxy_turn: int  # the proxy's turn index = proxy requests this session sent before it
+    attempts: int
+    chunks: list  # openai ChatCompletionChunk objects, in order
+    kv_transfer: dict | None  # what the traced stream saw (stream.kv_transfer)
+    last_kv_transfer: dict | None  # kvtrace.agent.last_kv_transfer() right after the stream
+    result: object  # kvtrace.agent.LLMResult
+    reply: str
+
+
+async def run_agent_session(p: Server, d: Server, traces: Path, *, session: str, user_turns: list[str],
+                            max_tokens: list[int], attempts: int = 2) -> list[AgentTurn]:
+    """A streaming chat session: agent session -> one agent turn per user message -> traced
+    ``openai`` call -> kvtrace proxy (started here on port 0, P = ``p``, D = ``d``) -> P and D.
+    Agent and proxy export Parquet into ``traces``; both providers are flushed and shut down
+    before returning.  A turn is retried once on an API error (a NIXL handshake timeout fails the
+    request; the proxy keeps D's location when P fails)."""
+    from kvtrace import telemetry
+    from kvtrace.agent import Agent
+    from kvtrace.proxy.config import ProxyConfig, Worker
+    from kvtrace.proxy.server import start
+
+    proxy_tp = telemetry.configure(PROXY_SERVICE, traces_dir=traces, handle_sigterm=False)
+    agent_tp = telemetry.configure(AGENT_SERVICE, traces_dir=traces, handle_sigterm=False)
+    config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)],
+                         read_timeout_s=180)
+    running = await start(config, proxy_tp, port=0)
+    try:
+        return await _agent_turns(running.url, Agent(agent_tp, name="vllm-e2e-agent"), session, user_turns,
+                                  max_tokens, attempts)
+    finally:
+        await running.close()
+        for provider in (agent_tp, proxy_tp):
+            provider.force_flush()
+            provider.shutdown()
+
+
+async def _agent_turns(url, agent, session, user_turns, max_tokens, attempts) -> list[AgentTurn]:
+    import openai
+
+    from kvtrace.agent import TracedAsyncOpenAI
+
+    client = TracedAsyncOpenAI(base_url=url + "/v1", api_key="kvtrace-e2e", max_retries=0, timeout=180, agent=agent)
+    messages: list[dict] = []
+    turns: list[AgentTurn] = []
+    sent = 0
+    try:
+        async with agent.session(session, scenario="vllm-e2e"):
+            for index, (text, n) in enumerate(zip(user_turns, max_tokens)):
+                messages.append({"role": "user", "content": text})
+                async with agent.turn():
+                    for attempt in range(attempts):
+                        sent += 1
+                        try:
+                            turn = await _agent_call(client, messages, n)
+                            break
+                        except openai.APIError:
+                            if attempt + 1 == attempts:
+                                raise
+                turn.index, turn.proxy_turn, turn.attempts = index, sent - 1, attempt + 1
+                messages.append({"role": "assistant", "content": turn.reply})
+                turns.append(turn)
+    finally:
+        await client.close()
+    return turns
+
+
+async def _agent_call(client, messages: list[dict], max_tokens: int) -> AgentTurn:
+    from kvtrace.agent import last_kv_transfer
+
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=list(messages), max_tokens=max_tokens, stream=True,
+        extra_body={"min_tokens": max_tokens, "ignore_eos": True})
+    chunks = [chunk async for chunk in stream]
+    reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return AgentTurn(-1, -1, 0, chunks, stream.kv_transfer, last_kv_transfer(), stream.result, reply)
