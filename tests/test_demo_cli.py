@@ -1,22 +1,24 @@
 """``kvtrace demo`` end to end: simulator + proxy + agent workload, twice; traces written; the
-printed numbers are the views' numbers."""
+printed numbers are the views' numbers.  Plus the demo workload's shape and the noise verdict."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 
 from kvtrace import semconv as sc
-from kvtrace.analysis import latency, reuse, sessions
+from kvtrace.agent.scenarios import LLM
+from kvtrace.agent.workload import LLMAction, ToolAction
+from kvtrace.analysis import demo, latency, retention, reuse, sessions
 from kvtrace.analysis.demo import SCENARIOS
 from kvtrace.analysis.store import open_store
-from kvtrace.analysis.text import ms, num, ratio
+from kvtrace.analysis.text import LATER, ms, noise_for, num, ratio, verdict
 from kvtrace.cli import main
 
 pytest.importorskip("aiohttp")
 pytest.importorskip("openai")
-pytestmark = pytest.mark.timeout(240)
 
 
 def _cell(out: str, label: str) -> str:
@@ -25,36 +27,58 @@ def _cell(out: str, label: str) -> str:
     return m.group(1)
 
 
+def _table(out: str, heading: str) -> list[list[str]]:
+    """Body rows (cells stripped) of the first Markdown table after ``heading``."""
+    lines = out.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    body = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        body.append([c.strip() for c in line.strip("|").split("|")])
+    return body
+
+
+def _model_s(wall_ms: float, scale: float) -> str:
+    return f"{wall_ms * scale / 1e3:,.2f}"
+
+
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     import contextlib
     import io
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["demo", "--traces", str(root), "--sessions", "1"])
+        rc = main(["demo", "--traces", str(root), "--sessions", "2"])  # two short-followups: a below-threshold turn
     return rc, buf.getvalue(), root
 
 
-def test_writes_both_runs(demo):
-    rc, out, root = demo
+@pytest.mark.timeout(240)
+def test_writes_both_runs(demo_run):
+    rc, out, root = demo_run
     assert rc == 0, out
     for run in ("bidir", "baseline"):
         assert list((root / run).rglob("*.parquet")), run
     bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
-    expected = {f"demo-A0-{name}-0" for name in SCENARIOS}
+    expected = {f"demo-A0-{name}-{i}" for name in SCENARIOS for i in range(2)}
     assert {r["session_id"] for r in sessions.breakdown(bidir).to_pylist()} == expected
     assert {r["session_id"] for r in sessions.breakdown(base).to_pylist()} == expected
     outcomes = {r["outcome"] for r in reuse.requests(bidir).to_pylist()}
     assert sc.OUTCOME_PULLED in outcomes and sc.OUTCOME_BELOW_THRESHOLD in outcomes
     assert sc.OUTCOME_PULLED not in {r["outcome"] for r in reuse.requests(base).to_pylist()}
+    # the paused session's turn after the pause finds nothing on D in either run
+    resumed = [r for r in reuse.requests(bidir).to_pylist() if r["session_id"] == "demo-A0-pause-resume-0"]
+    assert [r["outcome"] for r in resumed if r["turn"] == 2] in ([sc.OUTCOME_NO_REMOTE], [sc.OUTCOME_EXPIRED])
     assert f"kvtrace dashboard --traces {root / 'bidir'} --compare {root / 'baseline'}" in out
+    assert f"decoder_kv_blocks_ttl {demo.TTL_S:g} s" in out and f"compressed {demo.DEFAULT_TIME_SCALE:g}x" in out
 
 
-def test_printed_numbers_match_the_views(demo):
-    rc, out, root = demo
-    bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
+@pytest.mark.timeout(240)
+def test_printed_numbers_match_the_views(demo_run):
+    rc, out, root = demo_run
+    bidir = open_store(root / "bidir")
     tot = sessions.totals(bidir)
     for label, col in (("input processing", "input_processing_ms"), ("generation", "generation_ms"),
                        ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("wall time", "wall_ms")):
@@ -62,12 +86,110 @@ def test_printed_numbers_match_the_views(demo):
     s = reuse.summary(bidir)
     assert _cell(out, "pulled tokens") == num(s["pulled_tokens"])
     assert _cell(out, "P reuse decisions (d2p)") == num(s["decisions"])
+    (held,) = retention.summary(bidir)
+    assert _cell(out, held["engine_id"]) == num(held["retained"])
+    assert _table(out, "KV held on D")[0][1:5] == [num(held[k]) for k in ("retained", "read", "expired", "released")]
+
+
+@pytest.mark.timeout(240)
+def test_printed_ttft_table_matches_the_views(demo_run):
+    rc, out, root = demo_run
+    bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
+    scale = demo.DEFAULT_TIME_SCALE
+    table = _table(out, "== Mean TTFT by turn index")
     rows = latency.compare_runs(base, bidir)
-    printed = re.findall(r"^\| (\d+) +\| ([^|]+?) +\| ([^|]+?) +\| ([^|]+?) +\|", out.split("TTFT and turn")[1], re.M)
-    assert [(int(t), b, c, r) for t, b, c, r in printed] == [
-        (row["turn"], ms(row["ttft_p50_ms_baseline"]), ms(row["ttft_p50_ms_candidate"]), ratio(row["ttft_p50_ms_ratio"]))
-        for row in rows
-    ]
+    assert [r[0] for r in table] == [str(r["turn"]) for r in rows] + [LATER]
+    for printed, row in zip(table, rows):
+        b, c = row["ttft_mean_ms_baseline"], row["ttft_mean_ms_candidate"]
+        assert printed[:7] == [str(row["turn"]), num(row["calls_candidate"]), ms(b), ms(c),
+                               ratio(row["ttft_mean_ms_ratio"]), _model_s(b, scale), _model_s(c, scale)]
+    # turn 0 is the reference; its difference of means (at least 10 ms) is the noise of a mean over
+    # its calls, scaled by sqrt(n0 / n) for a mean over n calls
+    first = rows[0]
+    noise = max(abs(first["ttft_mean_ms_candidate"] - first["ttft_mean_ms_baseline"]), 10.0)
+    n0 = first["calls_baseline"]
+    assert table[0][7] == "reference"
+    assert f"({ms(noise)} wall ms over {n0} calls" in out
+    for printed, row in zip(table[1:-1], rows[1:]):
+        scaled = noise * math.sqrt(n0 / row["calls_baseline"])
+        assert printed[7] == verdict(row["ttft_mean_ms_baseline"], row["ttft_mean_ms_candidate"], scaled)
+    # the pooled row is the plain mean over every call at turn >= 1, computed here from the view
+    pooled = {}
+    for name, con in (("baseline", base), ("bidir", bidir)):
+        pooled[name] = con.sql("SELECT count(*), avg(ttft_ms) FROM llm_calls WHERE turn >= 1").fetchall()[0]
+    (n, b_mean), (_, c_mean) = pooled["baseline"], pooled["bidir"]
+    assert table[-1] == [LATER, num(n), ms(b_mean), ms(c_mean), ratio(c_mean / b_mean), _model_s(b_mean, scale),
+                         _model_s(c_mean, scale), verdict(b_mean, c_mean, noise * math.sqrt(n0 / n))]
+    assert f"(ratio {ratio(c_mean / b_mean)}, " in out
+
+
+@pytest.mark.timeout(240)
+def test_printed_prefill_work_matches_the_views(demo_run):
+    rc, out, root = demo_run
+    bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
+    table = _table(out, "== Prefill work on P")
+    b_tok = {r["turn"]: r for r in reuse.tokens_by_source(base).to_pylist()}
+    c_tok = {r["turn"]: r for r in reuse.tokens_by_source(bidir).to_pylist()}
+    assert [r[0] for r in table] == [str(t) for t in sorted(c_tok)]
+    for printed in table:
+        b, c = b_tok[int(printed[0])], c_tok[int(printed[0])]
+        prompt = (c["local_hit_tokens"] + c["pulled_tokens"] + c["computed_tokens"]) / c["requests"]
+        assert printed[1:6] == [f"{prompt:,.0f}", f"{b['computed_tokens'] / b['requests']:,.0f}",
+                                f"{c['computed_tokens'] / c['requests']:,.0f}",
+                                f"{c['pulled_tokens'] / c['requests']:,.0f}",
+                                f"{c['local_hit_tokens'] / c['requests']:,.0f}"]
+    assert table[0][4] == "0"  # turn 0: nothing to pull
+
+
+@pytest.mark.timeout(240)
+def test_printed_saved_work_table_matches_the_views(demo_run):
+    """Calls paired across the runs, grouped by what the baseline's P computed more (here from the
+    engine prefill spans rather than the kv decisions the table reads)."""
+    rc, out, root = demo_run
+    sql = ("SELECT l.session_id, l.turn, l.ttft_ms, e.prompt_tokens - e.cached_tokens FROM llm_calls l "
+           f"JOIN engine_requests e ON e.request_id = l.request_id AND e.phase = '{sc.ROLE_PREFILL}' WHERE l.turn >= 1")
+    calls = {run: {(r[0], r[1]): r[2:] for r in open_store(root / run).sql(sql).fetchall()}
+             for run in ("baseline", "bidir")}
+    assert calls["baseline"].keys() == calls["bidir"].keys()
+    pairs = [(calls["baseline"][k][1] - calls["bidir"][k][1], calls["baseline"][k][0], calls["bidir"][k][0])
+             for k in calls["baseline"]]
+    table = _table(out, "== Mean TTFT by prompt tokens")
+    assert [r[0] for r in table] == ["< 1,000", "1,000 – 5,000", "≥ 5,000"]
+    for printed, (lo, hi) in zip(table, ((-math.inf, 1000), (1000, 5000), (5000, math.inf))):
+        group = [p for p in pairs if lo <= p[0] < hi]
+        assert printed[1] == num(len(group))
+        if group:
+            b, c = sum(g[1] for g in group) / len(group), sum(g[2] for g in group) / len(group)
+            assert printed[2:6] == [f"{sum(g[0] for g in group) / len(group):,.0f}", ms(b), ms(c), ratio(c / b)]
+    assert sum(int(r[1]) for r in table) == len(pairs)
+
+
+def test_workload_is_agent_sized_with_one_call_per_turn():
+    runs = demo.workload(2, seed=0)
+    names = [w.name for w in runs]
+    assert names == [n for n in SCENARIOS for _ in range(2)]  # start order: longest scenario first
+    assert [s.name for w in runs for s in w.sessions] == [f"{n}-{i}" for n in SCENARIOS for i in range(2)]
+    for w in runs:
+        (plan,) = w.sessions
+        assert 1800 <= len(plan.system_text.split()) <= 2200, w.name
+        assert all(sum(isinstance(a, LLMAction) for a in t.actions) == 1 for t in plan.turns), w.name
+    for scenario in demo.scenarios():
+        assert all(sum(isinstance(s, LLM) for s in spec.steps) == 1 for spec in scenario.turns), scenario.name
+    paused = next(w.sessions[0] for w in runs if w.name == "pause-resume")
+    assert [t.pause_s for t in paused.turns][2] == demo.RESUME_PAUSE_S > demo.TTL_S
+    coding = next(w.sessions[0] for w in runs if w.name == "coding-agent")
+    first = sum(len(c.output.split()) for a in coding.turns[0].actions if isinstance(a, ToolAction) for c in a.calls)
+    assert first >= 9000  # three files of 3-5k tokens
+
+
+def test_verdict_compares_differences_with_twice_the_noise():
+    assert verdict(100.0, 70.0, 10.0) == "faster"
+    assert verdict(100.0, 80.0, 10.0) == "within noise"
+    assert verdict(100.0, 121.0, 10.0) == "slower"
+    assert verdict(None, 50.0, 10.0) == verdict(100.0, 50.0, None) == "–"
+    cmp = {"noise_ms": 20.0, "noise_calls": 12}
+    assert noise_for(cmp, 3) == 40.0 and noise_for(cmp, 48) == 10.0
+    assert noise_for(cmp, 0) is None and noise_for({"noise_ms": None, "noise_calls": 0}, 5) is None
 
 
 def test_bad_arguments(tmp_path, capsys):

@@ -1,19 +1,31 @@
 """``kvtrace demo``: the whole story on a fresh machine in well under a minute.
 
 Starts a simulated P/D cluster (:class:`kvtrace.sim.cluster.SimCluster`, Qwen3-32B preset) and
-the instrumented proxy (:mod:`kvtrace.proxy.server`) and drives a mixed agent workload through
-them with :func:`kvtrace.agent.bench.arun_bench`, twice and at the same time, one process (own
-event loop, own core) per run: with bidirectional KV transfer on (``DIR/bidir``) and off
+the instrumented proxy (:mod:`kvtrace.proxy.server`) and drives an agent workload through them
+with :func:`kvtrace.agent.bench.arun_bench`, twice and at the same time, one process (own event
+loop, own core) per run: with bidirectional KV transfer on (``DIR/bidir``) and off
 (``DIR/baseline``), every component writing Parquet traces.  Two prefill workers: the proxy
-round-robins, so a conversation's next turn usually lands on a P that lacks its history (the
-case bidirectional transfer is for).
+round-robins, so a conversation's next turn often lands on a P that lacks its history (the case
+bidirectional transfer is for: the baseline must recompute it there).
 Then it prints the session breakdown, the reuse summary and the per-turn TTFT comparison from
-:mod:`kvtrace.analysis` and says how to open the dashboard.
+:mod:`kvtrace.analysis` (tables from :mod:`kvtrace.analysis.text`) and says how to open the
+dashboard.
 
-Time: one factor ``S`` (``--time-scale``) compresses everything alike: the simulator's model
-time, TTL and lease (``SimCluster(time_scale=S)``), the proxy's conversation TTL, and the agents'
-tool waits, app work and pauses (bench ``time_scale=1/S``).  The traces are a consistent replay
-in wall time; multiply durations by ``S`` for model time.
+Workload (:func:`scenarios`): demo versions of the built-in scenarios with the context sizes of
+real agents (a ~2k-token system prompt, file contents, test logs and fetched pages of thousands of
+tokens), because reuse only pays for long contexts: a coding agent, a research assistant, a
+pause-resume session (pauses past D's retention) and short follow-ups (below the recompute
+threshold).  Every turn makes exactly one LLM call, so turn 0 has nothing to reuse in either run
+and its TTFT ratio shows the harness's noise.
+
+Time: one factor ``S`` (``--time-scale``, default 5) compresses everything alike: the
+simulator's model time, TTL and lease (``SimCluster(time_scale=S)``), the proxy's conversation
+TTL, and the agents' tool waits, app work and pauses (bench ``time_scale=1/S``).  The traces are a
+consistent replay in wall time; multiply durations by ``S`` for model time.  ``S`` is mild so that
+simulated prefill time (hundreds of ms of wall time for a long context) dominates the harness's
+own HTTP/Python overhead per request (tens of ms, not compressed), and D's retention
+(``decoder_kv_blocks_ttl``) is shortened to :data:`TTL_S` so the pause-resume session can outlast
+it within the demo's time budget.
 """
 
 from __future__ import annotations
@@ -26,13 +38,16 @@ import time
 
 from kvtrace.analysis.store import traces_dir
 
-SCENARIOS = ("coding-agent", "research-assistant", "pause-resume", "short-followups")
+SCENARIOS = ("pause-resume", "coding-agent", "research-assistant", "short-followups")  # longest first
 RUNS = ("bidir", "baseline")
-DEFAULT_TIME_SCALE = 50.0
-PREFILL_WORKERS = 2  # the proxy round-robins: a conversation's next turn usually lands on the other P
-TTL_S = 480.0
-LEASE_S = 600.0
-PROXY_MARGIN_S = 30.0
+DEFAULT_TIME_SCALE = 5.0
+PREFILL_WORKERS = 2  # the proxy round-robins: a conversation's next turn often lands on the other P
+TTL_S = 45.0  # decoder_kv_blocks_ttl, model seconds (vLLM's default is 480 s)
+RESUME_PAUSE_S = 60.0  # the pause-resume session's pause: longer than TTL_S
+LEASE_S = 600.0  # kv_lease_duration: P's hold for D (30 s in vLLM); never the subject here
+PROXY_MARGIN_S = 10.0  # the proxy stops offering D's blocks this long before D drops them
+SYSTEM_TOKENS = (1800, 2200)  # instructions + tool definitions
+START_GAP_S = 3.0  # model seconds between session starts
 
 
 def add_arguments(parser) -> None:
@@ -40,9 +55,10 @@ def add_arguments(parser) -> None:
                         "runs go to DIR/bidir and DIR/baseline")
     parser.add_argument("--dashboard", action="store_true", help="open the dashboard on the traces afterwards")
     parser.add_argument("--port", type=int, default=8501, help="dashboard port (with --dashboard; default 8501)")
-    parser.add_argument("--sessions", type=int, default=2, help="sessions per scenario (default 2)")
+    parser.add_argument("--sessions", type=int, default=3, help="sessions per scenario (default 3)")
     parser.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
-                        help=f"replay compression factor S (default {DEFAULT_TIME_SCALE:g})")
+                        help=f"replay compression factor S (default {DEFAULT_TIME_SCALE:g}; larger is quicker, but "
+                        "then the harness's own per-request overhead blurs the TTFT comparison)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (same workload in both runs)")
 
 
@@ -51,9 +67,11 @@ def run(args) -> int:
 
     Writes Parquet traces to DIR/bidir and DIR/baseline (DIR: --traces, else KVTRACE_TRACES_DIR,
     else ./kvtrace-traces), prints where agent time goes, how much KV was reused, and the per-turn
-    TTFT of the two runs; --dashboard then opens the dashboard on them.  Scenarios: coding-agent,
-    research-assistant, pause-resume (pauses past D's retention), short-followups (below the
-    recompute threshold).  Both runs execute at once, each in its own local process, on 127.0.0.1.
+    TTFT of the two runs; --dashboard then opens the dashboard on them.  Scenarios, with agent-sized
+    contexts (a ~2k-token system prompt, files, pages and logs of thousands of tokens): coding-agent,
+    research-assistant, pause-resume (pauses past D's retention, which the demo shortens to 45 model
+    seconds), short-followups (below the recompute threshold).  Both runs execute at once, each in
+    its own local process, on 127.0.0.1; about 30 s with the defaults.
     """
     from kvtrace.cli import CLIError
 
@@ -70,7 +88,7 @@ def run(args) -> int:
           f"({dirs['baseline']}), in parallel ...", flush=True)
     run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
     print(f"kvtrace demo: both runs done in {time.monotonic() - started:.1f} s; traces in {root}\n")
-    print(summarize(dirs["bidir"], dirs["baseline"], args.time_scale))
+    print(summarize(dirs["bidir"], dirs["baseline"], args.time_scale, args.sessions))
     command = f"kvtrace dashboard --traces {dirs['bidir']} --compare {dirs['baseline']}"
     if not args.dashboard:
         print(f"\nOpen the dashboard:  {command}")
@@ -94,19 +112,31 @@ def run_both(dirs: dict[str, str], **kwargs) -> None:
 
 
 def _run_process(directory: str, **kwargs) -> None:
+    """One run's process: import everything first, then freeze the imported objects out of the
+    garbage collector's reach and make its collections rare, so that full collections (hundreds
+    of ms over openai's and OTel's module objects on a busy machine) do not stall the event loop
+    mid-request and show up as TTFT.  The process lives for one run (~200 MB)."""
+    import gc
+
+    import kvtrace.agent.bench  # noqa: F401
+    import kvtrace.proxy.server  # noqa: F401
+    import kvtrace.sim.cluster  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     asyncio.run(run_once(directory, **kwargs))
 
 
 async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_scale: float, seed: int) -> None:
     """One run: cluster + proxy + workload, every component tracing into ``directory``."""
     import kvtrace
-    from kvtrace.agent import bench
     from kvtrace.proxy import server
     from kvtrace.proxy.config import ProxyConfig, Worker
     from kvtrace.sim.cluster import SimCluster
 
-    # P's lease on blocks waiting for D (30 s in vLLM) is raised: compressed 50x it would be 0.6 s of
-    # wall time, which a busy 2-core machine can miss; it is not what the demo is about.
+    # LEASE_S: P's lease on blocks waiting for D (30 s in vLLM) is raised: compressed S times it
+    # could be missed by a busy 2-core machine; it is not what the demo is about.
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional, "decoder_kv_blocks_ttl": TTL_S,
                                         "kv_lease_duration": LEASE_S}}
     proxy_provider = kvtrace.configure("kvtrace-proxy", traces_dir=directory, handle_sigterm=False)
@@ -118,48 +148,199 @@ async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_s
                               conversation_ttl_s=(TTL_S - PROXY_MARGIN_S) / time_scale)
             proxy = await server.start(cfg, tracer_provider=proxy_provider)
             try:
-                await bench.arun_bench(proxy.url, workload=workload(sessions, seed), traces_dir=directory,
-                                       time_scale=1.0 / time_scale, clients=16, seed=seed, nonce="demo")
+                await drive(proxy.url, workload(sessions, seed), directory, time_scale, seed)
             finally:
                 await proxy.close()
     finally:
         proxy_provider.shutdown()
 
 
-def workload(sessions: int, seed: int):
-    """The demo's sessions: ``sessions`` of each scenario in :data:`SCENARIOS`, one workload."""
-    from kvtrace.agent import scenarios
+async def drive(url: str, workloads: list, directory: str, time_scale: float, seed: int) -> None:
+    """Start one session every :data:`START_GAP_S` model seconds (agents do not all arrive at the
+    same instant; a burst would queue every turn 0 on P and blur the reference row), each through
+    :func:`kvtrace.agent.bench.arun_bench` with its own one-session workload and one shared
+    tracer provider."""
+    import kvtrace
+    from kvtrace.agent import bench
+
+    provider = kvtrace.configure("kvtrace-bench", traces_dir=directory, handle_sigterm=False)
+
+    async def start(i: int, one) -> None:
+        await asyncio.sleep(i * START_GAP_S / time_scale)
+        await bench.arun_bench(url, workload=one, tracer_provider=provider, time_scale=1.0 / time_scale,
+                               clients=1, seed=seed, nonce="demo")
+
+    try:
+        await asyncio.gather(*(start(i, one) for i, one in enumerate(workloads)))
+    finally:
+        provider.shutdown()
+
+
+def workload(sessions: int, seed: int) -> list:
+    """The demo's sessions in start order, one single-session workload each: ``sessions`` of
+    each of :func:`scenarios`, longest scenario first so the run ends early (the same seed draws
+    the same texts, sizes and waits in both runs)."""
     from kvtrace.agent.workload import Workload, from_scenario
 
-    plans = []
-    for name in SCENARIOS:
-        plans += from_scenario(scenarios.get(name), sessions, seed, "demo").sessions
-    return Workload("demo", plans, seed)
+    drawn = [from_scenario(scenario, sessions, seed, "demo") for scenario in scenarios()]
+    return [Workload(w.name, [plan], seed) for w in drawn for plan in w.sessions]
 
 
-def summarize(bidir_dir: str, baseline_dir: str, time_scale: float) -> str:
-    """The printed summary: breakdown and reuse of the bidirectional run, per-turn comparison."""
+def scenarios() -> list:
+    """Demo versions of the built-in scenarios (names in :data:`SCENARIOS`) with realistic
+    context sizes: tool outputs, file contents and pasted documents of thousands of tokens on
+    top of a ~2k-token system prompt.  One LLM call per turn; times are model seconds."""
+    from kvtrace.agent.distributions import Constant, Uniform as U
+    from kvtrace.agent.scenarios import LLM, Scenario, Tool, TurnSpec, Work
+
+    system = U(*SYSTEM_TOKENS)
+    think = U(2.0, 8.0)
+    coding = Scenario(
+        "coding-agent",
+        "read three files (the failing module, its test, a helper), then run tests -> read the log -> patch, repeated",
+        system_tokens=system,
+        turns=(
+            TurnSpec("task", U(150, 300), (Tool(("read_file",) * 3, U(0.2, 0.5), U(3000, 5000)),
+                                           LLM(U(100, 200)))),
+            TurnSpec("test-fix", U(5, 20), (Work("apply_patch", U(0.05, 0.2)),
+                                            Tool(("run_tests",), U(2.0, 5.0), U(800, 2000)), LLM(U(100, 200))),
+                     repeat=5),
+        ),
+    )
+    research = Scenario(
+        "research-assistant", "gather pages (parallel tools), compare with one more page, user correction, revise",
+        system_tokens=system,
+        turns=(
+            TurnSpec("gather", U(50, 100), (Tool(("web_search", "fetch_page"), U(1.0, 3.0), U(3000, 5000)),
+                                           LLM(U(150, 250)))),
+            TurnSpec("compare", U(30, 60), (Work("rank_sources", U(0.05, 0.2)),
+                                            Tool(("fetch_page",), U(0.5, 2.0), U(3000, 5000)), LLM(U(150, 250))),
+                     pause_s=U(5.0, 20.0)),
+            TurnSpec("correction", U(10, 30), (LLM(U(100, 200)),), pause_s=U(3.0, 12.0)),
+            TurnSpec("revise", U(20, 40), (LLM(U(150, 250)),), pause_s=U(3.0, 12.0)),
+        ),
+    )
+    pause = Scenario(
+        "pause-resume", f"a pasted document, a follow-up, then a {RESUME_PAUSE_S:g} s pause (longer than "
+        f"D's {TTL_S:g} s retention) and two more turns",
+        system_tokens=system,
+        turns=(
+            TurnSpec("task", U(8000, 12000), (LLM(U(100, 200)),)),
+            TurnSpec("follow-up", U(20, 40), (LLM(U(100, 200)),), pause_s=think),
+            TurnSpec("resume", U(20, 40), (LLM(U(100, 200)),), pause_s=Constant(RESUME_PAUSE_S)),
+            TurnSpec("after", U(20, 40), (LLM(U(100, 200)),), pause_s=think),
+        ),
+    )
+    short = Scenario(
+        "short-followups", "a pasted document, then short answers to short follow-ups (under 64 new "
+        "tokens per turn: P recomputes them when it has the rest cached)",
+        system_tokens=system,
+        turns=(
+            TurnSpec("ask", U(4000, 6000), (LLM(U(16, 32)),)),
+            TurnSpec("follow-up", U(4, 12), (LLM(U(8, 24)),), pause_s=U(1.0, 5.0), repeat=6),
+        ),
+    )
+    return [pause, coding, research, short]
+
+
+def summarize(bidir_dir: str, baseline_dir: str, time_scale: float, sessions: int = 2) -> str:
+    """The printed summary: the setup, breakdown and reuse of the bidirectional run, and the
+    TTFT comparison of the two runs (every number from :mod:`kvtrace.analysis`)."""
     from kvtrace.analysis import text
     from kvtrace.analysis.store import open_store
 
     bidir, baseline = open_store(bidir_dir), open_store(baseline_dir)
     out = [
-        f"Times are wall-clock ms of a replay compressed {time_scale:g}x (multiply by {time_scale:g} for model time).",
+        *setup_lines(time_scale, sessions),
         "",
-        f"== Where agent time goes (bidirectional run, {bidir_dir}) ==",
+        f"== Where agent time goes (bidirectional run, {bidir_dir}; wall ms) ==",
         text.md_table(*text.breakdown_totals_rows(bidir)),
         "",
         text.md_table(*text.breakdown_rows(bidir, limit=12)),
         "",
-        "== KV reuse (bidirectional run) ==",
+        "== KV reuse (bidirectional run; times in wall ms) ==",
         text.md_table(*text.reuse_rows(bidir)),
         "",
         text.md_table(*text.decision_mix_rows(bidir)),
         "",
-        "== TTFT and turn latency by turn index (ratio = bidir / baseline; < 1 = faster with reuse) ==",
-        text.md_table(*text.compare_rows(baseline, bidir)),
+        f"KV held on D for next turns (GiB·s in wall seconds; 'expired': nobody read them within {TTL_S:g} model s):",
+        "",
+        text.md_table(*text.retention_rows(bidir)),
+        "",
+        *ttft_sections(baseline, bidir, time_scale),
     ]
     return "\n".join(out)
+
+
+def ttft_sections(baseline, bidir, time_scale: float) -> list[str]:
+    """TTFT by turn index (turn 0 = the noise reference), TTFT by the prefill work reuse saved
+    (calls paired across the runs), P's work by turn, and the one-line result."""
+    from kvtrace.analysis import text
+
+    cmp = text.ttft_comparison(baseline, bidir)
+    groups = text.saved_groups(baseline, bidir)
+    return [
+        "== Mean TTFT by turn index (ratio = bidir / baseline; < 1 = faster with reuse) ==",
+        text.md_table(*text.ttft_rows(cmp, time_scale)),
+        "",
+        "Turn 0 is the reference: neither run has anything to reuse there, so the difference of its means "
+        f"({text.ms(cmp['noise_ms'])} wall ms over {cmp['noise_calls']} calls, taken as at least "
+        f"{text.NOISE_FLOOR_MS:g}) is this harness's noise. A turn whose means differ by more than twice that noise, "
+        "scaled by sqrt(turn-0 calls / its calls), is marked faster/slower.",
+        "",
+        "== Mean TTFT by prompt tokens the baseline's P computed and the bidir run's P did not (turns >= 1, each "
+        "call paired with the same call of the other run) ==",
+        text.md_table(*text.saved_rows(groups, time_scale)),
+        "",
+        "A turn routed to the P that computed the conversation's previous turn finds the history in that P's prefix "
+        "cache in both runs (few tokens saved); one routed to the other P recomputes it in the baseline and pulls "
+        f"it from D with bidirectional transfer. With {PREFILL_WORKERS} P workers and round-robin this is about "
+        "half the turns, and a P that served the conversation some turns earlier still holds an older prefix. "
+        "Negative token counts: the bidir run's call landed on a P holding less of the history.",
+        "",
+        "== Prefill work on P per request (mean tokens) and completed-turn latency by turn index ==",
+        text.md_table(*text.prefill_work_rows(baseline, bidir, cmp)),
+        "",
+        conclusion(cmp, groups, time_scale),
+    ]
+
+
+def setup_lines(time_scale: float, sessions: int) -> list[str]:
+    """What ran and how to read its times."""
+    S = f"{time_scale:g}"
+    return [
+        f"Setup: simulated vLLM P/D cluster (Qwen3-32B preset), {PREFILL_WORKERS} prefill workers + 1 decode worker "
+        "behind the instrumented proxy (round-robin over P).",
+        f"Workload (same seed in both runs): {sessions} session(s) each of {', '.join(SCENARIOS)}; a "
+        f"~{sum(SYSTEM_TOKENS) // 2:,}-token system prompt, files, documents and pages of 3-12k tokens, test logs "
+        "of 1-2k per turn; contexts of 6-25k tokens.",
+        f"KV config (model time): decoder_kv_blocks_ttl {TTL_S:g} s (vLLM's default is 480 s; shortened so "
+        f"pause-resume's {RESUME_PAUSE_S:g} s pause outlasts D's retention within the demo), proxy offers D's "
+        f"blocks for {TTL_S - PROXY_MARGIN_S:g} s, kv_lease_duration {LEASE_S:g} s, kv_recompute_threshold 64.",
+        f"Time: the replay is compressed {S}x. 'wall ms' is measured wall-clock time; 'model s' is wall x {S}, "
+        "the time on the simulated GPUs. Each request also carries the harness's own HTTP/Python overhead "
+        f"(tens of wall ms, not compressed), which 'model s' inflates {S}x: small model times are overstated.",
+    ]
+
+
+def conclusion(cmp: dict, groups: list[dict], time_scale: float) -> str:
+    """One line: the pooled turns >= 1 TTFT of both runs, the calls where reuse saved the most,
+    and turn 0's reference ratio."""
+    from kvtrace.analysis import text
+
+    lt = cmp["later"]
+    if lt["ratio"] is None or cmp["noise_ms"] is None:
+        return "Not enough LLM calls in both runs to compare TTFT."
+    model = lambda v: f"{v * time_scale / 1e3:,.2f}"  # noqa: E731
+    line = (f"Result: over {lt['calls']} LLM calls at turns >= 1, mean TTFT {model(lt['baseline'])} model s without "
+            f"bidirectional reuse -> {model(lt['candidate'])} with it (ratio {text.ratio(lt['ratio'])}, "
+            f"{text.verdict(lt['baseline'], lt['candidate'], text.noise_for(cmp, lt['calls']))})")
+    most = groups[-1] if groups else None
+    if most and most["ratio"] is not None:
+        line += (f"; on the {most['calls']} calls whose baseline recomputed {most['label']} tokens more: "
+                 f"{model(most['baseline_ms'])} -> {model(most['candidate_ms'])} model s (ratio "
+                 f"{text.ratio(most['ratio'])})")
+    return line + f"; turn 0 (nothing to reuse): ratio {text.ratio(cmp['reference'])}."
 
 
 def _quiet_http_logs() -> None:
