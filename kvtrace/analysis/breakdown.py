@@ -24,10 +24,18 @@ wait > app work** active at that instant (tokens streaming in are what the user 
 directly; a tool running while the model is busy is hidden behind it).  Intervals are clipped to
 the session's (or turn's) window.
 
-The SQL is a sweep over boundary points (DuckDB window functions): every interval contributes a
-+1 and a -1 event for its category, running sums over the events in time order give the active
-count of each category between consecutive instants, and each elementary segment is attributed
-to the highest active category.  Cost: one Parquet scan and one sort of the agent spans.
+The SQL gets the precedence from nested unions instead of a sweep over every boundary point:
+with U(c) the union of the (clipped) intervals of category >= c, generation = |U(gen)|, input
+processing = |U(input)| - |U(gen)|, tool wait = |U(tool)| - |U(input)|, app work = wall -
+|U(tool)| and unattributed = wall - |U(app)|, all in integer ns.  A union's length is one pass
+over its intervals in start order (a DuckDB window function): each interval adds the part of it
+that ends after the largest end before it.  U(input) is the union of whole LLM calls (input
+processing up to the first token, generation after it), so only two sorts are needed: the
+generation intervals, and the calls, tools and app work together (three running maxima), both
+partitioned by the window's keys.  Cost: one Parquet scan, one grouping of the session, turn,
+call and request spans by (session, turn), two sorts of the intervals.  Only the scan (``base``)
+is MATERIALIZED; the rest stays inlinable so that a filter on ``session_id`` (the dashboard's
+drill-down) reaches the grouping and the sorts, and one session costs little more than the scan.
 """
 
 from __future__ import annotations
@@ -38,179 +46,177 @@ from kvtrace import semconv as sc
 CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4
 PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work")
 
-# One scan of the store feeds the sweep: the agent and proxy spans it needs, with TTFT by the
-# ``llm_calls`` / ``requests`` views' rules.  The breakdown reads these rows many times (windows,
-# intervals, turn counts); as a MATERIALIZED CTE they come off Parquet once.  (Going through the
-# per-kind views instead costs one Parquet scan each, and the ``requests`` / ``sessions`` views
-# also compute columns the sweep does not need: trace substrate, trace and request counts.)
+_SESSION, _TURN, _LLM = (f"'{n}'" for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
+_TOOL, _APP, _REQUEST = (f"'{n}'" for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST))
+
+# One scan of the store feeds everything: the agent and proxy spans the breakdown needs, with TTFT
+# by the ``llm_calls`` / ``requests`` views' rules.  DuckDB applies the span-name filter (through
+# the ``spans`` view) before the map lookups, so only these spans pay for them; the Parquet reader
+# still decodes the map columns of every row, which is most of the scan's cost.  The breakdown
+# reads these rows several times; as a MATERIALIZED CTE they come off Parquet once.  (Going
+# through the per-kind views instead costs one Parquet scan each, and the ``requests`` /
+# ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
+# request counts.)
 _TTFT = "COALESCE(SpanAttributesFloat['{k}'], CAST(SpanAttributesInt['{k}'] AS DOUBLE))"
 AGENT_SPANS_SQL = f"""
 CREATE OR REPLACE VIEW kvtrace_agent_spans AS
 SELECT name, session_id, turn, start_ns, end_ns,
-       CASE name WHEN '{sc.SPAN_AGENT_LLM_CALL}' THEN {_TTFT.format(k=sc.LLM_TTFT_MS)}
-                 WHEN '{sc.SPAN_PROXY_REQUEST}' THEN {_TTFT.format(k=sc.REQUEST_TTFT_MS)} END AS ttft_ms
+       CASE name WHEN {_LLM} THEN {_TTFT.format(k=sc.LLM_TTFT_MS)}
+                 WHEN {_REQUEST} THEN {_TTFT.format(k=sc.REQUEST_TTFT_MS)} END AS ttft_ms
 FROM spans
-WHERE name IN ('{sc.SPAN_AGENT_SESSION}', '{sc.SPAN_AGENT_TURN}', '{sc.SPAN_AGENT_LLM_CALL}',
-               '{sc.SPAN_AGENT_TOOL_CALL}', '{sc.SPAN_AGENT_APP_WORK}', '{sc.SPAN_PROXY_REQUEST}')
-  AND session_id IS NOT NULL
+WHERE name IN ({_SESSION}, {_TURN}, {_LLM}, {_TOOL}, {_APP}, {_REQUEST}) AND session_id IS NOT NULL
 """
 BASE_CTE = "base AS MATERIALIZED (SELECT * FROM kvtrace_agent_spans)"
 
-# Session windows and turn counts by the ``sessions`` view's rules (agent session spans, else the
-# proxy's requests; turns from agent turn spans, else distinct request turns).
-# ``test_analysis_breakdown`` checks they agree with that view.
-SESSION_WINDOWS_CTE = f"""
-sw_sess AS (
-    SELECT session_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM base
-    WHERE name = '{sc.SPAN_AGENT_SESSION}' GROUP BY session_id
+# Session and turn windows, turn counts, and which sessions have agent LLM calls, from one grouping
+# by (session, turn).  Session windows and turn counts follow the ``sessions`` view's rules (agent
+# session spans, else the proxy's requests; turns from agent turn spans, else distinct request
+# turns; ``test_analysis_breakdown`` checks they agree with that view).  Turn windows: agent turn
+# spans; sessions without any (agent not instrumented) use the span of the proxy's requests per
+# (session, turn).  The proxy numbers requests, not agent turns, so the two are never mixed within
+# a session.  ``sess`` has every session id seen (also those with turn spans only, which have
+# turn windows but no session window).  Turn windows take the per-session flags from window
+# functions over ``st`` rather than from a join with ``sess``, so ``st`` is read once and a filter
+# on the session id is pushed down to ``base``.
+WINDOWS_CTE = f"""
+st AS (
+    SELECT session_id, turn,
+           min(start_ns) FILTER (WHERE name = {_SESSION}) AS sess_start,
+           max(end_ns) FILTER (WHERE name = {_SESSION}) AS sess_end,
+           min(start_ns) FILTER (WHERE name = {_TURN}) AS turn_start,
+           max(end_ns) FILTER (WHERE name = {_TURN}) AS turn_end,
+           min(start_ns) FILTER (WHERE name = {_REQUEST}) AS req_start,
+           max(end_ns) FILTER (WHERE name = {_REQUEST}) AS req_end,
+           count(*) FILTER (WHERE name = {_LLM}) AS llm_calls
+    FROM base WHERE name IN ({_SESSION}, {_TURN}, {_LLM}, {_REQUEST})
+    GROUP BY session_id, turn
 ),
-sw_req AS (
-    SELECT session_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns, count(DISTINCT turn) AS turns
-    FROM base WHERE name = '{sc.SPAN_PROXY_REQUEST}' GROUP BY session_id
-),
-sw_trn AS (
-    SELECT session_id, count(DISTINCT turn) AS turns FROM base
-    WHERE name = '{sc.SPAN_AGENT_TURN}' GROUP BY session_id
+sess AS (
+    SELECT session_id,
+           COALESCE(min(sess_start), min(req_start)) AS start_ns,
+           COALESCE(max(sess_end), max(req_end)) AS end_ns,
+           CASE WHEN count(turn_start) > 0 THEN count(turn) FILTER (WHERE turn_start IS NOT NULL)
+                ELSE count(turn) FILTER (WHERE req_start IS NOT NULL) END AS turns,
+           count(turn) FILTER (WHERE turn_start IS NOT NULL) > 0 AS agent_turns,
+           sum(llm_calls) > 0 AS agent_calls
+    FROM st GROUP BY session_id
 ),
 session_windows AS (
-    SELECT session_id, COALESCE(sw_sess.start_ns, sw_req.start_ns) AS start_ns,
-           COALESCE(sw_sess.end_ns, sw_req.end_ns) AS end_ns, COALESCE(sw_trn.turns, sw_req.turns, 0) AS turns
-    FROM sw_sess FULL OUTER JOIN sw_req USING (session_id) LEFT JOIN sw_trn USING (session_id)
-)"""
-
-# Intervals of every session, one row per (interval, category); ``turn`` may be NULL.
-INTERVALS_CTE = f"""
-llm_sessions AS (SELECT DISTINCT session_id FROM base WHERE name = '{sc.SPAN_AGENT_LLM_CALL}'),
-calls AS (
-    SELECT session_id, turn, start_ns AS s, end_ns AS e, ttft_ms FROM base
-    WHERE name = '{sc.SPAN_AGENT_LLM_CALL}'
-    UNION ALL
-    SELECT session_id, turn, start_ns, end_ns, ttft_ms FROM base
-    WHERE name = '{sc.SPAN_PROXY_REQUEST}' AND session_id NOT IN (SELECT session_id FROM llm_sessions)
+    SELECT session_id, start_ns, end_ns, turns, agent_calls FROM sess WHERE start_ns IS NOT NULL
 ),
-split AS (
-    SELECT session_id, turn, s, e,
-           CASE WHEN ttft_ms IS NULL THEN e
-                ELSE least(e, s + CAST(round(ttft_ms * 1e6) AS BIGINT)) END AS ft
-    FROM calls
-),
-intervals AS (
-    SELECT session_id, turn, s, ft AS e, {CAT_INPUT} AS cat FROM split
-    UNION ALL
-    SELECT session_id, turn, ft, e, {CAT_GEN} FROM split WHERE ft < e
-    UNION ALL
-    SELECT session_id, turn, start_ns, end_ns, {CAT_TOOL} FROM base WHERE name = '{sc.SPAN_AGENT_TOOL_CALL}'
-    UNION ALL
-    SELECT session_id, turn, start_ns, end_ns, {CAT_APP} FROM base WHERE name = '{sc.SPAN_AGENT_APP_WORK}'
-)"""
-
-# Turn windows: agent turn spans; sessions without any (agent not instrumented) use the span of
-# the proxy's requests per (session, turn).  The proxy numbers requests, not agent turns, so the
-# two are never mixed within a session.
-TURN_WINDOWS_CTE = f"""
-tw_agent AS (
-    SELECT session_id, turn, min(start_ns) AS start_ns, max(end_ns) AS end_ns
-    FROM base WHERE name = '{sc.SPAN_AGENT_TURN}' AND turn IS NOT NULL
-    GROUP BY session_id, turn
-),
-tw_proxy AS (
-    SELECT session_id, turn, min(start_ns) AS start_ns, max(end_ns) AS end_ns
-    FROM base WHERE name = '{sc.SPAN_PROXY_REQUEST}' AND turn IS NOT NULL
-    GROUP BY session_id, turn
+st_flags AS (
+    SELECT *, bool_or(turn IS NOT NULL AND turn_start IS NOT NULL) OVER by_session AS agent_turns,
+           bool_or(llm_calls > 0) OVER by_session AS agent_calls
+    FROM st WINDOW by_session AS (PARTITION BY session_id)
 ),
 turn_windows AS (
-    SELECT * FROM tw_agent
-    UNION ALL
-    SELECT p.* FROM tw_proxy p ANTI JOIN (SELECT DISTINCT session_id FROM tw_agent) a ON a.session_id = p.session_id
+    SELECT session_id, turn,
+           CASE WHEN agent_turns THEN turn_start ELSE req_start END AS start_ns,
+           CASE WHEN agent_turns THEN turn_end ELSE req_end END AS end_ns, agent_calls
+    FROM st_flags
+    WHERE turn IS NOT NULL AND (CASE WHEN agent_turns THEN turn_start ELSE req_start END) IS NOT NULL
 )"""
 
-SESSION_WINDOWS_SQL = f"CREATE OR REPLACE VIEW kvtrace_session_windows AS WITH {BASE_CTE}, {SESSION_WINDOWS_CTE} " \
-                      "SELECT * FROM session_windows"
-INTERVALS_SQL = f"CREATE OR REPLACE VIEW kvtrace_intervals AS WITH {BASE_CTE}, {INTERVALS_CTE} SELECT * FROM intervals"
-TURN_WINDOWS_SQL = f"CREATE OR REPLACE VIEW kvtrace_turn_windows AS WITH {BASE_CTE}, {TURN_WINDOWS_CTE} " \
-                   "SELECT * FROM turn_windows"
+# The intervals the unions are taken over; ``turn`` may be NULL.  Each LLM call (or request) gives
+# one CAT_INPUT row for the whole call (start → end: input processing, plus the generation it
+# hides) and one CAT_GEN row from the first token (start + TTFT) to the end when it produced one;
+# tools and app work give one row each.  ``proxy`` marks the request spans' rows: they count only
+# in sessions without agent ``llm_call`` spans (``agent_calls`` of the windows).
+INTERVALS_CTE = f"""
+split AS (
+    SELECT session_id, turn, start_ns AS s, end_ns AS e, name = {_REQUEST} AS proxy,
+           CASE WHEN ttft_ms IS NULL THEN end_ns
+                ELSE least(end_ns, start_ns + CAST(round(ttft_ms * 1e6) AS BIGINT)) END AS ft
+    FROM base WHERE name IN ({_LLM}, {_REQUEST})
+),
+intervals AS (
+    SELECT session_id, turn, least(s, ft) AS s, e, {CAT_INPUT} AS cat, proxy FROM split
+    UNION ALL
+    SELECT session_id, turn, ft, e, {CAT_GEN}, proxy FROM split WHERE ft < e
+    UNION ALL
+    SELECT session_id, turn, start_ns, end_ns, CASE name WHEN {_TOOL} THEN {CAT_TOOL} ELSE {CAT_APP} END, false
+    FROM base WHERE name IN ({_TOOL}, {_APP})
+)"""
+
+SESSION_WINDOWS_SQL = f"CREATE OR REPLACE VIEW kvtrace_session_windows AS WITH {BASE_CTE}, {WINDOWS_CTE} " \
+                      "SELECT session_id, start_ns, end_ns, turns FROM session_windows"
+INTERVALS_SQL = f"CREATE OR REPLACE VIEW kvtrace_intervals AS WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE} " \
+                "SELECT session_id, turn, s, e, cat FROM intervals i " \
+                "WHERE NOT proxy OR session_id IN (SELECT session_id FROM sess WHERE NOT agent_calls)"
+TURN_WINDOWS_SQL = f"CREATE OR REPLACE VIEW kvtrace_turn_windows AS WITH {BASE_CTE}, {WINDOWS_CTE} " \
+                   "SELECT session_id, turn, start_ns, end_ns FROM turn_windows"
 
 
-def _sweep_sql(view: str, ctes: str, windows: str, keys: list[str], clipped: str, extra_cols: str) -> str:
-    """The sweep over ``clipped`` intervals (columns keys..., s, e, cat) inside ``windows``
-    (keys..., ws, we); output one row per window with the four parts in ms.  Rows at the same
-    instant need no grouping: between them the segment length is 0, and the last of them carries
-    the running counts after all of that instant's events.  Partitions are keyed by the hash of
-    the session id first (an integer sort), then the id itself (exact)."""
+def _sweep_sql(view: str, windows: str, keys: list[str], clipped: str, extra_cols: str) -> str:
+    """The nested unions over ``clipped`` intervals (columns keys..., s, e, cat) inside ``windows``
+    (keys..., ws, we, agent_calls); output one row per window with the four parts in ms.  Rows of
+    each window in start order: ``m<c>`` is the largest end among the earlier rows counted in
+    U(c), so ``e - max(s, m)`` (when positive) is what the row adds to U(c).  Ties in start order
+    are harmless: the earlier of two tied rows is in the other's maximum."""
     k = ", ".join(keys)
-    part = ", ".join(["hash(session_id)", *keys])
-    on = " AND ".join(f"w.{c} = a.{c}" for c in keys)
     return f"""
 CREATE OR REPLACE VIEW {view} AS
-WITH {BASE_CTE}, {ctes},
+WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE},
 w AS ({windows}),
 iv AS ({clipped}),
-ev AS (
-    SELECT {k}, s AS t, cat, 1 AS d FROM iv
-    UNION ALL
-    SELECT {k}, e, cat, -1 FROM iv
-    UNION ALL SELECT {k}, ws, 0, 0 FROM w
-    UNION ALL SELECT {k}, we, 0, 0 FROM w
+gen AS (
+    SELECT {k}, s, e, max(e) OVER (PARTITION BY {k} ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m4
+    FROM iv WHERE cat = {CAT_GEN}
 ),
-sweep AS (
-    SELECT {k}, t,
-           lead(t) OVER run AS nt,
-           sum(CASE WHEN cat = {CAT_GEN} THEN d ELSE 0 END) OVER run AS a4,
-           sum(CASE WHEN cat = {CAT_INPUT} THEN d ELSE 0 END) OVER run AS a3,
-           sum(CASE WHEN cat = {CAT_TOOL} THEN d ELSE 0 END) OVER run AS a2,
-           sum(CASE WHEN cat = {CAT_APP} THEN d ELSE 0 END) OVER run AS a1
-    FROM ev
-    WINDOW run AS (PARTITION BY {part} ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+run AS (
+    SELECT {k}, s, e, cat,
+           max(CASE WHEN cat = {CAT_INPUT} THEN e END) OVER r AS m3,
+           max(CASE WHEN cat >= {CAT_TOOL} THEN e END) OVER r AS m2,
+           max(e) OVER r AS m1
+    FROM iv WHERE cat < {CAT_GEN}
+    WINDOW r AS (PARTITION BY {k} ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ),
-a AS (
+u AS (
     SELECT {k},
-           sum(CASE WHEN a4 > 0 THEN nt - t ELSE 0 END) AS gen_ns,
-           sum(CASE WHEN a4 <= 0 AND a3 > 0 THEN nt - t ELSE 0 END) AS input_ns,
-           sum(CASE WHEN a4 <= 0 AND a3 <= 0 AND a2 > 0 THEN nt - t ELSE 0 END) AS tool_ns,
-           sum(CASE WHEN a4 <= 0 AND a3 <= 0 AND a2 <= 0 AND a1 > 0 THEN nt - t ELSE 0 END) AS app_ns,
-           sum(CASE WHEN a4 <= 0 AND a3 <= 0 AND a2 <= 0 AND a1 <= 0 THEN nt - t ELSE 0 END) AS idle_ns
-    FROM sweep WHERE nt IS NOT NULL
-    GROUP BY {k}
-)
-SELECT {", ".join(f"w.{c}" for c in keys)},
+           sum(CASE WHEN cat = {CAT_INPUT} THEN greatest(e - greatest(s, m3), 0) ELSE 0 END) AS u3,
+           sum(CASE WHEN cat >= {CAT_TOOL} THEN greatest(e - greatest(s, m2), 0) ELSE 0 END) AS u2,
+           sum(greatest(e - greatest(s, m1), 0)) AS u1
+    FROM run GROUP BY {k}
+),
+g AS (SELECT {k}, sum(greatest(e - greatest(s, m4), 0)) AS u4 FROM gen GROUP BY {k})
+SELECT {k},
        (w.we - w.ws) / 1e6 AS wall_ms,
-       coalesce(a.input_ns, 0) / 1e6 AS input_processing_ms,
-       coalesce(a.gen_ns, 0) / 1e6 AS generation_ms,
-       coalesce(a.tool_ns, 0) / 1e6 AS tool_wait_ms,
-       (coalesce(a.app_ns, 0) + coalesce(a.idle_ns, w.we - w.ws)) / 1e6 AS app_work_ms,
+       (coalesce(u.u3, 0) - coalesce(g.u4, 0)) / 1e6 AS input_processing_ms,
+       coalesce(g.u4, 0) / 1e6 AS generation_ms,
+       coalesce(u.u2 - u.u3, 0) / 1e6 AS tool_wait_ms,
+       (w.we - w.ws - coalesce(u.u2, 0)) / 1e6 AS app_work_ms,
        {extra_cols},
-       coalesce(a.idle_ns, w.we - w.ws) / 1e6 AS unattributed_ms,
+       (w.we - w.ws - coalesce(u.u1, 0)) / 1e6 AS unattributed_ms,
        w.ws AS start_ns, w.we AS end_ns
-FROM w LEFT JOIN a ON {on}
+FROM w LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k})
 """
 
 
+# an interval clipped to the window it joined, kept if anything is left and it counts there
+_CLIP = "greatest(i.s, w.ws) AS s, least(i.e, w.we) AS e, i.cat"
+_KEEP = "least(i.e, w.we) > greatest(i.s, w.ws) AND (NOT i.proxy OR NOT w.agent_calls)"
+
 SESSION_BREAKDOWN_SQL = _sweep_sql(
     "session_breakdown",
-    ctes=f"{SESSION_WINDOWS_CTE}, {INTERVALS_CTE}",
-    windows="SELECT session_id, start_ns AS ws, end_ns AS we, turns FROM session_windows "
+    windows="SELECT session_id, start_ns AS ws, end_ns AS we, turns, agent_calls FROM session_windows "
     "WHERE end_ns >= start_ns",
     keys=["session_id"],
-    clipped="SELECT i.session_id, greatest(i.s, w.ws) AS s, least(i.e, w.we) AS e, i.cat "
-    "FROM intervals i JOIN w ON i.session_id = w.session_id "
-    "WHERE least(i.e, w.we) > greatest(i.s, w.ws)",
+    clipped=f"SELECT w.session_id, {_CLIP} FROM intervals i JOIN w ON i.session_id = w.session_id WHERE {_KEEP}",
     extra_cols="w.turns",
 )
 
 # Intervals join their turn by the turn attribute; intervals without one join every turn window
-# of their session they overlap.
+# of their session they overlap: each window is listed twice, under its turn (``jt``) and under
+# NULL, and the join matches ``turn IS NOT DISTINCT FROM jt`` (one hash join, one read of the
+# intervals, so a session filter still reaches them).
 TURN_BREAKDOWN_SQL = _sweep_sql(
     "turn_breakdown",
-    ctes=f"{TURN_WINDOWS_CTE}, {INTERVALS_CTE}",
-    windows="SELECT session_id, turn, start_ns AS ws, end_ns AS we FROM turn_windows WHERE end_ns >= start_ns",
+    windows="SELECT session_id, turn, start_ns AS ws, end_ns AS we, agent_calls FROM turn_windows "
+    "WHERE end_ns >= start_ns",
     keys=["session_id", "turn"],
-    clipped="SELECT w.session_id, w.turn, greatest(i.s, w.ws) AS s, least(i.e, w.we) AS e, i.cat "
-    "FROM intervals i JOIN w ON i.session_id = w.session_id AND i.turn = w.turn "
-    "WHERE least(i.e, w.we) > greatest(i.s, w.ws) "
-    "UNION ALL "
-    "SELECT w.session_id, w.turn, greatest(i.s, w.ws), least(i.e, w.we), i.cat "
-    "FROM intervals i JOIN w ON i.session_id = w.session_id "
-    "WHERE i.turn IS NULL AND least(i.e, w.we) > greatest(i.s, w.ws)",
+    clipped=f"SELECT w.session_id, w.turn, {_CLIP} "
+    "FROM intervals i JOIN (SELECT *, turn AS jt FROM w UNION ALL SELECT *, NULL AS jt FROM w) w "
+    f"ON i.session_id = w.session_id AND i.turn IS NOT DISTINCT FROM w.jt WHERE {_KEEP}",
     extra_cols="1 AS turns",
 )
 
