@@ -12,6 +12,7 @@ import argparse
 import datetime as dt
 import sys
 
+import altair as alt
 import streamlit as st
 
 from kvtrace import settings
@@ -26,6 +27,10 @@ PART_LABELS = {
     "tool_wait_ms": "tool waits",
     "app_work_ms": "app work",
 }
+
+
+# Fit the container's width only: a chart's ``height`` (number or ``alt.Step``) is its plot area's.
+FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
 
 def config() -> dict:
@@ -68,6 +73,24 @@ def q(fn, directory: str, *args, **kwargs):
 def df(table):
     """Arrow table → pandas DataFrame (what Altair and st.dataframe like best)."""
     return table.to_pandas() if hasattr(table, "to_pandas") else table
+
+
+def chart(target, altair_chart) -> None:
+    """Draw ``altair_chart`` on ``target`` (``st`` or a column) at the container's width.
+
+    Every page draws its charts through here.  A spec without ``autosize`` gets Streamlit's
+    ``{"type": "fit", "contains": "padding"}``, which squeezes the whole view (title, axes, axis
+    titles, legend) into ``height``: a short chart keeps about 1 px for its data (horizontal bars
+    collapse onto one line, their labels overlap) and a legend taller than ``height`` is cut.
+    ``fit-x`` fits only the width; the plot area gets ``height`` and the decorations come on top.
+    """
+    target.altair_chart(altair_chart.properties(autosize=FIT_WIDTH), width="stretch")
+
+
+def ranked(frame, column: str, order: list[str]):
+    """``frame`` with a ``rank`` column (position of ``column``'s value in ``order``) for ``alt.Order``,
+    so stacks are drawn in legend order."""
+    return frame.assign(rank=frame[column].map({v: i for i, v in enumerate(order)}))
 
 
 def current_dir() -> str:

@@ -3,7 +3,7 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import PART_LABELS, config, fmt_ms, q, sidebar
+from common import PART_LABELS, chart, config, fmt_ms, q, sidebar
 
 from kvtrace.analysis import latency, reuse, sessions
 from kvtrace.analysis.filters import Filters
@@ -31,10 +31,10 @@ ratios = rows.melt(id_vars=["turn"], value_vars=["ttft_p50_ms_ratio", "task_p50_
                    value_name="ratio").dropna()
 if not ratios.empty:
     bars = alt.Chart(ratios).mark_bar().encode(
-        x=alt.X("turn:O"), xOffset="metric:N", y=alt.Y("ratio:Q"), color="metric:N",
+        x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), xOffset="metric:N", y=alt.Y("ratio:Q"), color="metric:N",
         tooltip=["turn", "metric", alt.Tooltip("ratio:Q", format=".3f")])
-    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")
-    st.altair_chart((bars + one).properties(height=280), width="stretch")
+    one = alt.Chart(pd.DataFrame({"ratio": [1.0]})).mark_rule(strokeDash=[4, 4]).encode(y="ratio:Q")
+    chart(st, (bars + one).properties(height=280))
 st.dataframe(rows, hide_index=True, width="stretch")
 
 st.subheader("Totals")

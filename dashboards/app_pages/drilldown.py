@@ -3,12 +3,13 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import PART_LABELS, df, fmt_ms, no_data, q, sidebar
+from common import PART_LABELS, chart, df, fmt_ms, no_data, q, ranked, sidebar
 
 from kvtrace.analysis import sessions
 from kvtrace.analysis.filters import Filters
 
 MAX_SPANS = 2000
+ROW_PX, MAX_PX = 16, 12000  # waterfall: one 16 px row per span, plot at most 12000 px tall
 
 directory, filters, facets = sidebar()
 st.title("Session drill-down")
@@ -41,14 +42,12 @@ if not turns.empty:
     st.subheader("Turns")
     long = turns.melt(id_vars=["turn"], value_vars=list(PART_LABELS), var_name="part", value_name="ms")
     long["part"] = long["part"].map(PART_LABELS)
-    st.altair_chart(
-        alt.Chart(long).mark_bar().encode(
-            x=alt.X("turn:O"), y=alt.Y("ms:Q", stack="zero"),
-            color=alt.Color("part:N", sort=list(PART_LABELS.values())),
-            tooltip=["turn", "part", alt.Tooltip("ms:Q", format=",.1f")],
-        ).properties(height=220),
-        width="stretch",
-    )
+    parts = list(PART_LABELS.values())
+    chart(st, alt.Chart(ranked(long, "part", parts)).mark_bar().encode(
+        x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms:Q", stack="zero"),
+        color=alt.Color("part:N", sort=parts), order=alt.Order("rank:Q"),
+        tooltip=["turn", "part", alt.Tooltip("ms:Q", format=",.1f")],
+    ).properties(height=220))
     st.dataframe(turns.drop(columns=["session_id", "end_ns"]), hide_index=True, width="stretch")
 
 spans = q(sessions.spans_of_session, directory, session_id, limit=MAX_SPANS, clip_ns=info["end_ns"])
@@ -60,18 +59,14 @@ if spans:
         for i, r in enumerate(spans)
     ]
     frame["shown_ms"] = frame["end_ms"] - frame["start_ms"]
-    chart = (
-        alt.Chart(frame)
-        .mark_bar()
-        .encode(
-            x=alt.X("start_ms:Q", title="ms since the session's first span"),
-            x2="end_ms:Q",
-            y=alt.Y("label:N", sort=None, title=None, axis=alt.Axis(labelLimit=320)),
-            color=alt.Color("lane:N", title="lane"),
-            tooltip=["name", "service_name", "engine_id", "turn", "request_id",
-                     alt.Tooltip("duration_ms:Q", format=",.2f"), "status_code", "clipped"],
-        )
-        .properties(height=min(12000, max(200, 14 * len(frame))))
-    )
-    st.altair_chart(chart, width="stretch")
+    dense = ROW_PX * len(frame) > MAX_PX  # then thin out the labels rather than stack them
+    chart(st, alt.Chart(frame).mark_bar().encode(
+        x=alt.X("start_ms:Q", title="ms since the session's first span"),
+        x2="end_ms:Q",
+        y=alt.Y("label:N", sort=None, title=None,
+                axis=alt.Axis(labelLimit=320, labelOverlap="greedy" if dense else False)),
+        color=alt.Color("lane:N", title="lane"),
+        tooltip=["name", "service_name", "engine_id", "turn", "request_id",
+                 alt.Tooltip("duration_ms:Q", format=",.2f"), "status_code", "clipped"],
+    ).properties(height=MAX_PX if dense else alt.Step(ROW_PX)))
     st.caption("Retention spans still held after the session ended are cut at its end (clipped).")

@@ -2,7 +2,7 @@
 
 import altair as alt
 import streamlit as st
-from common import df, no_data, q, sidebar
+from common import chart, df, no_data, q, sidebar
 
 from kvtrace.analysis import latency
 
@@ -19,19 +19,13 @@ if table.empty:
     st.stop()
 left, right = st.columns(2)
 ttft = table.melt(id_vars=["turn"], value_vars=["ttft_p50_ms", "ttft_p90_ms"], var_name="stat", value_name="ms")
-left.altair_chart(
-    alt.Chart(ttft.dropna()).mark_line(point=True).encode(
-        x=alt.X("turn:O"), y=alt.Y("ms:Q", title="TTFT ms"), color="stat:N",
-        tooltip=["turn", "stat", alt.Tooltip("ms:Q", format=",.1f")],
-    ).properties(title="Time to first token", height=280),
-    width="stretch",
-)
+chart(left, alt.Chart(ttft.dropna()).mark_line(point=True).encode(
+    x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms:Q", title="TTFT ms"), color="stat:N",
+    strokeDash="stat:N", tooltip=["turn", "stat", alt.Tooltip("ms:Q", format=",.1f")],
+).properties(title="Time to first token", height=280))
 task = table.melt(id_vars=["turn"], value_vars=["task_p50_ms", "task_p90_ms"], var_name="stat", value_name="ms")
-right.altair_chart(
-    alt.Chart(task.dropna()).mark_line(point=True).encode(
-        x=alt.X("turn:O"), y=alt.Y("ms:Q", title="turn ms"), color="stat:N",
-        tooltip=["turn", "stat", alt.Tooltip("ms:Q", format=",.1f")],
-    ).properties(title="Completed-task latency", height=280),
-    width="stretch",
-)
+chart(right, alt.Chart(task.dropna()).mark_line(point=True).encode(
+    x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms:Q", title="turn ms"), color="stat:N",
+    strokeDash="stat:N", tooltip=["turn", "stat", alt.Tooltip("ms:Q", format=",.1f")],
+).properties(title="Completed-task latency", height=280))
 st.dataframe(table, hide_index=True, width="stretch")

@@ -3,7 +3,7 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import df, fmt_bytes, no_data, q, sidebar
+from common import chart, df, fmt_bytes, no_data, q, sidebar
 
 from kvtrace.analysis import retention
 
@@ -25,13 +25,10 @@ series = df(q(retention.series, directory, filters, max_points=1500))
 if not series.empty:
     series["time"] = pd.to_datetime(series["t"], unit="ns", utc=True)
     series["GiB held"] = series["bytes_held"] / 2**30
-    st.altair_chart(
-        alt.Chart(series).mark_line(interpolate="step-after").encode(
-            x=alt.X("time:T", title="time (UTC)"), y=alt.Y("GiB held:Q"), color=alt.Color("engine_id:N", title="D engine"),
-            tooltip=["engine_id", "time:T", alt.Tooltip("GiB held:Q", format=",.3f"), "blocks_held"],
-        ).properties(title="KV held on D over time (bucket maxima)", height=300),
-        width="stretch",
-    )
+    chart(st, alt.Chart(series).mark_line(interpolate="step-after").encode(
+        x=alt.X("time:T", title="time (UTC)"), y=alt.Y("GiB held:Q"), color=alt.Color("engine_id:N", title="D engine"),
+        tooltip=["engine_id", "time:T", alt.Tooltip("GiB held:Q", format=",.3f"), "blocks_held"],
+    ).properties(title="KV held on D over time (bucket maxima)", height=300))
 st.subheader("Per decode engine")
 st.dataframe(pd.DataFrame(q(retention.summary, directory, filters)), hide_index=True, width="stretch")
 st.subheader("Expiries")

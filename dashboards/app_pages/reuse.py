@@ -3,7 +3,7 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import df, fmt_bytes, fmt_ms, no_data, q, sidebar
+from common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar
 
 from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
@@ -30,36 +30,28 @@ c[4].metric("Break-even", "–" if s["break_even_tokens"] is None else f"{s['bre
 left, right = st.columns(2)
 mix = df(q(reuse.decision_mix, directory, filters))
 if not mix.empty:
-    left.altair_chart(
-        alt.Chart(mix).mark_bar().encode(
-            x=alt.X("decisions:Q"), y=alt.Y("direction:N", title=None), color=alt.Color("outcome:N"),
-            tooltip=["direction", "outcome", "decisions", "pulled_tokens", "recomputed_tokens"],
-        ).properties(title="Decision mix", height=140),
-        width="stretch",
-    )
+    chart(left, alt.Chart(mix).mark_bar().encode(
+        x=alt.X("decisions:Q"), y=alt.Y("direction:N", title=None), color=alt.Color("outcome:N"),
+        tooltip=["direction", "outcome", "decisions", "pulled_tokens", "recomputed_tokens"],
+    ).properties(title="Decision mix", height=alt.Step(28)))
 offers = df(q(reuse.offer_mix, directory, filters))
 if not offers.empty:
-    right.altair_chart(
-        alt.Chart(offers).mark_bar().encode(
-            x=alt.X("requests:Q"), y=alt.Y("offer_reason:N", sort="-x", title=None),
-            tooltip=["offer_reason", "requests"],
-        ).properties(title="Proxy: offered D's blocks to P?", height=140),
-        width="stretch",
-    )
+    chart(right, alt.Chart(offers).mark_bar().encode(
+        x=alt.X("requests:Q"), y=alt.Y("offer_reason:N", sort="-x", title=None),
+        tooltip=["offer_reason", "requests"],
+    ).properties(title="Proxy: offered D's blocks to P?", height=alt.Step(28)))
 
 tokens = df(q(reuse.tokens_by_source, directory, filters))
 if not tokens.empty:
     long = tokens.melt(id_vars=["turn"], value_vars=["local_hit_tokens", "pulled_tokens", "computed_tokens"],
                        var_name="source", value_name="tokens")
     long["source"] = long["source"].str.replace("_tokens", "")
-    st.altair_chart(
-        alt.Chart(long).mark_bar().encode(
-            x=alt.X("turn:O"), y=alt.Y("tokens:Q", stack="zero"),
-            color=alt.Color("source:N", sort=["local_hit", "pulled", "computed"]),
-            tooltip=["turn", "source", alt.Tooltip("tokens:Q", format=",")],
-        ).properties(title="P's prompt tokens by source, per turn index", height=260),
-        width="stretch",
-    )
+    sources = ["local_hit", "pulled", "computed"]
+    chart(st, alt.Chart(ranked(long, "source", sources)).mark_bar().encode(
+        x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("tokens:Q", stack="zero"),
+        color=alt.Color("source:N", sort=sources), order=alt.Order("rank:Q"),
+        tooltip=["turn", "source", alt.Tooltip("tokens:Q", format=",")],
+    ).properties(title="P's prompt tokens by source, per turn index", height=260))
 
 reqs = df(q(reuse.requests, directory, filters, limit=5000))
 pulled = reqs[reqs["outcome"] == sc.OUTCOME_PULLED] if not reqs.empty else reqs
@@ -75,12 +67,14 @@ if not pulled.empty:
     if s["break_even_tokens"] is not None:
         rule = pd.DataFrame({"tokens": [s["break_even_tokens"]], "label": ["break-even"]})
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 3]).encode(x="tokens:Q", tooltip=["label", "tokens"]))
-    st.altair_chart(alt.layer(*layers).properties(title="Transfer vs recompute per pulled request", height=320),
-                    width="stretch")
+    chart(st, alt.layer(*layers).properties(title="Transfer vs recompute per pulled request", height=320))
     st.caption("Recompute estimate = pulled tokens ÷ the P worker's observed prefill rate. The dashed line is "
                "the break-even token count: above it pulling is cheaper than recomputing.")
 
 st.subheader("Per request")
 st.dataframe(reqs.head(1000), hide_index=True, width="stretch")
 st.subheader("Transfer cost and break-even per P engine")
-st.dataframe(pd.DataFrame(q(reuse.break_even, directory)), hide_index=True, width="stretch")
+per_engine = pd.DataFrame(q(reuse.break_even, directory))
+if not per_engine.empty:  # the pooled row (all P engines together) has engine_id NULL
+    per_engine["engine_id"] = per_engine["engine_id"].fillna("(all engines)")
+st.dataframe(per_engine, hide_index=True, width="stretch")

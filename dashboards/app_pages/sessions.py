@@ -3,7 +3,7 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import PART_LABELS, df, fmt_ms, no_data, q, sidebar
+from common import PART_LABELS, chart, df, fmt_ms, no_data, q, ranked, sidebar
 
 from kvtrace.analysis import sessions
 from kvtrace.analysis.breakdown import PRECEDENCE
@@ -32,29 +32,23 @@ limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, s
 table = df(q(sessions.breakdown, directory, filters, order=order, descending=descending, limit=int(limit)))
 
 top = table.head(50)
+parts = list(PART_LABELS.values())
 if not top.empty:
     long = top.melt(id_vars=["session_id"], value_vars=list(PART_LABELS), var_name="part", value_name="ms")
     long["part"] = long["part"].map(PART_LABELS)
-    chart = (
-        alt.Chart(long)
-        .mark_bar()
-        .encode(
-            y=alt.Y("session_id:N", sort=list(top["session_id"]), title=None),
-            x=alt.X("ms:Q", stack="zero", title="ms"),
-            color=alt.Color("part:N", sort=list(PART_LABELS.values()), title="part"),
-            order=alt.Order("part:N"),
-            tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
-        )
-        .properties(height=max(120, 18 * len(top)), title=f"First {len(top)} sessions by {order}")
-    )
-    st.altair_chart(chart, width="stretch")
+    chart(st, alt.Chart(ranked(long, "part", parts)).mark_bar().encode(
+        y=alt.Y("session_id:N", sort=list(top["session_id"]), title=None, axis=alt.Axis(labelLimit=240)),
+        x=alt.X("ms:Q", stack="zero", title="ms"),
+        color=alt.Color("part:N", sort=parts, title="part"),
+        order=alt.Order("rank:Q"),
+        tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
+    ).properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order}"))
 
-totals = pd.DataFrame({"part": list(PART_LABELS.values()), "ms": [tot[k] for k in PART_LABELS]})
-st.altair_chart(
-    alt.Chart(totals).mark_bar().encode(x=alt.X("ms:Q", stack="normalize", title="share of all wall time"),
-                                        color=alt.Color("part:N", sort=list(PART_LABELS.values())),
-                                        tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")])
-    .properties(height=60, title="All sessions"),
-    width="stretch",
-)
+totals = pd.DataFrame({"part": parts, "ms": [tot[k] for k in PART_LABELS]})
+chart(st, alt.Chart(ranked(totals, "part", parts)).mark_bar().encode(
+    x=alt.X("ms:Q", stack="normalize", title="share of all wall time", axis=alt.Axis(format="%")),
+    color=alt.Color("part:N", sort=parts, title="part"),
+    order=alt.Order("rank:Q"),
+    tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")],
+).properties(height=40, title="All sessions"))
 st.dataframe(table.drop(columns=["end_ns"]), hide_index=True, width="stretch")
