@@ -12,7 +12,6 @@ import json
 import math
 
 import aiohttp
-import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer

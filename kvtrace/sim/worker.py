@@ -13,7 +13,6 @@ process, each on its own port.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
