@@ -33,6 +33,21 @@ _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _STATUS_CLIENT_CLOSED = 499
 
 
+
+async def _read_upstream(r, rt, sink) -> str | None:
+    """Pass D's stream to ``sink`` chunk by chunk, marking the first token on the request's span.
+    Returns the upstream error's class name, or None when D ended the stream."""
+    while True:
+        try:
+            chunk = await r.content.readany()
+        except UPSTREAM_ERRORS as exc:
+            return type(exc).__name__
+        if not chunk:
+            return None
+        if rt.ttft_ms is None:
+            rt.first_token()
+        await sink(chunk)
+
 class _Done(Exception):
     """Stop the flow and answer ``response`` (raised by the legs)."""
 
@@ -231,21 +246,15 @@ class Proxy:
             on_params=lambda p: self._on_params(call, p),
         )
         error = None
+
+        async def forward(chunk: bytes) -> None:
+            out = patcher.feed(chunk)
+            if out:
+                await resp.write(out)
+
         try:
             await resp.prepare(request)
-            while True:
-                try:
-                    chunk = await r.content.readany()
-                except UPSTREAM_ERRORS as exc:
-                    error = type(exc).__name__
-                    break
-                if not chunk:
-                    break
-                if rt.ttft_ms is None:
-                    rt.first_token()
-                out = patcher.feed(chunk)
-                if out:
-                    await resp.write(out)
+            error = await _read_upstream(r, rt, forward)
             tail = patcher.flush()
             if tail:
                 await resp.write(tail)
@@ -274,18 +283,12 @@ class Proxy:
         rt = call.rt
         agg = Aggregator(chat=call.req.path == CHAT_PATH)
         error = None
+
+        async def collect(chunk: bytes) -> None:
+            agg.feed(chunk)
+
         try:
-            while True:
-                try:
-                    chunk = await r.content.readany()
-                except UPSTREAM_ERRORS as exc:
-                    error = type(exc).__name__
-                    break
-                if not chunk:
-                    break
-                if rt.ttft_ms is None:
-                    rt.first_token()
-                agg.feed(chunk)
+            error = await _read_upstream(r, rt, collect)
             agg.flush()
         finally:
             r.release() if error is None and agg.done else r.close()
