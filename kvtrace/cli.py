@@ -12,21 +12,19 @@ import importlib
 import logging
 import sys
 
+from kvtrace.errors import CLIError  # noqa: F401  (re-exported: kvtrace.cli.CLIError)
+
 # command -> module implementing it (order = order in --help)
 COMMANDS: dict[str, str] = {
-    "demo": "kvtrace.analysis.demo",
+    "demo": "kvtrace.demo.cli",
     "sim": "kvtrace.sim.cli",
     "proxy": "kvtrace.proxy.cli",
-    "bench": "kvtrace.agent.bench_cli",
+    "bench": "kvtrace.bench.cli",
     "query": "kvtrace.store.cli",
     "report": "kvtrace.analysis.report_cli",
-    "dashboard": "kvtrace.analysis.dashboard_cli",
+    "dashboard": "kvtrace.dashboards.cli",
     "collect": "kvtrace.collect.cli",
 }
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2, no traceback."""
 
 
 def _load(module: str):

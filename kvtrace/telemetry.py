@@ -117,7 +117,7 @@ def configure(
 
 def register_pre_shutdown(fn) -> None:
     """Have :func:`shutdown_all` call ``fn()`` before it flushes the providers, e.g. so
-    :mod:`kvtrace.vllm.deferred` can apply the span operations it still has queued."""
+    :mod:`kvtrace.emit.deferred` can apply the span operations it still has queued."""
     if fn not in _pre_shutdown:
         _pre_shutdown.append(fn)
 

@@ -9,7 +9,7 @@ from kvtrace.analysis import sessions
 from kvtrace.analysis.breakdown import BREAKDOWN_COLUMNS, PART_COLUMNS
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.store import open_store
-from kvtrace.analysis.synth import SpanBuilder
+from kvtrace.testing.synth import SpanBuilder
 
 PARTS = ("wall_ms",) + PART_COLUMNS + ("unattributed_ms",)
 

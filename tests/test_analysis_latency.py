@@ -7,7 +7,7 @@ import pytest
 from kvtrace.analysis import latency
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.store import open_store
-from kvtrace.analysis.synth import SpanBuilder
+from kvtrace.testing.synth import SpanBuilder
 
 
 def _run(directory, ttfts: dict[int, list[float]], task_ms: dict[int, float]):

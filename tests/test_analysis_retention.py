@@ -8,7 +8,7 @@ from kvtrace import semconv as sc
 from kvtrace.analysis import retention
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.store import open_store
-from kvtrace.analysis.synth import SpanBuilder
+from kvtrace.testing.synth import SpanBuilder
 
 MIB4 = 16 * 262_144  # one 16-token block of Qwen3-32B KV
 

@@ -9,7 +9,7 @@ from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.store import open_store
-from kvtrace.analysis.synth import SpanBuilder
+from kvtrace.testing.synth import SpanBuilder
 
 P, D = "sim-p0", "sim-d0"
 

@@ -8,8 +8,8 @@ from statistics import mean
 
 import pytest
 
-from kvtrace.agent import scenarios, vllm_inputs
-from kvtrace.agent.distributions import (
+from kvtrace.bench import scenarios, vllm_inputs
+from kvtrace.bench.distributions import (
     Constant,
     DistributionError,
     Lognormal,
@@ -18,7 +18,7 @@ from kvtrace.agent.distributions import (
     Zipf,
     from_dict,
 )
-from kvtrace.agent.workload import LLMAction, ToolAction, WorkAction, from_scenario
+from kvtrace.bench.workload import LLMAction, ToolAction, WorkAction, from_scenario
 
 
 def rng(seed=1):

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from kvtrace import semconv as sc
-from kvtrace.agent import bench, stats
-from kvtrace.agent.runner import RequestRecord, SessionRecord, TurnRecord
+from kvtrace.bench import bench, stats
+from kvtrace.bench.runner import RequestRecord, SessionRecord, TurnRecord
 from kvtrace.cli import main as kvtrace_main
 
 

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
 from kvtrace import semconv as sc
-from kvtrace.collect import views as collect_views
+from kvtrace.store import vllm_views as collect_views
 from kvtrace.collect.server import Collector
 from kvtrace.store import views
 

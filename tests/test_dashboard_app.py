@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from kvtrace.analysis import latency, reuse, sessions  # noqa: E402
 from kvtrace.analysis.store import open_store  # noqa: E402
-from kvtrace.analysis.synth import sample_store  # noqa: E402
+from kvtrace.testing.synth import sample_store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 PAGES = ["app_pages/sessions.py", "app_pages/drilldown.py", "app_pages/reuse.py", "app_pages/retention.py", "app_pages/latency.py",

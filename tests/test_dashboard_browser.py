@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from kvtrace.analysis.dashboard_cli import command
-from kvtrace.analysis.synth import sample_store
+from kvtrace.dashboards.cli import command
+from kvtrace.testing.synth import sample_store
 
 pytestmark = pytest.mark.timeout(240)
 aiohttp = pytest.importorskip("aiohttp")

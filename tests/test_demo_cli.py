@@ -9,10 +9,11 @@ import re
 import pytest
 
 from kvtrace import semconv as sc
-from kvtrace.agent.scenarios import LLM
-from kvtrace.agent.workload import LLMAction, ToolAction
-from kvtrace.analysis import demo, latency, retention, reuse, sessions
-from kvtrace.analysis.demo import SCENARIOS
+from kvtrace.bench.scenarios import LLM
+from kvtrace.bench.workload import LLMAction, ToolAction
+from kvtrace.analysis import latency, retention, reuse, sessions
+from kvtrace.demo import cli as demo
+from kvtrace.demo.cli import SCENARIOS
 from kvtrace.analysis.store import open_store
 from kvtrace.analysis.text import LATER, ms, noise_for, num, ratio, verdict
 from kvtrace.cli import main

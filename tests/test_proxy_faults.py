@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from kvtrace import semconv as sc
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
-from kvtrace.proxy.testing import FakeWorker
+from kvtrace.testing.proxy import FakeWorker
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}

@@ -166,7 +166,7 @@ def test_parser_only_raises_request_errors(raw):
 def live_proxy():
     """A proxy over fake workers on a background loop (hypothesis tests are synchronous)."""
     from kvtrace.proxy.server import start
-    from kvtrace.proxy.testing import FakeWorker
+    from kvtrace.testing.proxy import FakeWorker
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

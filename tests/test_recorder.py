@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from kvtrace import semconv as sc
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.emit.recorder import KVRecorder
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 ENGINE = {sc.ENGINE_ID: "engine-p", sc.ENGINE_ROLE: sc.ROLE_PREFILL}

@@ -9,7 +9,7 @@ import pytest
 
 from kvtrace.analysis import reuse, sessions
 from kvtrace.analysis.store import open_store
-from kvtrace.analysis.synth import sample_store
+from kvtrace.testing.synth import sample_store
 from kvtrace.cli import main
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -21,7 +21,7 @@ from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.holds import Hold
 from kvtrace.sim.kvcache import KVCache
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.emit.recorder import KVRecorder
 from tests.conftest import require_vllm
 
 BS = 16

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvtrace import semconv as sc
-from kvtrace.analysis.synth import BASE_NS, write_table
+from kvtrace.testing.synth import BASE_NS, write_table
 from kvtrace.store.schema import SCHEMA, TS
 
 TURNS = 8

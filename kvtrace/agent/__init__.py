@@ -1,7 +1,8 @@
-"""kvtrace.agent: agent-side spans (session, turn, LLM call, tool call, app work), trace and
-session propagation to the proxy, a traced ``openai`` client, and the ``kvtrace bench`` driver.
+"""kvtrace.agent: instrumentation for agents, nothing else.
 
-See :mod:`kvtrace.agent.api` for the API and :mod:`kvtrace.agent.bench` for the benchmark.
+Agent-side spans (session, turn, LLM call, tool call, app work), trace and session propagation
+to the proxy, and a traced ``openai`` client.  See :mod:`kvtrace.agent.api` for the API; the
+benchmark that drives agents through it is :mod:`kvtrace.bench`.
 The ``openai`` wrapper is imported lazily (``openai`` is an optional dependency).
 """
 

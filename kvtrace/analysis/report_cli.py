@@ -26,7 +26,7 @@ def run(args) -> int:
     """
     from kvtrace.analysis import report
     from kvtrace.analysis.store import open_store
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.store.views import StoreError
 
     directory = traces_dir(args.traces)
@@ -58,7 +58,7 @@ def _write(path: str | None, content: str) -> None:
     if not path:
         sys.stdout.write(content)
         return
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
 
     try:
         with open(path, "w", encoding="utf-8") as f:

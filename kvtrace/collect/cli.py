@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _addresses(args) -> tuple[str | None, str | None]:
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.collect.server import split_address
 
     grpc_addr, http_addr = args.otlp_grpc, args.otlp_http
@@ -55,7 +55,7 @@ def run(args) -> int:
 
     Example: kvtrace collect --otlp-grpc 127.0.0.1:4317 --otlp-http 127.0.0.1:4318 --traces ./traces
     """
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.collect.server import DEFAULT_MAX_QUEUE_SPANS, Collector
 
     traces = settings.TRACES_DIR.get(args.traces)

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     """ProxyConfig from parsed flags; CLIError on bad values."""
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.proxy.config import ProxyConfig
 
     try:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from kvtrace import telemetry
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.proxy.server import start
 
     config = build_config(args)

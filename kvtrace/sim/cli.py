@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _kv_config(raw: str | None) -> dict | None:
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.sim.scheduler import ConfigError, KVConfig
 
     if not raw:
@@ -46,7 +46,7 @@ def _kv_config(raw: str | None) -> dict | None:
 
 
 def _check(args) -> None:
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
 
     if args.prefill < 0 or args.decode < 0 or args.prefill + args.decode == 0:
         raise CLIError("need at least one worker (--prefill/--decode)")
@@ -95,7 +95,7 @@ def run(args) -> int:
     """
     import asyncio
 
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
 
     _check(args)
     kv_config = _kv_config(args.kv_transfer_config)

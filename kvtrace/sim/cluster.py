@@ -38,7 +38,7 @@ from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.kvcache import KVCache
 from kvtrace.sim.scheduler import KVConfig
 from kvtrace.sim.worker import SimWorker
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.emit.recorder import KVRecorder
 
 SERVICE = {sc.ROLE_PREFILL: "kvtrace-sim-prefill", sc.ROLE_DECODE: "kvtrace-sim-decode"}
 

@@ -3,7 +3,7 @@
 The HTTP layer (:mod:`kvtrace.sim.worker`) creates a :class:`Generation` per request with
 :meth:`Engine.submit`, awaits :meth:`Generation.prefill`, iterates :meth:`Generation.decode`
 and calls :meth:`Generation.finish` (or :meth:`Generation.abort`).  Spans go through
-:class:`kvtrace.vllm.recorder.KVRecorder`, called where the real connector calls it:
+:class:`kvtrace.emit.recorder.KVRecorder`, called where the real connector calls it:
 ``request_started`` on arrival, ``decision`` after ``get_num_new_matched_tokens``,
 ``transfer_started/finished`` around the load, ``retention_started`` right before
 ``request_finished`` on D, ``retention_ended`` when the next P reads (``read``), notifies
@@ -26,7 +26,7 @@ from kvtrace.sim import scheduler, tokenizer
 from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.holds import Hold, Holds
 from kvtrace.sim.kvcache import KVCache, NoSpace, block_hashes
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.emit.recorder import KVRecorder
 
 FINISH_LENGTH = "length"
 

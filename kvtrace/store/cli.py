@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import duckdb
 
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
     from kvtrace.store.views import StoreError, connect
 
     directory = settings.TRACES_DIR.get(args.traces)

@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from kvtrace import semconv as sc
-from kvtrace.collect.views import VIEWS as VLLM_VIEWS
+from kvtrace.store.vllm_views import VIEWS as VLLM_VIEWS
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
 

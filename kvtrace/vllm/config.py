@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvtrace import semconv as sc
 from kvtrace.telemetry import configure
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.emit.recorder import KVRecorder
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def recorder_for(
     settings: ConnectorSettings, kv_cache_config, block_size: int, tracer_provider=None, *, deferred: bool = False
 ) -> KVRecorder:
     """The KVRecorder of one scheduler-side connector (``deferred``: spans are built off the
-    scheduler's thread, see :mod:`kvtrace.vllm.deferred`)."""
+    scheduler's thread, see :mod:`kvtrace.emit.deferred`)."""
     provider = tracer_provider if tracer_provider is not None else tracer_provider_for(settings)
     return KVRecorder(
         provider,

@@ -42,7 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
 from kvtrace.vllm.config import ConnectorSettings, block_bytes_by_group, recorder_for
 from kvtrace.vllm.probe import SchedulerProbe
-from kvtrace.vllm.recorder import KVRecorder
+from kvtrace.emit.recorder import KVRecorder
 
 
 class KVTraceNixlConnector(NixlConnector):

@@ -1,9 +1,9 @@
 """Scheduler-side instrumentation: turns what NixlConnector's scheduler hooks see into
-:class:`~kvtrace.vllm.recorder.KVRecorder` calls.
+:class:`~kvtrace.emit.recorder.KVRecorder` calls.
 
 Lives in the EngineCore process, next to vLLM's scheduler, and is driven only by
 :class:`~kvtrace.vllm.connector.KVTraceNixlConnector` *after* it forwarded each hook to
-NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`~kvtrace.vllm.recorder.never_raise`:
+NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`~kvtrace.emit.recorder.never_raise`:
 an exception in here is logged once per hook and never reaches vLLM.
 
 Per request (keyed by vLLM's internal request id):
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kvtrace import semconv as sc
 from kvtrace.vllm.config import public_request_id
-from kvtrace.vllm.recorder import KVRecorder, never_raise
+from kvtrace.emit.recorder import KVRecorder, never_raise
 
 log = logging.getLogger(__name__)
 _REMOTE_KEYS = frozenset(("remote_engine_id", "remote_request_id", "remote_host", "remote_port"))

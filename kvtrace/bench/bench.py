@@ -7,8 +7,8 @@ endpoints, one traced session per conversation, with an A/B mode.
 
 ``arun_bench`` / ``arun_ab`` are the coroutine versions (tests run them beside an in-process
 simulator and proxy).  The workload comes from a built-in scenario name, a
-:class:`~kvtrace.agent.scenarios.Scenario`, a :class:`~kvtrace.agent.workload.Workload`, or an
-input file (:mod:`kvtrace.agent.vllm_inputs`); one ``seed`` draws the same workload for every
+:class:`~kvtrace.bench.scenarios.Scenario`, a :class:`~kvtrace.bench.workload.Workload`, or an
+input file (:mod:`kvtrace.bench.vllm_inputs`); one ``seed`` draws the same workload for every
 endpoint and repeat (a per-run nonce word keeps repeats from hitting earlier runs' prefix cache).
 
 Concurrency: ``max_active_conversations`` sessions run at once (default ``clients``); at most
@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import kvtrace
-from kvtrace.agent import scenarios as scn
-from kvtrace.agent import stats
+from kvtrace.bench import scenarios as scn
+from kvtrace.bench import stats
 from kvtrace.agent.api import Agent
-from kvtrace.agent.runner import Collector, Pacer, RequestRecord, RunOptions, SessionRunner, Sleep
-from kvtrace.agent.workload import Workload, from_scenario
+from kvtrace.bench.runner import Collector, Pacer, RequestRecord, RunOptions, SessionRunner, Sleep
+from kvtrace.bench.workload import Workload, from_scenario
 
 
 class BenchError(ValueError):
@@ -75,7 +75,7 @@ class BenchConfig:
         if self.workload is not None:
             return self.workload
         if self.input is not None:
-            from kvtrace.agent import vllm_inputs
+            from kvtrace.bench import vllm_inputs
 
             try:
                 return vllm_inputs.load(self.input, seed=seed, nonce=nonce, sessions=sessions or self.sessions,

@@ -1,4 +1,4 @@
-"""How :class:`~kvtrace.vllm.recorder.KVRecorder`'s span operations reach the OpenTelemetry SDK.
+"""How :class:`~kvtrace.emit.recorder.KVRecorder`'s span operations reach the OpenTelemetry SDK.
 
 The recorder describes its spans as four operations on opaque handles (``start``, ``finish``,
 ``abort``, ``event``), each with an explicit timestamp taken by the recorder.  Two appliers:

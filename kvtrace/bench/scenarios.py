@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvtrace import semconv as sc
-from kvtrace.agent.distributions import Constant, Dist, DistributionError, Uniform, from_dict as dist_from_dict
+from kvtrace.bench.distributions import Constant, Dist, DistributionError, Uniform, from_dict as dist_from_dict
 
 FILETYPE = "kvtrace_scenario"
 

@@ -10,7 +10,7 @@ kvtrace scenario files.
   prefix, per-conversation prefix on the first turn, per-turn user/assistant token counts from
   the distributions), counting words as tokens.  ``text_files`` are read relative to the config
   when present; otherwise a seeded synthetic corpus stands in.
-- A ``{"filetype": "kvtrace_scenario", ...}`` file (:func:`kvtrace.agent.scenarios.from_dict`).
+- A ``{"filetype": "kvtrace_scenario", ...}`` file (:func:`kvtrace.bench.scenarios.from_dict`).
 
 Errors are :class:`InputError` (one line; the CLI turns it into ``CLIError``).
 """
@@ -22,9 +22,9 @@ import random
 import re
 from pathlib import Path
 
-from kvtrace.agent import scenarios
-from kvtrace.agent.distributions import Constant, DistributionError, from_dict as dist_from_dict
-from kvtrace.agent.workload import LLMAction, SessionPlan, TurnPlan, Workload, from_scenario, words
+from kvtrace.bench import scenarios
+from kvtrace.bench.distributions import Constant, DistributionError, from_dict as dist_from_dict
+from kvtrace.bench.workload import LLMAction, SessionPlan, TurnPlan, Workload, from_scenario, words
 
 GENERATE = "generate_conversations"
 BASE_PROMPT = "Please rewrite the following text and add more content: "

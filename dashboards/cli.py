@@ -9,20 +9,8 @@ from pathlib import Path
 
 from kvtrace.analysis.store import traces_dir
 
-def _app() -> Path:
-    """dashboards/app.py: installed as the kvtrace.dashboards package data, or the checkout's."""
-    try:
-        from importlib.resources import files
 
-        installed = Path(str(files("kvtrace.dashboards") / "app.py"))
-        if installed.is_file():
-            return installed
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
-
-
-APP = _app()
+APP = Path(__file__).resolve().parent / "app.py"  # this package's Streamlit app (kvtrace.dashboards)
 
 
 def add_arguments(parser) -> None:
@@ -40,7 +28,7 @@ def run(args) -> int:
     http://127.0.0.1:PORT (headless; open it in a browser).  Needs the dashboard extra:
     pip install 'kvtrace[dashboard]'.
     """
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
 
     directory = traces_dir(args.traces)
     for label, path in (("--traces", directory), ("--compare", args.compare)):
@@ -62,7 +50,7 @@ def launch(directory: str, *, port: int = 8501, compare: str | None = None, host
     """Run the dashboard in the foreground until Ctrl-C; returns its exit status."""
     import importlib.util
 
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
 
     if importlib.util.find_spec("streamlit") is None:
         raise CLIError("the dashboard needs Streamlit: pip install 'kvtrace[dashboard]'")

@@ -1,8 +1,8 @@
 """Summaries of bench records, the A/B comparison with its noise test, and the text tables.
 
-Called by :mod:`kvtrace.agent.bench` (``BenchResult.summary()``, ``ABResult.comparison``) and
-printed by :mod:`kvtrace.agent.bench_cli`.  Pure functions over the record dataclasses of
-:mod:`kvtrace.agent.runner`; no numpy needed.
+Called by :mod:`kvtrace.bench.bench` (``BenchResult.summary()``, ``ABResult.comparison``) and
+printed by :mod:`kvtrace.bench.cli`.  Pure functions over the record dataclasses of
+:mod:`kvtrace.bench.runner`; no numpy needed.
 
 A/B significance: for every turn index the ratio B/A of median TTFT (and of request and turn
 latency) gets a bootstrap 95 % interval (requests resampled within each side, seeded).  With

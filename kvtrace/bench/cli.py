@@ -1,4 +1,4 @@
-"""``kvtrace bench``: thin CLI over :mod:`kvtrace.agent.bench`."""
+"""``kvtrace bench``: thin CLI over :mod:`kvtrace.bench.bench`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvtrace.agent.scenarios import SCENARIOS
+    from kvtrace.bench.scenarios import SCENARIOS
 
     p.add_argument("--url", required=True, help="OpenAI-compatible endpoint (A), e.g. the kvtrace proxy: http://127.0.0.1:8000")
     src = p.add_mutually_exclusive_group(required=True)
@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     """
     import logging
 
-    from kvtrace.agent import bench
-    from kvtrace.cli import CLIError
+    from kvtrace.bench import bench
+    from kvtrace.errors import CLIError
 
     for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

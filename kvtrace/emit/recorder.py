@@ -9,7 +9,7 @@ instrumented NixlConnector and the analysis cannot tell them apart except by res
 Every public method is safe to call from vLLM's hot paths: it never raises (errors are logged
 once per kind) and does O(1) work.  One recorder per engine process; thread-safe.
 
-Spans reach the SDK through :mod:`kvtrace.vllm.deferred`: synchronously by default (the
+Spans reach the SDK through :mod:`kvtrace.emit.deferred`: synchronously by default (the
 simulator, whose tests read spans right after each call), or with ``deferred=True`` (the vLLM
 connector) from a background thread, so a scheduler hook pays for a few dicts and a queue put
 instead of SDK span starts/ends.  Both modes take every timestamp here, on the caller's thread,
@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kvtrace import semconv as sc
-from kvtrace.vllm.deferred import DeferredSpans, SyncSpans
+from kvtrace.emit.deferred import DeferredSpans, SyncSpans
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()

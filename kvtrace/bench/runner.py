@@ -1,12 +1,12 @@
 """Execute one planned session against an OpenAI-compatible endpoint, as an agent would.
 
-:class:`SessionRunner` is driven by :mod:`kvtrace.agent.bench`: for each
-:class:`~kvtrace.agent.workload.SessionPlan` it opens a ``kvtrace.agent.session`` span, and per
+:class:`SessionRunner` is driven by :mod:`kvtrace.bench.bench`: for each
+:class:`~kvtrace.bench.workload.SessionPlan` it opens a ``kvtrace.agent.session`` span, and per
 turn pauses (outside the turn span), opens a turn span, then runs the planned actions: streamed
 chat calls through the traced ``openai`` client (so each is an llm_call span whose traceparent and
 conversation id reach the proxy), tool waits (parallel ones with ``asyncio.gather``) and app
 work.  The endpoint's actual answer is appended to the history, so the next turn's prompt
-extends what D holds.  It returns plain records for :mod:`kvtrace.agent.stats`.
+extends what D holds.  It returns plain records for :mod:`kvtrace.bench.stats`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import openai
 
 from kvtrace import semconv as sc
 from kvtrace.agent.api import Agent
-from kvtrace.agent.workload import LLMAction, SessionPlan, ToolAction, TurnPlan, WorkAction
+from kvtrace.bench.workload import LLMAction, SessionPlan, ToolAction, TurnPlan, WorkAction
 
 Sleep = Callable[[float], Awaitable[None]]
 

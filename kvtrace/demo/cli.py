@@ -2,7 +2,7 @@
 
 Starts a simulated P/D cluster (:class:`kvtrace.sim.cluster.SimCluster`, Qwen3-32B preset) and
 the instrumented proxy (:mod:`kvtrace.proxy.server`) and drives an agent workload through them
-with :func:`kvtrace.agent.bench.arun_bench`, twice and at the same time, one process (own event
+with :func:`kvtrace.bench.bench.arun_bench`, twice and at the same time, one process (own event
 loop, own core) per run: with bidirectional KV transfer on (``DIR/bidir``) and off
 (``DIR/baseline``), every component writing Parquet traces.  Two prefill workers: the proxy
 round-robins, so a conversation's next turn often lands on a P that lacks its history (the case
@@ -73,7 +73,7 @@ def run(args) -> int:
     seconds), short-followups (below the recompute threshold).  Both runs execute at once, each in
     its own local process, on 127.0.0.1; about 30 s with the defaults.
     """
-    from kvtrace.cli import CLIError
+    from kvtrace.errors import CLIError
 
     if args.sessions < 1 or not args.time_scale > 0:
         raise CLIError("--sessions must be >= 1 and --time-scale > 0")
@@ -93,7 +93,7 @@ def run(args) -> int:
     if not args.dashboard:
         print(f"\nOpen the dashboard:  {command}")
         return 0
-    from kvtrace.analysis.dashboard_cli import launch
+    from kvtrace.dashboards.cli import launch
 
     print(f"\nOpening the dashboard ({command} --port {args.port}); Ctrl-C stops it.", flush=True)
     return launch(dirs["bidir"], port=args.port, compare=dirs["baseline"])
@@ -118,7 +118,7 @@ def _run_process(directory: str, **kwargs) -> None:
     mid-request and show up as TTFT.  The process lives for one run (~200 MB)."""
     import gc
 
-    import kvtrace.agent.bench  # noqa: F401
+    import kvtrace.bench.bench  # noqa: F401
     import kvtrace.proxy.server  # noqa: F401
     import kvtrace.sim.cluster  # noqa: F401
 
@@ -158,10 +158,10 @@ async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_s
 async def drive(url: str, workloads: list, directory: str, time_scale: float, seed: int) -> None:
     """Start one session every :data:`START_GAP_S` model seconds (agents do not all arrive at the
     same instant; a burst would queue every turn 0 on P and blur the reference row), each through
-    :func:`kvtrace.agent.bench.arun_bench` with its own one-session workload and one shared
+    :func:`kvtrace.bench.bench.arun_bench` with its own one-session workload and one shared
     tracer provider."""
     import kvtrace
-    from kvtrace.agent import bench
+    from kvtrace.bench import bench
 
     provider = kvtrace.configure("kvtrace-bench", traces_dir=directory, handle_sigterm=False)
 
@@ -180,7 +180,7 @@ def workload(sessions: int, seed: int) -> list:
     """The demo's sessions in start order, one single-session workload each: ``sessions`` of
     each of :func:`scenarios`, longest scenario first so the run ends early (the same seed draws
     the same texts, sizes and waits in both runs)."""
-    from kvtrace.agent.workload import Workload, from_scenario
+    from kvtrace.bench.workload import Workload, from_scenario
 
     drawn = [from_scenario(scenario, sessions, seed, "demo") for scenario in scenarios()]
     return [Workload(w.name, [plan], seed) for w in drawn for plan in w.sessions]
@@ -190,8 +190,8 @@ def scenarios() -> list:
     """Demo versions of the built-in scenarios (names in :data:`SCENARIOS`) with realistic
     context sizes: tool outputs, file contents and pasted documents of thousands of tokens on
     top of a ~2k-token system prompt.  One LLM call per turn; times are model seconds."""
-    from kvtrace.agent.distributions import Constant, Uniform as U
-    from kvtrace.agent.scenarios import LLM, Scenario, Tool, TurnSpec, Work
+    from kvtrace.bench.distributions import Constant, Uniform as U
+    from kvtrace.bench.scenarios import LLM, Scenario, Tool, TurnSpec, Work
 
     system = U(*SYSTEM_TOKENS)
     think = U(2.0, 8.0)

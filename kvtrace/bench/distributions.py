@@ -7,8 +7,8 @@ are integers, inclusive), ``zipf`` (alpha, max), ``poisson`` (alpha, max), ``log
 rescaled so that each *batch* of samples has that mean.  Sampling uses a caller-supplied
 ``random.Random`` (seeded by the bench), not numpy's global state, so one seed gives one workload.
 
-Used by :mod:`kvtrace.agent.scenarios` (tool waits, app work, token counts) and
-:mod:`kvtrace.agent.vllm_inputs` (``generate_conversations`` configs).
+Used by :mod:`kvtrace.bench.scenarios` (tool waits, app work, token counts) and
+:mod:`kvtrace.bench.vllm_inputs` (``generate_conversations`` configs).
 """
 
 from __future__ import annotations

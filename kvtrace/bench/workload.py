@@ -1,9 +1,9 @@
 """Concrete, seeded workloads: every session's text, token counts, waits and pauses decided
 up front, so the same seed replays the same work against any endpoint (A/B runs).
 
-:func:`from_scenario` draws a :class:`Workload` from a :class:`~kvtrace.agent.scenarios.Scenario`;
-:mod:`kvtrace.agent.vllm_inputs` builds one from vLLM's multi-turn benchmark inputs.  The runner
-(:mod:`kvtrace.agent.runner`) executes it.  Generated text is space-separated words from a fixed
+:func:`from_scenario` draws a :class:`Workload` from a :class:`~kvtrace.bench.scenarios.Scenario`;
+:mod:`kvtrace.bench.vllm_inputs` builds one from vLLM's multi-turn benchmark inputs.  The runner
+(:mod:`kvtrace.bench.runner`) executes it.  Generated text is space-separated words from a fixed
 vocabulary; each session's text starts with its own tag so sessions share no prefix except the
 scenario's common system prompt.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kvtrace.agent.scenarios import LLM, Scenario, Tool, Work
+from kvtrace.bench.scenarios import LLM, Scenario, Tool, Work
 
 _VOCAB = (
     "the a of to and in is it for on that with as was at by from this be are or an not but "
