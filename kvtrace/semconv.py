@@ -100,6 +100,7 @@ REQUEST_CACHED_TOKENS = "kvtrace.request.cached_tokens"
 PROXY_OFFER = "kvtrace.proxy.offer"  # bool: D's blocks were offered to P
 PROXY_OFFER_REASON = "kvtrace.proxy.offer_reason"
 PROXY_ENTRY_AGE_S = "kvtrace.proxy.entry_age_s"
+PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"
 PROXY_FALLBACK = "kvtrace.proxy.fallback"
 PROXY_PREFILL_ENDPOINT = "kvtrace.proxy.prefill_endpoint"
 PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
@@ -110,6 +111,7 @@ ENGINE_ROLE = "kvtrace.engine.role"
 SUBSTRATE = "kvtrace.substrate"
 SIM_TIME_SCALE = "kvtrace.sim.time_scale"
 SIM_PRESET = "kvtrace.sim.preset"
+ENGINE_KV_POOL_BYTES = "kvtrace.engine.kv_pool_bytes"
 
 # decision
 KV_OUTCOME = "kvtrace.kv.outcome"
@@ -300,6 +302,8 @@ SPANS: dict[str, dict] = {
             PROXY_OFFER: "D's retained blocks were offered to P (bool).",
             PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}.",
             PROXY_ENTRY_AGE_S: "Age of the conversation-table entry when offered, s (float).",
+            PROXY_CONVERSATION_TTL_S: "The proxy's --conversation-ttl: it offers D's blocks while their entry is at "
+            "most this old, s of the proxy's clock (float).",
             PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
             PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
             PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
@@ -531,6 +535,8 @@ RESOURCE: dict[str, str] = {
     ENGINE_ROLE: f"{', '.join(ROLES)} (connector / simulator processes).",
     SIM_TIME_SCALE: "Simulator time compression factor (float; 1.0 = real time).",
     SIM_PRESET: "Simulator cost-model preset.",
+    ENGINE_KV_POOL_BYTES: "Size of the engine's KV cache pool, bytes: blocks x bytes per block (int as a string; "
+    "simulator: capacity_blocks, vLLM: KVCacheConfig.num_blocks).",
 }
 
 KV_TRANSFER_FIELDS: dict[str, str] = {

@@ -145,6 +145,7 @@ async def test_multi_turn_reuse_and_metadata_equals_spans(make_stack):
             sc.REQUEST_STREAM: True,
             sc.PROXY_OFFER: offered,
             sc.PROXY_OFFER_REASON: sc.OFFER_OFFERED if offered else sc.OFFER_NO_ENTRY,
+            sc.PROXY_CONVERSATION_TTL_S: 450.0,
             sc.PROXY_FALLBACK: sc.FALLBACK_NONE,
             sc.PROXY_PREFILL_ENDPOINT: stack.cluster.prefill_urls[0],
             sc.PROXY_DECODE_ENDPOINT: stack.cluster.decode_urls[0],

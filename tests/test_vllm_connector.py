@@ -350,3 +350,23 @@ def test_raising_telemetry_does_not_change_vllm(monkeypatch, model_dir, caplog):
     assert wrapped_stats.prefix_cache_stats == bare_stats.prefix_cache_stats
     assert wrapped_stats.connector_prefix_cache_stats == bare_stats.connector_prefix_cache_stats
     assert "exploded" in caplog.text
+
+
+def test_kv_pool_size_is_a_resource_attribute(monkeypatch, model_dir):
+    """The what-if advisor reports memory held as a share of D's KV pool: the connector records the
+    pool's size (KVCacheConfig.num_blocks x bytes per block) on its resource."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kvtrace.vllm import config
+    from kvtrace.vllm.connector import KVTraceNixlConnector
+
+    seen = []
+    monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", None)
+    monkeypatch.setattr(config, "_providers", {})
+    monkeypatch.setattr(config, "configure",
+                        lambda service, **kw: seen.append((service, kw["resource_attributes"])) or TracerProvider())
+    sched = _sched(model_dir, role="decode", engine=D_ENGINE)
+    blocks = sched.kv_cache_config.num_blocks
+    assert blocks > 0
+    assert seen == [("vllm-decode", {sc.SUBSTRATE: sc.SUBSTRATE_VLLM, sc.ENGINE_ID: D_ENGINE,
+                                     sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: blocks * BLOCK_BYTES})]

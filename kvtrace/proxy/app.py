@@ -144,6 +144,7 @@ class Proxy:
             sc.REQUEST_STREAM: req.stream,
             sc.PROXY_OFFER: turn.offered,
             sc.PROXY_OFFER_REASON: turn.reason,
+            sc.PROXY_CONVERSATION_TTL_S: self.config.conversation_ttl_s,
         }
         if req.model:
             attrs[sc.GEN_AI_REQUEST_MODEL] = req.model
