@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from kvtrace import semconv as sc
+from kvtrace.store.gap_views import VIEWS as GAP_VIEWS
 from kvtrace.store.vllm_views import VIEWS as VLLM_VIEWS
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
@@ -202,6 +203,7 @@ VIEW_SQL: dict[str, str] = {
     "turns": TURNS_SQL,
     "sessions": SESSIONS_SQL,
     **VLLM_VIEWS,  # vLLM's own llm_request spans beside kvtrace's requests (kvtrace collect)
+    **GAP_VIEWS,  # turn_gaps: how long D held a turn's blocks before the session came back
 }
 VIEWS: tuple[str, ...] = tuple(VIEW_SQL)
 
