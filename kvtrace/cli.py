@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "bench": "kvtrace.bench.cli",
     "query": "kvtrace.store.cli",
     "report": "kvtrace.analysis.report_cli",
+    "whatif": "kvtrace.analysis.whatif_cli",
     "dashboard": "kvtrace.dashboards.cli",
     "collect": "kvtrace.collect.cli",
 }

@@ -1,0 +1,254 @@
+"""What-if advisor: replay recorded traffic under other retention TTLs and recompute thresholds.
+
+:func:`run` loads a store (:mod:`.whatif_data`) and replays it on a grid of
+(``decoder_kv_blocks_ttl``, ``kv_recompute_threshold``) settings; :func:`recommend` picks one.
+Pure functions over the recorded spans: no servers, nothing re-executed.
+
+Per setting (TTL ``T``, threshold ``θ``, proxy offer margin ``m``), every recorded d2p decision is
+decided again with vLLM's rules (:mod:`kvtrace.kvrules`, the code the simulator runs):
+
+1. **offer**: the proxy offers the session's previous blocks while its entry is at most ``T - m``
+   old (the recorded entry age; the recorded gap when no proxy recorded one);
+2. **decision**: ``count = min(D's tokens, prompt) - local hit``; pulled, below threshold, local
+   hit or no remote (:func:`kvrules.d2p_outcome`) from the recorded prompt, local-hit and
+   reusable tokens;
+3. **expiry**: a pull whose blocks have at most 5 s left at the recorded gap (``T - gap``; vLLM's
+   own measure ``ttl - expiry_remaining_s`` when it was recorded) is declined ``expired``, which
+   under ``kv_load_failure_policy=fail`` (vLLM's default, recorded on the decision) fails the
+   request: these are the replay's predicted failures.  A recorded ``failed`` load stays failed
+   while the replay still pulls.
+
+D's retention intervals are rebuilt: a turn's blocks are held from its decode end until the
+session's next decision reads them (pull) or releases them (an offered decision that does not
+pull), else until ``T`` passes or the recording ends, whichever is first.  GiB·s and the peak
+per D engine come from those intervals (model seconds).
+
+TTFT per request = the recorded TTFT (proxy span) − the recorded prefill compute and transfer +
+the replay's: recomputed tokens at that P engine's observed prefill rate, pulled tokens at the
+fitted transfer cost (recorded transfer time when the pull is the same).  Requests without a
+recorded TTFT (failed ones) and requests the replay predicts to fail are left out.
+
+With the recorded setting the replay gives back the recorded outcomes, tokens, GiB·s and TTFT
+exactly (the ``recorded`` row); ``tests/test_whatif_replay.py`` checks that, and
+``tests/test_whatif_sim.py`` checks the other rows against the simulator run at those settings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtrace import kvrules
+from kvtrace.analysis.whatif_data import FATE_READ, FATE_RELEASED, FATE_UNCONSUMED, Recorded, WhatIfError, load
+
+DEFAULT_TTLS = (0, 30, 60, 120, 240, 480, 900, 1800)
+DEFAULT_THRESHOLDS = (16, 32, 64, 128, 256, 512)
+COLUMNS = ("ttl_s", "threshold", "decisions", "pulled", "expired", "below_threshold", "no_remote", "local_hit",
+           "failed", "pulled_tokens", "recomputed_tokens", "gib_s_held", "peak_gib_held", "ttft_mean_ms",
+           "ttft_p90_ms", "recorded")
+OUTCOME_COLUMNS = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
+GIB = float(2**30)
+TTFT_TOLERANCE = 0.05  # "within 5 % of the best TTFT"
+
+__all__ = ["COLUMNS", "DEFAULT_THRESHOLDS", "DEFAULT_TTLS", "Replay", "WhatIfError", "load", "recommend", "replay",
+           "run", "settings_grid"]
+
+
+@dataclass
+class Replay:
+    """One setting's result: ``row`` (the :data:`COLUMNS`), per-D-engine peaks and the pieces the
+    dashboard plots (``codes``: outcome per decision, ``ttft_ms``: per request, model ms)."""
+
+    row: dict
+    offer_margin_s: float  # the proxy's offer margin replayed
+    peak_bytes: dict  # D engine id -> peak bytes held
+    failures: int  # requests predicted to fail (expired / failed loads under policy fail)
+    codes: np.ndarray
+    ttft_ms: np.ndarray
+
+
+def settings_grid(rec: Recorded, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS) -> list[tuple[float, int]]:
+    """TTL x threshold, plus the recorded setting when the grid lacks it."""
+    grid = [(float(t), int(h)) for t in ttls for h in thresholds]
+    if (rec.ttl_s, rec.threshold) not in grid:
+        grid.append((rec.ttl_s, rec.threshold))
+    return grid
+
+
+def decide(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, ...]:
+    """(outcome codes, offered, pull counts) of every recorded decision under one setting."""
+    # the proxy's limit; written so that the recorded setting gives the recorded limit exactly
+    limit = rec.offer_ttl_s + (ttl_s - rec.ttl_s) + (rec.offer_margin_s - offer_margin_s)
+    offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
+    count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
+    codes = kvrules.d2p_outcome(offered, count, rec.d_local, threshold)
+    remaining = np.where(np.isnan(rec.d_remaining_s), ttl_s - rec.d_gap_s, rec.d_remaining_s + (ttl_s - rec.ttl_s))
+    pull = codes == kvrules.PULLED
+    expired = pull & kvrules.read_declined(remaining)
+    codes[expired] = kvrules.EXPIRED
+    codes[pull & ~expired & (rec.d_code == kvrules.FAILED)] = kvrules.FAILED
+    return codes, offered, count
+
+
+def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | None = None) -> Replay:
+    """Replay every recorded decision and retention under one setting."""
+    margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
+    codes, offered, count = decide(rec, ttl_s, threshold, margin)
+    pulled = codes == kvrules.PULLED
+    same_pull = pulled & (rec.d_code == kvrules.PULLED)
+    pulled_tokens = np.where(pulled, np.where(same_pull, rec.d_pulled, count), 0)
+    recomputed = np.maximum(rec.d_prompt - rec.d_local - pulled_tokens, 0)
+    lost = (codes == kvrules.EXPIRED) | (codes == kvrules.FAILED)
+    xfer = np.where(same_pull & (pulled_tokens == rec.d_pulled), rec.d_xfer_ms,
+                    np.where(pulled, rec.d_xfer_a + rec.d_xfer_b * pulled_tokens, 0.0))
+    xfer = np.where(codes == kvrules.FAILED, rec.d_xfer_ms, xfer)
+    rate = np.where(np.isnan(rec.d_rate), np.inf, rec.d_rate)
+    ttft = rec.d_ttft_ms + (recomputed - rec.d_recomputed) / rate + (xfer - rec.d_xfer_ms)
+    ttft = np.where(lost & rec.d_fail_policy, np.nan, ttft) * rec.time_scale
+    gib_s, peaks = _held(rec, ttl_s, codes, offered, xfer)
+    counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
+    valid = ttft[~np.isnan(ttft)]
+    row = {
+        "ttl_s": float(ttl_s),
+        "threshold": int(threshold),
+        "decisions": int(rec.decisions),
+        **{name: int(counts[kvrules.CODE[name]]) for name in OUTCOME_COLUMNS},
+        "pulled_tokens": int(pulled_tokens.sum()),
+        "recomputed_tokens": int(recomputed.sum()),
+        "gib_s_held": gib_s,
+        "peak_gib_held": max(peaks.values(), default=0) / GIB,
+        "ttft_mean_ms": float(valid.mean()) if valid.size else None,
+        "ttft_p90_ms": float(np.percentile(valid, 90)) if valid.size else None,
+        "recorded": bool(ttl_s == rec.ttl_s and threshold == rec.threshold and margin == rec.offer_margin_s),
+    }
+    return Replay(row, margin, peaks, int(np.count_nonzero(lost & rec.d_fail_policy)), codes, ttft)
+
+
+def _held(rec: Recorded, ttl_s: float, codes: np.ndarray, offered: np.ndarray, xfer_ms: np.ndarray) -> tuple:
+    """(GiB·s held on every D, {D engine: peak bytes}) with D's intervals rebuilt under ``ttl_s``."""
+    nxt = rec.r_next
+    has = nxt >= 0
+    at = np.where(has, nxt, 0)
+    code, off = np.where(has, codes[at], -1), has & offered[at]
+    read = off & (code == kvrules.PULLED)
+    released = off & np.isin(code, (kvrules.BELOW_THRESHOLD, kvrules.LOCAL_HIT, kvrules.NO_REMOTE))
+    fate = np.where(read, FATE_READ, np.where(released, FATE_RELEASED, FATE_UNCONSUMED))
+    ttl_ns = int(round(ttl_s / rec.time_scale * 1e9))
+    expiry = np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns)
+    t_dec = rec.d_start_ns[at]
+    end = np.where(read, t_dec + (xfer_ms[at] * 1e6).astype(np.int64), np.where(released, t_dec, expiry))
+    end = np.minimum(end, expiry)  # D frees its blocks at the TTL whatever comes later
+    same = (fate == rec.r_fate) & ((fate != FATE_UNCONSUMED) | (ttl_s == rec.ttl_s))
+    end = np.maximum(np.where(same, rec.r_end_ns, end), rec.r_start_ns)
+    gib_s = float(np.dot(rec.r_bytes.astype(float), (end - rec.r_start_ns).astype(float))) / 1e9 * rec.time_scale / GIB
+    peaks = {}
+    for engine, part in zip(rec.d_engines, rec.r_by_engine):
+        peaks[engine] = _peak(rec.r_start_ns[part], end[part], rec.r_bytes[part])
+    return gib_s, peaks
+
+
+def _peak(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray) -> int:
+    """Largest sum of bytes held at once (``start`` sorted; an interval ending when another starts
+    does not overlap it)."""
+    if start.size == 0:
+        return 0
+    order = np.argsort(end, kind="stable")
+    released = np.concatenate(([0], np.cumsum(nbytes[order])))
+    gone = np.searchsorted(end[order], start, side="right")
+    return int((np.cumsum(nbytes) - released[gone]).max())
+
+
+def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: float | None = None,
+        workers: int | None = None) -> tuple[Recorded, list[Replay]]:
+    """Load the store and replay every setting of the grid (recorded setting included), in
+    TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
+    rec = load(con)
+    grid = sorted(settings_grid(rec, ttls, thresholds))
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda s: replay(rec, s[0], s[1], offer_margin_s), grid))
+    return rec, results
+
+
+def recommend(rec: Recorded, results: list[Replay], budget_gib: float | None = None) -> dict:
+    """The setting to use and why: the threshold of the grid nearest the observed break-even,
+    then (at that threshold, among the settings predicting the fewest failures) the smallest TTL
+    within 5 % of the best mean TTFT, or with ``budget_gib`` the best TTFT whose peak GiB held on a
+    D fits the budget.  Without TTFT data, recomputed tokens rank the settings."""
+    thresholds = sorted({r.row["threshold"] for r in results})
+    be = rec.calibration.break_even_tokens
+    if be is not None:
+        threshold = min(thresholds, key=lambda t: (abs(t - be), t))
+        why_threshold = f"nearest the observed break-even of {be:,.0f} tokens"
+    elif rec.calibration.transfers.get(None):
+        threshold = thresholds[-1]
+        why_threshold = "pulling never beat recomputing at the observed rates: the largest threshold"
+    else:
+        threshold = rec.threshold if rec.threshold in thresholds else thresholds[len(thresholds) // 2]
+        why_threshold = "no successful d2p transfer to calibrate the break-even: the recorded threshold"
+    pool = [r for r in results if r.row["threshold"] == threshold]
+    fewest = min(r.failures for r in pool)
+    pool = [r for r in pool if r.failures == fewest]
+    metric = "ttft_mean_ms" if all(r.row["ttft_mean_ms"] is not None for r in pool) else "recomputed_tokens"
+    best = min(pool, key=lambda r: (r.row[metric], r.row["ttl_s"]))
+    if budget_gib is not None:
+        fits = [r for r in pool if r.row["peak_gib_held"] <= budget_gib]
+        pick = min(fits, key=lambda r: (r.row[metric], r.row["ttl_s"])) if fits else \
+            min(pool, key=lambda r: (r.row["peak_gib_held"], r.row[metric]))
+        why_ttl = (f"best {metric} with peak GiB held <= {budget_gib:g}" if fits else
+                   f"no setting fits {budget_gib:g} GiB: the one holding the least")
+    else:
+        limit = best.row[metric] * (1 + TTFT_TOLERANCE)
+        pick = min((r for r in pool if r.row[metric] <= limit), key=lambda r: r.row["ttl_s"])
+        why_ttl = f"smallest TTL within {TTFT_TOLERANCE:.0%} of the best {metric}"
+    recorded = next((r for r in results if r.row["recorded"]), None)
+    return {"ttl_s": pick.row["ttl_s"], "threshold": threshold, "row": pick.row, "best": best.row,
+            "recorded": recorded.row if recorded else None, "metric": metric, "why_threshold": why_threshold,
+            "why_ttl": why_ttl, "failures": pick.failures, "peak_bytes": pick.peak_bytes,
+            "offer_margin_s": pick.offer_margin_s}
+
+
+def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
+    """The recommendation and the numbers behind it, as printed by ``kvtrace whatif``."""
+    row, recd, metric = rc["row"], rc["recorded"], rc["metric"]
+    cal = rec.calibration
+    unit = "ms" if metric == "ttft_mean_ms" else "tokens"
+    out = [f"Recommendation: decoder_kv_blocks_ttl {row['ttl_s']:g} s, kv_recompute_threshold {rc['threshold']} "
+           f"(proxy --conversation-ttl {max(row['ttl_s'] - rc['offer_margin_s'], 0):g} s with the "
+           f"{rc['offer_margin_s']:g} s offer margin)."]
+    out.append(f"- threshold: {rc['why_threshold']}.")
+    out.append(f"- TTL: {rc['why_ttl']} ({_v(rc['best'][metric])} {unit} at TTL {rc['best']['ttl_s']:g} s); this "
+               f"setting: {_v(row[metric])} {unit}, {row['gib_s_held']:,.2f} GiB·s held, peak "
+               f"{row['peak_gib_held']:,.3f} GiB on one D{_share(rec, rc['peak_bytes'])}, {rc['failures']} predicted "
+               "failed requests.")
+    if recd is not None:
+        out.append(f"- recorded (TTL {recd['ttl_s']:g} s, threshold {recd['threshold']}): {_v(recd[metric])} {unit}, "
+                   f"{recd['gib_s_held']:,.2f} GiB·s, peak {recd['peak_gib_held']:,.3f} GiB, "
+                   f"{recd['pulled']:,} pulled / {recd['decisions']:,} decisions.")
+    rate = cal.prefill_tokens_per_ms.get(None)
+    out.append(f"- calibration (from the traces only): prefill {_v(rate and rate * 1000 / rec.time_scale)} tokens/model s "
+               f"from {cal.prefill_requests.get(None, 0):,} kvtrace.engine.prefill spans; d2p transfer "
+               f"{_v(cal.xfer_overhead_ms.get(None))} ms + {_v(cal.xfer_ms_per_token.get(None), 5)} ms/token (wall), "
+               f"{_v(cal.bytes_per_ms and cal.bytes_per_ms / 1e6, 2)} GB/s, from {cal.transfers.get(None, 0):,} "
+               f"kvtrace.kv.transfer spans; gaps from {cal.samples.get('kvtrace.kv.retention', 0):,} retention and "
+               f"{rec.decisions:,} decision spans; TTFT from {cal.samples.get('kvtrace.proxy.request', 0):,} "
+               "proxy request spans.")
+    if not rec.offer_margin_known:
+        out.append("- the traces do not record the proxy's --conversation-ttl: offer margin assumed "
+                   f"{rec.offer_margin_s:g} s (pass --offer-margin).")
+    return out
+
+
+def _v(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _share(rec: Recorded, peaks: dict) -> str:
+    shares = [peaks[e] / rec.pool_bytes[e] for e in peaks if rec.pool_bytes.get(e)]
+    return f" ({max(shares):.1%} of its KV pool)" if shares else ""
