@@ -17,8 +17,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Write a static report of a trace directory: session breakdown, KV reuse, retention,
-    latency by turn index (and, with --compare DIR2, per-turn ratios against a baseline).
+    """Write a static report of a trace directory: session breakdown, KV reuse, retention, a
+    what-if replay of other retention TTLs and recompute thresholds, latency by turn index (and, with --compare DIR2, per-turn ratios against a baseline).
 
     --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
     --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:

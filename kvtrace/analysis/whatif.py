@@ -79,37 +79,92 @@ def settings_grid(rec: Recorded, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLD
     return grid
 
 
-def decide(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, ...]:
-    """(outcome codes, offered, pull counts) of every recorded decision under one setting."""
-    # the proxy's limit; written so that the recorded setting gives the recorded limit exactly
-    limit = rec.offer_ttl_s + (ttl_s - rec.ttl_s) + (rec.offer_margin_s - offer_margin_s)
-    offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
-    count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
-    codes = kvrules.d2p_outcome(offered, count, rec.d_local, threshold)
-    remaining = np.where(np.isnan(rec.d_remaining_s), ttl_s - rec.d_gap_s, rec.d_remaining_s + (ttl_s - rec.ttl_s))
+class _Fixed:
+    """What every setting shares, computed once per :class:`Recorded`, and caches of what one TTL
+    or one threshold determines (the grid's 8 TTLs x 6 thresholds need 8 + 6 of those)."""
+
+    def __init__(self, rec: Recorded) -> None:
+        pulled_rec = rec.d_code == kvrules.PULLED
+        self.count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
+        self.pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
+        self.missing = rec.d_prompt - rec.d_local
+        self.failed_rec = rec.d_code == kvrules.FAILED
+        self.xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
+        self.per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
+        # expiry time left at the recorded TTL (vLLM's measure when recorded); + (T - recorded T) at T
+        self.left = np.where(np.isnan(rec.d_remaining_s), rec.ttl_s - rec.d_gap_s, rec.d_remaining_s)
+        self.has_next = rec.r_next >= 0
+        self.at = np.where(self.has_next, rec.r_next, 0)
+        self.t_dec = rec.d_start_ns[self.at]
+        self.read_end = self.t_dec + (self.xfer_pulled[self.at] * 1e6).astype(np.int64)
+        self.cum_bytes = [np.cumsum(rec.r_bytes[part]) for part in rec.r_by_engine]
+        self.bytes_f = rec.r_bytes.astype(float)
+        self.ttls: dict = {}
+        self.thresholds: dict = {}
+
+    def ttl(self, rec: Recorded, ttl_s: float, margin: float) -> dict:
+        key = (ttl_s, margin)
+        if key not in self.ttls:
+            # the proxy's limit, written so that the recorded setting gives the recorded limit exactly
+            limit = rec.offer_ttl_s + (ttl_s - rec.ttl_s) + (rec.offer_margin_s - margin)
+            offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
+            ttl_ns = int(round(ttl_s / rec.time_scale * 1e9))
+            self.ttls[key] = {
+                "offered": offered,
+                "declined": kvrules.read_declined(self.left + (ttl_s - rec.ttl_s)),
+                "expiry": np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns),
+                "off_at": self.has_next & offered[self.at],
+            }
+        return self.ttls[key]
+
+    def threshold(self, rec: Recorded, threshold: int) -> np.ndarray:
+        if threshold not in self.thresholds:
+            self.thresholds[threshold] = kvrules.d2p_outcome(True, self.count, rec.d_local, threshold)
+        return self.thresholds[threshold]
+
+
+def _fixed(rec: Recorded) -> _Fixed:
+    if getattr(rec, "_fixed", None) is None:
+        rec._fixed = _Fixed(rec)
+    return rec._fixed
+
+
+def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float | None = None) -> None:
+    """Compute what the settings of ``grid`` share before replaying them in threads."""
+    fx = _fixed(rec)
+    margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
+    for ttl_s, threshold in grid:
+        fx.ttl(rec, ttl_s, margin)
+        fx.threshold(rec, threshold)
+
+
+def decide(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(outcome codes, offered) of every recorded decision under one setting."""
+    fx = _fixed(rec)
+    t = fx.ttl(rec, ttl_s, offer_margin_s)
+    codes = np.where(t["offered"], fx.threshold(rec, threshold), kvrules.NO_REMOTE).astype(np.int8)
     pull = codes == kvrules.PULLED
-    expired = pull & kvrules.read_declined(remaining)
+    expired = pull & t["declined"]
     codes[expired] = kvrules.EXPIRED
-    codes[pull & ~expired & (rec.d_code == kvrules.FAILED)] = kvrules.FAILED
-    return codes, offered, count
+    codes[pull & ~expired & fx.failed_rec] = kvrules.FAILED
+    return codes, t["offered"]
 
 
 def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | None = None) -> Replay:
     """Replay every recorded decision and retention under one setting."""
     margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
-    codes, offered, count = decide(rec, ttl_s, threshold, margin)
+    fx = _fixed(rec)
+    codes, _ = decide(rec, ttl_s, threshold, margin)
     pulled = codes == kvrules.PULLED
-    same_pull = pulled & (rec.d_code == kvrules.PULLED)
-    pulled_tokens = np.where(pulled, np.where(same_pull, rec.d_pulled, count), 0)
-    recomputed = np.maximum(rec.d_prompt - rec.d_local - pulled_tokens, 0)
-    lost = (codes == kvrules.EXPIRED) | (codes == kvrules.FAILED)
-    xfer = np.where(same_pull & (pulled_tokens == rec.d_pulled), rec.d_xfer_ms,
-                    np.where(pulled, rec.d_xfer_a + rec.d_xfer_b * pulled_tokens, 0.0))
-    xfer = np.where(codes == kvrules.FAILED, rec.d_xfer_ms, xfer)
-    rate = np.where(np.isnan(rec.d_rate), np.inf, rec.d_rate)
-    ttft = rec.d_ttft_ms + (recomputed - rec.d_recomputed) / rate + (xfer - rec.d_xfer_ms)
+    failed = codes == kvrules.FAILED
+    lost = (codes == kvrules.EXPIRED) | failed
+    pulled_tokens = np.where(pulled, fx.pull_amount, 0)
+    recomputed = np.maximum(fx.missing - pulled_tokens, 0)
+    xfer = np.where(pulled, fx.xfer_pulled, np.where(failed, rec.d_xfer_ms, 0.0))
+    # recorded TTFT + the change; 0 at the recorded setting, so that row is the recorded TTFT exactly
+    ttft = rec.d_ttft_ms + ((recomputed - rec.d_recomputed) * fx.per_token_ms + (xfer - rec.d_xfer_ms))
     ttft = np.where(lost & rec.d_fail_policy, np.nan, ttft) * rec.time_scale
-    gib_s, peaks = _held(rec, ttl_s, codes, offered, xfer)
+    gib_s, peaks = _held(rec, fx, ttl_s, margin, codes)
     counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
     valid = ttft[~np.isnan(ttft)]
     row = {
@@ -128,38 +183,37 @@ def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | 
     return Replay(row, margin, peaks, int(np.count_nonzero(lost & rec.d_fail_policy)), codes, ttft)
 
 
-def _held(rec: Recorded, ttl_s: float, codes: np.ndarray, offered: np.ndarray, xfer_ms: np.ndarray) -> tuple:
-    """(GiB·s held on every D, {D engine: peak bytes}) with D's intervals rebuilt under ``ttl_s``."""
-    nxt = rec.r_next
-    has = nxt >= 0
-    at = np.where(has, nxt, 0)
-    code, off = np.where(has, codes[at], -1), has & offered[at]
-    read = off & (code == kvrules.PULLED)
-    released = off & np.isin(code, (kvrules.BELOW_THRESHOLD, kvrules.LOCAL_HIT, kvrules.NO_REMOTE))
+def _held(rec: Recorded, fx: _Fixed, ttl_s: float, margin: float, codes: np.ndarray) -> tuple:
+    """(GiB·s held on every D, {D engine: peak bytes}) with D's intervals rebuilt under ``ttl_s``:
+    held until the session's next decision reads them (pull) or releases them (offered, not
+    pulled), else until the TTL or the end of the recording."""
+    t = fx.ttl(rec, ttl_s, margin)
+    code = codes[fx.at]
+    read = t["off_at"] & (code == kvrules.PULLED)
+    released = t["off_at"] & (code != kvrules.PULLED) & (code != kvrules.EXPIRED) & (code != kvrules.FAILED)
+    expiry = t["expiry"]
+    end = np.minimum(np.where(read, fx.read_end, np.where(released, fx.t_dec, expiry)), expiry)
     fate = np.where(read, FATE_READ, np.where(released, FATE_RELEASED, FATE_UNCONSUMED))
-    ttl_ns = int(round(ttl_s / rec.time_scale * 1e9))
-    expiry = np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns)
-    t_dec = rec.d_start_ns[at]
-    end = np.where(read, t_dec + (xfer_ms[at] * 1e6).astype(np.int64), np.where(released, t_dec, expiry))
-    end = np.minimum(end, expiry)  # D frees its blocks at the TTL whatever comes later
-    same = (fate == rec.r_fate) & ((fate != FATE_UNCONSUMED) | (ttl_s == rec.ttl_s))
+    same = fate == rec.r_fate
+    if ttl_s != rec.ttl_s:  # unconsumed blocks expire at the new TTL
+        same &= fate != FATE_UNCONSUMED
     end = np.maximum(np.where(same, rec.r_end_ns, end), rec.r_start_ns)
-    gib_s = float(np.dot(rec.r_bytes.astype(float), (end - rec.r_start_ns).astype(float))) / 1e9 * rec.time_scale / GIB
+    gib_s = float(np.dot(fx.bytes_f, (end - rec.r_start_ns).astype(float))) / 1e9 * rec.time_scale / GIB
     peaks = {}
-    for engine, part in zip(rec.d_engines, rec.r_by_engine):
-        peaks[engine] = _peak(rec.r_start_ns[part], end[part], rec.r_bytes[part])
+    for engine, part, cum in zip(rec.d_engines, rec.r_by_engine, fx.cum_bytes):
+        peaks[engine] = _peak(rec.r_start_ns[part], end[part], rec.r_bytes[part], cum)
     return gib_s, peaks
 
 
-def _peak(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray) -> int:
-    """Largest sum of bytes held at once (``start`` sorted; an interval ending when another starts
-    does not overlap it)."""
+def _peak(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray, held_by_start: np.ndarray) -> int:
+    """Largest sum of bytes held at once (``start`` sorted, ``held_by_start`` = cumsum of
+    ``nbytes``; an interval ending when another starts does not overlap it)."""
     if start.size == 0:
         return 0
-    order = np.argsort(end, kind="stable")
+    order = np.argsort(end)
     released = np.concatenate(([0], np.cumsum(nbytes[order])))
     gone = np.searchsorted(end[order], start, side="right")
-    return int((np.cumsum(nbytes) - released[gone]).max())
+    return int((held_by_start - released[gone]).max())
 
 
 def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: float | None = None,
@@ -168,6 +222,7 @@ def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: f
     TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
     rec = load(con)
     grid = sorted(settings_grid(rec, ttls, thresholds))
+    prepare(rec, grid, offer_margin_s)
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(lambda s: replay(rec, s[0], s[1], offer_margin_s), grid))

@@ -124,30 +124,15 @@ def render(fmt: str, rows: list[dict]) -> str:
         w.writerows([{k: _csv(r[k]) for k in COLUMNS} for r in rows])
         return buf.getvalue()
     from kvtrace.analysis.text import md_table
+    from kvtrace.analysis.whatif_summary import cell
 
-    return md_table(list(COLUMNS), [[_cell(k, r[k]) for k in COLUMNS] for r in rows]) + "\n"
+    return md_table(list(COLUMNS), [[cell(k, r[k]) for k in COLUMNS] for r in rows]) + "\n"
 
 
 def _csv(value):
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else value
-
-
-def _cell(key: str, value) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else ""
-    if key in ("gib_s_held",):
-        return f"{value:,.2f}"
-    if key == "peak_gib_held":
-        return f"{value:,.3f}"
-    if key.endswith("_ms"):
-        return f"{value:,.1f}"
-    if key == "ttl_s":
-        return f"{value:g}"
-    return f"{value:,}"
 
 
 def _write(path: str | None, content: str) -> None:

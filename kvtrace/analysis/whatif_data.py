@@ -11,13 +11,18 @@ Where each number comes from:
 
 - decision inputs (prompt, local hit, reusable tokens D offered, outcome, pulled / recomputed
   tokens, threshold, expiry time left): ``kvtrace.kv.decision`` spans, direction d2p;
-- the gap to the previous turn, what D held and the offer: the ``turn_gaps`` view
+- the gap to the previous turn, what D held and the offer: the ``turn_gaps`` pairing
   (``kvtrace.kv.retention`` spans, the proxy's ``kvtrace.proxy.request`` span: entry age and
   ``--conversation-ttl``);
 - TTFT: the proxy's request span; transfer time: the d2p ``kvtrace.kv.transfer`` span(s);
 - prefill rate per P engine and the transfer cost fit: :func:`kvtrace.analysis.reuse.break_even`
   (``kvtrace.engine.prefill`` spans and successful d2p transfers);
 - D's KV pool size: the ``kvtrace.engine.kv_pool_bytes`` resource attribute.
+
+The store is read once: :data:`kvtrace.store.gap_views.BASE_SQL_HASHED_IDS` copies those spans, attributes
+as columns, into a temporary table ``base`` of a private cursor; every query here, the
+``turn_gaps`` pairing (the view's own SQL) and :mod:`.reuse`'s calibration (over temporary
+``engine_requests`` / ``kv_transfers`` views of ``base`` with the store views' columns) run on it.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ from kvtrace import kvrules
 from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
 from kvtrace.analysis.common import rows, table
+from kvtrace.store import gap_views as gv
 
-D2P = f"'{sc.DIRECTION_D2P}'"
 FATE_UNCONSUMED, FATE_READ, FATE_RELEASED = 0, 1, 2
 DEFAULT_OFFER_MARGIN_S = 30.0  # the proxy's default: --conversation-ttl 450 s for decoder_kv_blocks_ttl 480 s
 
@@ -44,67 +49,54 @@ def _q(name: str) -> str:
     return f"'{name}'"
 
 
-_TIME_SCALE = f"COALESCE(TRY_CAST(ResourceAttributes[{_q(sc.SIM_TIME_SCALE)}] AS DOUBLE), 1.0)"
+DEC, XFER, RET, REQ, PRE = (_q(n) for n in (gv.DEC, gv.XFER, gv.RET, gv.REQ, gv.PRE))
+
+# the store views reuse.break_even reads, over ``base`` (temporary views of the cursor)
+CALIBRATION_VIEWS = (
+    f"""CREATE TEMP VIEW engine_requests AS
+SELECT trace_id, span_id, request_id, session_id, turn, engine_id, '{sc.ROLE_PREFILL}' AS phase, prompt_tokens,
+       cached_tokens, start_ns, end_ns, duration_ms
+FROM base WHERE name = {PRE}""",
+    f"""CREATE TEMP VIEW kv_transfers AS
+SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_id, direction, xfer_tokens AS tokens,
+       xfer_bytes AS bytes, xfer_status AS status, CAST(NULL AS DOUBLE) AS xfer_ms, duration_ms, start_ns, end_ns
+FROM base WHERE name = {XFER}""",
+)
 
 DECISIONS_SQL = f"""
-WITH d AS (
-  SELECT trace_id, span_id, request_id, engine_id, start_ns,
-         SpanAttributesInt[{_q(sc.KV_PROMPT_TOKENS)}] AS prompt_tokens,
-         SpanAttributesInt[{_q(sc.KV_LOCAL_HIT_TOKENS)}] AS local_hit_tokens,
-         SpanAttributesInt[{_q(sc.KV_REMOTE_TOKENS)}] AS remote_tokens,
-         SpanAttributesInt[{_q(sc.KV_PULLED_TOKENS)}] AS pulled_tokens,
-         SpanAttributesInt[{_q(sc.KV_RECOMPUTED_TOKENS)}] AS recomputed_tokens,
-         SpanAttributesInt[{_q(sc.KV_THRESHOLD)}] AS threshold,
-         SpanAttributes[{_q(sc.KV_OUTCOME)}] AS outcome,
-         SpanAttributes[{_q(sc.KV_LOAD_FAILURE_POLICY)}] AS policy,
-         SpanAttributes[{_q(sc.KV_PEER_ENGINE_ID)}] IS NOT NULL AS offered,
-         COALESCE(SpanAttributesFloat[{_q(sc.KV_EXPIRY_REMAINING_S)}],
-                  CAST(SpanAttributesInt[{_q(sc.KV_EXPIRY_REMAINING_S)}] AS DOUBLE)) AS remaining_s,
-         {_TIME_SCALE} AS time_scale
-  FROM spans WHERE name = {_q(sc.SPAN_KV_DECISION)} AND SpanAttributes[{_q(sc.KV_DIRECTION)}] = {D2P}
-),
-x AS (
-  SELECT trace_id, request_id, engine_id, sum(duration_ms) AS xfer_ms
-  FROM kv_transfers WHERE direction = {D2P} GROUP BY trace_id, request_id, engine_id
-),
-q AS (
-  SELECT trace_id, request_id,
-         COALESCE(SpanAttributesFloat[{_q(sc.REQUEST_TTFT_MS)}],
-                  CAST(SpanAttributesInt[{_q(sc.REQUEST_TTFT_MS)}] AS DOUBLE)) AS ttft_ms,
-         COALESCE(SpanAttributesFloat[{_q(sc.PROXY_ENTRY_AGE_S)}],
-                  CAST(SpanAttributesInt[{_q(sc.PROXY_ENTRY_AGE_S)}] AS DOUBLE)) AS entry_age_wall_s
-  FROM spans WHERE name = {_q(sc.SPAN_PROXY_REQUEST)} AND request_id IS NOT NULL
-  QUALIFY row_number() OVER (PARTITION BY trace_id, request_id ORDER BY start_ns) = 1
-)
+WITH {gv.TURN_GAPS_CTES},
+x AS (SELECT trace_id, parent_span_id, sum(duration_ms) AS xfer_ms FROM base WHERE name = {XFER} GROUP BY ALL)
 SELECT d.span_id, d.engine_id, d.start_ns, d.prompt_tokens, d.local_hit_tokens, d.remote_tokens, d.pulled_tokens,
-       d.recomputed_tokens, d.threshold, d.outcome, d.policy, d.offered, d.remaining_s, d.time_scale,
-       coalesce(x.xfer_ms, 0.0) AS xfer_ms, q.ttft_ms, q.entry_age_wall_s * d.time_scale AS entry_age_s
-FROM d LEFT JOIN x ON x.trace_id = d.trace_id AND x.request_id = d.request_id AND x.engine_id = d.engine_id
+       d.recomputed_tokens, d.threshold, d.outcome, d.policy, d.peer_engine_id IS NOT NULL AS offered, d.remaining_s,
+       coalesce(x.xfer_ms, 0.0) AS xfer_ms, q.ttft_ms, q.entry_age_s * coalesce(d.time_scale, 1.0) AS entry_age_s
+FROM d LEFT JOIN x ON x.trace_id = d.trace_id AND x.parent_span_id = d.span_id
 LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
 ORDER BY d.start_ns, d.span_id
 """
 
 RETENTIONS_SQL = f"""
-SELECT r.engine_id, r.start_ns, r.end_ns, r.bytes, r.ttl_s, r.outcome,
-       g.next_span_id, g.tokens AS next_tokens, g.gap_s, g.expiry_gap_s, g.entry_age_s, g.offer_ttl_s, g.time_scale
-FROM kv_retention r LEFT JOIN turn_gaps g ON g.trace_id = r.trace_id AND g.span_id = r.span_id
+WITH {gv.TURN_GAPS_CTES}
+SELECT engine_id, start_ns, end_ns, bytes, retention_outcome AS outcome, next_span_id, tokens AS next_tokens, gap_s,
+       expiry_gap_s
+FROM ({gv.TURN_GAPS_SELECT})
+ORDER BY engine_id, start_ns
 """
 
-_SCALE_ATTR = f"TRY_CAST(ResourceAttributes[{_q(sc.SIM_TIME_SCALE)}] AS DOUBLE)"
-WINDOW_SQL = f"""
-SELECT max(end_ns) AS window_end_ns, max({_SCALE_ATTR}) AS time_scale_max, min({_SCALE_ATTR}) AS time_scale_min
-FROM spans
+RUN_SQL = f"""
+SELECT max(end_ns) AS window_end_ns, min(time_scale) AS scale_min, max(time_scale) AS scale_max,
+       list(DISTINCT ttl_s) FILTER (WHERE name = {RET} AND ttl_s IS NOT NULL) AS ttls,
+       list(DISTINCT threshold) FILTER (WHERE name = {DEC} AND threshold IS NOT NULL) AS thresholds,
+       list(DISTINCT conversation_ttl_s) FILTER (WHERE name = {REQ} AND conversation_ttl_s IS NOT NULL) AS proxy_ttls
+FROM base
 """
 
 POOLS_SQL = f"""
-SELECT engine_id, max(TRY_CAST(ResourceAttributes[{_q(sc.ENGINE_KV_POOL_BYTES)}] AS BIGINT)) AS pool_bytes
-FROM spans WHERE name = {_q(sc.SPAN_KV_RETENTION)} GROUP BY engine_id ORDER BY engine_id
+SELECT engine_id, max(pool_bytes) AS pool_bytes FROM base WHERE name = {RET} GROUP BY engine_id
 """
 
-PROXY_TTL_SQL = f"""
-SELECT DISTINCT COALESCE(SpanAttributesFloat[{_q(sc.PROXY_CONVERSATION_TTL_S)}],
-                         CAST(SpanAttributesInt[{_q(sc.PROXY_CONVERSATION_TTL_S)}] AS DOUBLE)) AS ttl
-FROM spans WHERE name = {_q(sc.SPAN_PROXY_REQUEST)} AND SpanAttributes[{_q(sc.PROXY_CONVERSATION_TTL_S)}] IS NOT NULL
+BANDWIDTH_SQL = f"""
+SELECT sum(bytes) AS b, sum(duration_ms) AS ms, count(*) AS n FROM kv_transfers
+WHERE direction = '{sc.DIRECTION_D2P}' AND status = '{sc.TRANSFER_OK}' AND bytes > 0
 """
 
 
@@ -197,13 +189,24 @@ def _np(tbl: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     return out.astype(dtype) if dtype is not None else out
 
 
-def _codes(values: np.ndarray) -> tuple[list, np.ndarray]:
-    uniq, inverse = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
-    return [str(u) for u in uniq], inverse.astype(np.int32)
+def _codes(tbl: pa.Table, name: str) -> tuple[list, np.ndarray]:
+    """(sorted distinct values, index of each row's value) of a string column (NULL as '')."""
+    enc = pc.dictionary_encode(pc.fill_null(tbl.column(name), "")).combine_chunks()
+    names = enc.dictionary.to_pylist()
+    order = sorted(range(len(names)), key=names.__getitem__)
+    rank = np.empty(len(names), dtype=np.int32)
+    rank[order] = np.arange(len(names), dtype=np.int32)
+    return [names[i] for i in order], rank[enc.indices.to_numpy(zero_copy_only=False)]
+
+
+def _lookup(tbl: pa.Table, name: str, values, missing: int = -1) -> np.ndarray:
+    """Index of each row's ``name`` in ``values`` (``missing`` where absent or NULL)."""
+    found = pc.index_in(tbl.column(name), value_set=pa.array(values))
+    return pc.fill_null(found, missing).to_numpy(zero_copy_only=False)
 
 
 def _single(values, what: str, default=None):
-    vals = sorted({v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))})
+    vals = sorted({v for v in values or () if v is not None and not (isinstance(v, float) and math.isnan(v))})
     if not vals:
         return default
     if len(vals) > 1:
@@ -213,36 +216,42 @@ def _single(values, what: str, default=None):
 
 
 def load(con) -> Recorded:
-    """Read a store for :func:`kvtrace.analysis.whatif.replay`.  Raises :class:`WhatIfError` when
-    there is nothing to replay or the store mixes runs with different settings."""
-    dec = table(con, DECISIONS_SQL)
+    """Read a store for :func:`kvtrace.analysis.whatif.replay` (one pass over its spans).  Raises
+    :class:`WhatIfError` when there is nothing to replay or the store mixes runs with different
+    settings."""
+    cur = con.cursor()
+    try:
+        cur.execute(f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
+        for sql in CALIBRATION_VIEWS:
+            cur.execute(sql)
+        return _load(cur)
+    finally:
+        cur.close()
+
+
+def _load(cur) -> Recorded:
+    dec = table(cur, DECISIONS_SQL)
     if dec.num_rows == 0:
         raise WhatIfError("no d2p decisions (kvtrace.kv.decision spans on P) in these traces: nothing to replay")
-    ret = table(con, RETENTIONS_SQL)
-    window = rows(con, WINDOW_SQL)[0]
-    if window["time_scale_max"] != window["time_scale_min"]:
+    run = rows(cur, RUN_SQL)[0]
+    if run["scale_min"] != run["scale_max"]:
         raise WhatIfError("the traces mix simulator time scales; replay one run at a time")
-    scale = float(window["time_scale_max"] or 1.0)
-    ttl = _single(ret.column("ttl_s").to_pylist(), "decoder_kv_blocks_ttl values", None)
+    scale = float(run["scale_max"] or 1.0)
+    ttl = _single(run["ttls"], "decoder_kv_blocks_ttl values", None)
     if ttl is None:
         raise WhatIfError("no kvtrace.kv.retention spans: D did not retain blocks (bidirectional_kv_xfer off?)")
-    threshold = int(_single(dec.column("threshold").to_pylist(), "kv_recompute_threshold values", 64))
-    proxy_ttl = _single([r["ttl"] for r in rows(con, PROXY_TTL_SQL)], "proxy --conversation-ttl values", None)
+    threshold = int(_single(run["thresholds"], "kv_recompute_threshold values", 64))
+    proxy_ttl = _single(run["proxy_ttls"], "proxy --conversation-ttl values", None)
     margin_known = proxy_ttl is not None
-    if margin_known:
-        offer_ttl = proxy_ttl * scale
-        recorded_margin = ttl - offer_ttl
-    else:
-        recorded_margin = DEFAULT_OFFER_MARGIN_S
-        offer_ttl = ttl - recorded_margin
-    calib = calibrate(con)
+    offer_ttl = proxy_ttl * scale if margin_known else ttl - DEFAULT_OFFER_MARGIN_S
+    calib = calibrate(cur)
     rec = _decisions(dec, calib)
-    _retentions(rec, ret, dec.column("span_id"))
+    _retentions(rec, table(cur, RETENTIONS_SQL), dec.column("span_id"))
     p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
-    pools = {r["engine_id"]: r["pool_bytes"] for r in rows(con, POOLS_SQL) if r["pool_bytes"]}
+    pools = {r["engine_id"]: r["pool_bytes"] for r in rows(cur, POOLS_SQL) if r["pool_bytes"]}
     out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl),
-                   threshold=threshold, offer_ttl_s=float(offer_ttl), offer_margin_s=float(recorded_margin),
-                   offer_margin_known=margin_known, time_scale=scale, window_end_ns=int(window["window_end_ns"]),
+                   threshold=threshold, offer_ttl_s=float(offer_ttl), offer_margin_s=float(ttl - offer_ttl),
+                   offer_margin_known=margin_known, time_scale=scale, window_end_ns=int(run["window_end_ns"]),
                    calibration=calib)
     bounds = np.searchsorted(out.r_engine, np.arange(len(d_engines) + 1))
     out.r_by_engine = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -252,11 +261,8 @@ def load(con) -> Recorded:
 
 
 def _decisions(dec: pa.Table, calib: Calibration) -> dict:
-    p_engines, d_engine = _codes(_np(dec, "engine_id", ""))
-    outcome = _np(dec, "outcome", "")
-    code = np.full(len(outcome), -1, dtype=np.int8)
-    for name, c in kvrules.CODE.items():
-        code[outcome == name] = c
+    p_engines, d_engine = _codes(dec, "engine_id")
+    code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
     rates = np.array([calib.rate(e) or np.nan for e in p_engines], dtype=float)
     fits = np.array([calib.xfer(e) for e in p_engines], dtype=float).reshape(-1, 2)
     return dict(
@@ -266,7 +272,7 @@ def _decisions(dec: pa.Table, calib: Calibration) -> dict:
         d_age_s=_np(dec, "entry_age_s", math.nan, float), d_remaining_s=_np(dec, "remaining_s", math.nan, float),
         d_code=code, d_pulled=_np(dec, "pulled_tokens", 0, np.int64),
         d_recomputed=_np(dec, "recomputed_tokens", 0, np.int64),
-        d_fail_policy=_np(dec, "policy", "fail") != "recompute", d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
+        d_fail_policy=_lookup(dec, "policy", ["recompute"]) != 0, d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
         d_ttft_ms=_np(dec, "ttft_ms", math.nan, float), d_rate=rates[d_engine],
         d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1],
         d_has_entry=None, d_gap_s=None,
@@ -275,10 +281,10 @@ def _decisions(dec: pa.Table, calib: Calibration) -> dict:
 
 def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
     """Retention arrays, and what each decision knows of the session's previous blocks."""
-    d_engines, r_engine = _codes(_np(ret, "engine_id", ""))
+    d_engines, r_engine = _codes(ret, "engine_id")
     n = len(rec["d_start_ns"])
     nxt = pc.index_in(ret.column("next_span_id"), value_set=span_ids.combine_chunks() if span_ids.num_chunks
-                      else pa.array([], pa.string()))
+                      else pa.array([], span_ids.type))
     r_next = _np(ret.append_column("_next", nxt), "_next", -1, np.int64)
     has = r_next >= 0
     paired = r_next[has]
@@ -295,15 +301,19 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
     age = rec["d_age_s"]
     age = np.where(np.isnan(age), np.where(np.isnan(exp_gap), gap, exp_gap), age)
     age = np.where(np.isnan(age) & rec["d_offered"], 0.0, age)
-    outcome = _np(ret, "outcome", "")
+    outcome = _lookup(ret, "outcome", sc.RETENTION_OUTCOMES)
     fate = np.full(len(outcome), FATE_UNCONSUMED, dtype=np.int8)
-    fate[(outcome == sc.RETENTION_READ) & has] = FATE_READ
+    fate[(outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_READ)) & has] = FATE_READ
     nxt_code = np.where(has, rec["d_code"][np.where(has, r_next, 0)], -1)
     nxt_offered = np.where(has, rec["d_offered"][np.where(has, r_next, 0)], False)
     declined = np.isin(nxt_code, (kvrules.BELOW_THRESHOLD, kvrules.LOCAL_HIT, kvrules.NO_REMOTE))
-    fate[(outcome == sc.RETENTION_RELEASED) & has & nxt_offered & declined] = FATE_RELEASED
+    released = outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_RELEASED)
+    fate[released & has & nxt_offered & declined] = FATE_RELEASED
     start = _np(ret, "start_ns", 0, np.int64)
-    order = np.lexsort((start, r_engine))  # by D engine, then start: the replay sweeps each engine's holds
+    # by D engine, then start (the replay sweeps each engine's holds); the query sorts them already
+    step = np.diff(r_engine)
+    in_order = bool(np.all((step > 0) | ((step == 0) & (np.diff(start) >= 0))))
+    order = slice(None) if in_order else np.lexsort((start, r_engine))
     rec.update(
         d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap,
         r_engine=r_engine[order], r_start_ns=start[order], r_end_ns=_np(ret, "end_ns", 0, np.int64)[order],
@@ -312,11 +322,11 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
 
 
 def calibrate(con) -> Calibration:
-    """Prefill rate and transfer cost per P engine (and pooled), from :func:`reuse.break_even`."""
+    """Prefill rate and transfer cost per P engine (and pooled), from :func:`reuse.break_even`
+    (on the store's views, or on :data:`CALIBRATION_VIEWS` during :func:`load`)."""
     fits = reuse.break_even(con)
     rates = reuse.prefill_rates(con)
-    bw = rows(con, f"SELECT sum(bytes) AS b, sum(duration_ms) AS ms, count(*) AS n FROM kv_transfers "
-                   f"WHERE direction = {D2P} AND status = '{sc.TRANSFER_OK}' AND bytes > 0")[0]
+    bw = rows(con, BANDWIDTH_SQL)[0]
     pooled = [f for f in fits if f["engine_id"] is None]
 
     def clean(v):

@@ -47,7 +47,7 @@ def _render(fmt: str, columns: list[str], rows: list[tuple]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run SQL over a trace directory with the kvtrace views (spans, requests, kv_decisions,
     kv_transfers, kv_retention, engine_requests, llm_calls, tool_calls, app_work, turns,
-    sessions) defined.  Formats: table (aligned text), csv, json (array of objects), parquet
+    sessions, vllm_requests, turn_gaps) defined.  Formats: table (aligned text), csv, json (array of objects), parquet
     (needs --output).  Example:
 
         kvtrace query "SELECT outcome, count(*) FROM kv_decisions GROUP BY 1" --traces ./traces
