@@ -31,6 +31,7 @@ from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
 from kvtrace.analysis.store import open_store
 from kvtrace.analysis.whatif import load, replay
+from whatif_check import check_recorded_row
 
 SCALE = 4.0
 SEED = 7
@@ -43,6 +44,7 @@ ATTEMPTS = 3
 OUTCOMES = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
 
 _runs: dict = {}
+_dirs: dict = {}
 
 
 def scenarios():
@@ -112,7 +114,7 @@ def sim_run(tmp_path_factory, setting: tuple[float, int], n_prefill: int, refere
         for attempt in range(ATTEMPTS):
             directory = tmp_path_factory.mktemp(f"sim-{n_prefill}p-ttl{setting[0]:g}-th{setting[1]}")
             asyncio.run(_run(str(directory), *setting, n_prefill))
-            _runs[key] = open_store(directory)
+            _runs[key], _dirs[key] = open_store(directory), directory
             why = unfaithful(reference, timing(_runs[key])) if reference else None
             if why is None:
                 break
@@ -195,6 +197,14 @@ def _check_1p(result: dict) -> None:
     assert abs(_rel(predicted, actual)) <= 0.05, (result["setting"], predicted, actual)
     predicted, actual = result["ttft"]
     assert abs(_rel(predicted, actual)) <= 0.15, (result["setting"], predicted, actual)
+
+
+@pytest.mark.slow
+def test_recorded_row_equals_the_simulators_outcomes(tmp_path_factory):
+    """tests/whatif_check.py (the helper for the vLLM end-to-end test) on simulator traces."""
+    sim_run(tmp_path_factory, RECORDED, 1)
+    row = check_recorded_row(_dirs[(RECORDED, 1)])
+    assert row["pulled"] > 0 and row["below_threshold"] > 0 and row["no_remote"] > 0
 
 
 @pytest.mark.slow

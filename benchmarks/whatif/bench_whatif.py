@@ -30,6 +30,9 @@ from kvtrace import semconv as sc
 from kvtrace.store.schema import SCHEMA, TS
 from kvtrace.testing.synth import BASE_NS, write_table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+from bench_analysis import _maps, empty_lists  # noqa: E402  (map columns with the same keys on every row)
+
 TURNS = 8
 P_ENGINES, D_ENGINES = 4, 4
 BPT, BS = 262_144, 16
@@ -39,38 +42,19 @@ SESSION_STAGGER_NS = 200_000_000
 TARGET_S = 10.0
 
 
-def _map(keys: list[str], columns: list, n: int, typ) -> pa.MapArray:
-    """A map column with the same ``keys`` on every row (values: one array per key)."""
-    k = len(keys)
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * k)
-    if k == 0:
-        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], typ))
-    vals = np.empty(n * k, dtype=object if typ == pa.string() else None)
-    if typ != pa.string():
-        vals = np.empty(n * k, dtype=np.int64 if typ == pa.int64() else np.float64)
-    for i, col in enumerate(columns):
-        vals[i::k] = col
-    return pa.MapArray.from_arrays(offsets, pa.array(np.tile(np.array(keys, dtype=object), n), pa.string()),
-                                   pa.array(vals, typ))
-
-
 def _table(name: str, service: str, trace: np.ndarray, span: np.ndarray, parent: np.ndarray | None,
            start_ns: np.ndarray, dur_ns: np.ndarray, resource: tuple, strs: dict, ints: dict, floats: dict) -> pa.Table:
     n = len(start_ns)
-    empty_ts = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], TS))
-    empty_str = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()))
-    empty_maps = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)),
-                                          pa.MapArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.string()),
-                                                                  pa.array([], pa.string())))
+    empty_ts, empty_str, empty_maps = empty_lists(n)
     const = lambda v: pa.array(np.full(n, v, dtype=object), pa.string())  # noqa: E731
     hexs = lambda a, w: pa.array(np.char.mod(f"%0{w}x", a).astype(object), pa.string())  # noqa: E731
     columns = [
         pa.array(start_ns).cast(TS), hexs(trace, 32), hexs(span, 16),
         hexs(parent, 16) if parent is not None else const(""), const(""), const(name), const("SPAN_KIND_INTERNAL"),
-        const(service), _map(list(resource[0]), list(resource[1]), n, pa.string()), const(""), const(""),
-        _map(list(strs), list(strs.values()), n, pa.string()), pa.array(dur_ns), const("STATUS_CODE_UNSET"),
+        const(service), _maps(list(resource[0]), list(resource[1]), n, pa.string()), const(""), const(""),
+        _maps(list(strs), list(strs.values()), n, pa.string()), pa.array(dur_ns), const("STATUS_CODE_UNSET"),
         const(""), empty_ts, empty_str, empty_maps, empty_str, empty_str, empty_str, empty_maps,
-        _map(list(ints), list(ints.values()), n, pa.int64()), _map(list(floats), list(floats.values()), n, pa.float64()),
+        _maps(list(ints), list(ints.values()), n, pa.int64()), _maps(list(floats), list(floats.values()), n, pa.float64()),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 

@@ -40,7 +40,7 @@ def run(args) -> int:
         raise CLIError("plots need matplotlib: pip install 'kvtrace[report]' (or pass --no-plots)")
     doc, images = report.build(con, directory, compare_con=base, compare_dir=args.compare, plots=plots)
     if args.format == "html":
-        _write(args.output, report.to_html(doc, images))
+        write_output(args.output, report.to_html(doc, images))
         return 0
     links = {}
     if args.output:
@@ -50,11 +50,12 @@ def run(args) -> int:
             with open(path, "wb") as f:
                 f.write(png)
             links[name] = os.path.basename(path)
-    _write(args.output, report.to_markdown(doc, links))
+    write_output(args.output, report.to_markdown(doc, links))
     return 0
 
 
-def _write(path: str | None, content: str) -> None:
+def write_output(path: str | None, content: str, command: str = "report") -> None:
+    """``content`` to ``path`` (a one-line CLIError when it cannot be written), else to stdout."""
     if not path:
         sys.stdout.write(content)
         return
@@ -65,7 +66,7 @@ def _write(path: str | None, content: str) -> None:
             f.write(content)
     except OSError as exc:
         raise CLIError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"kvtrace report: wrote {path}", file=sys.stderr)
+    print(f"kvtrace {command}: wrote {path}", file=sys.stderr)
 
 
 def _missing(module: str) -> bool:

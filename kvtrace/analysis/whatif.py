@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtrace import kvrules
+from kvtrace import semconv as sc
 from kvtrace.analysis.whatif_data import FATE_READ, FATE_RELEASED, FATE_UNCONSUMED, Recorded, WhatIfError, load
 
 DEFAULT_TTLS = (0, 30, 60, 120, 240, 480, 900, 1800)
@@ -286,12 +287,12 @@ def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
                    f"{recd['pulled']:,} pulled / {recd['decisions']:,} decisions.")
     rate = cal.prefill_tokens_per_ms.get(None)
     out.append(f"- calibration (from the traces only): prefill {_v(rate and rate * 1000 / rec.time_scale)} tokens/model s "
-               f"from {cal.prefill_requests.get(None, 0):,} kvtrace.engine.prefill spans; d2p transfer "
+               f"from {cal.prefill_requests.get(None, 0):,} {sc.SPAN_ENGINE_PREFILL} spans; d2p transfer "
                f"{_v(cal.xfer_overhead_ms.get(None))} ms + {_v(cal.xfer_ms_per_token.get(None), 5)} ms/token (wall), "
                f"{_v(cal.bytes_per_ms and cal.bytes_per_ms / 1e6, 2)} GB/s, from {cal.transfers.get(None, 0):,} "
-               f"kvtrace.kv.transfer spans; gaps from {cal.samples.get('kvtrace.kv.retention', 0):,} retention and "
-               f"{rec.decisions:,} decision spans; TTFT from {cal.samples.get('kvtrace.proxy.request', 0):,} "
-               "proxy request spans.")
+               f"{sc.SPAN_KV_TRANSFER} spans; gaps from {cal.samples.get(sc.SPAN_KV_RETENTION, 0):,} "
+               f"{sc.SPAN_KV_RETENTION} and {rec.decisions:,} {sc.SPAN_KV_DECISION} spans; TTFT from "
+               f"{cal.samples.get(sc.SPAN_PROXY_REQUEST, 0):,} {sc.SPAN_PROXY_REQUEST} spans.")
     if not rec.offer_margin_known:
         out.append("- the traces do not record the proxy's --conversation-ttl: offer margin assumed "
                    f"{rec.offer_margin_s:g} s (pass --offer-margin).")

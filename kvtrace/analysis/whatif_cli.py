@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from kvtrace.analysis.report_cli import write_output
 from kvtrace.analysis.store import traces_dir
 
 FORMATS = ("table", "json", "csv")
@@ -101,7 +102,7 @@ def run(args) -> int:
     if args.format == "table" and not args.output:
         sys.stdout.write(text + "\n" + advice)
         return 0
-    _write(args.output, text)
+    write_output(args.output, text, "whatif")
     sys.stderr.write(advice)
     return 0
 
@@ -133,17 +134,3 @@ def _csv(value):
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else value
-
-
-def _write(path: str | None, content: str) -> None:
-    if not path:
-        sys.stdout.write(content)
-        return
-    from kvtrace.errors import CLIError
-
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(content)
-    except OSError as exc:
-        raise CLIError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"kvtrace whatif: wrote {path}", file=sys.stderr)

@@ -23,30 +23,13 @@ compute the view from a relation named ``base`` of those columns.
 from __future__ import annotations
 
 from kvtrace import semconv as sc
-
-
-def _q(name: str) -> str:
-    """A semconv name as a SQL string literal (names never contain quotes)."""
-    assert "'" not in name
-    return f"'{name}'"
+from kvtrace.store.sqltext import float_attr as _f, int_attr as _i, literal as _q, str_attr as _s
 
 
 def _when(names: tuple[str, ...], expr: str) -> str:
     """``expr`` for spans named one of ``names``, NULL for the others (DuckDB evaluates the map
     lookup only on those rows)."""
     return f"CASE WHEN name IN ({', '.join(map(_q, names))}) THEN {expr} END"
-
-
-def _i(key: str) -> str:
-    return f"SpanAttributesInt[{_q(key)}]"
-
-
-def _f(key: str) -> str:
-    return f"COALESCE(SpanAttributesFloat[{_q(key)}], CAST(SpanAttributesInt[{_q(key)}] AS DOUBLE))"
-
-
-def _s(key: str) -> str:
-    return f"SpanAttributes[{_q(key)}]"
 
 
 DEC, XFER, RET = sc.SPAN_KV_DECISION, sc.SPAN_KV_TRANSFER, sc.SPAN_KV_RETENTION

@@ -20,6 +20,8 @@ from kvtrace import semconv as sc
 from kvtrace.store.gap_views import VIEWS as GAP_VIEWS
 from kvtrace.store.vllm_views import VIEWS as VLLM_VIEWS
 from kvtrace.store.files import list_files
+from kvtrace.store.sqltext import bool_attr as _b, float_attr as _f, int_attr as _i, literal as _q
+from kvtrace.store.sqltext import span_or_resource as _sr, str_attr as _s
 from kvtrace.store.schema import SCHEMA
 
 
@@ -32,32 +34,6 @@ READ_FILES = (
     "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true, "
     "hive_types = {'date': DATE, 'hour': INTEGER})"
 )
-
-
-def _q(value: str) -> str:
-    """A semconv constant as a SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _s(key: str) -> str:
-    return f"SpanAttributes[{_q(key)}]"
-
-
-def _i(key: str) -> str:
-    return f"SpanAttributesInt[{_q(key)}]"
-
-
-def _f(key: str) -> str:
-    return f"COALESCE(SpanAttributesFloat[{_q(key)}], CAST(SpanAttributesInt[{_q(key)}] AS DOUBLE))"
-
-
-def _b(key: str) -> str:
-    return f"(SpanAttributes[{_q(key)}] = 'true')"
-
-
-def _sr(key: str) -> str:
-    """Span attribute, else resource attribute."""
-    return f"COALESCE(SpanAttributes[{_q(key)}], ResourceAttributes[{_q(key)}])"
 
 
 SPANS_SQL = f"""
