@@ -15,8 +15,8 @@ replay (which keeps the recorded local hits) must match every decision whose loc
 reproduced, and the differences are printed (``pytest -s``).
 
 The simulator runs in compressed wall time, so a machine busy with other work can stall a run
-and stretch its turn gaps past a TTL boundary: such a run is not the same workload, is detected
-from its own spans (:func:`unfaithful`) and run again (at most :data:`ATTEMPTS` times).
+and stretch its turn gaps past a TTL boundary: such a pair of runs is not the same workload, is
+detected from its own spans (:func:`unfaithful`) and run again (:func:`comparable`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,10 @@ RECORDED = (480.0, 64)
 SETTINGS = [(15.0, 64), (30.0, 64), (120.0, 64), (480.0, 256)]
 GAP_TOLERANCE_S = 1.5  # a re-run is the same workload when its turn gaps are within this of the recorded
 REFERENCE_TOLERANCE = 0.10  # ... and its turn-0 TTFT within 10 %
-ATTEMPTS = 3
+ATTEMPTS = 4
 OUTCOMES = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
 
-_runs: dict = {}
-_dirs: dict = {}
+_recordings: dict = {}  # P workers -> (store, directory) of the recorded run
 
 
 def scenarios():
@@ -103,24 +102,35 @@ async def _run(directory: str, ttl: float, threshold: int, n_prefill: int) -> No
         bench_provider.shutdown()
 
 
-def sim_run(tmp_path_factory, setting: tuple[float, int], n_prefill: int, reference: dict | None = None):
-    """The store of the simulator run at ``setting`` (cached per module).  With ``reference`` (the
-    recorded run's :func:`timing`), a run whose own timing says the machine did not run the same
-    workload (another process stalled it: turn gaps off by more than :data:`GAP_TOLERANCE_S`, or
-    the turn-0 requests, identical in every setting, slower or faster by more than
-    :data:`REFERENCE_TOLERANCE`) is run again, at most :data:`ATTEMPTS` times in all."""
-    key = (setting, n_prefill)
-    if key not in _runs:
-        for attempt in range(ATTEMPTS):
-            directory = tmp_path_factory.mktemp(f"sim-{n_prefill}p-ttl{setting[0]:g}-th{setting[1]}")
-            asyncio.run(_run(str(directory), *setting, n_prefill))
-            _runs[key], _dirs[key] = open_store(directory), directory
-            why = unfaithful(reference, timing(_runs[key])) if reference else None
-            if why is None:
-                break
-            print(f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: attempt {attempt + 1} not comparable "
-                  f"({why}){'; running it again' if attempt + 1 < ATTEMPTS else ''}")
-    return _runs[key]
+def sim_run(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
+    """A new simulator run at ``setting``: (store connection, directory)."""
+    directory = tmp_path_factory.mktemp(f"sim-{n_prefill}p-ttl{setting[0]:g}-th{setting[1]}")
+    asyncio.run(_run(str(directory), *setting, n_prefill))
+    return open_store(directory), directory
+
+
+def recording(tmp_path_factory, n_prefill: int, fresh: bool = False):
+    """The recorded run (TTL 480 s, threshold 64), cached per module unless ``fresh``."""
+    if fresh or n_prefill not in _recordings:
+        _recordings[n_prefill] = sim_run(tmp_path_factory, RECORDED, n_prefill)
+    return _recordings[n_prefill]
+
+
+def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
+    """(recording, re-run at ``setting``) that ran the same workload.  The simulator runs in
+    compressed wall time: when another process stalls either run, its turn gaps or its turn-0
+    TTFT (the same work in every setting) say so (:func:`unfaithful`), and the re-run is made
+    again; from the third attempt on with a new recording too (the stalled run may have been the
+    recording).  At most :data:`ATTEMPTS` attempts; the last pair is returned whatever it is."""
+    for attempt in range(ATTEMPTS):
+        rec_con, _ = recording(tmp_path_factory, n_prefill, fresh=attempt == 2)
+        sim, _ = sim_run(tmp_path_factory, setting, n_prefill)
+        why = unfaithful(timing(rec_con), timing(sim))
+        if why is None:
+            break
+        print(f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: attempt {attempt + 1} not comparable "
+              f"({why}){'; running it again' if attempt + 1 < ATTEMPTS else ''}")
+    return rec_con, sim
 
 
 def timing(con) -> dict:
@@ -160,16 +170,14 @@ def per_decision(con) -> list[dict]:
 
 
 def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
-    recorded = sim_run(tmp_path_factory, RECORDED, n_prefill)
-    reference = timing(recorded)
-    rec = load(recorded)
-    assert rec.offer_margin_s == pytest.approx(OFFER_MARGIN_S) and rec.offer_margin_known
-    assert (rec.ttl_s, rec.threshold, rec.time_scale) == (*RECORDED, SCALE)
-    order = per_decision(recorded)
     out = []
     for setting in settings:
+        recorded, sim = comparable(tmp_path_factory, setting, n_prefill)
+        rec = load(recorded)
+        assert rec.offer_margin_s == pytest.approx(OFFER_MARGIN_S) and rec.offer_margin_known
+        assert (rec.ttl_s, rec.threshold, rec.time_scale) == (*RECORDED, SCALE)
+        order = per_decision(recorded)
         r = replay(rec, *setting)
-        sim = sim_run(tmp_path_factory, setting, n_prefill, reference)
         got = measured(sim)
         predicted = {(d["session_id"], d["turn"]): sc.OUTCOMES[c] for d, c in zip(order, r.codes)}
         actual = {(d["session_id"], d["turn"]): d for d in per_decision(sim)}
@@ -200,14 +208,16 @@ def _check_1p(result: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
 def test_recorded_row_equals_the_simulators_outcomes(tmp_path_factory):
     """tests/whatif_check.py (the helper for the vLLM end-to-end test) on simulator traces."""
-    sim_run(tmp_path_factory, RECORDED, 1)
-    row = check_recorded_row(_dirs[(RECORDED, 1)])
+    _, directory = recording(tmp_path_factory, 1)
+    row = check_recorded_row(directory)
     assert row["pulled"] > 0 and row["below_threshold"] > 0 and row["no_remote"] > 0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
 def test_replay_predicts_the_simulator_at_other_ttls(tmp_path_factory):
     results = compare(tmp_path_factory, 1, SETTINGS[:3])
     for result in results:
@@ -219,6 +229,7 @@ def test_replay_predicts_the_simulator_at_other_ttls(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
 def test_replay_predicts_the_simulator_at_another_threshold(tmp_path_factory):
     (result,) = compare(tmp_path_factory, 1, SETTINGS[3:])
     _check_1p(result)
@@ -226,6 +237,7 @@ def test_replay_predicts_the_simulator_at_another_threshold(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
 def test_two_prefill_workers_differ_only_where_routing_changed_the_local_hit(tmp_path_factory):
     for result in compare(tmp_path_factory, 2, [SETTINGS[1], SETTINGS[3]]):
         same = [k for k, d in result["actual"].items() if result["recorded_hits"].get(k) == d["local_hit_tokens"]]

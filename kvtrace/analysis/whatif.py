@@ -235,37 +235,41 @@ def recommend(rec: Recorded, results: list[Replay], budget_gib: float | None = N
     then (at that threshold, among the settings predicting the fewest failures) the smallest TTL
     within 5 % of the best mean TTFT, or with ``budget_gib`` the best TTFT whose peak GiB held on a
     D fits the budget.  Without TTFT data, recomputed tokens rank the settings."""
-    thresholds = sorted({r.row["threshold"] for r in results})
-    be = rec.calibration.break_even_tokens
-    if be is not None:
-        threshold = min(thresholds, key=lambda t: (abs(t - be), t))
-        why_threshold = f"nearest the observed break-even of {be:,.0f} tokens"
-    elif rec.calibration.transfers.get(None):
-        threshold = thresholds[-1]
-        why_threshold = "pulling never beat recomputing at the observed rates: the largest threshold"
-    else:
-        threshold = rec.threshold if rec.threshold in thresholds else thresholds[len(thresholds) // 2]
-        why_threshold = "no successful d2p transfer to calibrate the break-even: the recorded threshold"
+    threshold, why_threshold = _threshold(rec, sorted({r.row["threshold"] for r in results}))
     pool = [r for r in results if r.row["threshold"] == threshold]
     fewest = min(r.failures for r in pool)
     pool = [r for r in pool if r.failures == fewest]
     metric = "ttft_mean_ms" if all(r.row["ttft_mean_ms"] is not None for r in pool) else "recomputed_tokens"
     best = min(pool, key=lambda r: (r.row[metric], r.row["ttl_s"]))
-    if budget_gib is not None:
-        fits = [r for r in pool if r.row["peak_gib_held"] <= budget_gib]
-        pick = min(fits, key=lambda r: (r.row[metric], r.row["ttl_s"])) if fits else \
-            min(pool, key=lambda r: (r.row["peak_gib_held"], r.row[metric]))
-        why_ttl = (f"best {metric} with peak GiB held <= {budget_gib:g}" if fits else
-                   f"no setting fits {budget_gib:g} GiB: the one holding the least")
-    else:
-        limit = best.row[metric] * (1 + TTFT_TOLERANCE)
-        pick = min((r for r in pool if r.row[metric] <= limit), key=lambda r: r.row["ttl_s"])
-        why_ttl = f"smallest TTL within {TTFT_TOLERANCE:.0%} of the best {metric}"
+    pick, why_ttl = _ttl(pool, best, metric, budget_gib)
     recorded = next((r for r in results if r.row["recorded"]), None)
     return {"ttl_s": pick.row["ttl_s"], "threshold": threshold, "row": pick.row, "best": best.row,
             "recorded": recorded.row if recorded else None, "metric": metric, "why_threshold": why_threshold,
             "why_ttl": why_ttl, "failures": pick.failures, "peak_bytes": pick.peak_bytes,
             "offer_margin_s": pick.offer_margin_s}
+
+
+def _threshold(rec: Recorded, thresholds: list[int]) -> tuple[int, str]:
+    be = rec.calibration.break_even_tokens
+    if be is not None:
+        return min(thresholds, key=lambda t: (abs(t - be), t)), f"nearest the observed break-even of {be:,.0f} tokens"
+    if rec.calibration.transfers.get(None):
+        return thresholds[-1], "pulling never beat recomputing at the observed rates: the largest threshold"
+    pick = rec.threshold if rec.threshold in thresholds else thresholds[len(thresholds) // 2]
+    return pick, "no successful d2p transfer to calibrate the break-even: the recorded threshold"
+
+
+def _ttl(pool: list[Replay], best: Replay, metric: str, budget_gib: float | None) -> tuple[Replay, str]:
+    if budget_gib is None:
+        limit = best.row[metric] * (1 + TTFT_TOLERANCE)
+        pick = min((r for r in pool if r.row[metric] <= limit), key=lambda r: r.row["ttl_s"])
+        return pick, f"smallest TTL within {TTFT_TOLERANCE:.0%} of the best {metric}"
+    fits = [r for r in pool if r.row["peak_gib_held"] <= budget_gib]
+    if fits:
+        return min(fits, key=lambda r: (r.row[metric], r.row["ttl_s"])), \
+            f"best {metric} with peak GiB held <= {budget_gib:g}"
+    return min(pool, key=lambda r: (r.row["peak_gib_held"], r.row[metric])), \
+        f"no setting fits {budget_gib:g} GiB: the one holding the least"
 
 
 def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
