@@ -22,19 +22,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue-spans", type=int, default=None, metavar="N",
                         help="spans held in memory before senders are told to retry later (default 200000)")
     parser.add_argument("--max-queue-mib", type=int, default=None, metavar="MIB",
-                        help="bytes of converted spans held in memory before senders are told to retry later "
+                        help="MiB of converted spans held in memory before senders are told to retry later "
                              "(default 256)")
     parser.add_argument("--max-request-mib", type=int, default=None, metavar="MIB",
                         help="largest request body, after decompression; larger ones get 413 (gRPC "
                              "RESOURCE_EXHAUSTED) (default 64)")
     parser.add_argument("--max-inflight-mib", type=int, default=None, metavar="MIB",
-                        help="bytes all requests being received and converted may hold together; beyond it "
+                        help="MiB that all requests being received and converted may hold together; beyond it "
                              "senders are told to retry later (default 256)")
     parser.add_argument("--batch-delay-ms", type=int, default=None, metavar="MS",
                         help="how long the writer gathers requests into one file (default 200); not used "
                              "with --durable-ack")
     parser.add_argument("--durable-ack", action="store_true",
-                        help="answer a request only once its spans are in an fsynced file (see below)")
+                        help="answer a request only once its spans are in an fsynced file (see 'What a crash "
+                             "can lose' above)")
 
 
 def _addresses(args) -> tuple[str | None, str | None]:
