@@ -6,7 +6,7 @@ import pytest
 
 from kvtrace.analysis import latency
 from kvtrace.analysis.filters import Filters
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect
 from kvtrace.testing.synth import SpanBuilder
 
 
@@ -25,7 +25,7 @@ def _run(directory, ttfts: dict[int, list[float]], task_ms: dict[int, float]):
             b.llm_call(sid, turn, t0 + 1, t0 + ttft + 50, ttft, parent=tr)
             t0 += task_ms[turn] + 10
     b.write(directory)
-    return open_store(directory)
+    return connect(directory)
 
 
 @pytest.fixture
@@ -67,6 +67,6 @@ def test_compare_missing_turn_has_no_ratio(baseline, tmp_path):
 
 
 def test_empty(tmp_path):
-    con = open_store(tmp_path, allow_empty=True)
+    con = connect(tmp_path, allow_empty=True)
     assert latency.by_turn(con).num_rows == 0
     assert latency.compare_runs(con, con) == []

@@ -14,7 +14,7 @@ from kvtrace.bench.workload import LLMAction, ToolAction
 from kvtrace.analysis import latency, retention, reuse, sessions
 from kvtrace.demo import cli as demo
 from kvtrace.demo.cli import SCENARIOS
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect
 from kvtrace.analysis.text import LATER, ms, noise_for, num, ratio, verdict
 from kvtrace.cli import main
 
@@ -62,7 +62,7 @@ def test_writes_both_runs(demo_run):
     assert rc == 0, out
     for run in ("bidir", "baseline"):
         assert list((root / run).rglob("*.parquet")), run
-    bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
+    bidir, base = connect(root / "bidir"), connect(root / "baseline")
     expected = {f"demo-A0-{name}-{i}" for name in SCENARIOS for i in range(2)}
     assert {r["session_id"] for r in sessions.breakdown(bidir).to_pylist()} == expected
     assert {r["session_id"] for r in sessions.breakdown(base).to_pylist()} == expected
@@ -79,7 +79,7 @@ def test_writes_both_runs(demo_run):
 @pytest.mark.timeout(240)
 def test_printed_numbers_match_the_views(demo_run):
     rc, out, root = demo_run
-    bidir = open_store(root / "bidir")
+    bidir = connect(root / "bidir")
     tot = sessions.totals(bidir)
     for label, col in (("input processing", "input_processing_ms"), ("generation", "generation_ms"),
                        ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("wall time", "wall_ms")):
@@ -95,7 +95,7 @@ def test_printed_numbers_match_the_views(demo_run):
 @pytest.mark.timeout(240)
 def test_printed_ttft_table_matches_the_views(demo_run):
     rc, out, root = demo_run
-    bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
+    bidir, base = connect(root / "bidir"), connect(root / "baseline")
     scale = demo.DEFAULT_TIME_SCALE
     table = _table(out, "== Mean TTFT by turn index")
     rows = latency.compare_runs(base, bidir)
@@ -127,7 +127,7 @@ def test_printed_ttft_table_matches_the_views(demo_run):
 @pytest.mark.timeout(240)
 def test_printed_prefill_work_matches_the_views(demo_run):
     rc, out, root = demo_run
-    bidir, base = open_store(root / "bidir"), open_store(root / "baseline")
+    bidir, base = connect(root / "bidir"), connect(root / "baseline")
     table = _table(out, "== Prefill work on P")
     b_tok = {r["turn"]: r for r in reuse.tokens_by_source(base).to_pylist()}
     c_tok = {r["turn"]: r for r in reuse.tokens_by_source(bidir).to_pylist()}
@@ -149,7 +149,7 @@ def test_printed_saved_work_table_matches_the_views(demo_run):
     rc, out, root = demo_run
     sql = ("SELECT l.session_id, l.turn, l.ttft_ms, e.prompt_tokens - e.cached_tokens FROM llm_calls l "
            f"JOIN engine_requests e ON e.request_id = l.request_id AND e.phase = '{sc.ROLE_PREFILL}' WHERE l.turn >= 1")
-    calls = {run: {(r[0], r[1]): r[2:] for r in open_store(root / run).sql(sql).fetchall()}
+    calls = {run: {(r[0], r[1]): r[2:] for r in connect(root / run).sql(sql).fetchall()}
              for run in ("baseline", "bidir")}
     assert calls["baseline"].keys() == calls["bidir"].keys()
     pairs = [(calls["baseline"][k][1] - calls["bidir"][k][1], calls["baseline"][k][0], calls["bidir"][k][0])

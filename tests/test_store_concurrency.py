@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from kvtrace.store import files, views
+from kvtrace.store import files, reader
 
 WRITER = r"""
 import sys
@@ -57,14 +57,14 @@ def test_four_writers_one_directory_no_loss_no_duplicates(tmp_path):
     def poll():  # a reader listing + querying while files are written, rolled and swept
         if not files.list_files(tmp_path):
             return
-        con = views.connect(tmp_path)
+        con = reader.connect(tmp_path)
         total, distinct = con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone()
         assert total == distinct
         polls["ok"] += 1
 
     _deadline_wait(procs, poll)
     assert [p.returncode for p in procs] == [0] * writers
-    con = views.connect(tmp_path)
+    con = reader.connect(tmp_path)
     assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (n * writers, n * writers)
     per_writer = con.execute("SELECT session_id, count(DISTINCT turn) FROM spans GROUP BY 1 ORDER BY 1").fetchall()
     assert per_writer == [(f"w{k}", n) for k in range(writers)]
@@ -78,6 +78,6 @@ def test_sigterm_loses_nothing_already_exported(tmp_path):
     assert proc.stdout.readline() == "flushed\n"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
-    con = views.connect(tmp_path)
+    con = reader.connect(tmp_path)
     assert con.execute("SELECT count(*), count(DISTINCT turn), min(service_name) FROM spans").fetchone() == (
         100, 100, "sigterm-writer")

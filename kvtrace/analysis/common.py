@@ -1,13 +1,19 @@
-"""Running named queries: Arrow results, lists of dicts, one-row summaries."""
+"""Running named queries: Arrow results, lists of dicts, one-row summaries.
+
+Every query goes through :func:`kvtrace.store.reader.query`, which re-lists the trace directory
+and retries when a file the connection listed has been swept meanwhile.
+"""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from kvtrace.store.reader import query
+
 
 def table(con, sql: str, params: dict | None = None) -> pa.Table:
     """Run ``sql`` with bound ``params`` and return the result as an Arrow table."""
-    return con.sql(sql, params=params or None).to_arrow_table()
+    return query(con, sql, params)
 
 
 def rows(con, sql: str, params: dict | None = None) -> list[dict]:

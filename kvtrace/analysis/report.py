@@ -12,7 +12,7 @@ import html
 import io
 
 from kvtrace.analysis import latency, retention, reuse, sessions, text
-from kvtrace.analysis.breakdown import PART_COLUMNS, PRECEDENCE
+from kvtrace.store.views.breakdown import PART_COLUMNS, PRECEDENCE
 
 PLOTS = ("breakdown", "tokens_by_source", "ttft_by_turn", "retention")
 

@@ -12,8 +12,9 @@ import math
 from kvtrace import semconv as sc
 from kvtrace.analysis import latency, retention, reuse, sessions
 from kvtrace.analysis.common import rows as query_rows
-from kvtrace.analysis.breakdown import PART_COLUMNS
+from kvtrace.store.views.breakdown import PART_COLUMNS
 from kvtrace.analysis.filters import Filters
+from kvtrace.store.sql import literal
 
 PART_NAMES = dict(zip(PART_COLUMNS, ("input processing", "generation", "tool waits", "app work")))
 
@@ -214,7 +215,7 @@ _SOURCES = ("local_hit_tokens", "pulled_tokens", "computed_tokens")
 CALL_WORK_SQL = f"""
 SELECT l.session_id, l.turn, l.ttft_ms, d.prompt_tokens, d.recomputed_tokens AS computed_tokens
 FROM llm_calls l
-JOIN kv_decisions d ON d.request_id = l.request_id AND d.direction = '{sc.DIRECTION_D2P}'
+JOIN kv_decisions d ON d.request_id = l.request_id AND d.direction = {literal(sc.DIRECTION_D2P)}
 WHERE l.turn >= 1 AND l.ttft_ms IS NOT NULL
 """
 SAVED_BUCKETS = ((None, 1000), (1000, 5000), (5000, None))  # tokens the candidate did not recompute

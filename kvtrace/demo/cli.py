@@ -36,7 +36,7 @@ import shutil
 import sys
 import time
 
-from kvtrace.analysis.store import traces_dir
+from kvtrace.store.runs import traces_dir
 
 SCENARIOS = ("pause-resume", "coding-agent", "research-assistant", "short-followups")  # longest first
 RUNS = ("bidir", "baseline")
@@ -247,9 +247,9 @@ def summarize(bidir_dir: str, baseline_dir: str, time_scale: float, sessions: in
     """The printed summary: the setup, breakdown and reuse of the bidirectional run, and the
     TTFT comparison of the two runs (every number from :mod:`kvtrace.analysis`)."""
     from kvtrace.analysis import text
-    from kvtrace.analysis.store import open_store
+    from kvtrace.store import connect
 
-    bidir, baseline = open_store(bidir_dir), open_store(baseline_dir)
+    bidir, baseline = connect(bidir_dir), connect(baseline_dir)
     out = [
         *setup_lines(time_scale, sessions),
         "",
