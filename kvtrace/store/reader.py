@@ -42,7 +42,7 @@ READ_FILES = (
 )
 SOURCE = "kvtrace_source"
 """One-row table on each connection: the directory it reads (so :func:`refresh` of a cursor can re-list)."""
-_RETRIES = 2
+_RETRIES = 5
 _MAGIC = b"PAR1"
 
 
@@ -147,9 +147,15 @@ def connect(directory: str | os.PathLike, *, allow_empty: bool = False,
     one unless ``allow_empty`` (then every view exists with its columns and zero rows)."""
     con = con or duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    _bind(con, os.fspath(directory), allow_empty)
-    _create_views(con)
-    return con
+    for attempt in range(_RETRIES + 1):
+        try:
+            _bind(con, os.fspath(directory), allow_empty)
+            _create_views(con)  # binds the files (DuckDB reads their footers)
+            return con
+        except duckdb.IOException:  # a listed file was swept meanwhile: list again
+            if attempt == _RETRIES:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _create_views(con: duckdb.DuckDBPyConnection) -> None:
@@ -162,8 +168,13 @@ def refresh(con: duckdb.DuckDBPyConnection, directory: str | os.PathLike | None 
     """Re-list the directory (by default the one ``con`` was opened on) so the views see the
     files written, rolled and removed since."""
     (src_dir, src_empty), = con.execute(f"SELECT directory, allow_empty FROM {SOURCE}").fetchall()
-    _bind(con, os.fspath(directory) if directory is not None else src_dir,
-          src_empty if allow_empty is None else allow_empty)
+    directory = os.fspath(directory) if directory is not None else src_dir
+    for attempt in range(_RETRIES + 1):
+        try:
+            return _bind(con, directory, src_empty if allow_empty is None else allow_empty)
+        except duckdb.IOException:
+            if attempt == _RETRIES:
+                raise
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> pa.Table | None:
