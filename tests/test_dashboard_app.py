@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from kvtrace.analysis import latency, reuse, sessions  # noqa: E402
+from kvtrace.analysis import compare, reuse, sessions  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
 from kvtrace.testing.synth import sample_store  # noqa: E402
 
@@ -74,10 +74,10 @@ def test_reuse_page_numbers_match(monkeypatch, runs):
 def test_compare_page_shows_ratios(monkeypatch, runs):
     at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline", page="app_pages/compare.py")
     shown = at.dataframe[0].value
-    expected = latency.compare_runs(connect(runs / "baseline"), connect(runs / "bidir"))
-    assert list(shown["turn"]) == [r["turn"] for r in expected]
-    assert list(shown["ttft_p50_ms_ratio"].round(6)) == [round(r["ttft_p50_ms_ratio"], 6) for r in expected]
-    assert expected[-1]["ttft_p50_ms_ratio"] < 1  # later turns: pulling beats recomputing
+    expected = compare.compare_runs(connect(runs / "baseline"), connect(runs / "bidir"))
+    assert list(shown["turn"]) == [str(r["turn"]) for r in expected]
+    assert list(shown["ratio"].round(6)) == [round(r["ratio"], 6) for r in expected]
+    assert compare.row(expected, "ttft_ms", 3)["verdict"] == "faster"  # later turns: pulling beats recomputing
 
 
 def test_drilldown_filters_to_one_session(monkeypatch, runs):

@@ -1,5 +1,5 @@
 """``kvtrace demo`` end to end: simulator + proxy + agent workload, twice; traces written; the
-printed numbers are the views' numbers.  Plus the demo workload's shape and the noise verdict."""
+printed numbers are the views' numbers (the verdicts: kvtrace.analysis.compare).  Plus the demo workload's shape."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from kvtrace import semconv as sc
 from kvtrace.bench.scenarios import LLM
 from kvtrace.bench.workload import LLMAction, ToolAction
-from kvtrace.analysis import latency, retention, reuse, sessions
+from kvtrace.analysis import compare, retention, reuse, sessions
 from kvtrace.demo import cli as demo
 from kvtrace.demo.cli import SCENARIOS
 from kvtrace.store import connect
-from kvtrace.analysis.text import LATER, ms, noise_for, num, ratio, verdict
+from kvtrace.analysis.text import LATER_LABEL, ci, ms, num, ratio
 from kvtrace.cli import main
 
 pytest.importorskip("aiohttp")
@@ -98,30 +98,19 @@ def test_printed_ttft_table_matches_the_views(demo_run):
     bidir, base = connect(root / "bidir"), connect(root / "baseline")
     scale = demo.DEFAULT_TIME_SCALE
     table = _table(out, "== Mean TTFT by turn index")
-    rows = latency.compare_runs(base, bidir)
-    assert [r[0] for r in table] == [str(r["turn"]) for r in rows] + [LATER]
+    rows = [r for r in compare.compare_runs(base, bidir) if r["metric"] == "ttft_ms" and r["turn"] != compare.ALL]
+    assert [r[0] for r in table] == [str(r["turn"]) for r in rows[:-1]] + [LATER_LABEL]
     for printed, row in zip(table, rows):
-        b, c = row["ttft_mean_ms_baseline"], row["ttft_mean_ms_candidate"]
-        assert printed[:7] == [str(row["turn"]), num(row["calls_candidate"]), ms(b), ms(c),
-                               ratio(row["ttft_mean_ms_ratio"]), _model_s(b, scale), _model_s(c, scale)]
-    # turn 0 is the reference; its difference of means (at least 10 ms) is the noise of a mean over
-    # its calls, scaled by sqrt(n0 / n) for a mean over n calls
-    first = rows[0]
-    noise = max(abs(first["ttft_mean_ms_candidate"] - first["ttft_mean_ms_baseline"]), 10.0)
-    n0 = first["calls_baseline"]
-    assert table[0][7] == "reference"
-    assert f"({ms(noise)} wall ms over {n0} calls" in out
-    for printed, row in zip(table[1:-1], rows[1:]):
-        scaled = noise * math.sqrt(n0 / row["calls_baseline"])
-        assert printed[7] == verdict(row["ttft_mean_ms_baseline"], row["ttft_mean_ms_candidate"], scaled)
+        b, c = row["a_mean"], row["b_mean"]
+        assert printed[1:] == [num(row["n_b"]), ms(b), ms(c), ratio(row["ratio"]), ci(row), _model_s(b, scale),
+                               _model_s(c, scale), row["verdict"]]
     # the pooled row is the plain mean over every call at turn >= 1, computed here from the view
     pooled = {}
     for name, con in (("baseline", base), ("bidir", bidir)):
         pooled[name] = con.sql("SELECT count(*), avg(ttft_ms) FROM llm_calls WHERE turn >= 1").fetchall()[0]
     (n, b_mean), (_, c_mean) = pooled["baseline"], pooled["bidir"]
-    assert table[-1] == [LATER, num(n), ms(b_mean), ms(c_mean), ratio(c_mean / b_mean), _model_s(b_mean, scale),
-                         _model_s(c_mean, scale), verdict(b_mean, c_mean, noise * math.sqrt(n0 / n))]
-    assert f"(ratio {ratio(c_mean / b_mean)}, " in out
+    assert table[-1][:6] == [LATER_LABEL, num(n), ms(b_mean), ms(c_mean), ratio(c_mean / b_mean), ci(rows[-1])]
+    assert f"(ratio {ratio(c_mean / b_mean)}, 95% CI {ci(rows[-1])}: {rows[-1]['verdict']})" in out
 
 
 @pytest.mark.timeout(240)
@@ -181,16 +170,6 @@ def test_workload_is_agent_sized_with_one_call_per_turn():
     coding = next(w.sessions[0] for w in runs if w.name == "coding-agent")
     first = sum(len(c.output.split()) for a in coding.turns[0].actions if isinstance(a, ToolAction) for c in a.calls)
     assert first >= 9000  # three files of 3-5k tokens
-
-
-def test_verdict_compares_differences_with_twice_the_noise():
-    assert verdict(100.0, 70.0, 10.0) == "faster"
-    assert verdict(100.0, 80.0, 10.0) == "within noise"
-    assert verdict(100.0, 121.0, 10.0) == "slower"
-    assert verdict(None, 50.0, 10.0) == verdict(100.0, 50.0, None) == "–"
-    cmp = {"noise_ms": 20.0, "noise_calls": 12}
-    assert noise_for(cmp, 3) == 40.0 and noise_for(cmp, 48) == 10.0
-    assert noise_for(cmp, 0) is None and noise_for({"noise_ms": None, "noise_calls": 0}, 5) is None
 
 
 def test_bad_arguments(tmp_path, capsys):
