@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+import plain_parquet
 import pytest
 
 from kvtrace import semconv as sc
@@ -44,18 +45,6 @@ def _model_s(wall_ms: float, scale: float) -> str:
     return f"{wall_ms * scale / 1e3:,.2f}"
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["demo", "--traces", str(root), "--sessions", "2"])  # two short-followups: a below-threshold turn
-    return rc, buf.getvalue(), root
-
-
 @pytest.mark.timeout(240)
 def test_writes_both_runs(demo_run):
     rc, out, root = demo_run
@@ -74,6 +63,15 @@ def test_writes_both_runs(demo_run):
     assert [r["outcome"] for r in resumed if r["turn"] == 2] in ([sc.OUTCOME_NO_REMOTE], [sc.OUTCOME_EXPIRED])
     assert f"kvtrace dashboard --traces {root / 'bidir'} --compare {root / 'baseline'}" in out
     assert f"decoder_kv_blocks_ttl {demo.TTL_S:g} s" in out and f"compressed {demo.DEFAULT_TIME_SCALE:g}x" in out
+
+
+@pytest.mark.timeout(240)
+def test_traces_at_rest_are_plain_parquet(demo_run):
+    """Every writer of the demo has exited: a plain recursive glob counts each span once."""
+    rc, out, root = demo_run
+    for run in ("bidir", "baseline"):
+        (n,), = connect(root / run).execute("SELECT count(*) FROM spans").fetchall()
+        assert n > 100 and plain_parquet.counts(root / run) == {r: (n, n) for r in ("duckdb", "pyarrow", "chdb")}
 
 
 @pytest.mark.timeout(240)

@@ -47,12 +47,12 @@ naming it. A connection kept open re-lists and retries a query when a writer has
 
 **Other Parquet readers.** Once every writer has stopped, a trace directory is plain Parquet: DuckDB
 `read_parquet('DIR/**/*.parquet')`, `pyarrow.dataset.dataset(DIR)` or ClickHouse/chDB
-`file('DIR/**/*.parquet', Parquet)` count each span once. While a writer runs, a batch file it has just
-merged into a segment stays beside it for `${settings.ROLL_GRACE_SECONDS.env}` (default
-{settings.ROLL_GRACE_SECONDS.default:g} s) after each roll, so that readers holding an older listing can
-finish; only there can a plain glob count spans twice. A writer exits (shutdown, SIGTERM) with its
+`file('DIR/**/*.parquet', Parquet)` count each span once. While a writer runs, the batch files it has
+just merged into a segment stay beside it for `${settings.ROLL_GRACE_SECONDS.env}` seconds (default
+{settings.ROLL_GRACE_SECONDS.default:g}) after each roll, so that readers holding an older listing can finish:
+the only window in which a plain glob counts spans twice. A writer exits (shutdown, SIGTERM) with its
 superseded files deleted. Files a killed writer (SIGKILL) left are removed by the next writer into the
-directory or by `kvtrace compact --traces DIR`; nothing is deleted unless each of its spans is in another
+directory or by `kvtrace compact --traces DIR`; no file is deleted unless each of its spans is in another
 complete file.
 
 Attribute names are in [semconv.md](semconv.md); numbers come from the typed maps `SpanAttributesInt` /
