@@ -101,10 +101,6 @@ def ranked(frame, column: str, order: list[str]):
     return frame.assign(rank=frame[column].map({v: i for i, v in enumerate(order)}))
 
 
-def current_dir() -> str:
-    return st.session_state.get("traces_dir") or config()["traces"]
-
-
 def sidebar() -> tuple[str, Filters, dict]:
     """Trace directory, refresh, and the filters; returns (directory, filters, facets)."""
     cfg = config()

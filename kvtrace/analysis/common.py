@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from kvtrace.analysis.filters import Filters, where
 from kvtrace.store.reader import query
 
 
@@ -24,3 +25,10 @@ def one(con, sql: str, params: dict | None = None) -> dict:
     """The single row of an aggregate query (``{}`` if it returned none)."""
     out = rows(con, sql, params)
     return out[0] if out else {}
+
+
+def filtered(con, sql: str, filters: Filters | None, scope: dict[str, str], **params) -> pa.Table:
+    """``sql`` with its ``{where}`` filled from ``filters`` (the fragments of ``scope``), run with the
+    filters' parameters and ``params``."""
+    clause, bound = where(filters, scope)
+    return table(con, sql.format(where=clause), {**bound, **params})

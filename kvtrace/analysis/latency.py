@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kvtrace.analysis.common import table
-from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
+from kvtrace.analysis.common import filtered
+from kvtrace.analysis.filters import SESSION_SCOPE, Filters
 
 CALLS_SQL = """
 WITH llm_sessions AS (SELECT DISTINCT session_id FROM llm_calls WHERE session_id IS NOT NULL)
@@ -57,17 +57,14 @@ TURN_VALUES_SQL = "SELECT turn, (end_ns - start_ns) / 1e6 AS latency_ms FROM kvt
 def by_turn(con, filters: Filters | None = None) -> pa.Table:
     """Per turn index: calls, TTFT p50/p90/mean, call latency p50/mean, turns and
     completed-task latency p50/p90/mean (ms)."""
-    clause, params = where(filters, SESSION_SCOPE)
-    return table(con, BY_TURN_SQL.format(where=clause), params)
+    return filtered(con, BY_TURN_SQL, filters, SESSION_SCOPE)
 
 
 def call_values(con, filters: Filters | None = None) -> pa.Table:
     """One row per LLM call (agent ``llm_call`` spans, else proxy requests): turn, ttft_ms, latency_ms."""
-    clause, params = where(filters, SESSION_SCOPE)
-    return table(con, CALL_VALUES_SQL.format(where=clause), params)
+    return filtered(con, CALL_VALUES_SQL, filters, SESSION_SCOPE)
 
 
 def turn_values(con, filters: Filters | None = None) -> pa.Table:
     """One row per turn window: turn, latency_ms (the completed task)."""
-    clause, params = where(filters, SESSION_SCOPE)
-    return table(con, TURN_VALUES_SQL.format(where=clause), params)
+    return filtered(con, TURN_VALUES_SQL, filters, SESSION_SCOPE)

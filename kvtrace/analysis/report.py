@@ -14,8 +14,6 @@ import io
 from kvtrace.analysis import compare, latency, retention, reuse, sessions, text
 from kvtrace.store.views.breakdown import PART_COLUMNS, PRECEDENCE
 
-PLOTS = ("breakdown", "tokens_by_source", "ttft_by_turn", "retention")
-
 
 def build(con, directory: str, *, compare_con=None, compare_dir: str | None = None,
           plots: bool = True) -> tuple[list[tuple[str, str]], dict[str, bytes]]:
