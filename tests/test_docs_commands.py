@@ -13,6 +13,7 @@ does not exist fails; synopses (``[--opt]``, ``...``) only need their subcommand
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import io
@@ -121,7 +122,7 @@ def test_every_documented_command_works_on_the_demo_traces(workdir, monkeypatch,
     launched = []
     monkeypatch.setattr("kvtrace.dashboards.cli.launch", lambda directory, **kw: launched.append(directory) or 0)
     parser = build_parser()
-    subcommands = set(parser._subparsers._group_actions[0].choices)
+    subcommands = _subparsers(parser)
     ran, failures = [], []
     for doc, kind, text in _commands():
         try:
@@ -136,7 +137,12 @@ def test_every_documented_command_works_on_the_demo_traces(workdir, monkeypatch,
     assert sum(w == "ran" for w in ran) >= 8 and launched == ["kvtrace-traces/bidir"]
 
 
-def _check(kind: str, text: str, parser, subcommands: set[str], workdir: Path) -> str | None:
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def _check(kind: str, text: str, parser, subcommands: dict, workdir: Path) -> str | None:
     if kind == "python":
         tree = ast.parse(text)  # every block at least parses
         imports = {n.module if isinstance(n, ast.ImportFrom) else a.name
@@ -153,7 +159,7 @@ def _check(kind: str, text: str, parser, subcommands: set[str], workdir: Path) -
         return _python_command(text)
     assert argv[0] in subcommands, f"no such command: kvtrace {argv[0]}"
     if kind == "inline" or _synopsis(text):  # a mention or a synopsis: its options must exist
-        known = parser._subparsers._group_actions[0].choices[argv[0]]._option_string_actions
+        known = subcommands[argv[0]]._option_string_actions
         unknown = [w.split("=")[0] for w in argv[1:] if w.startswith("-") and w.split("=")[0] not in known]
         assert unknown == [], f"kvtrace {argv[0]} has no option {unknown}"
         return "parsed"
