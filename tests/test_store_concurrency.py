@@ -33,6 +33,9 @@ provider.add_span_processor(BatchSpanProcessor(
 tracer = provider.get_tracer("w")
 for i in range(n):
     tracer.start_span(sc.SPAN_AGENT_TURN, attributes={sc.SESSION_ID: tag, sc.TURN_INDEX: i}).end()
+# the SDK's shutdown gives the export thread 30 s, then drops what is queued: on a loaded machine
+# flush first, without that limit (a flush that does not finish fails the writer instead)
+assert provider.force_flush(timeout_millis=600_000)
 provider.shutdown()
 """
 
