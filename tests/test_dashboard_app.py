@@ -89,3 +89,13 @@ def test_drilldown_filters_to_one_session(monkeypatch, runs):
     assert at.subheader[-1].value.startswith("Spans (")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Turns"] == "4"
+
+
+def test_a_directory_with_several_runs_is_refused_not_blended(monkeypatch, runs):
+    monkeypatch.setenv("KVTRACE_TRACES_DIR", str(runs))  # holds bidir/ and baseline/
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"{runs} holds 2 runs, which kvtrace does not merge: {runs / 'baseline'}, {runs / 'bidir'}. Pick one with "
+        f"--traces (e.g. --traces {runs / 'baseline'}); compare two with --traces A --compare B (kvtrace report, "
+        "kvtrace dashboard)"]
