@@ -21,7 +21,7 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect as open_store
 from kvtrace.analysis.whatif import COLUMNS, load, recommend, replay, run
 from kvtrace.cli import main
 from kvtrace.testing.synth import PROXY, SIM_D, SIM_P, SpanBuilder

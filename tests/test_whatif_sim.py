@@ -29,7 +29,7 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect as open_store
 from kvtrace.analysis.whatif import load, replay
 from whatif_check import check_recorded_row
 

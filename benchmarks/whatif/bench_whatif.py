@@ -201,7 +201,7 @@ def bench(directory: Path, threads: int) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvtrace.analysis.store import open_store
+    from kvtrace.store import connect as open_store
     from kvtrace.analysis.whatif import prepare, recommend, replay, settings_grid
     from kvtrace.analysis.whatif_data import load
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from kvtrace.analysis.report_cli import write_output
-from kvtrace.analysis.store import traces_dir
+from kvtrace.store.runs import traces_dir
 
 FORMATS = ("table", "json", "csv")
 
@@ -82,17 +82,17 @@ def run(args) -> int:
 
     Example:  kvtrace whatif --traces kvtrace-traces/bidir --ttl 30,120,480 --threshold 64,256
     """
-    from kvtrace.analysis.store import open_store
+    from kvtrace.store.reader import connect
     from kvtrace.analysis.whatif import WhatIfError, recommend, recommendation_lines, run as replay_all
     from kvtrace.errors import CLIError
-    from kvtrace.store.views import StoreError
+    from kvtrace.store.reader import StoreError
 
     if args.offer_margin is not None and args.offer_margin < 0:
         raise CLIError("--offer-margin must be >= 0")
     if args.budget_gib is not None and not args.budget_gib > 0:
         raise CLIError("--budget-gib must be > 0")
     try:
-        con = open_store(traces_dir(args.traces))
+        con = connect(traces_dir(args.traces))
         rec, results = replay_all(con, args.ttl, args.threshold, args.offer_margin)
     except (StoreError, WhatIfError) as exc:
         raise CLIError(str(exc)) from None

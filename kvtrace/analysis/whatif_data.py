@@ -19,7 +19,7 @@ Where each number comes from:
   (``kvtrace.engine.prefill`` spans and successful d2p transfers);
 - D's KV pool size: the ``kvtrace.engine.kv_pool_bytes`` resource attribute.
 
-The store is read once: :data:`kvtrace.store.gap_views.BASE_SQL_HASHED_IDS` copies those spans, attributes
+The store is read once: :data:`kvtrace.store.views.gaps.BASE_SQL_HASHED_IDS` copies those spans, attributes
 as columns, into a temporary table ``base`` of a private cursor; every query here, the
 ``turn_gaps`` pairing (the view's own SQL) and :mod:`.reuse`'s calibration (over temporary
 ``engine_requests`` / ``kv_transfers`` views of ``base`` with the store views' columns) run on it.
@@ -38,7 +38,8 @@ from kvtrace import kvrules
 from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
 from kvtrace.analysis.common import rows, table
-from kvtrace.store import gap_views as gv
+from kvtrace.store.reader import query
+from kvtrace.store.views import gaps as gv
 
 FATE_UNCONSUMED, FATE_READ, FATE_RELEASED = 0, 1, 2
 DEFAULT_OFFER_MARGIN_S = 30.0  # the proxy's default: --conversation-ttl 450 s for decoder_kv_blocks_ttl 480 s
@@ -221,7 +222,7 @@ def load(con) -> Recorded:
     settings."""
     cur = con.cursor()
     try:
-        cur.execute(f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
+        query(cur, f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
         for sql in CALIBRATION_VIEWS:
             cur.execute(sql)
         return _load(cur)

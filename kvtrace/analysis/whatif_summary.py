@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kvtrace.analysis.common import table
-from kvtrace.analysis.filters import Filters, where
+from kvtrace.analysis.common import filtered
+from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.whatif import (
     COLUMNS, DEFAULT_THRESHOLDS, DEFAULT_TTLS, WhatIfError, recommend, recommendation_lines, run,
 )
@@ -28,7 +28,7 @@ GAP_SCOPE = {
 GAPS_SQL = """
 SELECT session_id, turn, COALESCE(scenario, agent_name, '(no agent span)') AS scenario, agent_name, engine_id,
        gap_s, held_s, ttl_s, offer_ttl_s, tokens, bytes, offered, offer_reason, outcome, retention_outcome
-FROM turn_gaps WHERE gap_s IS NOT NULL {where}
+FROM (SELECT * FROM turn_gaps WHERE gap_s IS NOT NULL) {where}
 ORDER BY start_ns LIMIT $limit
 """
 
@@ -57,8 +57,7 @@ def advice(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s
 def gaps(con, filters: Filters | None = None, limit: int = 200_000) -> pa.Table:
     """Recorded gaps between a turn's decode end on D and the session's next d2p decision (model
     s), with what D held, the TTL in force and the outcome."""
-    clause, params = where(filters, GAP_SCOPE, prefix="AND")
-    return table(con, GAPS_SQL.format(where=clause), {**params, "limit": limit})
+    return filtered(con, GAPS_SQL, filters, GAP_SCOPE, limit=limit)
 
 
 def pareto(rows: list[dict], x: str = "gib_s_held", y: str = "ttft_mean_ms") -> list[dict]:

@@ -1,4 +1,4 @@
-"""DuckDB view ``turn_gaps``: how long D held a turn's blocks before the session came back.
+"""The view ``turn_gaps``: how long D held a turn's blocks before the session came back.
 
 One row per ``kvtrace.kv.retention`` span (blocks D kept after a turn's decode): the session's
 next d2p decision on a P engine (the next request's "pull or recompute"), the gap between them,
@@ -23,7 +23,8 @@ compute the view from a relation named ``base`` of those columns.
 from __future__ import annotations
 
 from kvtrace import semconv as sc
-from kvtrace.store.sqltext import float_attr as _f, int_attr as _i, literal as _q, str_attr as _s
+from kvtrace.store.sql import float_attr as _f, int_attr as _i, literal as _q, str_attr as _s
+from kvtrace.store.views.registry import BIGINT, BOOLEAN, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 
 def _when(names: tuple[str, ...], expr: str) -> str:
@@ -118,12 +119,46 @@ LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
 LEFT JOIN a ON a.session_id = r.session_id
 """
 
-TURN_GAPS_VIEW = f"""
-CREATE OR REPLACE VIEW turn_gaps AS
+_MODEL_S = "model s (wall x `time_scale`)"
+
+TURN_GAPS = View(
+    "turn_gaps",
+    f"How long D held a turn's blocks before the session came back: one row per `{RET}` span, with "
+    "the session's next d2p decision (the first after it for which it is the session's latest retention; "
+    "none when two turns overlap, or without a session id), the gap, what D held and what happened. "
+    "Times in model seconds (wall x the D engine's time scale; wall on vLLM). `kvtrace whatif` replays "
+    "these gaps under other TTLs. SQL in `kvtrace/store/views/gaps.py`.",
+    (*common("trace_id", "span_id", "session_id", "turn", "request_id", "engine_id"),
+     col("agent_name", VARCHAR, "the session's agent span: agent name"),
+     col("scenario", VARCHAR, "the session's agent span: bench scenario"),
+     *common("start_ns", "end_ns"),
+     col("held_s", DOUBLE, f"how long D held the blocks, {_MODEL_S}"),
+     col("blocks", BIGINT, "blocks held"),
+     col("tokens", BIGINT, "tokens held (what D offers the next turn: `remote_num_tokens`)"),
+     col("bytes", BIGINT, "bytes held"),
+     col("ttl_s", DOUBLE, "`decoder_kv_blocks_ttl` in force, s"),
+     col("retention_outcome", VARCHAR, f"how the hold ended: {', '.join(sc.RETENTION_OUTCOMES)}"),
+     col("time_scale", DOUBLE, f"the D engine's `{sc.SIM_TIME_SCALE}` (1.0 unless simulated faster than real time)"),
+     col("next_trace_id", VARCHAR, "the next d2p decision's trace"),
+     col("next_span_id", VARCHAR, "the next d2p decision's span"),
+     col("next_request_id", VARCHAR, "the next request"),
+     col("next_turn", INTEGER, "the next request's turn"),
+     col("next_engine_id", VARCHAR, "the P engine that decided"),
+     col("next_start_ns", BIGINT, "when it decided, epoch ns"),
+     col("gap_s", DOUBLE, f"decode end on D to that decision, {_MODEL_S}"),
+     col("expiry_gap_s", DOUBLE, f"the same gap as vLLM measured it: `ttl_s` minus the `{sc.KV_EXPIRY_REMAINING_S}` "
+         "P saw (when the next request was offered these blocks)"),
+     col("entry_age_s", DOUBLE, f"age of the proxy's conversation entry when the next request arrived, {_MODEL_S}"),
+     col("offer_ttl_s", DOUBLE, f"the proxy's `--conversation-ttl`, {_MODEL_S}"),
+     col("offered", BOOLEAN, "the proxy offered D's blocks to the next request"),
+     col("offer_reason", VARCHAR, f"why (not): {', '.join(sc.OFFER_REASONS)}"),
+     col("outcome", VARCHAR, f"the next decision's recorded outcome: {', '.join(sc.OUTCOMES)}"),
+     col("pulled_tokens", BIGINT, "tokens it pulled"),
+     col("recomputed_tokens", BIGINT, "prompt tokens it computed")),
+    f"""
 WITH base AS MATERIALIZED ({BASE_SQL}),
 {TURN_GAPS_CTES}
 {TURN_GAPS_SELECT}
-"""
+""")
 
-VIEWS: dict[str, str] = {"turn_gaps": TURN_GAPS_VIEW}
-"""View name -> CREATE statement (needs the ``spans`` view)."""
+VIEWS: tuple[View, ...] = (TURN_GAPS,)
