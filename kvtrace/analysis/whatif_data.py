@@ -19,8 +19,8 @@ Where each number comes from:
   (``kvtrace.engine.prefill`` spans and successful d2p transfers);
 - D's KV pool size: the ``kvtrace.engine.kv_pool_bytes`` resource attribute.
 
-The store is read once: :data:`kvtrace.store.views.gaps.BASE_SQL_HASHED_IDS` copies those spans, attributes
-as columns, into a temporary table ``base`` of a private cursor; every query here, the
+The store is read once: :data:`kvtrace.store.views.gaps.BASE_SQL_HASHED_IDS` copies those spans,
+attributes as columns, into a temporary table ``base`` of a private cursor; every query here, the
 ``turn_gaps`` pairing (the view's own SQL) and :mod:`.reuse`'s calibration (over temporary
 ``engine_requests`` / ``kv_transfers`` views of ``base`` with the store views' columns) run on it.
 """
