@@ -39,7 +39,8 @@ OFFER_MARGIN_S = 5.0
 RECORDED = (480.0, 64)
 SETTINGS = [(15.0, 64), (30.0, 64), (120.0, 64), (480.0, 256)]
 GAP_TOLERANCE_S = 1.5  # a re-run is the same workload when its turn gaps are within this of the recorded
-REFERENCE_TOLERANCE = 0.10  # ... and its turn-0 TTFT within 10 %
+REFERENCE_TOLERANCE = 0.10  # ... its turn-0 TTFT within 10 %
+LENGTH_TOLERANCE = 0.03  # ... and the whole workload's duration within 3 %
 ATTEMPTS = 4
 OUTCOMES = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
 
@@ -118,8 +119,8 @@ def recording(tmp_path_factory, n_prefill: int, fresh: bool = False):
 
 def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
     """(recording, re-run at ``setting``) that ran the same workload.  The simulator runs in
-    compressed wall time: when another process stalls either run, its turn gaps or its turn-0
-    TTFT (the same work in every setting) say so (:func:`unfaithful`), and the re-run is made
+    compressed wall time: when another process stalls either run, its turn gaps, its turn-0 TTFT
+    (the same work in every setting) or its duration say so (:func:`unfaithful`), and the re-run is made
     again; from the third attempt on with a new recording too (the stalled run may have been the
     recording).  At most :data:`ATTEMPTS` attempts; the last pair is returned whatever it is."""
     for attempt in range(ATTEMPTS):
@@ -134,12 +135,13 @@ def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
 
 
 def timing(con) -> dict:
-    """Turn gaps by (session, turn), model s, and the mean TTFT of turn 0 (no reuse possible in any
-    setting: the same work every run), model ms."""
+    """Turn gaps by (session, turn), model s, the mean TTFT of turn 0 (no reuse possible in any
+    setting: the same work every run), model ms, and how long the workload took, model s."""
     gaps = {(r["session_id"], r["turn"]): r["gap_s"] for r in rows(con, "SELECT session_id, turn, gap_s FROM turn_gaps "
                                                                     "WHERE gap_s IS NOT NULL")}
     ref = rows(con, "SELECT avg(ttft_ms) AS t FROM requests WHERE turn = 0")[0]["t"]
-    return {"gaps": gaps, "reference_ms": ref * SCALE}
+    length = rows(con, "SELECT (max(end_ns) - min(start_ns)) / 1e9 AS s FROM requests")[0]["s"]
+    return {"gaps": gaps, "reference_ms": ref * SCALE, "length_s": length * SCALE}
 
 
 def unfaithful(reference: dict, run: dict) -> str | None:
@@ -151,6 +153,9 @@ def unfaithful(reference: dict, run: dict) -> str | None:
     ratio = run["reference_ms"] / reference["reference_ms"]
     if abs(ratio - 1) > REFERENCE_TOLERANCE:
         return f"turn-0 TTFT {ratio:.2f}x the recorded run's"
+    ratio = run["length_s"] / reference["length_s"]  # blocks still held at the end are held until then
+    if abs(ratio - 1) > LENGTH_TOLERANCE:
+        return f"the workload took {ratio:.2f}x the recorded run's time"
     return None
 
 
