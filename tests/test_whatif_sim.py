@@ -14,9 +14,12 @@ order that depends on timing, so a re-run's local prefix hits differ from the re
 replay (which keeps the recorded local hits) must match every decision whose local hit the re-run
 reproduced, and the differences are printed (``pytest -s``).
 
-The simulator runs in compressed wall time, so a machine busy with other work can stall a run
-and stretch its turn gaps past a TTL boundary: such a pair of runs is not the same workload, is
-detected from its own spans (:func:`unfaithful`) and run again (:func:`comparable`).
+The simulator runs in compressed wall time, so a machine busy with other work can stall a run:
+stretch its turn gaps (past a TTL boundary, even), its TTFTs and its length.  Such a pair of runs
+is not the same workload; it is detected from its own spans (:func:`unfaithful`) and run again
+(:func:`comparable`).  Decisions are compared whatever the machine did (the workload keeps its
+turn gaps well away from every TTL boundary); GiB·s and TTFT are compared on comparable pairs,
+and a test whose pairs never were says so by ending skipped (after its other checks passed).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ SETTINGS = [(15.0, 64), (30.0, 64), (120.0, 64), (480.0, 256)]
 GAP_TOLERANCE_S = 1.5  # a re-run is the same workload when its turn gaps are within this of the recorded
 REFERENCE_TOLERANCE = 0.10  # ... its turn-0 TTFT within 10 %
 LENGTH_TOLERANCE = 0.03  # ... and the whole workload's duration within 3 %
-ATTEMPTS = 4
+ATTEMPTS = 3
 OUTCOMES = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
 
 _recordings: dict = {}  # P workers -> (store, directory) of the recorded run
@@ -118,11 +121,11 @@ def recording(tmp_path_factory, n_prefill: int, fresh: bool = False):
 
 
 def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
-    """(recording, re-run at ``setting``) that ran the same workload.  The simulator runs in
-    compressed wall time: when another process stalls either run, its turn gaps, its turn-0 TTFT
-    (the same work in every setting) or its duration say so (:func:`unfaithful`), and the re-run is made
-    again; from the third attempt on with a new recording too (the stalled run may have been the
-    recording).  At most :data:`ATTEMPTS` attempts; the last pair is returned whatever it is."""
+    """(recording, re-run at ``setting``, why they are not comparable or None).  The simulator
+    runs in compressed wall time: when another process stalls either run, its turn gaps, its
+    turn-0 TTFT (the same work in every setting) or its duration say so (:func:`unfaithful`), and
+    the re-run is made again; the third attempt with a new recording too (the stalled run may have
+    been the recording)."""
     for attempt in range(ATTEMPTS):
         rec_con, _ = recording(tmp_path_factory, n_prefill, fresh=attempt == 2)
         sim, _ = sim_run(tmp_path_factory, setting, n_prefill)
@@ -131,7 +134,7 @@ def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
             break
         print(f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: attempt {attempt + 1} not comparable "
               f"({why}){'; running it again' if attempt + 1 < ATTEMPTS else ''}")
-    return rec_con, sim
+    return rec_con, sim, why
 
 
 def timing(con) -> dict:
@@ -177,7 +180,7 @@ def per_decision(con) -> list[dict]:
 def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
     out = []
     for setting in settings:
-        recorded, sim = comparable(tmp_path_factory, setting, n_prefill)
+        recorded, sim, why = comparable(tmp_path_factory, setting, n_prefill)
         rec = load(recorded)
         assert rec.offer_margin_s == pytest.approx(OFFER_MARGIN_S) and rec.offer_margin_known
         assert (rec.ttl_s, rec.threshold, rec.time_scale) == (*RECORDED, SCALE)
@@ -190,7 +193,9 @@ def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
         out.append({
             "setting": setting, "replay": {o: r.row[o] for o in OUTCOMES}, "sim": got["outcomes"],
             "gib_s": (r.row["gib_s_held"], got["gib_s"]), "ttft": (r.row["ttft_mean_ms"], got["ttft"]),
-            "predicted": predicted, "actual": actual, "recorded_hits": recorded_hits,
+            "predicted": predicted, "actual": actual, "recorded_hits": recorded_hits, "unfaithful": why,
+            "recorded": {o: replay(rec, *RECORDED).row[o] for o in OUTCOMES},
+            "gib_s_by_ttl": {t: replay(rec, t, RECORDED[1]).row["gib_s_held"] for t, _ in SETTINGS[:3]},
         })
         print(f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: replay {out[-1]['replay']} | sim "
               f"{got['outcomes']} | GiB·s {r.row['gib_s_held']:.2f} vs {got['gib_s']:.2f} "
@@ -204,12 +209,25 @@ def _rel(predicted: float, actual: float) -> float:
 
 
 def _check_1p(result: dict) -> None:
+    """Decisions by outcome (and each decision) equal exactly; GiB·s within 5 % and mean TTFT within
+    15 % when the two runs ran the same workload (:func:`comparable`)."""
     assert result["replay"] == result["sim"], result["setting"]
     assert result["predicted"] == {k: d["outcome"] for k, d in result["actual"].items()}
+    if result["unfaithful"]:
+        return
     predicted, actual = result["gib_s"]
     assert abs(_rel(predicted, actual)) <= 0.05, (result["setting"], predicted, actual)
     predicted, actual = result["ttft"]
     assert abs(_rel(predicted, actual)) <= 0.15, (result["setting"], predicted, actual)
+
+
+def _skip_if_unchecked(results: list[dict]) -> None:
+    """After every robust assertion passed: say so when the machine never let the timing be compared."""
+    busy = [f"TTL {r['setting'][0]:g} threshold {r['setting'][1]}: {r['unfaithful']}" for r in results
+            if r["unfaithful"]]
+    if busy:
+        pytest.skip(f"decisions checked; GiB·s / TTFT not comparable on this busy machine after {ATTEMPTS} "
+                    f"attempts ({'; '.join(busy)})")
 
 
 @pytest.mark.slow
@@ -222,29 +240,36 @@ def test_recorded_row_equals_the_simulators_outcomes(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
+@pytest.mark.timeout(1800)
 def test_replay_predicts_the_simulator_at_other_ttls(tmp_path_factory):
     results = compare(tmp_path_factory, 1, SETTINGS[:3])
     for result in results:
         _check_1p(result)
     by_ttl = {r["setting"][0]: r for r in results}
-    # the settings differ where they should: TTL 15 stops offering the turn resumed after 12 s
+    # the settings differ where they should: TTL 15 stops offering the turn resumed after 12 s, and
+    # a longer TTL holds more
     assert by_ttl[15.0]["sim"]["no_remote"] > by_ttl[30.0]["sim"]["no_remote"]
-    assert by_ttl[15.0]["gib_s"][1] < by_ttl[30.0]["gib_s"][1] < by_ttl[120.0]["gib_s"][1]
+    held = results[0]["gib_s_by_ttl"]
+    assert held[15.0] < held[30.0] < held[120.0]
+    _skip_if_unchecked(results)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
+@pytest.mark.timeout(1800)
 def test_replay_predicts_the_simulator_at_another_threshold(tmp_path_factory):
     (result,) = compare(tmp_path_factory, 1, SETTINGS[3:])
     _check_1p(result)
-    assert result["sim"]["below_threshold"] > 0 and result["sim"]["pulled"] > 0
+    # a pull is about the previous answer (72-128 tokens): above 64, below 256
+    assert result["sim"]["below_threshold"] == result["recorded"]["below_threshold"] + result["recorded"]["pulled"]
+    assert result["recorded"]["pulled"] > 0 and result["sim"]["pulled"] == 0
+    _skip_if_unchecked([result])
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
+@pytest.mark.timeout(1800)
 def test_two_prefill_workers_differ_only_where_routing_changed_the_local_hit(tmp_path_factory):
-    for result in compare(tmp_path_factory, 2, [SETTINGS[1], SETTINGS[3]]):
+    results = compare(tmp_path_factory, 2, [SETTINGS[1], SETTINGS[3]])
+    for result in results:
         same = [k for k, d in result["actual"].items() if result["recorded_hits"].get(k) == d["local_hit_tokens"]]
         changed = len(result["actual"]) - len(same)
         wrong = [k for k in same if result["predicted"][k] != result["actual"][k]["outcome"]]
@@ -252,5 +277,7 @@ def test_two_prefill_workers_differ_only_where_routing_changed_the_local_hit(tmp
               "P holding a different prefix")
         assert set(result["actual"]) == set(result["predicted"])
         assert wrong == []
-        predicted, actual = result["gib_s"]
-        assert abs(_rel(predicted, actual)) <= 0.10, (result["setting"], predicted, actual)
+        if not result["unfaithful"]:
+            predicted, actual = result["gib_s"]
+            assert abs(_rel(predicted, actual)) <= 0.10, (result["setting"], predicted, actual)
+    _skip_if_unchecked(results)
