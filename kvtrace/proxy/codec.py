@@ -12,8 +12,12 @@ result equals the standard library's, so the proxy behaves the same with or with
 - :func:`dumps`: orjson raises where ``json`` may not (integers beyond 64 bits, deep nesting,
   surrogates, non-str keys) and the call falls back to ``json.dumps``.  It writes non-finite floats
   as ``null`` where ``json`` writes ``NaN``/``Infinity``; those can only come from a ``json.loads``
-  fallback, so once one has produced a non-finite float, :func:`dumps` stays on ``json``.
+  fallback, so once one has produced a non-finite float, :func:`dumps` stays on ``json``.  An
+  unpaired surrogate (which UTF-8 cannot carry) is written as its ``\\udXXX`` escape, as
+  ``json.dumps(ensure_ascii=True)`` writes it, so :func:`dumps` never raises on text.
 Numbers may be spelled differently (``1e16`` vs ``1e+16``); they are the same JSON values.
+
+:func:`has_lone_surrogate` tells the request parser whether a decoded body holds such text.
 """
 
 from __future__ import annotations
@@ -59,7 +63,34 @@ def dumps(obj: object) -> bytes:
             return _orjson.dumps(obj)
         except TypeError:  # orjson.JSONEncodeError
             pass
-    return _encoder.encode(obj).encode()
+    return _encoder.encode(obj).encode("utf-8", "backslashreplace")
+
+
+def has_lone_surrogate(data: bytes, obj: object) -> bool:
+    """``obj`` (decoded from ``data``) holds a string with an unpaired UTF-16 surrogate.
+
+    ``json.loads`` produces one from a ``\\udXXX`` escape, from the bytes ``ED A0..BF xx`` (it
+    decodes with ``surrogatepass``) or from a UTF-16/32 body; bodies with none of those cost three
+    byte searches, the others a walk over their strings.
+    """
+    if not (b"\\ud" in data or b"\\uD" in data or b"\xed" in data or b"\x00" in data[:4]
+            or data[:1] in (b"\xff", b"\xfe")):
+        return False
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            if not o.isascii():
+                try:
+                    o.encode()
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(o, dict):
+            stack.extend(o)
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+    return False
 
 
 def _orjson_safe(data: bytes) -> bool:
