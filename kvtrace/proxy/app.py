@@ -113,8 +113,11 @@ class Proxy:
         if request.content_length is not None and request.content_length > limit:
             raise RequestError(413, f"body exceeds {limit} bytes", "body_too_large")
         try:
-            async with asyncio.timeout(self.config.client_body_timeout_s):
+            if request.content.is_eof():  # the whole body came with the head (nearly always): no timer
                 raw = await request.read()
+            else:
+                async with asyncio.timeout(self.config.client_body_timeout_s):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise RequestError(413, f"body exceeds {limit} bytes", "body_too_large") from None
         except TimeoutError:

@@ -17,7 +17,8 @@ result equals the standard library's, so the proxy behaves the same with or with
   ``json.dumps(ensure_ascii=True)`` writes it, so :func:`dumps` never raises on text.
 Numbers may be spelled differently (``1e16`` vs ``1e+16``); they are the same JSON values.
 
-:func:`has_lone_surrogate` tells the request parser whether a decoded body holds such text.
+:func:`loads_text` is :func:`loads` for client bodies: it also rejects text with an unpaired
+surrogate (:class:`UnpairedSurrogate`), at no cost when orjson decoded the body.
 """
 
 from __future__ import annotations
@@ -43,17 +44,36 @@ _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _nonfinite_seen = False
 
 
+class UnpairedSurrogate(ValueError):
+    """The JSON is valid but holds text with an unpaired UTF-16 surrogate (raised by :func:`loads_text`)."""
+
+
 def loads(data: bytes) -> object:
     """``json.loads(data)``; raises what it raises (ValueError, UnicodeDecodeError, RecursionError)."""
+    return _loads(data)[0]
+
+
+def loads_text(data: bytes) -> object:
+    """:func:`loads`, raising :class:`UnpairedSurrogate` when a string of the result holds an
+    unpaired surrogate.  Free when orjson decoded the body (it rejects such text, so the body then
+    took the ``json`` path, which is checked)."""
+    obj, checked = _loads(data)
+    if not checked and has_lone_surrogate(data, obj):
+        raise UnpairedSurrogate("unpaired UTF-16 surrogate")
+    return obj
+
+
+def _loads(data: bytes) -> tuple[object, bool]:
+    """The decoded value, and whether orjson decoded it (then it holds no unpaired surrogate)."""
     if _orjson is not None and _orjson_safe(data):
         try:
-            return _orjson.loads(data)
+            return _orjson.loads(data), True
         except _orjson.JSONDecodeError:
             pass
     obj = json.loads(data)
     if _orjson is not None and not _nonfinite_seen and _MAYBE_NONFINITE.search(data) and _has_nonfinite(obj):
         _saw_nonfinite()
-    return obj
+    return obj, False
 
 
 def dumps(obj: object) -> bytes:

@@ -80,16 +80,16 @@ def check_id(value: str, what: str, max_bytes: int = MAX_ID_BYTES) -> str:
 def parse_request(raw: bytes, path: str, max_id_bytes: int = MAX_ID_BYTES) -> ClientRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
     try:
-        body = codec.loads(raw)
+        body = codec.loads_text(raw)
+    except codec.UnpairedSurrogate:
+        raise RequestError(400, "body holds an unpaired UTF-16 surrogate (e.g. \\ud800), which is not text",
+                           "invalid_unicode") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"body is not valid JSON: {exc.__class__.__name__}", "invalid_json") from None
     except RecursionError:
         raise RequestError(400, "body is nested too deeply", "invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(400, "body must be a JSON object")
-    if codec.has_lone_surrogate(raw, body):
-        raise RequestError(400, "body holds an unpaired UTF-16 surrogate (e.g. \\ud800), which is not text",
-                           "invalid_unicode")
     if path == CHAT_PATH:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):

@@ -72,13 +72,25 @@ class FakeWorker:
                     raise
             full = self._full(body, chat)
             if self.pad_bytes:
-                full["pad"] = "x" * self.pad_bytes
+                return await self._padded(request, full)
             return web.json_response(full)
         try:
             return await self._stream(request, body, chat)
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+    async def _padded(self, request: web.Request, full: dict) -> web.StreamResponse:
+        """``full`` with a ``pad`` field of ``pad_bytes`` bytes, sent chunked (no Content-Length)."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(json.dumps(full)[:-1].encode() + b', "pad": "')
+        piece = b"x" * 65536
+        for _ in range(self.pad_bytes // len(piece)):
+            await resp.write(piece)
+        await resp.write(b"x" * (self.pad_bytes % len(piece)) + b'"}')
+        await resp.write_eof()
+        return resp
 
     def _params(self) -> dict:
         return {
