@@ -11,6 +11,7 @@ import asyncio
 import gc
 import json
 import sys
+import tracemalloc
 
 import pytest
 from opentelemetry.trace import StatusCode
@@ -246,6 +247,27 @@ def test_table_is_bounded_by_bytes_lru():
     for key in kept:
         t.begin(key).consumed()  # taking entries releases their bytes
     assert t.nbytes == sum(t.key_bytes(k) for k in kept)
+
+
+def test_table_memory_stays_within_its_byte_bound():
+    """What the table really holds (tracemalloc) stays within --max-table-bytes (+5 %: the dicts'
+    spare slots after evictions are not counted) while 20k conversations with D params of
+    0-2000 block ids pass through it."""
+    bound = 4 << 20
+    t = ConversationTable(ttl_s=450, max_entries=10**6, max_bytes=bound)
+    params = [{"remote_block_ids": [list(range(n))], "remote_engine_id": "d0"} for n in range(0, 2001, 40)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20_000):
+            key = f"conversation-{i}"
+            t.begin(key)
+            t.store(key, 0, params[i % len(params)], "http://d")
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert t.nbytes <= bound and held <= bound * 1.05, (t.nbytes, held)
+    assert t.evicted_lru > 15_000 and len(t) > 100
 
 
 def test_table_entry_larger_than_the_byte_bound_is_not_kept():
