@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import shutil
 import sys
 import tracemalloc
 
@@ -151,6 +152,20 @@ async def test_garbage_mid_stream_aiohttp_client_does_not_hang(rig_factory):
     status, _, data = await asyncio.wait_for(rig.post(), 5)
     assert status == 200
     events = sse(data)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 502
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
+async def test_garbage_mid_stream_curl_exits_0(rig_factory):
+    """The issue's report: curl exited 56 (a broken chunked body) on D's garbage mid-stream."""
+    rig = await rig_factory(d_kwargs={"script": [_first_token(), GARBAGE["choices-not-a-list"]]})
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "-N", "--max-time", "10", "-H", "Content-Type: application/json",
+        "--data-binary", json.dumps(BODY), rig.proxy.url + CHAT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err
+    events = sse(out)
     assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 502
 
 
