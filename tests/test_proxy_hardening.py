@@ -264,17 +264,20 @@ def test_table_is_bounded_by_bytes_lru():
     assert t.nbytes == sum(t.key_bytes(k) for k in kept)
 
 
-def test_table_memory_stays_within_its_byte_bound():
+def test_table_memory_stays_within_its_byte_bound(monkeypatch):
     """What the table really holds (tracemalloc) stays within --max-table-bytes (+5 %: the dicts'
-    spare slots after evictions are not counted) while 20k conversations with D params of
-    0-2000 block ids pass through it."""
-    bound = 4 << 20
+    spare slots after evictions are not counted) while 4000 conversations with D params of
+    0-800 block ids pass through it."""
+    from kvtrace.proxy import codec
+
+    monkeypatch.setattr(codec, "_nonfinite_seen", False)  # orjson, whatever earlier tests decoded
+    bound = 512 << 10
     t = ConversationTable(ttl_s=450, max_entries=10**6, max_bytes=bound)
-    params = [{"remote_block_ids": [list(range(n))], "remote_engine_id": "d0"} for n in range(0, 2001, 40)]
+    params = [{"remote_block_ids": [list(range(n))], "remote_engine_id": "d0"} for n in range(0, 801, 16)]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for i in range(20_000):
+        for i in range(4000):
             key = f"conversation-{i}"
             t.begin(key)
             t.store(key, 0, params[i % len(params)], "http://d")
@@ -282,7 +285,7 @@ def test_table_memory_stays_within_its_byte_bound():
     finally:
         tracemalloc.stop()
     assert t.nbytes <= bound and held <= bound * 1.05, (t.nbytes, held)
-    assert t.evicted_lru > 15_000 and len(t) > 100
+    assert t.evicted_lru > 3000 and len(t) > 100
 
 
 def test_table_entry_larger_than_the_byte_bound_is_not_kept():
