@@ -17,7 +17,8 @@ result equals the standard library's, so the proxy behaves the same with or with
   ``json.dumps(ensure_ascii=True)`` writes it, so :func:`dumps` never raises on text.
 Numbers may be spelled differently (``1e16`` vs ``1e+16``); they are the same JSON values.
 
-:func:`loads_text` is :func:`loads` for client bodies: it also rejects text with an unpaired
+:func:`pack` / :func:`unpack` keep a value as compact bytes and read it back (the conversation
+table's entries).  :func:`loads_text` is :func:`loads` for client bodies: it also rejects text with an unpaired
 surrogate (:class:`UnpairedSurrogate`), at no cost when orjson decoded the body.
 """
 
@@ -84,6 +85,27 @@ def dumps(obj: object) -> bytes:
         except TypeError:  # orjson.JSONEncodeError
             pass
     return _encoder.encode(obj).encode("utf-8", "backslashreplace")
+
+
+def pack(obj: object) -> bytes:
+    """``obj`` as compact bytes for keeping (the conversation table): :func:`unpack` gives it back.
+
+    A one-byte tag says which library wrote it, so :func:`unpack` reads orjson's output with orjson
+    directly (it reads back exactly what it wrote) and the rest with ``json``.  The result is a new
+    object of exactly its length (orjson's own results keep a 4 KiB+ buffer)."""
+    if _orjson is not None and not _nonfinite_seen:
+        try:
+            return b"o" + _orjson.dumps(obj)
+        except TypeError:  # orjson.JSONEncodeError
+            pass
+    return b"j" + _encoder.encode(obj).encode("utf-8", "backslashreplace")
+
+
+def unpack(data: bytes) -> object:
+    """The value :func:`pack` wrote."""
+    if data[:1] == b"o" and _orjson is not None:
+        return _orjson.loads(memoryview(data)[1:])
+    return json.loads(data[1:])
 
 
 def has_lone_surrogate(data: bytes, obj: object) -> bool:

@@ -42,14 +42,14 @@ SWEEP_PER_CALL = 64  # stale entries dropped at most per store() / health()
 
 @dataclass(slots=True)
 class Entry:
-    raw: bytes  # D's kv_transfer_params as JSON (remote_host already set to D's host)
+    raw: bytes  # D's kv_transfer_params, codec.pack()ed JSON (remote_host already set to D's host)
     decode_endpoint: str
     stored_at: float
     turn: int  # turn index that produced it
 
     @property
     def params(self) -> dict:
-        return codec.loads(self.raw)
+        return codec.unpack(self.raw)
 
     @property
     def nbytes(self) -> int:
@@ -150,8 +150,7 @@ class ConversationTable:
         conv = self._touch(key)
         if conv.entry is not None and conv.entry.turn > turn:
             return False
-        raw = bytes(memoryview(codec.dumps(params)))  # exact size: orjson's result keeps a 4 KiB+ buffer
-        return self._set(key, conv, Entry(raw, decode_endpoint, self.clock(), turn))
+        return self._set(key, conv, Entry(codec.pack(params), decode_endpoint, self.clock(), turn))
 
     def peek(self, key: str) -> Entry | None:
         conv = self._convs.get(key)
