@@ -42,6 +42,8 @@ ROLL_BYTES = Setting("KVTRACE_ROLL_BYTES", 64 * 1024 * 1024, "Parquet segment is
 ROLL_SECONDS = Setting("KVTRACE_ROLL_SECONDS", 60.0, "Parquet segment is rolled when it is this old, s.", float)
 BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
 BATCH_SIZE = Setting("KVTRACE_BATCH_SIZE", 2048, "BatchSpanProcessor max_export_batch_size (queue = 4x); bigger batches export faster but hold the GIL longer per export.", int)
+METRICS = Setting("KVTRACE_METRICS", True, "Prometheus metrics: the connector's vllm:kvtrace_* families in vLLM's /metrics, /metrics on kvtrace proxy and sim workers (0 = off).", bool)
+PROMETHEUS_BIN = Setting("KVTRACE_PROMETHEUS_BIN", None, "Tests: the Prometheus server binary for the metrics tests (else `prometheus` on PATH).")
 DISABLE = Setting("KVTRACE_DISABLE", False, "Turn all kvtrace telemetry off (the connector still forwards to vLLM).", bool)
 PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)
 VLLM_STREAM_PATCH = Setting("KVTRACE_VLLM_STREAM_PATCH", True, "vLLM plugin: add kv_transfer_params to the streaming finish chunk where vLLM does not.", bool)
