@@ -127,6 +127,15 @@ def test_prom_families_exist_at_zero_and_apply_payloads():
     assert (nz(sc.METRIC_KV_RETAINED_BLOCKS), nz(sc.METRIC_KV_RETAINED_BYTES)) == ({(): 1.0}, {(): 100.0})
 
 
+def test_a_malformed_payload_is_logged_not_raised(caplog):
+    registry, prom = _families()
+    prom.observe({km.DECISIONS: {"d2p|pulled": "x"}, km.RETAINED: [1]})
+    prom.observe({km.TRANSFERS: {"d2p|ok": [[0.1]]}})
+    prom.observe({km.DECISIONS: {"d2p|pulled": 1}})
+    assert len([r for r in caplog.records if "metrics payload" in r.getMessage()]) == 1
+    assert samples(registry, f"{sc.METRIC_KV_DECISIONS}_total")[(("direction", "d2p"), ("outcome", "pulled"))] == 1.0
+
+
 def test_prom_families_per_engine_index():
     registry, prom = _families(engines={0: ["m", "0"], 1: ["m", "1"]})
     prom.observe({**km.empty_payload(), km.DECISIONS: {"p2d|pulled": 4}}, engine_idx=1)

@@ -30,10 +30,12 @@ Payload (string keys only, so it survives vLLM's msgpack IPC)::
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from kvtrace import semconv as sc
 
+log = logging.getLogger(__name__)
 DECISIONS, TOKENS, TRANSFERS, ENDS, BYTE_SECONDS, RETAINED = (
     "decisions", "prompt_tokens", "transfers", "retention_ends", "retained_byte_seconds", "retained")
 SEP = "|"
@@ -57,7 +59,8 @@ def merge(into: dict, other: dict | None) -> dict:
     """Add ``other`` (a later payload) into ``into``; returns ``into``."""
     if not other:
         return into
-    for key in (DECISIONS, TOKENS, ENDS):
+    for key in (log = logging.getLogger(__name__)
+DECISIONS, TOKENS, ENDS):
         acc = into.setdefault(key, {})
         for k, v in (other.get(key) or {}).items():
             acc[k] = acc.get(k, 0) + v
@@ -160,11 +163,21 @@ class KVPromMetrics:
         self.ends = family(counter, sc.METRIC_KV_RETENTION_ENDS, (sc.LABEL_OUTCOME,),
                            [(o,) for o in sc.RETENTION_OUTCOMES])
         self.byte_seconds = family(counter, sc.METRIC_KV_RETAINED_BYTE_SECONDS, (), [()])
+        self._logged = False
 
     def observe(self, payload: dict | None, engine_idx: int = 0) -> None:
-        """Apply one payload (deltas) of engine ``engine_idx``."""
+        """Apply one payload (deltas) of engine ``engine_idx``.  Never raises (it runs in vLLM's
+        stat logger): a malformed payload is logged once and skipped."""
         if not payload:
             return
+        try:
+            self._observe(payload, engine_idx)
+        except Exception:
+            if not self._logged:
+                self._logged = True
+                log.exception("kvtrace: could not apply a metrics payload; metrics continue without it")
+
+    def _observe(self, payload: dict, engine_idx: int) -> None:
         for children, key in ((self.decisions, DECISIONS), (self.tokens, TOKENS), (self.ends, ENDS)):
             for k, n in (payload.get(key) or {}).items():
                 child = children.get((engine_idx, k))
