@@ -59,8 +59,7 @@ def merge(into: dict, other: dict | None) -> dict:
     """Add ``other`` (a later payload) into ``into``; returns ``into``."""
     if not other:
         return into
-    for key in (log = logging.getLogger(__name__)
-DECISIONS, TOKENS, ENDS):
+    for key in (DECISIONS, TOKENS, ENDS):
         acc = into.setdefault(key, {})
         for k, v in (other.get(key) or {}).items():
             acc[k] = acc.get(k, 0) + v
