@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from vllm_pd import wait_for  # stdlib-only helpers; no vLLM import
 
 from kvtrace import semconv as sc
 from kvtrace import settings
@@ -46,6 +46,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    """``GET url/health`` answers 200."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def prometheus_binary() -> str:
@@ -144,15 +153,11 @@ class Prometheus:
         return self.api("targets", state="active")["activeTargets"]
 
     def wait_for(self, fn, deadline_s: float, what: str, interval: float = 0.2):
-        """Poll ``fn`` until truthy (deadline-bounded; raises TimeoutError with the last value)."""
-        end = time.monotonic() + deadline_s
-        last = None
-        while time.monotonic() < end:
-            last = fn()
-            if last:
-                return last
-            time.sleep(interval)  # polling interval of a deadline wait
-        raise TimeoutError(f"timed out after {deadline_s}s waiting for {what} (last: {last!r})\n{self.log_tail()}")
+        """:func:`vllm_pd.wait_for` (deadline-bounded poll); a timeout carries Prometheus's log tail."""
+        try:
+            return wait_for(fn, deadline_s=deadline_s, what=what, interval=interval)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.log_tail()}") from None
 
     def wait_up(self, deadline_s: float = 60) -> None:
         """Every target scraped successfully at least once."""

@@ -19,20 +19,8 @@ require_vllm()
 require_vllm("nixl")
 
 import vllm_rig as rig  # noqa: E402
-from test_vllm_connector import BS, _d_params, _decode_turn, _prefill_turn, _run, _sched, _stats  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return rig.make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def connector_cls(monkeypatch, tracer_provider):
-    from kvtrace.vllm.connector import KVTraceNixlConnector
-
-    monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", tracer_provider)
-    return KVTraceNixlConnector
+from test_vllm_connector import (  # noqa: E402,F401  (fixtures and helpers of the connector tests)
+    BS, _d_params, _decode_turn, _prefill_turn, _run, _sched, _stats, connector_cls, model_dir)
 
 
 def _capture(sched) -> list[dict]:

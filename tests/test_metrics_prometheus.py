@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -41,14 +40,6 @@ def _spawn(args: list[str], log_dir, name: str) -> subprocess.Popen:
     log = open(log_dir / f"{name}.log", "wb")
     return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", *args], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"})
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -81,7 +72,7 @@ def run(tmp_path_factory):
     out = {"traces": traces, "prom": prom, "base": base}
     try:
         urls = [f"http://127.0.0.1:{p}" for p in (p_port, d_port, proxy_port)]
-        prom.wait_for(lambda: all(_healthy(u) for u in urls), 60, "sim and proxy up")
+        prom.wait_for(lambda: all(pc.healthy(u) for u in urls), 60, "sim and proxy up")
         prom.start()
         prom.wait_up()
         for scenario in ("pause-resume", "short-followups"):

@@ -77,7 +77,7 @@ def run(tmp_path_factory):
              "--traces", str(traces), "--read-timeout", "300"],
             stdout=open(base / "proxy.log", "wb"), stderr=subprocess.STDOUT,
             env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"})
-        pd.wait_for(lambda: _up(f"http://127.0.0.1:{proxy_port}"), deadline_s=60, what="kvtrace proxy")
+        pd.wait_for(lambda: pc.healthy(f"http://127.0.0.1:{proxy_port}"), deadline_s=60, what="kvtrace proxy")
         prom.start()
         prom.wait_up()
         url = f"http://127.0.0.1:{proxy_port}"
@@ -109,14 +109,6 @@ def run(tmp_path_factory):
             s.stop()
         prom.stop()
     return out
-
-
-def _up(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def _same(got: dict, traces) -> dict | None:
