@@ -20,8 +20,10 @@ import aiohttp
 from aiohttp import web
 
 from kvtrace import semconv as sc
+from kvtrace import settings
 from kvtrace.proxy import codec, legs, metadata
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
+from kvtrace.proxy.metrics import ProxyMetrics
 from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, error_body, parse_request
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
 from kvtrace.proxy.stream import Aggregator, StreamPatcher, sse_event
@@ -79,16 +81,22 @@ class _Call:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic) -> None:
+    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> None:
         self.config = config
         self.tracer = tracer(tracer_provider)
         self.table = ConversationTable(config.conversation_ttl_s, config.max_conversations, clock)
         self.pool = Pool(config)
+        on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
+        self.metrics = ProxyMetrics(self.table) if on else None
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: web.Request) -> web.Response:
         evicted = self.table.evict_stale()
         return web.json_response({"status": "ok", "cached_conversations": len(self.table), "evicted_stale": evicted})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         client = self.pool.next_decode()
@@ -101,7 +109,7 @@ class Proxy:
             return web.json_response(error_body(msg, "upstream_error", 502), status=502)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rt = RequestTrace(self.tracer, request.headers, request.method, request.path)
+        rt = RequestTrace(self.tracer, request.headers, request.method, request.path, self.metrics)
         try:
             req = await self._parse(request)
         except RequestError as exc:
