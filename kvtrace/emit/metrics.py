@@ -72,6 +72,15 @@ def merge(into: dict, other: dict | None) -> dict:
     return into
 
 
+_TOKEN_KEYS: dict[str, tuple[str, str, str]] = {}
+
+
+def _token_keys(direction: str) -> tuple[str, str, str]:
+    keys = tuple(direction + SEP + source for source in sc.TOKEN_SOURCES)
+    _TOKEN_KEYS[direction] = keys
+    return keys
+
+
 class KVMetrics:
     """Deltas of one engine's KV counters since the last :meth:`drain` (thread-safe, O(1) per call)."""
 
@@ -84,16 +93,19 @@ class KVMetrics:
 
     def decision(self, direction: str, outcome: str, local: int, pulled: int, recomputed: int) -> None:
         """A decision span ended with these attribute values."""
-        p = self._payload
-        key = direction + SEP
+        keys = _TOKEN_KEYS.get(direction) or _token_keys(direction)
+        key = direction + SEP + outcome
         with self._lock:
+            p = self._payload
             d = p[DECISIONS]
-            d[key + outcome] = d.get(key + outcome, 0) + 1
+            d[key] = d.get(key, 0) + 1
             t = p[TOKENS]
-            for source, n in ((sc.SOURCE_LOCAL_HIT, local), (sc.SOURCE_PULLED, pulled),
-                              (sc.SOURCE_RECOMPUTED, recomputed)):
-                if n:
-                    t[key + source] = t.get(key + source, 0) + n
+            if local:
+                t[keys[0]] = t.get(keys[0], 0) + local
+            if pulled:
+                t[keys[1]] = t.get(keys[1], 0) + pulled
+            if recomputed:
+                t[keys[2]] = t.get(keys[2], 0) + recomputed
             self._dirty = True
 
     def transfer(self, direction: str, status: str, nbytes: int, seconds: float) -> None:
