@@ -168,6 +168,26 @@ def report_metrics(results: dict, concurrency: list[int]) -> None:
         off50, off99, offrps, offcpu = results[("kvtrace_nometrics", conc)]
         cpu = (f"{oncpu:13.0f} {offcpu:6.0f} {oncpu / offcpu:6.2f}" if oncpu and offcpu else f"{'-':>13} {'-':>6} {'-':>6}")
         print(f"{conc:>4} {on50 - off50:8.3f} {on99 - off99:8.3f} {onrps / offrps:11.1%} {cpu}")
+    per_request_ns, scrape_ms = metrics_unit_cost()
+    print(f"in process: {per_request_ns / 1000:.2f} us of metrics work per request, {scrape_ms:.2f} ms per scrape")
+
+
+def metrics_unit_cost(n: int = 100_000) -> tuple[float, float]:
+    """In-process: ns per request of ProxyMetrics.request_finished (the only per-request metrics work)
+    and ms per scrape (render) after ``n`` requests; a noise-robust complement to the run above."""
+    from kvtrace import semconv as sc
+    from kvtrace.proxy.metrics import ProxyMetrics
+    from kvtrace.proxy.table import ConversationTable
+
+    metrics = ProxyMetrics(ConversationTable(450.0))
+    reasons, outcomes = sc.OFFER_REASONS, sc.OUTCOMES
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        metrics.request_finished(200, reasons[i % 5], outcomes[i % 6], 12.5, 340.0)
+    per_request = (time.perf_counter_ns() - t0) / n
+    t0 = time.perf_counter()
+    metrics.render("application/openmetrics-text")
+    return per_request, (time.perf_counter() - t0) * 1e3
 
 
 async def scrape(url: str, interval: float = 1.0) -> None:
