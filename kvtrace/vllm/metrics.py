@@ -33,8 +33,15 @@ from kvtrace import semconv as sc
 from kvtrace.emit import metrics as km
 
 
+NIXL_KEYS = tuple(NixlKVConnectorStats().data)  # the lists NixlKVConnectorStats carries
+
+
 class KVTraceConnectorStats(NixlKVConnectorStats):
-    """NIXL's stats lists plus kvtrace's payload under ``data[STATS_KEY]`` (None when empty)."""
+    """NIXL's stats lists plus kvtrace's payload under ``data[STATS_KEY]`` (None when empty).
+
+    The scheduler's own object carries the payload alone (no empty NIXL lists to build every
+    step); the lists NIXL's code reads are filled in where it reads them, in the API server
+    (:meth:`reduce`, :meth:`KVTracePromMetrics.observe`)."""
 
     def reset(self) -> None:
         super().reset()
@@ -42,17 +49,17 @@ class KVTraceConnectorStats(NixlKVConnectorStats):
 
     @classmethod
     def wrap(cls, stats: NixlKVConnectorStats | None, payload: dict | None = None) -> "KVTraceConnectorStats | None":
-        """NIXL worker stats and/or a kvtrace payload as one object (None if both are empty)."""
+        """NIXL worker stats and/or a kvtrace payload as one object (None if both are absent)."""
         if stats is None and payload is None:
             return None
-        out = cls()
-        if stats is not None:
-            out.data.update(stats.data)
-        out.data[sc.STATS_KEY] = payload
-        return out
+        data = dict(stats.data) if stats is not None else {}
+        data[sc.STATS_KEY] = payload
+        return cls(data=data)
 
     def is_empty(self) -> bool:
-        return super().is_empty() and km.is_empty(self.data.get(sc.STATS_KEY))
+        # NIXL's is_empty() with its lists possibly absent: no transfer, no failure of any kind
+        return all(not v for k, v in self.data.items() if k != sc.STATS_KEY) and km.is_empty(
+            self.data.get(sc.STATS_KEY))
 
     def aggregate(self, other) -> "KVTraceConnectorStats":
         if other.is_empty():
@@ -66,10 +73,12 @@ class KVTraceConnectorStats(NixlKVConnectorStats):
         return self
 
     def reduce(self) -> dict[str, int | float]:
+        for key in NIXL_KEYS:
+            self.data.setdefault(key, [])
         out = dict(super().reduce())
         payload = self.data.get(sc.STATS_KEY) or {}
         for key, n in sorted((payload.get(km.DECISIONS) or {}).items()):
-            out[f"kvtrace {key.replace('|', ' ')}"] = n
+            out[f"kvtrace {key.replace(km.SEP, ' ')}"] = n
         if payload.get(km.RETAINED) is not None:
             out["kvtrace retained MiB"] = round(payload[km.RETAINED][1] / 2**20, 3)
         return out
@@ -99,5 +108,6 @@ class KVTracePromMetrics(NixlPromMetrics):
                                         labelnames, per_engine_labelvalues)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        super().observe(transfer_stats_data, engine_idx)
+        nixl = {key: transfer_stats_data.get(key) or () for key in NIXL_KEYS}
+        super().observe(nixl, engine_idx)
         self.kvtrace.observe(transfer_stats_data.get(sc.STATS_KEY), engine_idx)
