@@ -130,7 +130,7 @@ def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlPromMetrics
 
-    from kvtrace.vllm.metrics import KVTracePromMetrics
+    from kvtrace.vllm.metrics import NIXL_KEYS, KVTracePromMetrics
 
     cfg = rig.vllm_config(model_dir, extra={}, block_size=BS)
     medians = []
@@ -140,6 +140,8 @@ def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
         prom = cls(cfg, types, ["model_name", "engine"], {0: ["m", "0"]})
         times = []
         for data in payloads:
+            if cls is NixlPromMetrics:  # what NixlConnector's own stats would carry: the NIXL part alone
+                data = {key: data.get(key) or [] for key in NIXL_KEYS}
             t0 = time.perf_counter_ns()
             prom.observe(data, 0)
             times.append(time.perf_counter_ns() - t0)
