@@ -7,33 +7,40 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtrace.analysis.store import traces_dir
+from kvtrace.store.runs import DEFAULT_TRACES_DIR, traces_dir
 
 
 APP = Path(__file__).resolve().parent / "app.py"  # this package's Streamlit app (kvtrace.dashboards)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--traces", help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces)")
+    parser.add_argument("--traces", help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--compare", help="a second trace directory (baseline) for the run comparison page")
+    parser.add_argument("--compare", help="a baseline run's trace directory for the run comparison page")
 
 
 def run(args) -> int:
     """Open the kvtrace dashboard (Streamlit) over a Parquet trace directory.
 
     Pages: sessions overview, session drill-down, KV reuse, retention, latency by turn index, run
-    comparison (--compare DIR2: the baseline; --traces is the candidate).  Serves on
+    comparison (--compare DIR2: the baseline; --traces is the candidate).  Each directory must
+    hold one run (kvtrace demo's DIR/bidir, not DIR).  Serves on
     http://127.0.0.1:PORT (headless; open it in a browser).  Needs the dashboard extra:
     pip install 'kvtrace[dashboard]'.
     """
     from kvtrace.errors import CLIError
+    from kvtrace.store.reader import StoreError, check_one_run
 
     directory = traces_dir(args.traces)
     for label, path in (("--traces", directory), ("--compare", args.compare)):
         if path and not os.path.isdir(path):
             raise CLIError(f"{label} {path}: no such directory")
+        try:
+            if path:
+                check_one_run(path)
+        except StoreError as exc:
+            raise CLIError(str(exc)) from None
     if not 0 < args.port < 65536:
         raise CLIError(f"--port {args.port}: must be 1-65535")
     return launch(directory, port=args.port, compare=args.compare, host=args.host)

@@ -18,7 +18,8 @@ import streamlit as st
 from kvtrace import settings
 from kvtrace.analysis import sessions
 from kvtrace.analysis.filters import Filters
-from kvtrace.analysis.store import open_store, traces_dir
+from kvtrace.store import connect
+from kvtrace.store.runs import traces_dir
 
 ALL = "(all)"
 PART_LABELS = {
@@ -46,14 +47,14 @@ def config() -> dict:
 @st.cache_resource(show_spinner=False)
 def store(directory: str):
     """The connection for ``directory`` (views over its files; empty views when there are none)."""
-    return open_store(directory, allow_empty=True)
+    return connect(directory, allow_empty=True)
 
 
 def refresh(directory: str) -> None:
     """Re-list ``directory``'s files and drop every cached result."""
-    from kvtrace.store.views import refresh as relist
+    from kvtrace.store.reader import refresh as relist
 
-    relist(store(directory), directory, allow_empty=True)
+    relist(store(directory))
     st.cache_data.clear()
 
 
@@ -66,8 +67,15 @@ def _cached(directory: str, module: str, name: str, args: tuple, kwargs: tuple):
 
 
 def q(fn, directory: str, *args, **kwargs):
-    """``fn(cursor, *args, **kwargs)`` on ``directory``'s store, cached."""
-    return _cached(directory, fn.__module__, fn.__name__, args, tuple(sorted(kwargs.items())))
+    """``fn(cursor, *args, **kwargs)`` on ``directory``'s store, cached.  A directory the store
+    refuses (several runs) stops the page with the store's message."""
+    from kvtrace.store.reader import StoreError
+
+    try:
+        return _cached(directory, fn.__module__, fn.__name__, args, tuple(sorted(kwargs.items())))
+    except StoreError as exc:
+        st.error(str(exc))
+        st.stop()
 
 
 def df(table):
@@ -91,10 +99,6 @@ def ranked(frame, column: str, order: list[str]):
     """``frame`` with a ``rank`` column (position of ``column``'s value in ``order``) for ``alt.Order``,
     so stacks are drawn in legend order."""
     return frame.assign(rank=frame[column].map({v: i for i, v in enumerate(order)}))
-
-
-def current_dir() -> str:
-    return st.session_state.get("traces_dir") or config()["traces"]
 
 
 def sidebar() -> tuple[str, Filters, dict]:

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "proxy": "kvtrace.proxy.cli",
     "bench": "kvtrace.bench.cli",
     "query": "kvtrace.store.cli",
+    "compact": "kvtrace.store.compact",
     "report": "kvtrace.analysis.report_cli",
     "dashboard": "kvtrace.dashboards.cli",
     "collect": "kvtrace.collect.cli",

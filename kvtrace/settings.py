@@ -40,6 +40,7 @@ OTLP = Setting("KVTRACE_OTLP", "auto", "OTLP export: auto (on when OTEL_EXPORTER
 CAPTURE_CONTENT = Setting("KVTRACE_CAPTURE_CONTENT", False, "Record prompt/completion text in spans (opt-in).", bool)
 ROLL_BYTES = Setting("KVTRACE_ROLL_BYTES", 64 * 1024 * 1024, "Parquet segment is rolled when its batch files reach this many bytes.", int)
 ROLL_SECONDS = Setting("KVTRACE_ROLL_SECONDS", 60.0, "Parquet segment is rolled when it is this old, s.", float)
+ROLL_GRACE_SECONDS = Setting("KVTRACE_ROLL_GRACE_SECONDS", 5.0, "Batch files a roll merged into a segment are deleted this long after it (readers holding an older listing finish; a plain glob may count them twice meanwhile), s; at shutdown at once.", float)
 BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
 BATCH_SIZE = Setting("KVTRACE_BATCH_SIZE", 2048, "BatchSpanProcessor max_export_batch_size (queue = 4x); bigger batches export faster but hold the GIL longer per export.", int)
 METRICS = Setting("KVTRACE_METRICS", True, "Prometheus metrics: the connector's vllm:kvtrace_* families in vLLM's /metrics, /metrics on kvtrace proxy and sim workers (0 = off).", bool)

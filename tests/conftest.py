@@ -30,3 +30,21 @@ def require_vllm(module: str = "vllm"):
 
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=f"{module} not importable (set KVTRACE_REQUIRE_VLLM=1 to fail instead)")
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """``kvtrace demo --traces ROOT/kvtrace-traces --sessions 2`` run once per session (two short-followups
+    sessions: a below-threshold turn): (exit status, printed output, ROOT/kvtrace-traces)."""
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("openai")
+    import contextlib
+    import io
+
+    from kvtrace.cli import main
+
+    traces = tmp_path_factory.mktemp("demo") / "kvtrace-traces"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["demo", "--traces", str(traces), "--sessions", "2"])
+    return rc, buf.getvalue(), traces

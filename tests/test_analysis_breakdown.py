@@ -6,9 +6,9 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.analysis import sessions
-from kvtrace.analysis.breakdown import BREAKDOWN_COLUMNS, PART_COLUMNS
+from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS, PART_COLUMNS
 from kvtrace.analysis.filters import Filters
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect
 from kvtrace.testing.synth import SpanBuilder
 
 PARTS = ("wall_ms",) + PART_COLUMNS + ("unattributed_ms",)
@@ -51,7 +51,7 @@ def store(tmp_path):
     b.request("s-proxy", 1, "p-1", 20_500, 20_700, 50.0)
     b.request("s-proxy", 1, "p-2", 20_600, 20_800, 150.0)  # parallel, ttft ends at 20_750
     b.write(tmp_path)
-    return open_store(tmp_path)
+    return connect(tmp_path)
 
 
 def test_view_columns_follow_the_contract(store):
@@ -140,7 +140,7 @@ def test_spans_of_session_lists_every_trace(store):
 
 
 def test_empty_store_has_empty_views(tmp_path):
-    con = open_store(tmp_path / "none", allow_empty=True)
+    con = connect(tmp_path / "none", allow_empty=True)
     assert sessions.breakdown(con).num_rows == 0
     assert sessions.totals(con)["sessions"] == 0
     assert sessions.turns(con).num_rows == 0

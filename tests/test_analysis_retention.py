@@ -7,7 +7,7 @@ import pytest
 from kvtrace import semconv as sc
 from kvtrace.analysis import retention
 from kvtrace.analysis.filters import Filters
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect
 from kvtrace.testing.synth import SpanBuilder
 
 MIB4 = 16 * 262_144  # one 16-token block of Qwen3-32B KV
@@ -31,7 +31,7 @@ def store(tmp_path, builder):
                        cached_tokens=tokens, output_tokens=1)
         b.retention(engine, ident, start, end, parent=eng, tokens=tokens, outcome=outcome)
     b.write(tmp_path)
-    return open_store(tmp_path)
+    return connect(tmp_path)
 
 
 def test_series_is_a_step_function_per_engine(store, builder):
@@ -74,7 +74,7 @@ def test_expiries_and_filters(store, builder):
 
 
 def test_empty(tmp_path):
-    con = open_store(tmp_path, allow_empty=True)
+    con = connect(tmp_path, allow_empty=True)
     assert retention.series(con).num_rows == 0
     assert retention.summary(con) == []
     assert retention.totals(con)["retained"] == 0

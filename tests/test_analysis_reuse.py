@@ -8,7 +8,7 @@ import pytest
 from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
 from kvtrace.analysis.filters import Filters
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect
 from kvtrace.testing.synth import SpanBuilder
 
 P, D = "sim-p0", "sim-d0"
@@ -43,7 +43,7 @@ def store(tmp_path):
     _prefill(b, 4, 4000, prompt=1600, duration=162, remote=1500, outcome=sc.OUTCOME_EXPIRED, xfer=2,
              xfer_status=sc.TRANSFER_EXPIRED, xfer_tokens=1500)
     b.write(tmp_path)
-    return open_store(tmp_path)
+    return connect(tmp_path)
 
 
 def test_per_request_rows(store):
@@ -113,7 +113,7 @@ def test_tokens_by_source_per_turn(store):
 
 
 def test_empty_store(tmp_path):
-    con = open_store(tmp_path, allow_empty=True)
+    con = connect(tmp_path, allow_empty=True)
     s = reuse.summary(con)
     assert (s["decisions"], s["pulled_tokens"], s["pull_rate"], s["break_even_tokens"]) == (0, 0, None, None)
     assert reuse.requests(con).num_rows == 0 and reuse.tokens_by_source(con).num_rows == 0

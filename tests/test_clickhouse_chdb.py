@@ -1,6 +1,6 @@
 """The ClickHouse path: kvtrace Parquet files load unchanged into the OTel Collector ClickHouse
 exporter's ``otel_traces`` table (in chDB, in-process ClickHouse) and the session-level queries of
-:mod:`kvtrace.collect.clickhouse` there give the DuckDB views' answers."""
+:mod:`kvtrace.store.clickhouse` there give the DuckDB views' answers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from test_collect_workload import read_rows, run_workload
 
 from kvtrace import semconv as sc
-from kvtrace.collect import clickhouse as ch
-from kvtrace.store import files, views
+from kvtrace.store import clickhouse as ch
+from kvtrace.store import connect, files
 
 TABLE = "otel.otel_traces"
 
@@ -56,7 +56,7 @@ def test_parquet_rows_arrive_unchanged(loaded):
 def test_session_queries_match_duckdb(loaded, name):
     db, traces = loaded
     got = _ch_rows(db, ch.render(ch.SESSION_QUERIES[name], TABLE))
-    con = views.connect(traces)
+    con = connect(traces)
     expected = [list(r) for r in con.execute(ch.DUCKDB_SESSION_QUERIES[name]).fetchall()]
     assert len(expected) >= 3
     if name == "retention":  # float sums: same values, summation order may differ

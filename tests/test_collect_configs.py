@@ -95,7 +95,7 @@ def test_fans_out_to_kvtrace_collect_on_loopback(path):
 
 
 def test_clickhouse_variant_writes_otel_traces():
-    from kvtrace.collect import clickhouse
+    from kvtrace.store import clickhouse
 
     config = _load(ROOT / "collectors" / "clickhouse.yaml")
     exporter = config["exporters"]["clickhouse"]

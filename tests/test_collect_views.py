@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
 from kvtrace import semconv as sc
-from kvtrace.store import vllm_views as collect_views
 from kvtrace.collect.server import Collector
-from kvtrace.store import views
+from kvtrace.store import connect
+from kvtrace.store.views import vllm
 
 
 def _provider(port: int, service: str) -> TracerProvider:
@@ -66,15 +66,13 @@ def store(tmp_path):
                "b": format(req_b.get_span_context().span_id, "016x"),
                "p_leg": format(p_leg.get_span_context().span_id, "016x"),
                "d_leg": format(d_leg.get_span_context().span_id, "016x")}
-    con = views.connect(tmp_path / "t")
-    collect_views.install(con)
-    return con, ids
+    return connect(tmp_path / "t"), ids
 
 
 def test_vllm_requests_view_joins_by_parent_and_by_request_id(store):
     con, ids = store
     cols = [d[0] for d in con.execute("SELECT * FROM vllm_requests LIMIT 0").description]
-    assert tuple(cols) == collect_views.VLLM_REQUESTS_COLUMNS
+    assert tuple(cols) == vllm.VLLM_REQUESTS.column_names
     rows = con.execute(
         "SELECT vllm_request_id, request_id, session_id, turn, leg, matched_by, proxy_span_id, parent_span_id,"
         " prompt_tokens, completion_tokens, queue_ms, ttft_ms, e2e_ms, prefill_ms, decode_ms, inference_ms,"
@@ -93,6 +91,5 @@ def test_vllm_requests_view_joins_by_parent_and_by_request_id(store):
 
 
 def test_vllm_requests_on_an_empty_store(tmp_path):
-    con = views.connect(tmp_path / "none", allow_empty=True)
-    collect_views.install(con)
+    con = connect(tmp_path / "none", allow_empty=True)
     assert con.execute("SELECT count(*) FROM vllm_requests").fetchone() == (0,)

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from kvtrace.analysis import latency, reuse, sessions  # noqa: E402
-from kvtrace.analysis.store import open_store  # noqa: E402
+from kvtrace.analysis import compare, reuse, sessions  # noqa: E402
+from kvtrace.store import connect  # noqa: E402
 from kvtrace.testing.synth import sample_store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
@@ -56,7 +56,7 @@ def test_pages_render_on_empty_dir(monkeypatch, tmp_path, page):
 
 def test_overview_numbers_match_the_views(monkeypatch, runs):
     at = _render(monkeypatch, runs / "bidir", page="app_pages/sessions.py")
-    con = open_store(runs / "bidir")
+    con = connect(runs / "bidir")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Sessions"] == f"{sessions.totals(con)['sessions']:,}"
     shown = at.dataframe[0].value
@@ -65,7 +65,7 @@ def test_overview_numbers_match_the_views(monkeypatch, runs):
 
 def test_reuse_page_numbers_match(monkeypatch, runs):
     at = _render(monkeypatch, runs / "bidir", page="app_pages/reuse.py")
-    s = reuse.summary(open_store(runs / "bidir"))
+    s = reuse.summary(connect(runs / "bidir"))
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Pulled tokens"] == f"{s['pulled_tokens']:,}"
     assert metrics["Break-even"] == f"{s['break_even_tokens']:,.0f} tokens"
@@ -74,10 +74,10 @@ def test_reuse_page_numbers_match(monkeypatch, runs):
 def test_compare_page_shows_ratios(monkeypatch, runs):
     at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline", page="app_pages/compare.py")
     shown = at.dataframe[0].value
-    expected = latency.compare_runs(open_store(runs / "baseline"), open_store(runs / "bidir"))
-    assert list(shown["turn"]) == [r["turn"] for r in expected]
-    assert list(shown["ttft_p50_ms_ratio"].round(6)) == [round(r["ttft_p50_ms_ratio"], 6) for r in expected]
-    assert expected[-1]["ttft_p50_ms_ratio"] < 1  # later turns: pulling beats recomputing
+    expected = compare.compare_runs(connect(runs / "baseline"), connect(runs / "bidir"))
+    assert list(shown["turn"]) == [str(r["turn"]) for r in expected]
+    assert list(shown["ratio"].round(6)) == [round(r["ratio"], 6) for r in expected]
+    assert compare.row(expected, "ttft_ms", 3)["verdict"] == "faster"  # later turns: pulling beats recomputing
 
 
 def test_drilldown_filters_to_one_session(monkeypatch, runs):
@@ -89,3 +89,13 @@ def test_drilldown_filters_to_one_session(monkeypatch, runs):
     assert at.subheader[-1].value.startswith("Spans (")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Turns"] == "4"
+
+
+def test_a_directory_with_several_runs_is_refused_not_blended(monkeypatch, runs):
+    monkeypatch.setenv("KVTRACE_TRACES_DIR", str(runs))  # holds bidir/ and baseline/
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"{runs} holds 2 runs, which kvtrace does not merge: {runs / 'baseline'}, {runs / 'bidir'}. Pick one with "
+        f"--traces (e.g. --traces {runs / 'baseline'}); compare two with --traces A --compare B (kvtrace report, "
+        "kvtrace dashboard)"]

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvtrace.analysis import reuse, sessions
-from kvtrace.analysis.store import open_store
+from kvtrace.store import connect
 from kvtrace.testing.synth import sample_store
 from kvtrace.cli import main
 
@@ -39,7 +39,7 @@ def test_markdown_with_plots_and_comparison(runs, tmp_path, capsys):
     assert all((tmp_path / p).read_bytes().startswith(PNG) for p in plots)
     for p in plots:
         assert f"]({p})" in md
-    con = open_store(runs / "bidir")
+    con = connect(runs / "bidir")
     tot = sessions.totals(con)
     assert _cell(md, "generation") == f"{tot['generation_ms']:,.1f}"
     assert _cell(md, "pulled tokens") == f"{reuse.summary(con)['pulled_tokens']:,}"

@@ -139,9 +139,9 @@ SUM_SQL = ("SELECT count(*), sum(wall_ms), sum(input_processing_ms), sum(generat
 def bench_queries(directory: Path, threads: int) -> None:
     from kvtrace.analysis import sessions
     from kvtrace.analysis.filters import Filters
-    from kvtrace.analysis.store import open_store
+    from kvtrace.store import connect
 
-    con = open_store(directory)
+    con = connect(directory)
     con.execute(f"SET threads = {threads}")
     n = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
     scan = _timed(lambda: con.sql("SELECT count(*) FROM spans").fetchall())

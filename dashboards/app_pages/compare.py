@@ -1,11 +1,13 @@
-"""Run comparison: a baseline trace directory against the current one, per turn index."""
+"""Run comparison: a baseline trace directory against the current one, per turn index, with the
+verdict rule of :mod:`kvtrace.analysis.compare` (the one ``kvtrace bench``, ``kvtrace demo`` and
+``kvtrace report`` use)."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 from common import PART_LABELS, chart, config, fmt_ms, q, sidebar
 
-from kvtrace.analysis import latency, reuse, sessions
+from kvtrace.analysis import compare, reuse, sessions
 from kvtrace.analysis.filters import Filters
 
 directory, filters, facets = sidebar()
@@ -19,23 +21,28 @@ if not baseline:
 # the session filter is run-specific; time/service/substrate apply to both runs
 shared = Filters(start_ns=filters.start_ns, end_ns=filters.end_ns, service=filters.service,
                  substrate=filters.substrate)
-base_turns, cand_turns = q(latency.by_turn, baseline, shared), q(latency.by_turn, directory, shared)
-if base_turns.num_rows == 0 or cand_turns.num_rows == 0:
-    st.info(f"Nothing to compare: baseline `{baseline}` has {base_turns.num_rows} turn indexes, "
-            f"candidate `{directory}` has {cand_turns.num_rows}.")
+base_values, cand_values = q(compare.store_values, baseline, shared), q(compare.store_values, directory, shared)
+if not base_values or not cand_values:
+    st.info(f"Nothing to compare: baseline `{baseline}` has {len(base_values)} values, "
+            f"candidate `{directory}` has {len(cand_values)}.")
     st.stop()
-rows = pd.DataFrame(latency.compare(base_turns, cand_turns))
+rows = pd.DataFrame(compare.compare(base_values, cand_values)).rename(
+    columns={"n_a": "n baseline", "n_b": "n candidate", "a_mean": "baseline mean ms", "b_mean": "candidate mean ms"})
+rows["turn"] = rows["turn"].astype(str)
 
-st.subheader("Per turn index (ratio = candidate / baseline; below 1 = candidate faster)")
-ratios = rows.melt(id_vars=["turn"], value_vars=["ttft_p50_ms_ratio", "task_p50_ms_ratio"], var_name="metric",
-                   value_name="ratio").dropna()
-if not ratios.empty:
-    bars = alt.Chart(ratios).mark_bar().encode(
-        x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), xOffset="metric:N", y=alt.Y("ratio:Q"), color="metric:N",
-        tooltip=["turn", "metric", alt.Tooltip("ratio:Q", format=".3f")])
+st.subheader("Per turn index (ratio = candidate / baseline of the means; below 1 = candidate faster)")
+st.caption("Bars: ratio; whiskers: bootstrap 95% interval. Verdict faster/slower when the interval excludes 1.")
+plotted = rows[rows["metric"].isin(["ttft_ms", "turn_latency_ms"]) & rows["ratio"].notna()]
+if not plotted.empty:
+    order = list(dict.fromkeys(plotted["turn"]))
+    x = alt.X("turn:N", sort=order, axis=alt.Axis(labelAngle=0))
+    bars = alt.Chart(plotted).mark_bar().encode(
+        x=x, xOffset="metric:N", y=alt.Y("ratio:Q"), color="metric:N",
+        tooltip=["turn", "metric", alt.Tooltip("ratio:Q", format=".3f"), "verdict"])
+    whiskers = alt.Chart(plotted).mark_rule().encode(x=x, xOffset="metric:N", y="ci_low:Q", y2="ci_high:Q")
     one = alt.Chart(pd.DataFrame({"ratio": [1.0]})).mark_rule(strokeDash=[4, 4]).encode(y="ratio:Q")
-    chart(st, (bars + one).properties(height=280))
-st.dataframe(rows, hide_index=True, width="stretch")
+    chart(st, (bars + whiskers + one).properties(height=280))
+st.dataframe(rows.drop(columns=["significant"]), hide_index=True, width="stretch")
 
 st.subheader("Totals")
 b_tot, c_tot = q(sessions.totals, baseline, shared), q(sessions.totals, directory, shared)

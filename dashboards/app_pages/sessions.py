@@ -6,7 +6,7 @@ import streamlit as st
 from common import PART_LABELS, chart, df, fmt_ms, no_data, q, ranked, sidebar
 
 from kvtrace.analysis import sessions
-from kvtrace.analysis.breakdown import PRECEDENCE
+from kvtrace.store.views.breakdown import PRECEDENCE
 
 directory, filters, facets = sidebar()
 st.title("Sessions")

@@ -1,4 +1,4 @@
-"""Latency by turn index, and the A/B comparison of two runs.
+"""Latency by turn index, and the per-call / per-turn values two runs are compared on.
 
 Reuse pays off in later turns, so latency is grouped by the 0-based turn index:
 
@@ -7,17 +7,16 @@ Reuse pays off in later turns, so latency is grouped by the 0-based turn index:
 - **completed-task latency**: the turn's wall time (agent turn span, else first request start →
   last request end of that turn; see ``kvtrace_turn_windows`` in :mod:`.breakdown`).
 
-:func:`compare` joins two runs' per-turn tables (for example ``DIR/baseline`` and ``DIR/bidir``
-written by ``kvtrace demo``) and adds ``candidate / baseline`` ratios: below 1 = the candidate
-is faster.
+:func:`call_values` and :func:`turn_values` are what :mod:`kvtrace.analysis.compare` compares two
+runs on (for example ``DIR/baseline`` and ``DIR/bidir`` written by ``kvtrace demo``).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from kvtrace.analysis.common import table
-from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
+from kvtrace.analysis.common import filtered
+from kvtrace.analysis.filters import SESSION_SCOPE, Filters
 
 CALLS_SQL = """
 WITH llm_sessions AS (SELECT DISTINCT session_id FROM llm_calls WHERE session_id IS NOT NULL)
@@ -51,33 +50,21 @@ FROM calls FULL OUTER JOIN tasks USING (turn)
 ORDER BY turn
 """
 
-COMPARED = ("ttft_p50_ms", "ttft_mean_ms", "latency_p50_ms", "task_p50_ms", "task_mean_ms")
+CALL_VALUES_SQL = f"SELECT turn, ttft_ms, latency_ms FROM ({CALLS_SQL}) {{where}}"
+TURN_VALUES_SQL = "SELECT turn, (end_ns - start_ns) / 1e6 AS latency_ms FROM kvtrace_turn_windows {where}"
 
 
 def by_turn(con, filters: Filters | None = None) -> pa.Table:
     """Per turn index: calls, TTFT p50/p90/mean, call latency p50/mean, turns and
     completed-task latency p50/p90/mean (ms)."""
-    clause, params = where(filters, SESSION_SCOPE)
-    return table(con, BY_TURN_SQL.format(where=clause), params)
+    return filtered(con, BY_TURN_SQL, filters, SESSION_SCOPE)
 
 
-def compare(baseline: pa.Table, candidate: pa.Table) -> list[dict]:
-    """Join two :func:`by_turn` tables on turn: ``<metric>_baseline``, ``<metric>_candidate``
-    and ``<metric>_ratio`` (candidate / baseline, None when either side is missing or 0)."""
-    base = {r["turn"]: r for r in baseline.to_pylist()}
-    cand = {r["turn"]: r for r in candidate.to_pylist()}
-    out = []
-    for turn in sorted(set(base) | set(cand), key=lambda t: (t is None, t)):
-        b, c = base.get(turn, {}), cand.get(turn, {})
-        row = {"turn": turn, "calls_baseline": b.get("calls", 0), "calls_candidate": c.get("calls", 0)}
-        for m in COMPARED:
-            bv, cv = b.get(m), c.get(m)
-            row[f"{m}_baseline"], row[f"{m}_candidate"] = bv, cv
-            row[f"{m}_ratio"] = cv / bv if bv and cv is not None else None
-        out.append(row)
-    return out
+def call_values(con, filters: Filters | None = None) -> pa.Table:
+    """One row per LLM call (agent ``llm_call`` spans, else proxy requests): turn, ttft_ms, latency_ms."""
+    return filtered(con, CALL_VALUES_SQL, filters, SESSION_SCOPE)
 
 
-def compare_runs(baseline_con, candidate_con, filters: Filters | None = None) -> list[dict]:
-    """:func:`compare` of two stores' :func:`by_turn` tables."""
-    return compare(by_turn(baseline_con, filters), by_turn(candidate_con, filters))
+def turn_values(con, filters: Filters | None = None) -> pa.Table:
+    """One row per turn window: turn, latency_ms (the completed task)."""
+    return filtered(con, TURN_VALUES_SQL, filters, SESSION_SCOPE)

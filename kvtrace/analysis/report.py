@@ -11,10 +11,8 @@ import datetime as dt
 import html
 import io
 
-from kvtrace.analysis import latency, retention, reuse, sessions, text
-from kvtrace.analysis.breakdown import PART_COLUMNS, PRECEDENCE
-
-PLOTS = ("breakdown", "tokens_by_source", "ttft_by_turn", "retention")
+from kvtrace.analysis import compare, latency, retention, reuse, sessions, text
+from kvtrace.store.views.breakdown import PART_COLUMNS, PRECEDENCE
 
 
 def build(con, directory: str, *, compare_con=None, compare_dir: str | None = None,
@@ -44,8 +42,11 @@ def build(con, directory: str, *, compare_con=None, compare_dir: str | None = No
     doc.append(("md", "## Latency by turn index\n\n" + text.md_table(*text.latency_rows(con))))
     doc.append(("plot", "ttft_by_turn"))
     if compare_con is not None:
-        doc.append(("md", f"## Comparison with `{compare_dir}` (baseline)\n\nratio = this run / baseline; "
-                    "below 1 = this run is faster.\n\n" + text.md_table(*text.compare_rows(compare_con, con))))
+        rows = compare.compare_runs(compare_con, con)
+        doc.append(("md", f"## Comparison with `{compare_dir}` (baseline)\n\nPer metric and turn index: mean of "
+                    "each run, ratio = this run / baseline (below 1 = this run is faster), its bootstrap 95% "
+                    "interval, and the verdict (faster / slower when the interval excludes 1; "
+                    "`kvtrace.analysis.compare`).\n\n" + text.md_table(*text.compare_rows(rows))))
     images = render_plots(con) if plots else {}
     return [d for d in doc if d[0] == "md" or d[1] in images], images
 

@@ -5,34 +5,34 @@ from __future__ import annotations
 import os
 import sys
 
-from kvtrace.analysis.store import traces_dir
+from kvtrace.store.runs import DEFAULT_TRACES_DIR, traces_dir
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--traces", help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces)")
+    parser.add_argument("--traces", help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
     parser.add_argument("--format", choices=("md", "html"), default="md", help="output format (default md)")
     parser.add_argument("--output", "-o", help="file to write (default: stdout; Markdown to stdout has no plots)")
-    parser.add_argument("--compare", help="a baseline trace directory: adds per-turn ratios against it")
+    parser.add_argument("--compare", help="a baseline run's trace directory: adds the per-turn comparison against it")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
 
 
 def run(args) -> int:
-    """Write a static report of a trace directory: session breakdown, KV reuse, retention,
-    latency by turn index (and, with --compare DIR2, per-turn ratios against a baseline).
+    """Write a static report of one run's trace directory: session breakdown, KV reuse, retention,
+    latency by turn index (and, with --compare DIR2, the per-turn comparison against a baseline
+    run: ratios, bootstrap intervals and verdicts).  A directory holding several runs is refused.
 
     --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
     --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:
     pip install 'kvtrace[report]'.
     """
     from kvtrace.analysis import report
-    from kvtrace.analysis.store import open_store
     from kvtrace.errors import CLIError
-    from kvtrace.store.views import StoreError
+    from kvtrace.store.reader import StoreError, connect
 
     directory = traces_dir(args.traces)
     try:
-        con = open_store(directory)
-        base = open_store(args.compare) if args.compare else None
+        con = connect(directory)
+        base = connect(args.compare) if args.compare else None
     except StoreError as exc:
         raise CLIError(str(exc)) from None
     plots = not args.no_plots and (args.format == "html" or bool(args.output))

@@ -19,6 +19,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import RETENTION_SCOPE, Filters, where
+from kvtrace.store.sql import literal
 
 _EVENTS = """
     SELECT engine_id, start_ns AS t, bytes AS d, blocks AS db FROM r
@@ -61,13 +62,13 @@ s AS (
 peak AS (SELECT engine_id, max(held) AS peak_bytes FROM s GROUP BY engine_id),
 agg AS (
     SELECT engine_id, count(*) AS retained,
-           count(*) FILTER (WHERE outcome = '{sc.RETENTION_READ}') AS read,
-           count(*) FILTER (WHERE outcome = '{sc.RETENTION_EXPIRED}') AS expired,
-           count(*) FILTER (WHERE outcome = '{sc.RETENTION_RELEASED}') AS released,
+           count(*) FILTER (WHERE outcome = {literal(sc.RETENTION_READ)}) AS read,
+           count(*) FILTER (WHERE outcome = {literal(sc.RETENTION_EXPIRED)}) AS expired,
+           count(*) FILTER (WHERE outcome = {literal(sc.RETENTION_RELEASED)}) AS released,
            sum(blocks)::BIGINT AS blocks, sum(bytes)::BIGINT AS bytes,
-           coalesce(sum(blocks) FILTER (WHERE outcome IS DISTINCT FROM '{sc.RETENTION_READ}'), 0)::BIGINT
+           coalesce(sum(blocks) FILTER (WHERE outcome IS DISTINCT FROM {literal(sc.RETENTION_READ)}), 0)::BIGINT
                AS blocks_never_read,
-           coalesce(sum(bytes) FILTER (WHERE outcome IS DISTINCT FROM '{sc.RETENTION_READ}'), 0)::BIGINT
+           coalesce(sum(bytes) FILTER (WHERE outcome IS DISTINCT FROM {literal(sc.RETENTION_READ)}), 0)::BIGINT
                AS bytes_never_read,
            sum(byte_seconds) AS byte_seconds, avg(held_s) AS mean_held_s, max(held_s) AS max_held_s
     FROM r GROUP BY engine_id
@@ -87,7 +88,7 @@ FROM s
 
 EXPIRIES_SQL = f"""
 SELECT session_id, turn, request_id, engine_id, blocks, bytes, ttl_s, held_s, start_ns, end_ns
-FROM kv_retention WHERE outcome = '{sc.RETENTION_EXPIRED}' {{where}}
+FROM kv_retention WHERE outcome = {literal(sc.RETENTION_EXPIRED)} {{where}}
 ORDER BY end_ns LIMIT $limit
 """
 

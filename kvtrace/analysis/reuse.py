@@ -28,14 +28,15 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import ROW_SCOPE, ROW_SCOPE_NO_SERVICE, Filters, where
+from kvtrace.store.sql import literal
 
-D2P = f"'{sc.DIRECTION_D2P}'"
-PREFILL = f"'{sc.ROLE_PREFILL}'"
+D2P = literal(sc.DIRECTION_D2P)
+PREFILL = literal(sc.ROLE_PREFILL)
 
 _D2P_XFER = f"""
     SELECT request_id, engine_id,
-           coalesce(sum(tokens) FILTER (WHERE status = '{sc.TRANSFER_OK}'), 0)::BIGINT AS xfer_tokens,
-           coalesce(sum(bytes) FILTER (WHERE status = '{sc.TRANSFER_OK}'), 0)::BIGINT AS bytes,
+           coalesce(sum(tokens) FILTER (WHERE status = {literal(sc.TRANSFER_OK)}), 0)::BIGINT AS xfer_tokens,
+           coalesce(sum(bytes) FILTER (WHERE status = {literal(sc.TRANSFER_OK)}), 0)::BIGINT AS bytes,
            sum(duration_ms) AS transfer_ms, sum(xfer_ms) AS xfer_ms
     FROM kv_transfers WHERE direction = {D2P} GROUP BY request_id, engine_id
 """
@@ -60,7 +61,7 @@ BREAK_EVEN_SQL = f"""
 WITH rate AS ({PREFILL_RATE_SQL}),
 t AS (
     SELECT engine_id, tokens, duration_ms FROM kv_transfers
-    WHERE direction = {D2P} AND status = '{sc.TRANSFER_OK}' AND tokens > 0
+    WHERE direction = {D2P} AND status = {literal(sc.TRANSFER_OK)} AND tokens > 0
 ),
 fit AS (
     SELECT engine_id, count(*) AS transfers,
@@ -101,15 +102,15 @@ LIMIT $limit
 SUMMARY_SQL = f"""
 WITH q AS ({REQUESTS_SQL})
 SELECT count(*) AS decisions,
-       count(*) FILTER (WHERE outcome = '{sc.OUTCOME_PULLED}') AS pulled_requests,
+       count(*) FILTER (WHERE outcome = {literal(sc.OUTCOME_PULLED)}) AS pulled_requests,
        coalesce(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
        coalesce(sum(reusable_tokens), 0)::BIGINT AS reusable_tokens,
        coalesce(sum(local_hit_tokens), 0)::BIGINT AS local_hit_tokens,
        coalesce(sum(pulled_tokens), 0)::BIGINT AS pulled_tokens,
        coalesce(sum(recomputed_tokens), 0)::BIGINT AS recomputed_tokens,
        coalesce(sum(bytes), 0)::BIGINT AS bytes,
-       coalesce(sum(transfer_ms) FILTER (WHERE outcome = '{sc.OUTCOME_PULLED}'), 0) AS transfer_ms,
-       coalesce(sum(recompute_est_ms) FILTER (WHERE outcome = '{sc.OUTCOME_PULLED}'), 0) AS recompute_est_ms
+       coalesce(sum(transfer_ms) FILTER (WHERE outcome = {literal(sc.OUTCOME_PULLED)}), 0) AS transfer_ms,
+       coalesce(sum(recompute_est_ms) FILTER (WHERE outcome = {literal(sc.OUTCOME_PULLED)}), 0) AS recompute_est_ms
 FROM q
 """
 

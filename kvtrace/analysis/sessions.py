@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from kvtrace import semconv as sc
-from kvtrace.analysis.breakdown import BREAKDOWN_COLUMNS
+from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 

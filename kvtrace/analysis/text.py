@@ -7,13 +7,12 @@ functions, so what is printed is exactly what the views hold (ms rounded to 0.1)
 
 from __future__ import annotations
 
-import math
-
 from kvtrace import semconv as sc
-from kvtrace.analysis import latency, retention, reuse, sessions
+from kvtrace.analysis import compare, latency, retention, reuse, sessions
 from kvtrace.analysis.common import rows as query_rows
-from kvtrace.analysis.breakdown import PART_COLUMNS
+from kvtrace.store.views.breakdown import PART_COLUMNS
 from kvtrace.analysis.filters import Filters
+from kvtrace.store.sql import literal
 
 PART_NAMES = dict(zip(PART_COLUMNS, ("input processing", "generation", "tool waits", "app work")))
 
@@ -103,108 +102,61 @@ def latency_rows(con, filters: Filters | None = None) -> tuple[list[str], list[l
     return ["turn", "LLM calls", "TTFT p50 ms", "TTFT p90 ms", "turn p50 ms"], rows
 
 
-def compare_rows(baseline_con, candidate_con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
-    rows = [[num(r["turn"]), ms(r["ttft_p50_ms_baseline"]), ms(r["ttft_p50_ms_candidate"]), ratio(r["ttft_p50_ms_ratio"]),
-             ms(r["task_p50_ms_baseline"]), ms(r["task_p50_ms_candidate"]), ratio(r["task_p50_ms_ratio"])]
-            for r in latency.compare_runs(baseline_con, candidate_con, filters)]
-    return ["turn", "TTFT p50 baseline", "TTFT p50 candidate", "ratio", "turn p50 baseline", "turn p50 candidate",
-            "ratio"], rows
+def ci(r: dict) -> str:
+    return "–" if r["ci_low"] is None else f"{r['ci_low']:.2f}–{r['ci_high']:.2f}"
+
+
+def compare_rows(rows: list[dict], labels: tuple[str, str] = ("baseline", "candidate")) -> tuple[list[str], list[list[str]]]:
+    """:func:`kvtrace.analysis.compare.compare` rows (A = baseline, B = candidate) as a table."""
+    base, cand = labels
+    body = [[r["metric"], str(r["turn"]), f"{r['n_a']:,} / {r['n_b']:,}", ms(r["a_mean"]), ms(r["b_mean"]),
+             ratio(r["ratio"]), ci(r), r["verdict"]] for r in rows]
+    return ["metric", "turn", f"n ({base} / {cand})", f"{base} mean ms", f"{cand} mean ms", "ratio", "95% CI",
+            "verdict"], body
 
 
 # -- A/B TTFT comparison (``kvtrace demo``) -------------------------------------------------------
-NOISE_FLOOR_MS = 10.0  # turn 0's difference is taken as the noise, but never below 10 wall ms
-LATER = "turns ≥1"
-
-
-def ttft_comparison(baseline_con, candidate_con, filters: Filters | None = None) -> dict:
-    """:func:`latency.compare_runs` rows plus what the demo concludes from them.
-
-    Means, not medians: with several P workers a turn's calls are a mix of "P has the history"
-    and "P lacks it" (bimodal), whose median flips between the modes from run to run.
-    ``later``: TTFT over every LLM call of turns >= 1 pooled per run (the mean, from each turn's
-    mean weighted by its calls) and their ratio; ``reference``: turn 0's mean ratio; ``noise_ms``:
-    turn 0's difference of means in ms, at least :data:`NOISE_FLOOR_MS`, over ``noise_calls``
-    calls.  Neither run has anything to reuse at turn 0, so that difference is the harness's own
-    noise; it is additive (HTTP and Python overhead per request), hence compared in ms, not as a
-    ratio.  :func:`noise_for` scales it to another number of calls (the noise of a mean shrinks
-    with the square root of its count) and :func:`verdict` calls a difference of more than twice
-    that faster/slower."""
-    rows = latency.compare_runs(baseline_con, candidate_con, filters)
-    later = {"calls": 0}
-    for side in ("baseline", "candidate"):
-        turns = [r for r in rows if r["turn"] is not None and r["turn"] >= 1 and r[f"ttft_mean_ms_{side}"] is not None]
-        calls = sum(r[f"calls_{side}"] for r in turns)
-        later[side] = sum(r[f"ttft_mean_ms_{side}"] * r[f"calls_{side}"] for r in turns) / calls if calls else None
-        later["calls"] = max(later["calls"], calls)
-    later["ratio"] = later["candidate"] / later["baseline"] if later["baseline"] and later["candidate"] else None
-    first = next((r for r in rows if r["turn"] == 0), None)
-    ref, noise, noise_calls = None, None, 0
-    if first and first["ttft_mean_ms_baseline"] is not None and first["ttft_mean_ms_candidate"] is not None:
-        ref = first["ttft_mean_ms_ratio"]
-        noise = max(abs(first["ttft_mean_ms_candidate"] - first["ttft_mean_ms_baseline"]), NOISE_FLOOR_MS)
-        noise_calls = min(first["calls_baseline"], first["calls_candidate"])
-    return {"rows": rows, "later": later, "reference": ref, "noise_ms": noise, "noise_calls": noise_calls}
-
-
-def noise_for(cmp: dict, calls: int) -> float | None:
-    """Turn 0's noise (:func:`ttft_comparison`) for a mean over ``calls`` calls."""
-    if cmp["noise_ms"] is None or calls < 1:
-        return None
-    return cmp["noise_ms"] * math.sqrt(max(cmp["noise_calls"], 1) / calls)
-
-
-def verdict(baseline_ms: float | None, candidate_ms: float | None, noise_ms: float | None) -> str:
-    """``faster`` / ``slower`` when the candidate differs by more than ``2 * noise_ms``, else
-    ``within noise``."""
-    if baseline_ms is None or candidate_ms is None or noise_ms is None:
-        return "–"
-    delta = candidate_ms - baseline_ms
-    if abs(delta) <= 2 * noise_ms:
-        return "within noise"
-    return "faster" if delta < 0 else "slower"
-
-
-def ttft_rows(cmp: dict, time_scale: float,
+def ttft_rows(rows: list[dict], time_scale: float,
               labels: tuple[str, str] = ("baseline", "bidir")) -> tuple[list[str], list[list[str]]]:
-    """Per-turn mean TTFT of both runs in wall ms and in model seconds (wall × ``time_scale``),
-    their ratio and its verdict against turn 0's noise, then the pooled ``turns ≥1`` row."""
+    """The ``ttft_ms`` rows of :func:`kvtrace.analysis.compare.compare` (per turn, then turns >= 1
+    pooled): mean TTFT of both runs in wall ms and in model seconds (wall × ``time_scale``), the
+    ratio, its bootstrap interval and the verdict."""
     base, cand = labels
     model = lambda v: "–" if v is None else f"{v * time_scale / 1e3:,.2f}"  # noqa: E731
-    cols = ["turn", "LLM calls", f"TTFT {base} (wall ms)", f"TTFT {cand} (wall ms)", "ratio",
-            f"{base} (model s)", f"{cand} (model s)", "vs noise"]
-    rows = []
-    for r in cmp["rows"]:
-        b, c = r["ttft_mean_ms_baseline"], r["ttft_mean_ms_candidate"]
-        calls = min(r["calls_baseline"], r["calls_candidate"])
-        note = "reference" if r["turn"] == 0 else verdict(b, c, noise_for(cmp, calls))
-        rows.append([num(r["turn"]), num(r["calls_candidate"]), ms(b), ms(c), ratio(r["ttft_mean_ms_ratio"]),
-                     model(b), model(c), note])
-    lt = cmp["later"]
-    rows.append([LATER, num(lt["calls"]), ms(lt["baseline"]), ms(lt["candidate"]), ratio(lt["ratio"]),
-                 model(lt["baseline"]), model(lt["candidate"]),
-                 verdict(lt["baseline"], lt["candidate"], noise_for(cmp, lt["calls"]))])
-    return cols, rows
+    cols = ["turn", "LLM calls", f"TTFT {base} (wall ms)", f"TTFT {cand} (wall ms)", "ratio", "95% CI",
+            f"{base} (model s)", f"{cand} (model s)", "verdict"]
+    body = [[LATER_LABEL if r["turn"] == compare.LATER else str(r["turn"]), num(r["n_b"]), ms(r["a_mean"]),
+             ms(r["b_mean"]), ratio(r["ratio"]), ci(r), model(r["a_mean"]), model(r["b_mean"]), r["verdict"]]
+            for r in rows if r["metric"] == "ttft_ms" and r["turn"] != compare.ALL]
+    return cols, body
 
 
-def prefill_work_rows(baseline_con, candidate_con, cmp: dict, labels: tuple[str, str] = ("baseline", "bidir"),
+LATER_LABEL = "turns ≥1"
+
+
+def prefill_work_rows(baseline_con, candidate_con, rows: list[dict], labels: tuple[str, str] = ("baseline", "bidir"),
                       filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
     """Per turn: mean prompt tokens per P request, what P computed in each run, what the candidate
     pulled or hit locally (all means per P request, from :func:`reuse.tokens_by_source`), and
-    the completed-turn latency p50 of both runs (wall ms) with its ratio."""
+    the mean completed-turn latency of both runs (wall ms) with its ratio (from ``rows``,
+    :func:`kvtrace.analysis.compare.compare`)."""
     base, cand = labels
     b_tok = {r["turn"]: r for r in reuse.tokens_by_source(baseline_con, filters).to_pylist()}
     c_tok = {r["turn"]: r for r in reuse.tokens_by_source(candidate_con, filters).to_pylist()}
+    turns = {r["turn"]: r for r in rows if r["metric"] == "turn_latency_ms"}
     per = lambda r, col: "–" if not r or not r["requests"] else f"{r[col] / r['requests']:,.0f}"  # noqa: E731
-    rows = []
-    for r in cmp["rows"]:
-        b, c = b_tok.get(r["turn"]), c_tok.get(r["turn"])
+    body = []
+    for r in rows:
+        if r["metric"] != "ttft_ms" or not isinstance(r["turn"], int):
+            continue
+        b, c, t = b_tok.get(r["turn"]), c_tok.get(r["turn"]), turns.get(r["turn"], {})
         prompt = None if not c or not c["requests"] else sum(c[k] for k in _SOURCES) / c["requests"]
-        rows.append([num(r["turn"]), "–" if prompt is None else f"{prompt:,.0f}", per(b, "computed_tokens"),
+        body.append([num(r["turn"]), "–" if prompt is None else f"{prompt:,.0f}", per(b, "computed_tokens"),
                      per(c, "computed_tokens"), per(c, "pulled_tokens"), per(c, "local_hit_tokens"),
-                     ms(r["task_p50_ms_baseline"]), ms(r["task_p50_ms_candidate"]), ratio(r["task_p50_ms_ratio"])])
+                     ms(t.get("a_mean")), ms(t.get("b_mean")), ratio(t.get("ratio"))])
     cols = ["turn", "prompt tokens", f"computed ({base})", f"computed ({cand})", f"pulled ({cand})",
-            f"local hit ({cand})", f"turn p50 {base} (wall ms)", f"turn p50 {cand} (wall ms)", "ratio"]
-    return cols, rows
+            f"local hit ({cand})", f"turn mean {base} (wall ms)", f"turn mean {cand} (wall ms)", "ratio"]
+    return cols, body
 
 
 _SOURCES = ("local_hit_tokens", "pulled_tokens", "computed_tokens")
@@ -214,7 +166,7 @@ _SOURCES = ("local_hit_tokens", "pulled_tokens", "computed_tokens")
 CALL_WORK_SQL = f"""
 SELECT l.session_id, l.turn, l.ttft_ms, d.prompt_tokens, d.recomputed_tokens AS computed_tokens
 FROM llm_calls l
-JOIN kv_decisions d ON d.request_id = l.request_id AND d.direction = '{sc.DIRECTION_D2P}'
+JOIN kv_decisions d ON d.request_id = l.request_id AND d.direction = {literal(sc.DIRECTION_D2P)}
 WHERE l.turn >= 1 AND l.ttft_ms IS NOT NULL
 """
 SAVED_BUCKETS = ((None, 1000), (1000, 5000), (5000, None))  # tokens the candidate did not recompute

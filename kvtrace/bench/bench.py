@@ -28,6 +28,7 @@ from typing import Any
 
 import kvtrace
 from kvtrace.bench import scenarios as scn
+from kvtrace.analysis import compare
 from kvtrace.bench import stats
 from kvtrace.agent.api import Agent
 from kvtrace.bench.runner import Collector, Pacer, RequestRecord, RunOptions, SessionRunner, Sleep
@@ -278,7 +279,7 @@ async def arun_ab(url_a: str, url_b: str, *, tracer_provider=None, traces_dir: s
     """The same seeded workload against ``url_a`` (A) and ``url_b`` (B), repeats interleaved."""
     cfg = _config(config)
     a, b = await _drive([(url_a, "A"), (url_b, "B")], cfg, tracer_provider, traces_dir, progress, sleep)
-    return ABResult(a, b, stats.compare(a, b, seed=cfg.seed))
+    return ABResult(a, b, compare.compare(stats.values(a), stats.values(b), seed=cfg.seed))
 
 
 def _config(config: dict) -> BenchConfig:

@@ -1,22 +1,20 @@
-"""Summaries of bench records, the A/B comparison with its noise test, and the text tables.
+"""Summaries of bench records, the values an A/B comparison is made on, and the text tables.
 
 Called by :mod:`kvtrace.bench.bench` (``BenchResult.summary()``, ``ABResult.comparison``) and
 printed by :mod:`kvtrace.bench.cli`.  Pure functions over the record dataclasses of
-:mod:`kvtrace.bench.runner`; no numpy needed.
+:mod:`kvtrace.bench.runner`.
 
-A/B significance: for every turn index the ratio B/A of median TTFT (and of request and turn
-latency) gets a bootstrap 95 % interval (requests resampled within each side, seeded).  With
-``--repeat`` >= 2 the run-to-run noise of each side is the largest relative deviation of one
-repeat's median from the pooled median; a difference is marked when the interval excludes 1 *and*
-the ratio's distance from 1 (in log terms) exceeds that noise.
+A/B significance is :mod:`kvtrace.analysis.compare`'s rule (the one the demo, the report and the
+dashboard use): per metric and turn index the ratio B/A of the means with a bootstrap 95 %
+interval; with ``--repeat`` >= 2 also the run-to-run noise between repeats.  :func:`values` turns a
+run's records into that module's input.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter, defaultdict
-from statistics import mean, median
+from statistics import mean
 
 PCTS = (50, 90, 99)
 
@@ -89,64 +87,15 @@ def summarize(requests, turns, sessions) -> dict:
 
 
 # -- A/B ---------------------------------------------------------------------------------------
-METRICS = ("ttft_ms", "latency_ms", "turn_latency_ms")
-
-
-def _values(result, metric: str, turn: int | None, repeat: int | None = None) -> list[float]:
-    if metric == "turn_latency_ms":
-        rows = [(t.turn, t.repeat, t.latency_ms) for t in result.turns if t.error is None]
-    else:
-        rows = [(r.turn, r.repeat, getattr(r, metric)) for r in result.requests if r.error is None or metric == "ttft_ms"]
-    return [v for t, rep, v in rows if v is not None and (turn is None or t == turn) and (repeat is None or rep == repeat)]
-
-
-def bootstrap_ratio(a: list[float], b: list[float], rng: random.Random, n: int = 1000) -> tuple[float, float]:
-    """95 % interval of median(b) / median(a), resampling each side with replacement."""
-    ratios = []
-    for _ in range(n):
-        ma = median(rng.choices(a, k=len(a)))
-        mb = median(rng.choices(b, k=len(b)))
-        if ma > 0:
-            ratios.append(mb / ma)
-    if not ratios:
-        return math.nan, math.nan
-    return percentile(ratios, 2.5), percentile(ratios, 97.5)
-
-
-def repeat_noise(result, metric: str, turn: int | None) -> float | None:
-    """Largest |log(median of one repeat / pooled median)|; None with fewer than two repeats."""
-    pooled = _values(result, metric, turn)
-    reps = sorted({r.repeat for r in result.requests})
-    if len(reps) < 2 or not pooled or median(pooled) <= 0:
-        return None
-    m = median(pooled)
-    devs = [abs(math.log(median(v) / m)) for rep in reps if (v := _values(result, metric, turn, rep)) and median(v) > 0]
-    return max(devs) if devs else None
-
-
-def compare(a, b, *, seed: int = 0, n_boot: int = 1000) -> list[dict]:
-    """Rows (metric, turn) with medians, ratio B/A, its bootstrap interval, the noise and
-    ``significant``.  ``turn`` None is the all-turns row."""
-    rng = random.Random(f"kvtrace-bench:ab:{seed}")
-    turns = sorted({r.turn for r in a.requests} | {r.turn for r in b.requests})
-    rows = []
-    for metric in METRICS:
-        for turn in [*turns, None]:
-            va, vb = _values(a, metric, turn), _values(b, metric, turn)
-            row = {"metric": metric, "turn": turn, "n_a": len(va), "n_b": len(vb),
-                   "a_p50": median(va) if va else None, "b_p50": median(vb) if vb else None,
-                   "ratio": None, "ci_low": None, "ci_high": None, "noise": None, "significant": False}
-            if va and vb and row["a_p50"] > 0:
-                row["ratio"] = row["b_p50"] / row["a_p50"]
-                row["ci_low"], row["ci_high"] = bootstrap_ratio(va, vb, rng, n_boot)
-                noises = [x for x in (repeat_noise(a, metric, turn), repeat_noise(b, metric, turn)) if x is not None]
-                row["noise"] = max(noises) if noises else None
-                outside = not (row["ci_low"] <= 1.0 <= row["ci_high"])
-                distance = abs(math.log(row["ratio"])) if row["ratio"] > 0 else math.inf
-                beyond_noise = row["noise"] is None or distance > row["noise"]
-                row["significant"] = bool(outside and beyond_noise)
-            rows.append(row)
-    return rows
+def values(result) -> list[tuple]:
+    """``(metric, turn, repeat, value)`` of a run for :func:`kvtrace.analysis.compare.compare`:
+    TTFT of every request that got a first token, latency of every request that completed, latency
+    of every completed turn."""
+    out = [("ttft_ms", r.turn, r.repeat, r.ttft_ms) for r in result.requests if r.ttft_ms is not None]
+    out += [("latency_ms", r.turn, r.repeat, r.latency_ms) for r in result.requests
+            if r.error is None and r.latency_ms is not None]
+    out += [("turn_latency_ms", t.turn, t.repeat, t.latency_ms) for t in result.turns if t.error is None]
+    return out
 
 
 # -- text tables ------------------------------------------------------------------------------
@@ -195,12 +144,13 @@ def _outcomes(counts: dict) -> str:
 
 
 def format_comparison(rows: list[dict], label_a: str = "A", label_b: str = "B") -> str:
-    header = ["metric", "turn", f"{label_a} p50", f"{label_b} p50", "B/A", "95% CI", "noise", ""]
+    header = ["metric", "turn", f"{label_a} mean", f"{label_b} mean", "B/A", "95% CI", "noise", "verdict"]
     body = [
-        [r["metric"], "all" if r["turn"] is None else str(r["turn"]), _f(r["a_p50"]), _f(r["b_p50"]),
+        [r["metric"], str(r["turn"]), _f(r["a_mean"]), _f(r["b_mean"]),
          _f(r["ratio"], 3), f"{_f(r['ci_low'], 3)}-{_f(r['ci_high'], 3)}",
-         "-" if r["noise"] is None else f"{math.exp(r['noise']) - 1:.1%}", "*" if r["significant"] else ""]
+         "-" if r["noise"] is None else f"{math.exp(r['noise']) - 1:.1%}", r["verdict"]]
         for r in rows
     ]
-    note = "* = B/A differs beyond run-to-run noise (bootstrap 95% CI excludes 1; with --repeat, also beyond repeat spread)"
+    note = ("verdict: B against A, faster/slower when the bootstrap 95% CI of B/A (means) excludes 1 and, with "
+            "--repeat, the ratio is beyond the repeats' spread (noise)")
     return _table(header, body) + "\n" + note

@@ -36,7 +36,7 @@ import shutil
 import sys
 import time
 
-from kvtrace.analysis.store import traces_dir
+from kvtrace.store.runs import traces_dir
 
 SCENARIOS = ("pause-resume", "coding-agent", "research-assistant", "short-followups")  # longest first
 RUNS = ("bidir", "baseline")
@@ -247,9 +247,9 @@ def summarize(bidir_dir: str, baseline_dir: str, time_scale: float, sessions: in
     """The printed summary: the setup, breakdown and reuse of the bidirectional run, and the
     TTFT comparison of the two runs (every number from :mod:`kvtrace.analysis`)."""
     from kvtrace.analysis import text
-    from kvtrace.analysis.store import open_store
+    from kvtrace.store import connect
 
-    bidir, baseline = open_store(bidir_dir), open_store(baseline_dir)
+    bidir, baseline = connect(bidir_dir), connect(baseline_dir)
     out = [
         *setup_lines(time_scale, sessions),
         "",
@@ -273,20 +273,20 @@ def summarize(bidir_dir: str, baseline_dir: str, time_scale: float, sessions: in
 
 
 def ttft_sections(baseline, bidir, time_scale: float) -> list[str]:
-    """TTFT by turn index (turn 0 = the noise reference), TTFT by the prefill work reuse saved
-    (calls paired across the runs), P's work by turn, and the one-line result."""
-    from kvtrace.analysis import text
+    """TTFT by turn index with the verdict of :mod:`kvtrace.analysis.compare` (turn 0, where
+    neither run has anything to reuse, is the check of the harness's noise), TTFT by the prefill
+    work reuse saved (calls paired across the runs), P's work by turn, and the one-line result."""
+    from kvtrace.analysis import compare, text
 
-    cmp = text.ttft_comparison(baseline, bidir)
+    rows = compare.compare_runs(baseline, bidir)
     groups = text.saved_groups(baseline, bidir)
     return [
         "== Mean TTFT by turn index (ratio = bidir / baseline; < 1 = faster with reuse) ==",
-        text.md_table(*text.ttft_rows(cmp, time_scale)),
+        text.md_table(*text.ttft_rows(rows, time_scale)),
         "",
-        "Turn 0 is the reference: neither run has anything to reuse there, so the difference of its means "
-        f"({text.ms(cmp['noise_ms'])} wall ms over {cmp['noise_calls']} calls, taken as at least "
-        f"{text.NOISE_FLOOR_MS:g}) is this harness's noise. A turn whose means differ by more than twice that noise, "
-        "scaled by sqrt(turn-0 calls / its calls), is marked faster/slower.",
+        "95% CI: bootstrap interval of the ratio; the verdict is faster/slower when it excludes 1 (the rule of "
+        "kvtrace bench, kvtrace report and the dashboard). Turn 0 is the check: neither run has anything to "
+        "reuse there, so it should be within noise.",
         "",
         "== Mean TTFT by prompt tokens the baseline's P computed and the bidir run's P did not (turns >= 1, each "
         "call paired with the same call of the other run) ==",
@@ -299,9 +299,9 @@ def ttft_sections(baseline, bidir, time_scale: float) -> list[str]:
         "Negative token counts: the bidir run's call landed on a P holding less of the history.",
         "",
         "== Prefill work on P per request (mean tokens) and completed-turn latency by turn index ==",
-        text.md_table(*text.prefill_work_rows(baseline, bidir, cmp)),
+        text.md_table(*text.prefill_work_rows(baseline, bidir, rows)),
         "",
-        conclusion(cmp, groups, time_scale),
+        conclusion(rows, groups, time_scale),
     ]
 
 
@@ -323,24 +323,26 @@ def setup_lines(time_scale: float, sessions: int) -> list[str]:
     ]
 
 
-def conclusion(cmp: dict, groups: list[dict], time_scale: float) -> str:
-    """One line: the pooled turns >= 1 TTFT of both runs, the calls where reuse saved the most,
-    and turn 0's reference ratio."""
-    from kvtrace.analysis import text
+def conclusion(rows: list[dict], groups: list[dict], time_scale: float) -> str:
+    """One line: the pooled turns >= 1 TTFT of both runs with its verdict, the calls where reuse
+    saved the most, and turn 0's ratio."""
+    from kvtrace.analysis import compare, text
 
-    lt = cmp["later"]
-    if lt["ratio"] is None or cmp["noise_ms"] is None:
+    later, first = compare.row(rows, "ttft_ms", compare.LATER), compare.row(rows, "ttft_ms", 0)
+    if later is None or later["ratio"] is None:
         return "Not enough LLM calls in both runs to compare TTFT."
     model = lambda v: f"{v * time_scale / 1e3:,.2f}"  # noqa: E731
-    line = (f"Result: over {lt['calls']} LLM calls at turns >= 1, mean TTFT {model(lt['baseline'])} model s without "
-            f"bidirectional reuse -> {model(lt['candidate'])} with it (ratio {text.ratio(lt['ratio'])}, "
-            f"{text.verdict(lt['baseline'], lt['candidate'], text.noise_for(cmp, lt['calls']))})")
+    line = (f"Result: over {later['n_b']} LLM calls at turns >= 1, mean TTFT {model(later['a_mean'])} model s without "
+            f"bidirectional reuse -> {model(later['b_mean'])} with it (ratio {text.ratio(later['ratio'])}, 95% CI "
+            f"{text.ci(later)}: {later['verdict']})")
     most = groups[-1] if groups else None
     if most and most["ratio"] is not None:
         line += (f"; on the {most['calls']} calls whose baseline recomputed {most['label']} tokens more: "
                  f"{model(most['baseline_ms'])} -> {model(most['candidate_ms'])} model s (ratio "
                  f"{text.ratio(most['ratio'])})")
-    return line + f"; turn 0 (nothing to reuse): ratio {text.ratio(cmp['reference'])}."
+    if first is not None and first["ratio"] is not None:
+        line += f"; turn 0 (nothing to reuse): ratio {text.ratio(first['ratio'])}, {first['verdict']}"
+    return line + "."
 
 
 def _quiet_http_logs() -> None:

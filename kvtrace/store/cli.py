@@ -1,18 +1,19 @@
-"""``kvtrace query``: ad-hoc SQL over a trace directory with the kvtrace views defined."""
+"""``kvtrace query``: ad-hoc SQL over one run of a trace directory with every kvtrace view defined."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from kvtrace import settings
+from kvtrace.store.runs import DEFAULT_TRACES_DIR
 
 FORMATS = ("table", "csv", "json", "parquet")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", help="SQL to run (views: see docs/query.md)")
-    parser.add_argument("--traces", metavar="DIR", help=f"trace directory (default ${settings.TRACES_DIR.env})")
+    parser.add_argument("--traces", metavar="DIR",
+                        help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--output", metavar="FILE", help="write here instead of stdout (required for parquet)")
 
@@ -45,36 +46,41 @@ def _render(fmt: str, columns: list[str], rows: list[tuple]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run SQL over a trace directory with the kvtrace views (spans, requests, kv_decisions,
-    kv_transfers, kv_retention, engine_requests, llm_calls, tool_calls, app_work, turns,
-    sessions) defined.  Formats: table (aligned text), csv, json (array of objects), parquet
-    (needs --output).  Example:
+    """Run SQL over one run of a trace directory with the kvtrace views (spans, requests,
+    kv_decisions, kv_transfers, kv_retention, engine_requests, llm_calls, tool_calls, app_work,
+    turns, sessions, vllm_requests, session_breakdown, turn_breakdown; docs/query.md) defined.
+    A directory holding several runs (kvtrace demo's DIR/bidir and DIR/baseline) is refused with
+    their names.  Formats: table (aligned text), csv, json (array of objects), parquet (needs
+    --output).  Example:
 
-        kvtrace query "SELECT outcome, count(*) FROM kv_decisions GROUP BY 1" --traces ./traces
+        kvtrace query "SELECT outcome, count(*) FROM kv_decisions GROUP BY 1" --traces kvtrace-traces/bidir
     """
     import duckdb
 
     from kvtrace.errors import CLIError
-    from kvtrace.store.views import StoreError, connect
+    from kvtrace.store.reader import StoreError, connect, query
+    from kvtrace.store.runs import traces_dir
 
-    directory = settings.TRACES_DIR.get(args.traces)
-    if not directory:
-        raise CLIError(f"no trace directory: pass --traces DIR or set {settings.TRACES_DIR.env}")
     if args.format == "parquet" and not args.output:
         raise CLIError("--format parquet needs --output FILE")
     try:
-        con = connect(directory)
-        rel = con.sql(args.sql)
-        if rel is None:  # a statement without a result (e.g. CREATE)
-            return 0
-        if args.format == "parquet":
-            rel.write_parquet(args.output)
-            return 0
-        text = _render(args.format, rel.columns, rel.fetchall())
+        result = query(connect(traces_dir(args.traces)), args.sql)
     except StoreError as exc:
         raise CLIError(str(exc)) from None
     except duckdb.Error as exc:
         raise CLIError(str(exc).strip().splitlines()[0]) from None
+    if result is None:  # a statement without a result (e.g. CREATE)
+        return 0
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(result, args.output)
+        except OSError as exc:
+            raise CLIError(f"cannot write {args.output}: {exc}") from None
+        return 0
+    rows = list(zip(*(c.to_pylist() for c in result.columns))) if result.num_columns else []
+    text = _render(args.format, result.column_names, rows)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:

@@ -5,16 +5,29 @@ Installed by :func:`kvtrace.configure` under a ``BatchSpanProcessor``.  Durabili
 - every ``export()`` call writes its batch as one complete zstd Parquet file per Hive partition
   (``date=YYYY-MM-DD/hour=HH`` of the span start, UTC), via a dot-tmp name and an atomic rename
   to ``<writer>-b<seq>.parquet``; ``writer`` = host-pid-random, so any number of processes can
-  write one directory.  When ``export`` returns SUCCESS the spans are on disk: a crash loses at
-  most the batch in flight, and SIGTERM (which flushes the processor) loses nothing exported.
+  write one directory.  When ``export`` returns SUCCESS the spans are in a complete file: a
+  crash of the process loses at most the batch in flight, and SIGTERM (which flushes the
+  processor) loses nothing exported.  The file is in the OS's page cache, not necessarily on
+  disk: an OS crash or power loss can still lose the last seconds of files unless
+  ``fsync=True`` (file data and directory entries are fsynced before ``export`` returns;
+  ``kvtrace collect --durable-ack`` uses it).
 - rolling: once a partition's own batch files reach ``roll_bytes`` or ``roll_seconds`` of age,
   they are merged into ``<writer>-s<first>-<last>.parquet`` (same atomic write).  The batch files
-  it supersedes are hidden from readers by :func:`kvtrace.store.files.list_files` at once and
-  deleted only ``grace_seconds`` later, so a reader holding an older listing never hits a
-  missing file.  Merge or clean-up failures are logged; the batch files stay valid.
+  it supersedes are hidden from kvtrace's reader by :func:`kvtrace.store.files.list_files` at once
+  and deleted ``grace_seconds`` later (``KVTRACE_ROLL_GRACE_SECONDS``, default 5 s; a timer does it
+  when no export comes), so a reader holding an older listing can finish.  That grace is the only
+  time a plain ``**/*.parquet`` glob sees a span twice.  Merge or clean-up failures are logged;
+  the batch files stay valid.
+- at rest, plain Parquet: :meth:`shutdown` (also on SIGTERM, via :func:`kvtrace.configure`)
+  rolls what is pending and deletes every superseded batch file in the partitions it wrote, at
+  once.  What a killed writer left (superseded batch files, abandoned ``.tmp`` files) is swept from
+  the whole directory by the next exporter's first export, or by ``kvtrace compact``.  A batch
+  file is only ever deleted once a complete segment holding its spans exists.
 
 Errors are logged and returned as ``SpanExportResult.FAILURE``; nothing is ever raised into the
-SDK or the host process.
+SDK or the host process.  One bad value never fails a batch: text Arrow cannot store is escaped
+(:mod:`kvtrace.store.sanitise`), and should a batch still not convert as a whole, it is
+converted span by span and only the spans that fail are dropped (both logged, rate-limited).
 """
 
 from __future__ import annotations
@@ -36,11 +49,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from kvtrace import settings
 from kvtrace.store import files, writer
 from kvtrace.store.convert import spans_to_table
+from kvtrace.store.sanitise import DROPPED_SPANS
 
 log = logging.getLogger(__name__)
 
-MIN_GRACE_S = 30.0
-"""Superseded batch files live at least this long (a reader's list-then-query window)."""
 TMP_MAX_AGE_S = 3600.0
 """Abandoned ``.tmp`` files (from a writer that crashed mid-write) are swept after this."""
 
@@ -71,13 +83,13 @@ class ParquetSpanExporter(SpanExporter):
         roll_bytes: int | None = None,
         roll_seconds: float | None = None,
         grace_seconds: float | None = None,
+        fsync: bool = False,
     ) -> None:
         self.directory = os.fspath(directory)
+        self.fsync = fsync
         self.roll_bytes = int(settings.ROLL_BYTES.get(roll_bytes))
         self.roll_seconds = float(settings.ROLL_SECONDS.get(roll_seconds))
-        self.grace_seconds = (
-            float(grace_seconds) if grace_seconds is not None else max(2 * self.roll_seconds, MIN_GRACE_S)
-        )
+        self.grace_seconds = float(settings.ROLL_GRACE_SECONDS.get(grace_seconds))
         self._lock = threading.Lock()
         self._closed = False
         self._failures = 0
@@ -91,13 +103,16 @@ class ParquetSpanExporter(SpanExporter):
         self._seq = 0
         self._pending: dict[str, _Pending] = {}
         self._sweep_due: list[tuple[float, str]] = []  # (when, partition dir), one per merge
+        self._dirs: set[str] = set()  # partition dirs written
+        self._timer: threading.Timer | None = None
+        self._swept_tree = False
 
     # -- SpanExporter interface ------------------------------------------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Write ``spans`` durably (one file per partition), then roll/sweep if due."""
         if not spans:
             return SpanExportResult.FAILURE if self._closed else SpanExportResult.SUCCESS
-        return self._export(len(spans), lambda: spans_to_table(spans))
+        return self._export(len(spans), lambda: _to_table(spans))
 
     def export_table(self, table: pa.Table) -> SpanExportResult:
         """Like :meth:`export`, for rows already in :data:`kvtrace.store.schema.SCHEMA`
@@ -130,11 +145,14 @@ class ParquetSpanExporter(SpanExporter):
         return True
 
     def shutdown(self) -> None:
-        """Roll every partition's pending batch files into segments, sweep; idempotent."""
+        """Roll every partition's pending batch files into segments and delete every batch file a
+        segment supersedes in the partitions written (leaving plain Parquet); idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
             if os.getpid() == self._pid:
                 self._maintain(force=True)
 
@@ -144,27 +162,54 @@ class ParquetSpanExporter(SpanExporter):
             self._seq += 1
             directory = os.path.join(self.directory, part)
             name = files.batch_name(self.writer, self._seq)
-            size = writer.write_atomic(rows, directory, name)
+            size = writer.write_atomic(rows, directory, name, fsync=self.fsync)
             pending = self._pending.setdefault(part, _Pending(since=time.monotonic()))
             pending.seqs.append(self._seq)
             pending.paths.append(os.path.join(directory, name))
             pending.size += size
+            self._dirs.add(directory)
         self.spans_written += table.num_rows
 
     def _maintain(self, *, force: bool) -> None:
-        """Roll due partitions and delete superseded files whose grace has passed; never raises."""
+        """Roll due partitions and delete superseded files whose grace has passed (all of them when
+        ``force``: shutdown); never raises."""
         try:
+            if not self._swept_tree:  # a killed writer's leftovers, anywhere in the directory
+                self._swept_tree = True
+                files.sweep_tree(self.directory, superseded_age_s=self.grace_seconds, tmp_age_s=TMP_MAX_AGE_S)
             now = time.monotonic()
             for part in list(self._pending):
                 pending = self._pending[part]
                 if force or pending.size >= self.roll_bytes or now - pending.since >= self.roll_seconds:
                     self._roll(part, pending, force=force)
-            due = {d for when, d in self._sweep_due if force or now >= when}
+            if force:
+                for directory in self._dirs:
+                    files.sweep(directory, superseded_age_s=0.0, tmp_age_s=TMP_MAX_AGE_S)
+                self._sweep_due = []
+                return
+            due = {d for when, d in self._sweep_due if now >= when}
             for directory in due:
                 files.sweep(directory, superseded_age_s=self.grace_seconds, tmp_age_s=TMP_MAX_AGE_S)
             self._sweep_due = [(when, d) for when, d in self._sweep_due if now < when]
+            if self._sweep_due:
+                self._schedule(min(when for when, _ in self._sweep_due) - now)
         except Exception as exc:  # the batch files stay valid; retry on the next export
             log.warning("kvtrace: rolling Parquet files in %s failed: %s", self.directory, exc, exc_info=True)
+
+    def _schedule(self, delay: float) -> None:
+        """Run :meth:`_maintain` again after ``delay`` s even if no export comes (an idle writer's
+        superseded files still go after their grace)."""
+        if self._timer is not None and self._timer.is_alive():
+            return
+        self._timer = threading.Timer(max(delay, 0.0) + 0.01, self._on_timer)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._closed and os.getpid() == self._pid:
+                self._maintain(force=False)
 
     def _roll(self, part: str, pending: _Pending, *, force: bool) -> None:
         """Merge the partition's pending batch files (a lone file is already its own segment:
@@ -175,6 +220,36 @@ class ParquetSpanExporter(SpanExporter):
             return
         directory = os.path.join(self.directory, part)
         name = files.segment_name(self.writer, pending.seqs[0], pending.seqs[-1])
-        writer.merge(pending.paths, directory, name)
+        writer.merge(pending.paths, directory, name, fsync=self.fsync)
         del self._pending[part]
         self._sweep_due.append((time.monotonic() + self.grace_seconds, directory))
+
+
+def _to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
+    """:func:`spans_to_table`; should the batch not convert as a whole, its halves are tried
+    (recursively), so only the spans that fail on their own are dropped (and reported)."""
+    try:
+        return spans_to_table(spans)
+    except Exception as exc:
+        if len(spans) == 1:
+            raise
+        first = exc
+    failed: list[str] = []
+    mid = len(spans) // 2
+    tables = _salvage(spans[:mid], failed) + _salvage(spans[mid:], failed)
+    if not tables:
+        raise first
+    if failed:
+        DROPPED_SPANS.note(len(failed), failed[0])
+    return pa.concat_tables(tables)
+
+
+def _salvage(spans: Sequence[ReadableSpan], failed: list[str]) -> list[pa.Table]:
+    try:
+        return [spans_to_table(spans)]
+    except Exception as exc:
+        if len(spans) == 1:
+            failed.append(f"span {getattr(spans[0], 'name', '?')!r}: {type(exc).__name__}: {exc}")
+            return []
+    mid = len(spans) // 2
+    return _salvage(spans[:mid], failed) + _salvage(spans[mid:], failed)

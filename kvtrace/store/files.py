@@ -3,10 +3,11 @@
 Writers (:mod:`kvtrace.store.exporter`) name files ``<writer>-b<seq>.parquet`` (one exported
 batch) and ``<writer>-s<first>-<last>.parquet`` (a rolled segment: that writer's batch files of
 the same partition directory with ``first <= seq <= last``, merged).  Superseded batch files stay
-on disk for a grace period so a reader holding an older listing never hits a missing file.
-:func:`list_files` (used by :mod:`kvtrace.store.views`) returns every complete file exactly once:
-dot-files (``.tmp`` files being written) are ignored and covered batch files are dropped, so no
-span is ever counted twice.
+on disk for a short grace period so a reader holding an older listing can finish, then
+:func:`sweep` deletes them (:func:`sweep_tree`: a whole trace directory, for leftovers of a killed
+writer).  :func:`list_files` (used by :mod:`kvtrace.store.reader`) returns every complete file
+exactly once: dot-files (``.tmp`` files being written) are ignored and covered batch files are
+dropped, so no span is ever counted twice.
 """
 
 from __future__ import annotations
@@ -121,9 +122,19 @@ def sweep(directory: str, *, superseded_age_s: float, tmp_age_s: float, now: flo
     deleted = 0
     for name, clock, min_age in doomed:
         try:
-            if now - os.stat(os.path.join(directory, clock)).st_mtime >= min_age:
+            if min_age <= 0 or now - os.stat(os.path.join(directory, clock)).st_mtime >= min_age:
                 os.unlink(os.path.join(directory, name))
                 deleted += 1
         except FileNotFoundError:
             pass
+    return deleted
+
+
+def sweep_tree(directory: str | os.PathLike, *, superseded_age_s: float, tmp_age_s: float) -> int:
+    """:func:`sweep` every directory under ``directory`` (dot-directories skipped); returns the
+    number of files deleted (0 when ``directory`` does not exist)."""
+    deleted = 0
+    for dirpath, dirnames, _ in os.walk(os.fspath(directory)):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        deleted += sweep(dirpath, superseded_age_s=superseded_age_s, tmp_age_s=tmp_age_s)
     return deleted

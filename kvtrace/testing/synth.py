@@ -23,7 +23,7 @@ from kvtrace import semconv as sc
 
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 AGENT, PROXY, SIM_P, SIM_D = "kvtrace-agent", "kvtrace-proxy", "kvtrace-sim-prefill", "kvtrace-sim-decode"
-_KIND = {"SERVER": SpanKind.SERVER, "CLIENT": SpanKind.CLIENT, "INTERNAL": SpanKind.INTERNAL}
+_KIND = {k.name: k for k in SpanKind}
 
 
 @dataclass
@@ -59,8 +59,9 @@ class SpanBuilder:
 
     def span(self, name: str, start_ms: float, end_ms: float, *, parent=None, service: str = AGENT,
              kind: str = "INTERNAL", attrs: dict | None = None, events: dict[str, float] | None = None,
-             resource: dict | None = None, error: bool = False):
-        """A finished span; ``parent`` None starts a new trace.  ``events``: name → time (ms)."""
+             resource: dict | None = None, error: bool = False, ok: bool = False):
+        """A finished span; ``parent`` None starts a new trace.  ``events``: name → time (ms).
+        ``kind``: a :class:`~opentelemetry.trace.SpanKind` name; ``error`` / ``ok``: its status."""
         ctx = trace.set_span_in_context(parent) if parent is not None else None
         span = self._tracer(service, resource).start_span(
             name, context=ctx, kind=_KIND[kind], attributes=attrs or {}, start_time=self.ns(start_ms)
@@ -69,6 +70,8 @@ class SpanBuilder:
             span.add_event(ev, timestamp=self.ns(at))
         if error:
             span.set_status(trace.Status(trace.StatusCode.ERROR, "error"))
+        elif ok:
+            span.set_status(trace.Status(trace.StatusCode.OK))
         span.end(end_time=self.ns(end_ms))
         return span
 

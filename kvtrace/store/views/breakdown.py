@@ -1,7 +1,9 @@
 """Where an agent's time goes: the ``session_breakdown`` and ``turn_breakdown`` views.
 
-:func:`install_views` adds them (and their helper views) to a store connection made by
-:func:`kvtrace.store.views.connect`; the dashboard, the report and ``kvtrace demo`` read them.
+Registered in :mod:`kvtrace.store.views` with their helper views (``kvtrace_agent_spans``,
+``kvtrace_session_windows``, ``kvtrace_intervals``, ``kvtrace_turn_windows``), so every
+connection has them; :mod:`kvtrace.analysis.sessions` reads them for the dashboard, the report
+and ``kvtrace demo``.
 
 Every session's wall time (from the ``sessions`` view, which spans all of the session's traces)
 is split into four parts that sum to it exactly (in ns; ±1 ms after rounding to ms):
@@ -41,13 +43,15 @@ drill-down) reaches the grouping and the sorts, and one session costs little mor
 from __future__ import annotations
 
 from kvtrace import semconv as sc
+from kvtrace.store.sql import float_attr, literal, literals
+from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 # category codes, higher wins
 CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4
 PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work")
 
-_SESSION, _TURN, _LLM = (f"'{n}'" for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
-_TOOL, _APP, _REQUEST = (f"'{n}'" for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST))
+_SESSION, _TURN, _LLM = (literal(n) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
+_TOOL, _APP, _REQUEST = (literal(n) for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST))
 
 # One scan of the store feeds everything: the agent and proxy spans the breakdown needs, with TTFT
 # by the ``llm_calls`` / ``requests`` views' rules.  DuckDB applies the span-name filter (through
@@ -57,14 +61,14 @@ _TOOL, _APP, _REQUEST = (f"'{n}'" for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGE
 # through the per-kind views instead costs one Parquet scan each, and the ``requests`` /
 # ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
 # request counts.)
-_TTFT = "COALESCE(SpanAttributesFloat['{k}'], CAST(SpanAttributesInt['{k}'] AS DOUBLE))"
+SPAN_NAMES = (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL, sc.SPAN_AGENT_TOOL_CALL,
+              sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST)
 AGENT_SPANS_SQL = f"""
-CREATE OR REPLACE VIEW kvtrace_agent_spans AS
 SELECT name, session_id, turn, start_ns, end_ns,
-       CASE name WHEN {_LLM} THEN {_TTFT.format(k=sc.LLM_TTFT_MS)}
-                 WHEN {_REQUEST} THEN {_TTFT.format(k=sc.REQUEST_TTFT_MS)} END AS ttft_ms
+       CASE name WHEN {_LLM} THEN {float_attr(sc.LLM_TTFT_MS)}
+                 WHEN {_REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms
 FROM spans
-WHERE name IN ({_SESSION}, {_TURN}, {_LLM}, {_TOOL}, {_APP}, {_REQUEST}) AND session_id IS NOT NULL
+WHERE name IN ({literals(SPAN_NAMES)}) AND session_id IS NOT NULL
 """
 BASE_CTE = "base AS MATERIALIZED (SELECT * FROM kvtrace_agent_spans)"
 
@@ -138,16 +142,14 @@ intervals AS (
     FROM base WHERE name IN ({_TOOL}, {_APP})
 )"""
 
-SESSION_WINDOWS_SQL = f"CREATE OR REPLACE VIEW kvtrace_session_windows AS WITH {BASE_CTE}, {WINDOWS_CTE} " \
-                      "SELECT session_id, start_ns, end_ns, turns FROM session_windows"
-INTERVALS_SQL = f"CREATE OR REPLACE VIEW kvtrace_intervals AS WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE} " \
+SESSION_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, start_ns, end_ns, turns FROM session_windows"
+INTERVALS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE} " \
                 "SELECT session_id, turn, s, e, cat FROM intervals i " \
                 "WHERE NOT proxy OR session_id IN (SELECT session_id FROM sess WHERE NOT agent_calls)"
-TURN_WINDOWS_SQL = f"CREATE OR REPLACE VIEW kvtrace_turn_windows AS WITH {BASE_CTE}, {WINDOWS_CTE} " \
-                   "SELECT session_id, turn, start_ns, end_ns FROM turn_windows"
+TURN_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, turn, start_ns, end_ns FROM turn_windows"
 
 
-def _sweep_sql(view: str, windows: str, keys: list[str], clipped: str, extra_cols: str) -> str:
+def _sweep_sql(windows: str, keys: list[str], clipped: str, extra_cols: str) -> str:
     """The nested unions over ``clipped`` intervals (columns keys..., s, e, cat) inside ``windows``
     (keys..., ws, we, agent_calls); output one row per window with the four parts in ms.  Rows of
     each window in start order: ``m<c>`` is the largest end among the earlier rows counted in
@@ -155,7 +157,6 @@ def _sweep_sql(view: str, windows: str, keys: list[str], clipped: str, extra_col
     are harmless: the earlier of two tied rows is in the other's maximum."""
     k = ", ".join(keys)
     return f"""
-CREATE OR REPLACE VIEW {view} AS
 WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE},
 w AS ({windows}),
 iv AS ({clipped}),
@@ -197,7 +198,6 @@ _CLIP = "greatest(i.s, w.ws) AS s, least(i.e, w.we) AS e, i.cat"
 _KEEP = "least(i.e, w.we) > greatest(i.s, w.ws) AND (NOT i.proxy OR NOT w.agent_calls)"
 
 SESSION_BREAKDOWN_SQL = _sweep_sql(
-    "session_breakdown",
     windows="SELECT session_id, start_ns AS ws, end_ns AS we, turns, agent_calls FROM session_windows "
     "WHERE end_ns >= start_ns",
     keys=["session_id"],
@@ -210,27 +210,62 @@ SESSION_BREAKDOWN_SQL = _sweep_sql(
 # NULL, and the join matches ``turn IS NOT DISTINCT FROM jt`` (one hash join, one read of the
 # intervals, so a session filter still reaches them).
 TURN_BREAKDOWN_SQL = _sweep_sql(
-    "turn_breakdown",
     windows="SELECT session_id, turn, start_ns AS ws, end_ns AS we, agent_calls FROM turn_windows "
     "WHERE end_ns >= start_ns",
     keys=["session_id", "turn"],
     clipped=f"SELECT w.session_id, w.turn, {_CLIP} "
     "FROM intervals i JOIN (SELECT *, turn AS jt FROM w UNION ALL SELECT *, NULL AS jt FROM w) w "
     f"ON i.session_id = w.session_id AND i.turn IS NOT DISTINCT FROM w.jt WHERE {_KEEP}",
-    extra_cols="1 AS turns",
+    extra_cols="1::BIGINT AS turns",
 )
 
-VIEWS_SQL = (AGENT_SPANS_SQL, SESSION_WINDOWS_SQL, INTERVALS_SQL, TURN_WINDOWS_SQL, SESSION_BREAKDOWN_SQL,
-             TURN_BREAKDOWN_SQL)
-
+PRECEDENCE_NOTE = " > ".join(PRECEDENCE)
 BREAKDOWN_COLUMNS = (
     "session_id", "wall_ms", "input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "turns",
 )
 PART_COLUMNS = ("input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms")
-SPAN_NAMES = (sc.SPAN_AGENT_LLM_CALL, sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST)
 
 
-def install_views(con) -> None:
-    """Create the breakdown views (idempotent) on a connection that has the store's views."""
-    for sql in VIEWS_SQL:
-        con.execute(sql)
+def _parts(window: str) -> tuple:
+    return (
+        col("wall_ms", DOUBLE, f"the {window}'s wall time, ms"),
+        col("input_processing_ms", DOUBLE, "request start → first token (queueing, prefill, KV transfers), ms"),
+        col("generation_ms", DOUBLE, "first token → last token, ms"),
+        col("tool_wait_ms", DOUBLE, "tool calls, ms"),
+        col("app_work_ms", DOUBLE, "app-work spans plus unattributed time, ms"),
+    )
+
+
+_TAIL = (col("unattributed_ms", DOUBLE, "the part of `app_work_ms` no span covers (user pauses, untraced work), ms"),
+         col("start_ns", BIGINT, "window start, epoch ns"), col("end_ns", BIGINT, "window end, epoch ns"))
+_HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may change)."
+
+VIEWS: tuple[View, ...] = (
+    View("kvtrace_agent_spans", _HELPER + " The agent and proxy spans the breakdown reads, with their TTFT.",
+         (col("name", VARCHAR, "span name"), *common("session_id", "turn", "start_ns", "end_ns"),
+          col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms")),
+         AGENT_SPANS_SQL, helper=True),
+    View("kvtrace_session_windows", _HELPER + " Each session's window and turn count.",
+         (*common("session_id"), col("start_ns", BIGINT, "window start, epoch ns"),
+          col("end_ns", BIGINT, "window end, epoch ns"), col("turns", BIGINT, "turns")),
+         SESSION_WINDOWS_SQL, helper=True),
+    View("kvtrace_intervals", _HELPER + " The intervals the parts are unions of.",
+         (*common("session_id", "turn"), col("s", BIGINT, "interval start, epoch ns"),
+          col("e", BIGINT, "interval end, epoch ns"),
+          col("cat", INTEGER, f"category: {CAT_GEN} generation, {CAT_INPUT} input processing, {CAT_TOOL} tool, "
+              f"{CAT_APP} app work")),
+         INTERVALS_SQL, helper=True),
+    View("kvtrace_turn_windows", _HELPER + " Each turn's window (agent turn span, else the turn's requests).",
+         (*common("session_id", "turn"), col("start_ns", BIGINT, "window start, epoch ns"),
+          col("end_ns", BIGINT, "window end, epoch ns")),
+         TURN_WINDOWS_SQL, helper=True),
+    View("session_breakdown",
+         "Where each session's wall time goes: four parts that sum to it, each instant counted once, by "
+         f"precedence {PRECEDENCE_NOTE}.",
+         (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL),
+         SESSION_BREAKDOWN_SQL),
+    View("turn_breakdown",
+         "The same split per turn (window: the agent turn span, else the turn's requests).",
+         (*common("session_id", "turn"), *_parts("turn"), col("turns", BIGINT, "1"), *_TAIL),
+         TURN_BREAKDOWN_SQL),
+)

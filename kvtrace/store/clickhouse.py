@@ -10,12 +10,17 @@ typed attribute maps, so files load into a ClickHouse cluster unchanged::
 clickhouse.yaml) and archived kvtrace trace directories then answer the same queries.  The
 session-level queries below read only the exporter's columns (every attribute as a string in
 ``SpanAttributes``), so they work on a table filled by either; ``tests/test_clickhouse_chdb.py``
-runs them in chDB and checks them against the DuckDB views.  ``{table}`` is the table name.
+runs them in chDB and checks them against the DuckDB views.  ``{table}`` is the table name
+(:func:`render` quotes it); constants are quoted by :mod:`kvtrace.store.sql` (ClickHouse dialect:
+backslashes are escapes there).
 """
 
 from __future__ import annotations
 
+import functools
+
 from kvtrace import semconv as sc
+from kvtrace.store.sql import CLICKHOUSE, ident, literal
 
 TABLE = "otel_traces"
 
@@ -69,9 +74,7 @@ SELECT * EXCEPT (SpanAttributesInt, SpanAttributesFloat) FROM file({path}, Parqu
 """
 
 
-def _q(value: str) -> str:
-    assert "'" not in value
-    return f"'{value}'"
+_q = functools.partial(literal, dialect=CLICKHOUSE)
 
 
 def _attr(key: str) -> str:
@@ -157,7 +160,7 @@ FROM requests WHERE session_id IS NOT NULL GROUP BY session_id ORDER BY session_
     "decisions": f"""
 SELECT session_id, outcome, count(*) AS decisions, sum(prompt_tokens) AS prompt_tokens,
        sum(pulled_tokens) AS pulled_tokens, sum(recomputed_tokens) AS recomputed_tokens
-FROM kv_decisions WHERE direction = {_q(sc.DIRECTION_D2P)}
+FROM kv_decisions WHERE direction = {literal(sc.DIRECTION_D2P)}
 GROUP BY session_id, outcome ORDER BY session_id, outcome
 """,
     "transfers": """
@@ -173,11 +176,9 @@ FROM kv_retention GROUP BY session_id ORDER BY session_id
 
 def insert_parquet(path: str, table: str = TABLE) -> str:
     """INSERT of one Parquet file (a local path) into ``table``."""
-    return render(INSERT_PARQUET, table).replace("{path}", "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'")
+    return render(INSERT_PARQUET, table).replace("{path}", literal(path, CLICKHOUSE))
 
 
 def render(sql: str, table: str = TABLE) -> str:
-    """A query of this module for ``table`` (a plain or ``db.table`` identifier)."""
-    if not table.replace(".", "").replace("_", "").isalnum():
-        raise ValueError(f"not a table name: {table!r}")
-    return sql.replace("{table}", table)
+    """A query of this module for ``table`` (a plain or ``db.table`` name)."""
+    return sql.replace("{table}", ident(table))

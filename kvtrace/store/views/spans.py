@@ -1,0 +1,302 @@
+"""The span-level views: ``spans`` (every span, raw and derived columns) and one view per kind.
+
+Every view reads ``kvtrace_raw`` (the directory's complete Parquet files, bound by
+:mod:`kvtrace.store.reader`) through ``spans``.  Attribute names come from :mod:`kvtrace.semconv`
+(module constants, never user input) and reach the SQL through :mod:`kvtrace.store.sql`.  Numbers
+are read from the typed maps (``SpanAttributesInt`` / ``SpanAttributesFloat``), strings from
+``SpanAttributes``; engine id/role and substrate fall back to resource attributes.
+"""
+
+from __future__ import annotations
+
+from kvtrace import semconv as sc
+from kvtrace.store.sql import bool_attr as _b
+from kvtrace.store.sql import float_attr as _f
+from kvtrace.store.sql import int_attr as _i
+from kvtrace.store.sql import literal as _q
+from kvtrace.store.sql import literals
+from kvtrace.store.sql import str_attr as _s
+from kvtrace.store.sql import str_attr_or_resource as _sr
+from kvtrace.store.views.registry import (
+    BIGINT, BOOLEAN, DOUBLE, INTEGER, SPAN_KIND_VALUES, STATUS_CODE_VALUES, TIMESTAMPTZ, VARCHAR, Column, View,
+    col, common,
+)
+
+RAW = "kvtrace_raw"
+"""The relation over the directory's files (:mod:`kvtrace.store.reader` defines it)."""
+
+_STR_MAP, _TS_NS = "MAP(VARCHAR, VARCHAR)", "TIMESTAMPTZ_NS"
+RAW_COLUMNS: tuple[Column, ...] = (
+    col("Timestamp", _TS_NS, "span start (ns precision)"),
+    col("TraceId", VARCHAR, "trace id, hex"),
+    col("SpanId", VARCHAR, "span id, hex"),
+    col("ParentSpanId", VARCHAR, "parent span id, hex (`''` for roots)"),
+    col("TraceState", VARCHAR, "W3C tracestate"),
+    col("SpanName", VARCHAR, "span name"),
+    col("SpanKind", VARCHAR, "span kind", SPAN_KIND_VALUES),
+    col("ServiceName", VARCHAR, "resource `service.name`"),
+    col("ResourceAttributes", _STR_MAP, "resource attributes"),
+    col("ScopeName", VARCHAR, "instrumentation scope name"),
+    col("ScopeVersion", VARCHAR, "instrumentation scope version"),
+    col("SpanAttributes", _STR_MAP, "every attribute as a string (bools `true`/`false`, arrays JSON)"),
+    col("Duration", BIGINT, "span duration, ns"),
+    col("StatusCode", VARCHAR, "span status", STATUS_CODE_VALUES),
+    col("StatusMessage", VARCHAR, "status description"),
+    col("Events.Timestamp", f"{_TS_NS}[]", "event times (one entry per event, parallel lists)"),
+    col("Events.Name", "VARCHAR[]", "event names"),
+    col("Events.Attributes", f"{_STR_MAP}[]", "event attributes"),
+    col("Links.TraceId", "VARCHAR[]", "linked trace ids (one entry per link, parallel lists)"),
+    col("Links.SpanId", "VARCHAR[]", "linked span ids"),
+    col("Links.TraceState", "VARCHAR[]", "linked trace states"),
+    col("Links.Attributes", f"{_STR_MAP}[]", "link attributes"),
+    col("SpanAttributesInt", "MAP(VARCHAR, BIGINT)", "the int attributes, typed"),
+    col("SpanAttributesFloat", "MAP(VARCHAR, DOUBLE)", "the float attributes, typed"),
+    col("date", "DATE", "Hive partition: UTC date of the span start"),
+    col("hour", INTEGER, "Hive partition: UTC hour of the span start"),
+)
+
+SPANS = View(
+    "spans",
+    "Every span: the raw columns plus the derived ones.",
+    (*RAW_COLUMNS, *common("trace_id", "span_id", "parent_span_id"),
+     col("name", VARCHAR, "span name (= `SpanName`)"),
+     col("kind", VARCHAR, "span kind (= `SpanKind`)", SPAN_KIND_VALUES),
+     *common("service_name", "start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code",
+             "session_id", "request_id", "turn", "engine_id", "engine_role", "substrate")),
+    f"""
+SELECT r.*,
+  TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_span_id, SpanName AS name,
+  SpanKind AS kind, ServiceName AS service_name,
+  CAST(Timestamp AS TIMESTAMPTZ) AS start_time,
+  CAST(Timestamp AS TIMESTAMPTZ) + to_microseconds(Duration // 1000) AS end_time,
+  epoch_ns(Timestamp) AS start_ns, epoch_ns(Timestamp) + Duration AS end_ns,
+  Duration / 1e6 AS duration_ms, StatusCode AS status_code,
+  COALESCE({_s(sc.SESSION_ID)}, {_s(sc.GEN_AI_CONVERSATION_ID)}) AS session_id,
+  {_s(sc.GEN_AI_REQUEST_ID)} AS request_id,
+  CAST({_i(sc.TURN_INDEX)} AS INTEGER) AS turn,
+  {_sr(sc.ENGINE_ID)} AS engine_id, {_sr(sc.ENGINE_ROLE)} AS engine_role,
+  {_sr(sc.SUBSTRATE)} AS substrate
+FROM {RAW} AS r
+""")
+
+# substrate of proxy/agent spans: that of the engine spans in the same trace
+_TRACE_SUBSTRATE = ("(SELECT trace_id, min(substrate) AS t_substrate FROM spans WHERE substrate IS NOT NULL "
+                    "GROUP BY trace_id)")
+
+REQUESTS = View(
+    "requests",
+    f"Proxy SERVER spans (`{sc.SPAN_PROXY_REQUEST}`): one row per request the proxy served.",
+    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "service_name", "start_time", "end_time",
+             "start_ns", "end_ns"),
+     col("ttft_ms", DOUBLE, "time to first token at the proxy, ms"),
+     col("latency_ms", DOUBLE, "completed latency, ms (span duration when not recorded)"),
+     col("input_tokens", BIGINT, "prompt tokens reported by D"),
+     col("output_tokens", BIGINT, "generated tokens reported by D"),
+     *common("status_code"),
+     col("http_status", BIGINT, "HTTP status returned to the client"),
+     col("stream", BOOLEAN, "the client asked for streaming"),
+     col("offered", BOOLEAN, "D's retained blocks were offered to P"),
+     col("offer_reason", VARCHAR, "why (not) offered", sc.OFFER_REASONS),
+     col("fallback", VARCHAR, "fault handling applied", sc.FALLBACKS),
+     col("outcome", VARCHAR, "P's decision outcome as reported", sc.OUTCOMES),
+     col("pulled_tokens", BIGINT, "tokens P pulled from D"),
+     col("prefill_endpoint", VARCHAR, "P worker URL chosen"),
+     col("decode_endpoint", VARCHAR, "D worker URL chosen"),
+     col("substrate", VARCHAR, "the substrate of the engine spans in the request's trace", sc.SUBSTRATES)),
+    f"""
+SELECT s.trace_id, span_id, request_id, session_id, turn, service_name, start_time, end_time, start_ns, end_ns,
+  {_f(sc.REQUEST_TTFT_MS)} AS ttft_ms, COALESCE({_f(sc.REQUEST_LATENCY_MS)}, duration_ms) AS latency_ms,
+  {_i(sc.GEN_AI_USAGE_INPUT_TOKENS)} AS input_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
+  status_code, {_i(sc.HTTP_RESPONSE_STATUS_CODE)} AS http_status, {_b(sc.REQUEST_STREAM)} AS stream,
+  {_b(sc.PROXY_OFFER)} AS offered, {_s(sc.PROXY_OFFER_REASON)} AS offer_reason,
+  {_s(sc.PROXY_FALLBACK)} AS fallback, {_s(sc.KV_OUTCOME)} AS outcome,
+  {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens,
+  {_s(sc.PROXY_PREFILL_ENDPOINT)} AS prefill_endpoint, {_s(sc.PROXY_DECODE_ENDPOINT)} AS decode_endpoint,
+  COALESCE(substrate, t.t_substrate) AS substrate
+FROM spans s LEFT JOIN {_TRACE_SUBSTRATE} t ON t.trace_id = s.trace_id
+WHERE name = {_q(sc.SPAN_PROXY_REQUEST)}
+""")
+
+KV_DECISIONS = View(
+    "kv_decisions",
+    f"`{sc.SPAN_KV_DECISION}` spans: each pull-vs-recompute decision of a worker.",
+    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
+     col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` (P pulls D's blocks) or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
+     col("outcome", VARCHAR, "the decision", sc.OUTCOMES),
+     col("prompt_tokens", BIGINT, "prompt tokens"),
+     col("local_hit_tokens", BIGINT, "tokens found in the local prefix cache"),
+     col("remote_tokens", BIGINT, "reusable tokens the peer offered"),
+     col("pulled_tokens", BIGINT, "tokens loaded from the peer"),
+     col("recomputed_tokens", BIGINT, "prompt tokens computed locally"),
+     col("threshold", BIGINT, "kv_recompute_threshold in force"),
+     col("expiry_remaining_s", DOUBLE, "seconds left before the peer's blocks expire"),
+     col("peer_engine_id", VARCHAR, "peer engine"),
+     *common("start_time", "start_ns", "duration_ms", "service_name", "substrate")),
+    f"""
+SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
+  {_s(sc.KV_DIRECTION)} AS direction, {_s(sc.KV_OUTCOME)} AS outcome,
+  {_i(sc.KV_PROMPT_TOKENS)} AS prompt_tokens, {_i(sc.KV_LOCAL_HIT_TOKENS)} AS local_hit_tokens,
+  {_i(sc.KV_REMOTE_TOKENS)} AS remote_tokens, {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens,
+  {_i(sc.KV_RECOMPUTED_TOKENS)} AS recomputed_tokens, {_i(sc.KV_THRESHOLD)} AS threshold,
+  {_f(sc.KV_EXPIRY_REMAINING_S)} AS expiry_remaining_s, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
+  start_time, start_ns, duration_ms, service_name, substrate
+FROM spans WHERE name = {_q(sc.SPAN_KV_DECISION)}
+""")
+
+KV_TRANSFERS = View(
+    "kv_transfers",
+    f"`{sc.SPAN_KV_TRANSFER}` spans: KV blocks moved between workers.",
+    (*common("trace_id", "span_id", "parent_span_id", "request_id", "session_id", "turn", "engine_id"),
+     col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
+     col("tokens", BIGINT, "tokens loaded"),
+     col("blocks", BIGINT, "blocks loaded"),
+     col("bytes", BIGINT, "bytes loaded"),
+     col("status", VARCHAR, "how the transfer ended", sc.TRANSFER_STATUSES),
+     col("xfer_ms", DOUBLE, "transport time reported by the worker, ms"),
+     *common("duration_ms", "start_time", "end_time", "start_ns", "end_ns"),
+     col("peer_engine_id", VARCHAR, "engine the blocks came from"),
+     col("remote_request_id", VARCHAR, "the peer's request id"),
+     *common("substrate")),
+    f"""
+SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_id,
+  {_s(sc.KV_DIRECTION)} AS direction, {_i(sc.KV_TRANSFER_TOKENS)} AS tokens,
+  {_i(sc.KV_TRANSFER_BLOCKS)} AS blocks, {_i(sc.KV_TRANSFER_BYTES)} AS bytes,
+  {_s(sc.KV_TRANSFER_STATUS)} AS status, {_f(sc.KV_TRANSFER_XFER_MS)} AS xfer_ms, duration_ms,
+  start_time, end_time, start_ns, end_ns, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
+  {_s(sc.KV_REMOTE_REQUEST_ID)} AS remote_request_id, substrate
+FROM spans WHERE name = {_q(sc.SPAN_KV_TRANSFER)}
+""")
+
+KV_RETENTION = View(
+    "kv_retention",
+    f"`{sc.SPAN_KV_RETENTION}` spans: blocks D holds after a turn, until read, expired or released.",
+    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id"),
+     col("blocks", BIGINT, "blocks held"),
+     col("tokens", BIGINT, "tokens held"),
+     col("bytes", BIGINT, "bytes held"),
+     col("ttl_s", DOUBLE, "decoder_kv_blocks_ttl, s"),
+     col("outcome", VARCHAR, "how the hold ended", sc.RETENTION_OUTCOMES),
+     *common("start_time", "end_time", "start_ns", "end_ns"),
+     col("held_s", DOUBLE, "how long the blocks were held, s"),
+     col("byte_seconds", DOUBLE, "`bytes * held_s`"),
+     *common("substrate")),
+    f"""
+SELECT trace_id, span_id, request_id, session_id, turn, engine_id,
+  {_i(sc.KV_RETENTION_BLOCKS)} AS blocks, {_i(sc.KV_RETENTION_TOKENS)} AS tokens,
+  {_i(sc.KV_RETENTION_BYTES)} AS bytes, {_f(sc.KV_RETENTION_TTL_S)} AS ttl_s,
+  {_s(sc.KV_RETENTION_OUTCOME)} AS outcome, start_time, end_time, start_ns, end_ns,
+  Duration / 1e9 AS held_s, {_i(sc.KV_RETENTION_BYTES)} * (Duration / 1e9) AS byte_seconds, substrate
+FROM spans WHERE name = {_q(sc.SPAN_KV_RETENTION)}
+""")
+
+ENGINE_REQUESTS = View(
+    "engine_requests",
+    f"`{sc.SPAN_ENGINE_PREFILL}` / `{sc.SPAN_ENGINE_DECODE}` spans: a request's work on one worker.",
+    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
+     col("phase", VARCHAR, "which span", (sc.ROLE_PREFILL, sc.ROLE_DECODE)),
+     col("prompt_tokens", BIGINT, "prompt tokens"),
+     col("output_tokens", BIGINT, "generated tokens (decode)"),
+     col("cached_tokens", BIGINT, "tokens not computed on this worker"),
+     *common("start_ns", "end_ns", "duration_ms", "substrate")),
+    f"""
+SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
+  CASE name WHEN {_q(sc.SPAN_ENGINE_PREFILL)} THEN {_q(sc.ROLE_PREFILL)} ELSE {_q(sc.ROLE_DECODE)} END AS phase,
+  {_i(sc.KV_PROMPT_TOKENS)} AS prompt_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
+  {_i(sc.REQUEST_CACHED_TOKENS)} AS cached_tokens, start_ns, end_ns, duration_ms, substrate
+FROM spans WHERE name IN ({literals((sc.SPAN_ENGINE_PREFILL, sc.SPAN_ENGINE_DECODE))})
+""")
+
+LLM_CALLS = View(
+    "llm_calls",
+    f"Agent `{sc.SPAN_AGENT_LLM_CALL}` spans: each LLM call as the agent saw it.",
+    (*common("trace_id", "span_id", "session_id", "turn", "request_id"),
+     col("model", VARCHAR, f"`{sc.GEN_AI_REQUEST_MODEL}`"),
+     col("input_tokens", BIGINT, "prompt tokens (usage)"),
+     col("output_tokens", BIGINT, "generated tokens (usage)"),
+     col("ttft_ms", DOUBLE, "time to first token, ms"),
+     col("tpot_ms", DOUBLE, "time per output token, ms"),
+     col("outcome", VARCHAR, "P's decision, from the response's kv_transfer object", sc.OUTCOMES),
+     col("pulled_tokens", BIGINT, "tokens P pulled, from the kv_transfer object"),
+     *common("start_ns", "end_ns", "duration_ms", "status_code")),
+    f"""
+SELECT trace_id, span_id, session_id, turn, request_id, {_s(sc.GEN_AI_REQUEST_MODEL)} AS model,
+  {_i(sc.GEN_AI_USAGE_INPUT_TOKENS)} AS input_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
+  {_f(sc.LLM_TTFT_MS)} AS ttft_ms, {_f(sc.LLM_TPOT_MS)} AS tpot_ms, {_s(sc.KV_OUTCOME)} AS outcome,
+  {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens, start_ns, end_ns, duration_ms, status_code
+FROM spans WHERE name = {_q(sc.SPAN_AGENT_LLM_CALL)}
+""")
+
+TOOL_CALLS = View(
+    "tool_calls",
+    f"`{sc.SPAN_AGENT_TOOL_CALL}` spans: the agent's tool executions.",
+    (*common("trace_id", "span_id", "session_id", "turn"),
+     col("tool_name", VARCHAR, f"`{sc.GEN_AI_TOOL_NAME}`"),
+     col("tool_call_id", VARCHAR, f"`{sc.GEN_AI_TOOL_CALL_ID}`"),
+     *common("start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code")),
+    f"""
+SELECT trace_id, span_id, session_id, turn, {_s(sc.GEN_AI_TOOL_NAME)} AS tool_name,
+  {_s(sc.GEN_AI_TOOL_CALL_ID)} AS tool_call_id, start_time, end_time, start_ns, end_ns, duration_ms, status_code
+FROM spans WHERE name = {_q(sc.SPAN_AGENT_TOOL_CALL)}
+""")
+
+APP_WORK = View(
+    "app_work",
+    f"`{sc.SPAN_AGENT_APP_WORK}` spans: the agent's own work between calls.",
+    (*common("trace_id", "span_id", "session_id", "turn"),
+     col("work_name", VARCHAR, "what the work was"),
+     *common("start_ns", "end_ns", "duration_ms")),
+    f"""
+SELECT trace_id, span_id, session_id, turn, {_s(sc.AGENT_WORK_NAME)} AS work_name, start_ns, end_ns, duration_ms
+FROM spans WHERE name = {_q(sc.SPAN_AGENT_APP_WORK)}
+""")
+
+TURNS = View(
+    "turns",
+    f"`{sc.SPAN_AGENT_TURN}` spans: one user turn of a session.",
+    common("trace_id", "span_id", "session_id", "turn", "start_time", "end_time", "start_ns", "end_ns", "duration_ms"),
+    f"""
+SELECT trace_id, span_id, session_id, turn, start_time, end_time, start_ns, end_ns, duration_ms
+FROM spans WHERE name = {_q(sc.SPAN_AGENT_TURN)}
+""")
+
+SESSIONS = View(
+    "sessions",
+    f"One row per session id: from agent session spans (`{sc.SPAN_AGENT_SESSION}`), else from proxy requests.",
+    (col("trace_id", VARCHAR, "the session span's trace, else the smallest request trace id"),
+     *common("session_id"),
+     col("agent_name", VARCHAR, f"`{sc.GEN_AI_AGENT_NAME}` of the session span"),
+     col("scenario", VARCHAR, f"`{sc.AGENT_SCENARIO}` of the session span"),
+     col("start_time", TIMESTAMPTZ, "session span start, else first request start"),
+     col("end_time", TIMESTAMPTZ, "session span end, else last request end"),
+     col("start_ns", BIGINT, "`start_time`, epoch ns"),
+     col("end_ns", BIGINT, "`end_time`, epoch ns"),
+     col("wall_ms", DOUBLE, "`end_ns - start_ns`, ms"),
+     col("turns", BIGINT, "distinct turns (turn spans, else requests)"),
+     col("traces", BIGINT, "distinct traces carrying the session id"),
+     col("requests", BIGINT, "proxy requests, else LLM calls")),
+    f"""
+WITH sess AS (
+  SELECT session_id, min(trace_id) AS trace_id, min({_s(sc.GEN_AI_AGENT_NAME)}) AS agent_name,
+    min({_s(sc.AGENT_SCENARIO)}) AS scenario, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+  FROM spans WHERE name = {_q(sc.SPAN_AGENT_SESSION)} AND session_id IS NOT NULL GROUP BY session_id),
+req AS (
+  SELECT session_id, min(trace_id) AS trace_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+    count(*) AS requests, count(DISTINCT turn) AS turns
+  FROM requests WHERE session_id IS NOT NULL GROUP BY session_id),
+llm AS (SELECT session_id, count(*) AS calls FROM llm_calls WHERE session_id IS NOT NULL GROUP BY session_id),
+trn AS (SELECT session_id, count(DISTINCT turn) AS turns FROM turns WHERE session_id IS NOT NULL GROUP BY session_id),
+trc AS (SELECT session_id, count(DISTINCT trace_id) AS traces FROM spans WHERE session_id IS NOT NULL GROUP BY session_id),
+ids AS (SELECT session_id FROM sess UNION SELECT session_id FROM req)
+SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.agent_name, sess.scenario,
+  make_timestamp(COALESCE(sess.start_ns, req.start_ns) // 1000)::TIMESTAMPTZ AS start_time,
+  make_timestamp(COALESCE(sess.end_ns, req.end_ns) // 1000)::TIMESTAMPTZ AS end_time,
+  COALESCE(sess.start_ns, req.start_ns) AS start_ns, COALESCE(sess.end_ns, req.end_ns) AS end_ns,
+  (COALESCE(sess.end_ns, req.end_ns) - COALESCE(sess.start_ns, req.start_ns)) / 1e6 AS wall_ms,
+  COALESCE(trn.turns, req.turns, 0) AS turns, COALESCE(trc.traces, 0) AS traces,
+  COALESCE(req.requests, llm.calls, 0) AS requests
+FROM ids LEFT JOIN sess USING (session_id) LEFT JOIN req USING (session_id) LEFT JOIN llm USING (session_id)
+  LEFT JOIN trn USING (session_id) LEFT JOIN trc USING (session_id)
+""")
+
+VIEWS: tuple[View, ...] = (SPANS, REQUESTS, KV_DECISIONS, KV_TRANSFERS, KV_RETENTION, ENGINE_REQUESTS, LLM_CALLS,
+                           TOOL_CALLS, APP_WORK, TURNS, SESSIONS)
