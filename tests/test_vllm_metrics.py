@@ -70,7 +70,7 @@ def run(tmp_path_factory):
         for s in (p, d):
             s.start()
         for s in (p, d):
-            s.wait_ready()
+            s.wait_ready(deadline_s=600)  # start-up takes minutes when the shared cores are busy
         proxy = subprocess.Popen(
             [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(proxy_port), "--prefiller-host", "127.0.0.1",
              "--prefiller-port", str(p.port), "--decoder-host", "127.0.0.1", "--decoder-port", str(d.port),
