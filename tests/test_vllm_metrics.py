@@ -29,7 +29,7 @@ import pytest
 from conftest import require_vllm
 from kvtrace import semconv as sc
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 require_vllm()
 require_vllm("nixl")
 
