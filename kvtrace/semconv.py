@@ -103,6 +103,10 @@ PROXY_ENTRY_AGE_S = "kvtrace.proxy.entry_age_s"
 PROXY_FALLBACK = "kvtrace.proxy.fallback"
 PROXY_PREFILL_ENDPOINT = "kvtrace.proxy.prefill_endpoint"
 PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
+PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: 2 when P was asked again without the offer
+PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
+PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"  # float: the proxy's offer window
+PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 
 # engine / connector identity (also resource attributes of connector processes)
 ENGINE_ID = "kvtrace.engine.id"
@@ -212,7 +216,13 @@ OFFER_REASONS = (
 # error.type values kvtrace itself sets (otherwise: the exception class or the worker's error type)
 ERROR_STREAM_INTERRUPTED = "stream_interrupted"  # agent: the stream was closed before its end
 ERROR_CLIENT_DISCONNECT = "client_disconnect"  # proxy / sim: the client went away
-ERROR_VALUES = (ERROR_STREAM_INTERRUPTED, ERROR_CLIENT_DISCONNECT)
+ERROR_INVALID_CHUNK = "invalid_chunk"  # proxy: D sent a stream line that is not an OpenAI chunk
+ERROR_INCOMPLETE_STREAM = "incomplete_stream"  # proxy: D's stream ended without [DONE]
+ERROR_INVALID_RESPONSE = "invalid_response"  # proxy: P's answer is not a JSON object
+ERROR_RESPONSE_TOO_LARGE = "response_too_large"  # proxy: a worker's response passed --max-upstream-bytes
+ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"  # proxy: the request passed --request-timeout
+ERROR_VALUES = (ERROR_STREAM_INTERRUPTED, ERROR_CLIENT_DISCONNECT, ERROR_INVALID_CHUNK, ERROR_INCOMPLETE_STREAM,
+                ERROR_INVALID_RESPONSE, ERROR_RESPONSE_TOO_LARGE, ERROR_DEADLINE_EXCEEDED)
 
 FALLBACK_NONE = "none"
 FALLBACK_DECODE_ONLY = "decode_only"
@@ -470,7 +480,14 @@ SPANS: dict[str, dict] = {
             PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
             PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
             PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
-            KV_OUTCOME: "P's decision outcome as reported by P (when known).",
+            PROXY_PREFILL_ATTEMPTS: "P legs sent (int): 2 when P failed (5xx) to read the offered blocks and "
+            "the proxy asked again without them; absent when 1.",
+            PROXY_CONVERSATION_TTL_S: "The proxy's offer window, --conversation-ttl, s (float).",
+            PROXY_DECODER_KV_TTL_S: "D's block retention (decoder_kv_blocks_ttl) as the proxy knows it: "
+            "reported by an instrumented D, else --decoder-kv-ttl; absent when unknown, s (float). An offer "
+            "window + 5 s (vLLM's read margin) at or past it means offers can name blocks D has dropped.",
+            KV_OUTCOME: "P's decision outcome as reported by P (when known); `expired` (entry older than "
+            "D's retention) or `failed` when P failed to read the offered blocks and the proxy retried.",
             KV_PULLED_TOKENS: "Tokens P pulled from D (int).",
             ERROR_TYPE: "Error class when the request failed.",
         },
@@ -485,6 +502,7 @@ SPANS: dict[str, dict] = {
             SERVER_PORT: "P port (int).",
             HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
             PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
+            PROXY_RETRY: "This leg is the fresh prefill (no offer) after P failed to read the offered blocks (bool).",
             ERROR_TYPE: "Error class when the leg failed.",
         },
     },

@@ -64,14 +64,6 @@ class ProxyMetrics:
         return exposition.render(self.registry, accept)
 
 
-def _health(table) -> dict:
-    """What /health reports about the table."""
-    if hasattr(table, "health"):
-        return table.health()  # (drops a few stale entries, O(1))
-    return {"conversations": len(table._convs), "cached_conversations": len(table), "evicted_lru": 0,
-            "evicted_stale": 0}
-
-
 class _TableCollector:
     """Conversation-table sizes and evictions, read when scraped."""
 
@@ -81,7 +73,7 @@ class _TableCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        health = _health(self.table)
+        health = self.table.health()  # what /health reports (drops a few stale entries, O(1))
         yield GaugeMetricFamily(sc.METRIC_PROXY_CONVERSATIONS, sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS]["doc"],
                                 value=health["conversations"])
         yield GaugeMetricFamily(sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE,

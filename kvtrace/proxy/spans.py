@@ -6,6 +6,11 @@ completion request.  It continues the client's ``traceparent`` (W3C trace contex
 as the ``traceparent`` header and inside ``kv_transfer_params["kvtrace"]`` (``sc.CTX_*``) so the
 connector / simulator parents its engine spans on it.  Telemetry never changes the request: every
 method here is cheap and does not raise on a broken exporter (the SDK isolates exporters).
+
+Every attribute value passes :func:`clean` on its way into a span: text that UTF-8 cannot carry
+(an unpaired surrogate, e.g. from a worker's JSON or a header's undecodable bytes) gets U+FFFD in
+its place and text is cut at :data:`MAX_TEXT` characters, so no value the proxy sets can fail an
+exporter.  ASCII text of normal length (nearly all) costs one ``isascii`` and one ``len``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,29 @@ from kvtrace import semconv as sc
 
 _incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 _outgoing = TraceContextTextMapPropagator()
+
+
+MAX_TEXT = 4096  # characters of one attribute string
+
+
+def _text(v: str) -> str:
+    if not v.isascii():
+        try:
+            v.encode()
+        except UnicodeEncodeError:  # unpaired surrogates -> U+FFFD (valid pairs are joined)
+            v = v.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return v[:MAX_TEXT] if len(v) > MAX_TEXT else v
+
+
+def clean(attrs: dict) -> dict:
+    """``attrs`` with every string (and string in a sequence) safe for any exporter; in place."""
+    for k, v in attrs.items():
+        if type(v) is str:
+            if len(v) > MAX_TEXT or not v.isascii():
+                attrs[k] = _text(v)
+        elif isinstance(v, (tuple, list)):
+            attrs[k] = tuple(_text(x) if isinstance(x, str) else x for x in v)
+    return attrs
 
 
 def tracer(provider: TracerProvider | None) -> trace.Tracer:
@@ -67,10 +95,10 @@ class RequestTrace:
             ident[sc.GEN_AI_CONVERSATION_ID] = session_id
         if turn is not None:
             ident[sc.TURN_INDEX] = turn
-        self.identity = ident
+        self.identity = clean(ident)
         if extra:
             self.offer_reason = extra.get(sc.PROXY_OFFER_REASON)
-        self.span.set_attributes({**ident, **extra} if extra else ident)
+        self.span.set_attributes(clean({**ident, **extra}) if extra else ident)
 
     def leg(self, name: str, host: str, port: int, **attrs) -> tuple[Span, str]:
         """Start a CLIENT span for a leg; returns it and the traceparent to send."""
@@ -78,7 +106,7 @@ class RequestTrace:
             name,
             context=self.ctx,
             kind=SpanKind.CLIENT,
-            attributes={**self.identity, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **attrs},
+            attributes={**self.identity, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **clean(attrs)},
         )
         carrier: dict = {}
         _outgoing.inject(carrier, context=trace.set_span_in_context(span))
@@ -91,7 +119,7 @@ class RequestTrace:
 
     def upstream_error(self, error_type: str, host: str, port: int) -> None:
         self.span.add_event(
-            sc.EVENT_UPSTREAM_ERROR, {sc.ERROR_TYPE: error_type, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}
+            sc.EVENT_UPSTREAM_ERROR, clean({sc.ERROR_TYPE: error_type, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port})
         )
 
     def finish(self, status: int, error_type: str | None = None, **attrs) -> None:
@@ -124,8 +152,8 @@ def _end(span: Span, attrs: dict, error_type: str | None) -> None:
     final = {k: v for k, v in attrs.items() if v is not None}
     if error_type:
         final[sc.ERROR_TYPE] = error_type
-        span.set_attributes(final)
-        span.set_status(Status(StatusCode.ERROR, error_type))
+        span.set_attributes(clean(final))
+        span.set_status(Status(StatusCode.ERROR, final[sc.ERROR_TYPE]))
     else:
-        span.set_attributes(final)
+        span.set_attributes(clean(final))
     span.end()
