@@ -43,6 +43,8 @@ ROLL_SECONDS = Setting("KVTRACE_ROLL_SECONDS", 60.0, "Parquet segment is rolled 
 ROLL_GRACE_SECONDS = Setting("KVTRACE_ROLL_GRACE_SECONDS", 5.0, "Batch files a roll merged into a segment are deleted this long after it (readers holding an older listing finish; a plain glob may count them twice meanwhile), s; at shutdown at once.", float)
 BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
 BATCH_SIZE = Setting("KVTRACE_BATCH_SIZE", 2048, "BatchSpanProcessor max_export_batch_size (queue = 4x); bigger batches export faster but hold the GIL longer per export.", int)
+METRICS = Setting("KVTRACE_METRICS", True, "Prometheus metrics: the connector's vllm:kvtrace_* families in vLLM's /metrics, /metrics on kvtrace proxy and sim workers (0 = off).", bool)
+PROMETHEUS_BIN = Setting("KVTRACE_PROMETHEUS_BIN", None, "Tests: the Prometheus server binary for the metrics tests (else `prometheus` on PATH).")
 DISABLE = Setting("KVTRACE_DISABLE", False, "Turn all kvtrace telemetry off (the connector still forwards to vLLM).", bool)
 PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)
 PROXY_REQUEST_TIMEOUT = Setting("KVTRACE_PROXY_REQUEST_TIMEOUT", 1800.0, "Proxy (--request-timeout): total deadline of one request, s, P and D legs and the client's reads included; a stream past it ends with an SSE error event and [DONE].", float)

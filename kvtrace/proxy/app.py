@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from kvtrace import semconv as sc
+from kvtrace import settings
 from kvtrace.proxy import legs
 from kvtrace.proxy.call import Call, Done, json_response
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
+from kvtrace.proxy.metrics import ProxyMetrics
 from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, check_id, error_body, parse_request
 from kvtrace.proxy.retention import Retention
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
@@ -54,13 +56,15 @@ class _PResult:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic) -> None:
+    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> None:
         self.config = config
         self.tracer = tracer(tracer_provider)
         self.table = ConversationTable(config.conversation_ttl_s, config.max_conversations, clock,
                                        config.max_table_bytes)
         self.pool = Pool(config)
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
+        on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
+        self.metrics = ProxyMetrics(self.table) if on else None
 
     # ------------------------------------------------------------------ routes
     def health_body(self) -> dict:
@@ -68,6 +72,10 @@ class Proxy:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(self.health_body())
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         client = self.pool.next_decode()
@@ -81,7 +89,7 @@ class Proxy:
             return web.json_response(error_body(msg, "upstream_error", 502), status=502)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rt = RequestTrace(self.tracer, request.headers, request.method, request.path)
+        rt = RequestTrace(self.tracer, request.headers, request.method, request.path, self.metrics)
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
         try:
             req = await self._parse(request)

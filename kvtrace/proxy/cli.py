@@ -80,7 +80,8 @@ def build_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """Run the traced stateful P/D proxy (drop-in for vLLM's disagg_proxy_multiturn.py).
 
-    Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models.
+    Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models, and
+    GET /metrics (Prometheus; KVTRACE_METRICS=0 turns it off).
     Conversation key: body `conversation_id`, else the X-Session-ID header, else W3C baggage
     `session.id` (at most --max-id-bytes).  Responses carry a `kv_transfer` object (streaming: on
     the final chunk) and an x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).

@@ -25,14 +25,16 @@ PROXY_KEY = web.AppKey("kvtrace_proxy", Proxy)
 _LINGERING_S = 10.0  # aiohttp's default lingering_time
 
 
-def create_app(config: ProxyConfig, tracer_provider=None, clock=time.monotonic) -> web.Application:
-    proxy = Proxy(config, tracer_provider, clock)
+def create_app(config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> web.Application:
+    proxy = Proxy(config, tracer_provider, clock, metrics)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[PROXY_KEY] = proxy
     app.router.add_post(CHAT_PATH, proxy.handle)
     app.router.add_post(COMPLETIONS_PATH, proxy.handle)
     app.router.add_get("/health", proxy.health)
     app.router.add_get("/v1/models", proxy.models)
+    if proxy.metrics is not None:
+        app.router.add_get("/metrics", proxy.prometheus)
 
     async def _start(app: web.Application) -> None:
         await proxy.pool.start()

@@ -60,8 +60,10 @@ def tracer(provider: TracerProvider | None) -> trace.Tracer:
 class RequestTrace:
     """The SERVER span of one request plus helpers for its legs and events."""
 
-    def __init__(self, tracer_: trace.Tracer, headers, method: str, path: str) -> None:
+    def __init__(self, tracer_: trace.Tracer, headers, method: str, path: str, metrics=None) -> None:
         self.tracer = tracer_
+        self.metrics = metrics  # kvtrace.proxy.metrics.ProxyMetrics: counts the request once, at finish
+        self.offer_reason: str | None = None
         self.t0 = time.perf_counter()
         self.ctx_in = _incoming.extract(headers)
         self.span: Span = tracer_.start_span(
@@ -94,6 +96,8 @@ class RequestTrace:
         if turn is not None:
             ident[sc.TURN_INDEX] = turn
         self.identity = clean(ident)
+        if extra:
+            self.offer_reason = extra.get(sc.PROXY_OFFER_REASON)
         self.span.set_attributes(clean({**ident, **extra}) if extra else ident)
 
     def leg(self, name: str, host: str, port: int, **attrs) -> tuple[Span, str]:
@@ -119,12 +123,16 @@ class RequestTrace:
         )
 
     def finish(self, status: int, error_type: str | None = None, **attrs) -> None:
-        """End the SERVER span with the client-facing status."""
+        """End the SERVER span with the client-facing status (and count the request, once)."""
         span = self.span
+        latency_ms = round((time.perf_counter() - self.t0) * 1000.0, 3)
+        if self.metrics is not None:
+            metrics, self.metrics = self.metrics, None
+            metrics.request_finished(status, self.offer_reason, attrs.get(sc.KV_OUTCOME), self.ttft_ms, latency_ms)
         if not span.is_recording():
             return
         attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
-        attrs[sc.REQUEST_LATENCY_MS] = round((time.perf_counter() - self.t0) * 1000.0, 3)
+        attrs[sc.REQUEST_LATENCY_MS] = latency_ms
         if self.ttft_ms is not None:
             attrs[sc.REQUEST_TTFT_MS] = self.ttft_ms
         _end(span, attrs, error_type)
