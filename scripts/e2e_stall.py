@@ -48,16 +48,19 @@ def _child_command(args, connector: str, run_dir: Path) -> list[str]:
     return [sys.executable, __file__, "_one", "--base", str(run_dir), "--layout", args.layout, "--connector", connector]
 
 
-def _progress_mark(run_dir: Path, driver_log: Path) -> tuple:
-    """Changes whenever the run makes progress: a rig step printed or an HTTP response logged."""
-    responses = 0
-    for log in run_dir.rglob("*.log"):
-        if log != driver_log:
-            try:
-                responses += log.read_text(errors="replace").count(" HTTP/1.1\" ")
-            except OSError:
-                pass
-    return driver_log.stat().st_size if driver_log.exists() else 0, responses
+def _progress_mark(run_dir: Path, driver_log: Path) -> tuple[int, int]:
+    """(rig steps printed, requests answered): changes whenever the run makes progress."""
+    answered = 0
+    for log in _server_logs(run_dir, driver_log):
+        try:
+            answered += log.read_text(errors="replace").count('"POST /v1/')
+        except OSError:
+            pass
+    try:
+        steps = driver_log.read_text(errors="replace").count("[rig +")
+    except OSError:
+        steps = 0
+    return steps, answered
 
 
 def _server_logs(run_dir: Path, driver_log: Path) -> list[Path]:
@@ -107,7 +110,8 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
             reason = None
             if shm > shm_seen:
                 reason, shm_seen = f"shared-memory stall warning #{shm}", shm
-            elif now - last_progress >= args.stall_s and now - last_dump >= args.stall_s:
+            elif mark[0] and now - last_progress >= args.stall_s and now - last_dump >= args.stall_s:
+                # from the first rig step on (start-up has its own bounded readiness wait)
                 reason = f"no progress for {now - last_progress:.0f}s"
             if reason and len(dumps) < args.max_dumps:
                 reasons.append(reason)

@@ -1,0 +1,167 @@
+"""The real-vLLM rig's failure paths, without vLLM: bounded waits and silent servers fail with
+every process's stacks (py-spy) and log tail; scripts/e2e_stall.py dumps stacks when a run logs
+vLLM's shared-memory stall warning or stops progressing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from urllib.error import HTTPError
+
+import pytest
+
+import vllm_diag as diag
+from conftest import require_vllm
+import vllm_pd as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_py_spy = pytest.mark.skipif(diag.py_spy() is None, reason="py-spy not installed (dev extra)")
+
+# a parent that starts a child; each sleeps inside a function whose name the stacks must show
+TREE = textwrap.dedent("""
+    import subprocess, sys, time
+    CHILD = "import time\\ndef child_waits_here():\\n    time.sleep(600)\\nchild_waits_here()"
+    def parent_waits_here():
+        subprocess.Popen([sys.executable, "-c", CHILD])
+        print("{log_line}", flush=True)
+        time.sleep(600)
+    parent_waits_here()
+""")
+
+
+def _server(tmp_path: Path, name: str, code: str) -> pd.Server:
+    server = pd.Server(name, "prefill", tmp_path, tmp_path / "traces", tmp_path)
+    with open(server.log_path, "wb") as log:
+        server.proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+    return server
+
+
+@pytest.fixture
+def tree(tmp_path):
+    server = _server(tmp_path, "fake-p", TREE.format(log_line="fake server started"))
+    rig = pd.Rig([server])
+    rig.wait_for(lambda: "started" in diag.tail(server.log_path) and len(diag.process_tree(server.proc.pid)) == 2,
+                 deadline_s=30, what="the fake server and its child", interval=0.05)
+    yield rig, server
+    for pid in reversed(diag.process_tree(server.proc.pid)):
+        os.kill(pid, signal.SIGKILL)
+    server.proc.wait()
+
+
+@needs_py_spy
+def test_deadline_wait_fails_with_stacks_of_every_process_and_the_log_tail(tree):
+    rig, server = tree
+    with pytest.raises(pd.RigError) as err:
+        rig.wait_for(lambda: 0, deadline_s=0.2, what="a condition that never holds", interval=0.05)
+    msg = str(err.value)
+    assert msg.startswith("timed out after 0.2s waiting for a condition that never holds (last: 0)")
+    assert f"----- fake-p: running; log tail ({server.log_path}):\nfake server started" in msg
+    parent, child = diag.process_tree(server.proc.pid)
+    assert f"=== pid {parent} " in msg and f"=== pid {child} " in msg
+    assert "parent_waits_here (<string>:7)" in msg and "child_waits_here (<string>:3)" in msg
+
+
+@needs_py_spy
+def test_a_silent_server_fails_the_request_with_stacks(tree, monkeypatch):
+    rig, _ = tree
+    monkeypatch.setattr(pd, "REQUEST_TIMEOUT_S", 0.3)
+    with socket.socket() as listener:  # accepts, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions"
+        with pytest.raises(pd.RigError) as err:
+            rig.call("conv-x turn 0", pd._post, url, {}, {})
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("conv-x turn 0: ") and "timed out" in first
+    assert "parent_waits_here" in str(err.value)
+
+
+def test_an_http_error_is_the_callers_to_retry(tmp_path):
+    class Fails(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Fails)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(HTTPError) as err:
+            pd.Rig([]).call("conv-x", pd._post, f"http://127.0.0.1:{httpd.server_port}/", {}, {})
+        assert err.value.code == 500
+    finally:
+        httpd.shutdown()
+
+
+def test_a_server_that_exits_fails_readiness_with_its_log(tmp_path):
+    server = _server(tmp_path, "fake-d", "print('engine failed to start', flush=True); raise SystemExit(3)")
+    server.proc.wait()
+    with pytest.raises(pd.RigError, match=r"(?s)fake-d exited with 3:\nengine failed to start"):
+        pd.Rig([server]).wait_for(server.ready, deadline_s=5, what="fake-d ready")
+
+
+# ---------------------------------------------------------------------------- scripts/e2e_stall.py
+def _stall_script():
+    spec = importlib.util.spec_from_file_location("e2e_stall", ROOT / "scripts" / "e2e_stall.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# a fake run: one rig step, a vLLM log with the shared-memory warning, then silence
+FAKE_RUN = textwrap.dedent("""
+    import pathlib, sys, time
+    def engine_stalls_here():
+        print("[rig +1.0s] servers ready", flush=True)
+        (pathlib.Path(sys.argv[1]) / "p.log").write_text("INFO shm_broadcast.py:1 {warning} in 60 seconds.\\n")
+        time.sleep(600)
+    engine_stalls_here()
+""").format(warning=diag.SHM_STALL)
+
+
+@needs_py_spy
+def test_stall_script_dumps_stacks_on_the_shm_warning_and_on_silence(tmp_path, monkeypatch):
+    script = _stall_script()
+    monkeypatch.setattr(script, "_child_command", lambda args, connector, run_dir: [sys.executable, "-c", FAKE_RUN,
+                                                                                   str(run_dir)])
+    monkeypatch.setattr(script, "POLL_S", 0.2)
+    out = tmp_path / "out"
+    rc = script.main(["--runs", "1", "--connector", "plain", "--layout", "mp", "--out", str(out), "--stall-s", "1",
+                      "--max-dumps", "2", "--run-timeout", "4"])
+    assert rc == 1
+    [result] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert (result["connector"], result["layout"], result["shm_warnings"]) == ("plain", "mp", 1)
+    first, second, last = result["stall_reasons"]  # at most --max-dumps, then the timeout's own dump
+    assert (first, second[:len("no progress for ")], last) == (
+        "shared-memory stall warning #1", "no progress for ", "run timeout 4.0s")
+    assert result["rc"] == -signal.SIGKILL and len(result["stacks"]) == 3
+    stacks = Path(result["stacks"][0]).read_text()
+    assert stacks.startswith("# shared-memory stall warning #1 at +") and "engine_stalls_here" in stacks
+    assert "| 0 | plain | mp |" in (out / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------------------- the plain-connector arm
+def test_plain_runs_load_every_vllm_plugin_but_kvtraces(monkeypatch):
+    require_vllm()
+    from importlib.metadata import entry_points
+
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    every = {e.name for e in entry_points(group=DEFAULT_PLUGINS_GROUP)}
+    assert "kvtrace" in every
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert set(load_plugins_by_group(DEFAULT_PLUGINS_GROUP)) == every
+    monkeypatch.setenv("VLLM_PLUGINS", pd.plugins_without_kvtrace())
+    assert set(load_plugins_by_group(DEFAULT_PLUGINS_GROUP)) == every - {"kvtrace"}
