@@ -39,6 +39,7 @@ import vllm_diag as diag  # noqa: E402
 _WALL = re.compile(r"vLLM P/D e2e wall time: ([0-9.]+)s")
 _PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error).*)$", re.M)
 POLL_S = 2.0
+_KERNEL_EVENTS = re.compile(r"lockup|hung task|virtual machine fork|rcu.*stall|Out of memory", re.I)
 
 
 def _child_command(args, connector: str, run_dir: Path) -> list[str]:
@@ -75,6 +76,24 @@ def _dump(run_dir: Path, pid: int, k: int, reason: str, elapsed: float) -> Path:
     return path
 
 
+def _machine() -> dict:
+    """Machine-wide counters that tell a starved or paused machine from a stalled engine: CPU time
+    stolen by the hypervisor (jiffies), CPU pressure (PSI, us some task waited), kernel events."""
+    counters = {"steal": 0, "psi_cpu_us": 0}
+    try:
+        counters["steal"] = int(Path("/proc/stat").read_text().split()[8])
+        psi = Path("/proc/pressure/cpu").read_text().split("\n")[0]
+        counters["psi_cpu_us"] = int(psi.rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        kmsg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        kmsg = ""
+    counters["kernel"] = [line for line in kmsg.splitlines() if _KERNEL_EVENTS.search(line)]
+    return counters
+
+
 def _kill_tree(pid: int) -> None:
     """SIGKILL the run and every server it started (servers run in their own sessions)."""
     for p in reversed(diag.process_tree(pid)):
@@ -89,7 +108,9 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     driver_log = run_dir / "driver.log"
     loads, dumps, reasons = [os.getloadavg()[0]], [], []
-    started = time.monotonic()
+    machine, started_at = _machine(), time.strftime("%H:%M:%S")
+    started = tick = time.monotonic()
+    max_gap = 0.0
     with open(driver_log, "wb") as log:
         child = subprocess.Popen(_child_command(args, connector, run_dir), stdout=log, stderr=subprocess.STDOUT,
                                  cwd=ROOT, start_new_session=True)
@@ -98,6 +119,7 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
         while child.poll() is None:
             time.sleep(POLL_S)  # the monitor's sampling period
             now = time.monotonic()
+            max_gap, tick = max(max_gap, now - tick), now  # > POLL_S: this monitor itself was not run
             loads.append(os.getloadavg()[0])
             if now - started > args.run_timeout:
                 reasons.append(f"run timeout {args.run_timeout}s")
@@ -120,6 +142,7 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
     finally:
         _kill_tree(child.pid)
         child.wait()
+    after = _machine()
     text = driver_log.read_text(errors="replace")
     wall = _WALL.search(text)
     summary = _PYTEST_SUMMARY.findall(text)
@@ -128,17 +151,22 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
         "mode": "pytest" if args.pytest else "scenario", "rc": child.returncode,
         "wall_s": round(time.monotonic() - started, 1), "rig_wall_s": float(wall.group(1)) if wall else None,
         "load_start": round(loads[0], 2), "load_mean": round(statistics.fmean(loads), 2), "load_max": round(max(loads), 2),
+        "started_at": started_at, "monitor_max_gap_s": round(max_gap, 1),
+        "steal_s": (after["steal"] - machine["steal"]) / os.sysconf("SC_CLK_TCK"),
+        "cpu_pressure_pct": round(100 * (after["psi_cpu_us"] - machine["psi_cpu_us"]) / 1e6 / max(1e-9, time.monotonic() - started), 1),
+        "kernel_events": after["kernel"][len(machine["kernel"]):],
         "shm_warnings": diag.shm_warnings(_server_logs(run_dir, driver_log)), "stall_reasons": reasons,
         "stacks": [str(p) for p in dumps], "pytest": summary[-1][0] if summary else None, "dir": str(run_dir),
     }
 
 
 def _summary(results: list[dict]) -> str:
-    lines = ["| run | connector | layout | rc | wall s | load mean (max) | shm warnings | stall dumps | pytest |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | start | connector | layout | rc | wall s | load mean (max) | CPU pressure % | monitor gap s "
+             "| kernel events | shm warnings | stall dumps | pytest |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['run']} | {r['connector']} | {r['layout']} | {r['rc']} | {r['wall_s']} | "
-                     f"{r['load_mean']} ({r['load_max']}) | {r['shm_warnings']} | {len(r['stacks'])} | {r['pytest'] or ''} |")
+        lines.append(f"| {r['run']} | {r['started_at']} | {r['connector']} | {r['layout']} | {r['rc']} | {r['wall_s']} | "
+                     f"{r['load_mean']} ({r['load_max']}) | {r['cpu_pressure_pct']} | {r['monitor_max_gap_s']} | "
+                     f"{len(r['kernel_events'])} | {r['shm_warnings']} | {len(r['stacks'])} | {r['pytest'] or ''} |")
     lines.append("")
     for connector in sorted({r["connector"] for r in results}):
         rs = [r for r in results if r["connector"] == connector]

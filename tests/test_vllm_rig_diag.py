@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -105,6 +106,44 @@ def test_an_http_error_is_the_callers_to_retry(tmp_path):
         httpd.shutdown()
 
 
+def test_a_decode_leg_that_does_not_finish_is_retried_once_then_fails(tmp_path, capsys):
+    """D fails a request whose KV load failed (kv_load_failure_policy=fail): the stream ends with
+    an error instead of a finish chunk.  The turn is retried once, then fails naming the leg."""
+    seen = []
+
+    class Fake(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.server.server_port, self.headers["X-Request-Id"], body["stream"]))
+            self.send_response(200)
+            self.end_headers()
+            if not body["stream"]:  # P's leg
+                self.wfile.write(json.dumps({"choices": [{"text": "x", "finish_reason": "length"}],
+                                             "kv_transfer_params": {"remote_engine_id": "p-engine"}}).encode())
+                return
+            for event in ({"choices": [{"text": "a", "finish_reason": None}]}, {"error": {"message": "KV load failed"}}):
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    fakes = [HTTPServer(("127.0.0.1", 0), Fake) for _ in range(2)]
+    for httpd in fakes:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    p, d = (pd.Server(name, role, tmp_path, tmp_path, tmp_path, port=httpd.server_port)
+            for name, role, httpd in zip("pd", ("prefill", "decode"), fakes))
+    try:
+        with pytest.raises(pd.LegFailed, match=r"D's leg of conv-x-t0-r1 did not finish: last chunk \{'error'"):
+            pd.run_turn(pd.Rig([p, d]), p, d, session="conv-x", turn=0, prompt=[5, 6], cached=None, max_tokens=2)
+    finally:
+        for httpd in fakes:
+            httpd.shutdown()
+    assert seen == [(p.port, "conv-x-t0-r0", False), (d.port, "conv-x-t0-r0", True),
+                    (p.port, "conv-x-t0-r1", False), (d.port, "conv-x-t0-r1", True)]
+    assert "conv-x turn 0 attempt 0 failed: LegFailed(" in capsys.readouterr().out
+
+
 def test_a_server_that_exits_fails_readiness_with_its_log(tmp_path):
     server = _server(tmp_path, "fake-d", "print('engine failed to start', flush=True); raise SystemExit(3)")
     server.proc.wait()
@@ -149,7 +188,8 @@ def test_stall_script_dumps_stacks_on_the_shm_warning_and_on_silence(tmp_path, m
     assert result["rc"] == -signal.SIGKILL and len(result["stacks"]) == 3
     stacks = Path(result["stacks"][0]).read_text()
     assert stacks.startswith("# shared-memory stall warning #1 at +") and "engine_stalls_here" in stacks
-    assert "| 0 | plain | mp |" in (out / "summary.md").read_text()
+    assert re.search(r"^\| 0 \| \d\d:\d\d:\d\d \| plain \| mp \| -9 \| ", (out / "summary.md").read_text(), re.M)
+    assert result["monitor_max_gap_s"] >= 0.2 and result["steal_s"] >= 0 and isinstance(result["kernel_events"], list)
 
 
 # ---------------------------------------------------------------------------- the plain-connector arm

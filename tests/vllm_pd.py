@@ -49,6 +49,10 @@ class RigError(AssertionError):
     """A bounded wait of the rig ran out; the message carries stacks and log tails."""
 
 
+class LegFailed(Exception):
+    """D answered without a finished completion (e.g. its KV load failed: NIXL handshake timeout)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -268,7 +272,8 @@ def run_turn(rig: Rig, p: Server, d: Server, *, session: str, turn: int, prompt,
                             p_fails=p_fails)
             rig.progress(f"{session} turn {turn} done")
             return done
-        except urllib.error.HTTPError:
+        except (urllib.error.HTTPError, LegFailed) as exc:
+            rig.progress(f"{session} turn {turn} attempt {attempt} failed: {exc!r}")
             if attempt + 1 == attempts:
                 raise
     raise AssertionError("unreachable")
@@ -307,8 +312,9 @@ def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fa
         for choice in c.get("choices") or ():
             output_ids += choice.get("token_ids") or []
     finals = [c for c in chunks if any(ch.get("finish_reason") for ch in c.get("choices") or ())]
-    d_params = finals[-1].get("kv_transfer_params") if finals else None
-    return Turn(rid, trace_id, prompt, p_params, d_params, output_ids, chunks)
+    if not finals or finals[-1]["choices"][0]["finish_reason"] != "length":
+        raise LegFailed(f"D's leg of {rid} did not finish: last chunk {chunks[-1] if chunks else None!r}")
+    return Turn(rid, trace_id, prompt, p_params, finals[-1].get("kv_transfer_params"), output_ids, chunks)
 
 
 # ---------------------------------------------------------------------------- agent -> kvtrace proxy
