@@ -46,7 +46,8 @@ def _child_command(args, connector: str, run_dir: Path) -> list[str]:
     if args.pytest:
         return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s", str(ROOT / "tests/test_vllm_e2e.py"),
                 "--basetemp", str(run_dir / "pytest")]
-    return [sys.executable, __file__, "_one", "--base", str(run_dir), "--layout", args.layout, "--connector", connector]
+    return [sys.executable, __file__, "_one", "--base", str(run_dir), "--layout", args.layout, "--connector", connector,
+            "--ready-s", str(args.ready_s)]
 
 
 def _progress_mark(run_dir: Path, driver_log: Path) -> tuple[int, int]:
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-s", type=float, default=60.0)
     parser.add_argument("--max-dumps", type=int, default=5)
     parser.add_argument("--run-timeout", type=float, default=900.0)
+    parser.add_argument("--ready-s", type=float, default=240.0, help="start-up deadline of the servers (scenario runs)")
     args = parser.parse_args(argv)
     connectors = args.connector.split(",")
     if not set(connectors) <= {"kvtrace", "plain"} or (args.pytest and connectors != ["kvtrace"]):
@@ -216,11 +218,12 @@ def _one(argv: list[str]) -> int:
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--layout", choices=("uni", "mp"), required=True)
     parser.add_argument("--connector", choices=("kvtrace", "plain"), required=True)
+    parser.add_argument("--ready-s", type=float, required=True)
     args = parser.parse_args(argv)
     import vllm_scenario
 
     try:
-        vllm_scenario.run(args.base, layout=args.layout, connector=args.connector)
+        vllm_scenario.run(args.base, layout=args.layout, connector=args.connector, ready_s=args.ready_s)
     except Exception:
         traceback.print_exc()
         return 1

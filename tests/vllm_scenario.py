@@ -69,9 +69,9 @@ def servers(base: Path, model: Path, *, layout: str = "uni", connector: str = "k
             "d2": pd.Server("d2", "decode", model, traces, base, ttl_s=D2_TTL_S, **kw)}
 
 
-def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace") -> dict:
-    """Start P, D and D2, drive every conversation, stop the servers.  Returns what the test
-    reads (turns, metric deltas, pids, wall time)."""
+def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace", ready_s: float = pd.READY_TIMEOUT_S) -> dict:
+    """Start P, D and D2 (ready within ``ready_s``), drive every conversation, stop the servers.
+    Returns what the test reads (turns, metric deltas, pids, wall time)."""
     model = rig_model.make_tiny_model(base / "model")
     out = servers(base, model, layout=layout, connector=connector)
     p, d, d2, traces = out["p"], out["d"], out["d2"], out["traces"]
@@ -79,7 +79,7 @@ def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace") -> dict:
     out["rig"] = rig
     traced = connector == "kvtrace"
     try:
-        rig.start()
+        rig.start(ready_s)
         out["pids"] = {s.name: s.engine_pids() for s in (p, d, d2)}
         _conversations_a_c(rig, out)
         try:  # a failure here fails the agent tests only (agent_run), not the turns above
