@@ -205,3 +205,12 @@ def test_plain_runs_load_every_vllm_plugin_but_kvtraces(monkeypatch):
     assert set(load_plugins_by_group(DEFAULT_PLUGINS_GROUP)) == every
     monkeypatch.setenv("VLLM_PLUGINS", pd.plugins_without_kvtrace())
     assert set(load_plugins_by_group(DEFAULT_PLUGINS_GROUP)) == every - {"kvtrace"}
+
+
+def test_rig_stop_terminates_every_server(tmp_path):
+    servers = [_server(tmp_path, name, "import time; print('up', flush=True); time.sleep(600)") for name in ("a", "b")]
+    rig = pd.Rig(servers)
+    rig.wait_for(lambda: all("up" in diag.tail(s.log_path) for s in servers), deadline_s=30, what="both up",
+                 interval=0.05)
+    rig.stop()
+    assert [s.proc.returncode for s in servers] == [-signal.SIGTERM, -signal.SIGTERM]

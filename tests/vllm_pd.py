@@ -146,12 +146,18 @@ class Server:
         except OSError:
             return False
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """SIGTERM the server's process group (vLLM shuts its engine down)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 60) -> None:
+        """Terminate and wait; SIGKILL the group after ``timeout_s``."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.terminate()
         try:
-            self.proc.wait(60)
+            self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
@@ -195,6 +201,9 @@ class Rig:
         self.progress("servers ready: " + ", ".join(f"{s.name}={s.engine_pids()}" for s in self.servers))
 
     def stop(self) -> None:
+        """Stop every server, all at once."""
+        for s in self.servers:
+            s.terminate()
         for s in self.servers:
             s.stop()
 
