@@ -1,4 +1,5 @@
-"""The ``kvtrace`` command.
+"""kvtrace: does KV reuse happen on my agent traffic, what does it save, what does it hold, and
+where does an agent's time go?
 
 Each sub-command lives in its own module, which defines ``add_arguments(parser)`` and
 ``run(args) -> int``; the docstring of ``run`` is the command's ``--help``.  Modules are imported
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from kvtrace.errors import CLIError  # noqa: F401  (re-exported: kvtrace.cli.CLIError)
@@ -36,8 +38,28 @@ def _load(module: str):
         raise
 
 
+DESCRIPTION = """Observability for multi-turn LLM agents on vLLM prefill/decode disaggregation with
+bidirectional KV transfer: does KV reuse happen on my agent traffic, what does it save, what
+memory does it hold, and where does an agent's time go?
+
+Start with `kvtrace demo`; `kvtrace COMMAND --help` tells each command's options."""
+
+
+_SENTENCE_END = re.compile(r"(?<=\.)(?<!e\.g\.)(?<!i\.e\.)\s+(?=[A-Z(`])")
+
+
+def summary(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line (a verb's help line)."""
+    para = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    return _SENTENCE_END.split(para, 1)[0]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvtrace", description=(__doc__ or "").splitlines()[0])
+    from kvtrace import __version__
+
+    parser = argparse.ArgumentParser(prog="kvtrace", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="version", version=f"kvtrace {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
@@ -47,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         doc = (module.run.__doc__ or "").strip()
         p = sub.add_parser(
             name,
-            help=doc.splitlines()[0] if doc else name,
+            help=summary(doc) if doc else name,
             description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )

@@ -233,3 +233,28 @@ def test_cli_errors_are_one_line(tmp_path, args, message):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["existing-sysfs-dir", "under-a-file", "a-file", "read-only-dir"])
+def test_cli_unwritable_traces_dir_is_one_line_before_listening(tmp_path, kind):
+    """#16: `kvtrace collect --traces RO_DIR` exits at once with one line naming the directory
+    (before: an existing directory it could not write was accepted; it listened, acknowledged
+    spans and failed every write).  /sys/kernel refuses new files even to root; a read-only
+    mode is tried too when not root (root ignores permission bits)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    target = {"under-a-file": blocker / "traces", "a-file": blocker, "existing-sysfs-dir": "/sys/kernel",
+              "read-only-dir": tmp_path / "ro"}[kind]
+    if kind == "existing-sysfs-dir" and (not os.path.isdir(target) or os.access(target, os.W_OK)
+                                         and os.geteuid() != 0):
+        pytest.skip("no read-only sysfs here")
+    if kind == "read-only-dir":
+        if os.geteuid() == 0:
+            pytest.skip("root ignores permission bits (the sysfs case covers a refusal root gets)")
+        target.mkdir()
+        target.chmod(0o555)
+    proc = _cli("--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--traces", str(target))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and out == ""  # never got as far as listening
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("kvtrace") and f"cannot write traces to {target}:" in err

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": BASE | {"telemetry", "agent", "store", "analysis"},
     "testing": BASE | {"telemetry", "store", "emit"},
     "demo": BASE | {"telemetry", "agent", "proxy", "sim", "store", "analysis", "bench", "dashboards"},
-    "cli": {"errors"},
+    "cli": {"errors", "kvtrace"},
     "kvtrace": {"telemetry"},  # kvtrace/__init__.py
 }
 
@@ -59,7 +59,7 @@ def _imported_units(tree: ast.AST) -> set[str]:
             parts = name.split(".")
             if parts[0] == "kvtrace" and len(parts) > 1:
                 # `from kvtrace import configure`: a name kvtrace/__init__.py re-exports from telemetry
-                out.add(parts[1] if parts[1] in ALLOWED else "telemetry")
+                out.add(parts[1] if parts[1] in ALLOWED else "kvtrace" if parts[1] == "__version__" else "telemetry")
     return out
 
 

@@ -21,6 +21,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Parquet trace directory (default: $KVTRACE_TRACES_DIR)")
     parser.add_argument("--max-queue-spans", type=int, default=None, metavar="N",
                         help="spans held in memory before senders are told to retry later (default 200000)")
+    parser.add_argument("--max-queue-mib", type=int, default=None, metavar="MIB",
+                        help="MiB of converted spans held in memory before senders are told to retry later "
+                             "(default 256)")
+    parser.add_argument("--max-request-mib", type=int, default=None, metavar="MIB",
+                        help="largest request body, after decompression; larger ones get 413 (gRPC "
+                             "RESOURCE_EXHAUSTED) (default 64)")
+    parser.add_argument("--max-inflight-mib", type=int, default=None, metavar="MIB",
+                        help="MiB that all requests being received and converted may hold together; beyond it "
+                             "senders are told to retry later (default 256)")
+    parser.add_argument("--batch-delay-ms", type=int, default=None, metavar="MS",
+                        help="how long the writer gathers requests into one file (default 200); not used "
+                             "with --durable-ack")
+    parser.add_argument("--durable-ack", action="store_true",
+                        help="answer a request only once its spans are in an fsynced file (see 'What a crash "
+                             "can lose' above)")
 
 
 def _addresses(args) -> tuple[str | None, str | None]:
@@ -43,29 +58,59 @@ def _addresses(args) -> tuple[str | None, str | None]:
     return grpc_addr, http_addr
 
 
+def _limits(args) -> dict:
+    """Collector keyword arguments from the size/delay flags given (the rest keep their defaults)."""
+    from kvtrace.errors import CLIError
+
+    flags = [("max_queue_spans", "max_queue_spans", 1, 1), ("max_queue_mib", "max_queue_bytes", 1, 1 << 20),
+             ("max_request_mib", "max_request_bytes", 1, 1 << 20),
+             ("max_inflight_mib", "max_inflight_bytes", 1, 1 << 20), ("batch_delay_ms", "batch_delay_s", 0, 1e-3)]
+    out = {}
+    for flag, kwarg, minimum, unit in flags:
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if value < minimum:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= {minimum}")
+        out[kwarg] = value * unit
+    return out
+
+
 def run(args) -> int:
     """Receive OTLP traces (gRPC and/or HTTP) into a Parquet trace directory.
 
     Accepts spans from anything that speaks OTLP: kvtrace's own processes, vLLM's
     --otlp-traces-endpoint (its llm_request spans), an OpenTelemetry Collector, other SDKs.
-    Binds 127.0.0.1:4317 (gRPC) and 127.0.0.1:4318 (HTTP, POST /v1/traces, protobuf or JSON)
-    unless told otherwise.  When the in-memory queue is full senders get "retry later"
-    (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with Retry-After).  SIGINT/SIGTERM: stop
-    accepting, write everything queued, exit 0.
+    Binds 127.0.0.1:4317 (gRPC) and 127.0.0.1:4318 (HTTP, POST /v1/traces, protobuf or JSON,
+    optionally gzip) unless told otherwise.  When the in-memory queue or the in-flight byte
+    budget is full senders get "retry later" (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with
+    Retry-After).  SIGINT/SIGTERM: stop accepting, write everything queued, exit 0.
+
+    What a crash can lose (SIGINT/SIGTERM lose nothing acknowledged):
+      default: a request is acknowledged once its spans are queued in memory; the writer
+        writes the queue every --batch-delay-ms.  A crash of the collector process (SIGKILL,
+        OOM kill) loses the acknowledged spans not yet in a file: those of the last
+        batch delay plus the write under way, at most --max-queue-spans / --max-queue-mib.
+        Files already written survive a process crash; an OS crash or power loss can also
+        lose files written in the last ~30 s (not fsynced).
+      --durable-ack: a request is acknowledged only after the file holding its spans (and
+        its directory entry) is fsynced, so no crash, of the process or of the machine,
+        loses an acknowledged span.  A crash loses only unacknowledged requests, which the
+        sender retries; a crash between the fsync and the answer makes the sender resend
+        spans already stored (duplicates, never loss).  Costs one fsync per written file;
+        requests arriving during a write share the next file.
 
     Example: kvtrace collect --otlp-grpc 127.0.0.1:4317 --otlp-http 127.0.0.1:4318 --traces ./traces
     """
     from kvtrace.errors import CLIError
-    from kvtrace.collect.server import DEFAULT_MAX_QUEUE_SPANS, Collector
+    from kvtrace.collect.server import Collector
 
     traces = settings.TRACES_DIR.get(args.traces)
     if not traces:
         raise CLIError("no trace directory: give --traces DIR or set KVTRACE_TRACES_DIR")
-    max_spans = args.max_queue_spans if args.max_queue_spans is not None else DEFAULT_MAX_QUEUE_SPANS
-    if max_spans < 1:
-        raise CLIError("--max-queue-spans must be >= 1")
     grpc_addr, http_addr = _addresses(args)
-    collector = Collector(traces, grpc_address=grpc_addr, http_address=http_addr, max_queue_spans=max_spans)
+    collector = Collector(traces, grpc_address=grpc_addr, http_address=http_addr, durable_ack=args.durable_ack,
+                          **_limits(args))
     try:
         collector.start()
     except (OSError, ValueError) as exc:

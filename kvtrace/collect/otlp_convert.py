@@ -51,6 +51,8 @@ def parse_json(body: bytes) -> ExportTraceServiceRequest:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedPayload(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedPayload("invalid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise MalformedPayload("OTLP/JSON body must be an object")
     try:
@@ -61,15 +63,20 @@ def parse_json(body: bytes) -> ExportTraceServiceRequest:
                     for link in span.get("links") or []:
                         _hex_ids_to_base64(link)
         return json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (AttributeError, TypeError, binascii.Error, json_format.ParseError) as exc:
+    except (AttributeError, TypeError, ValueError, binascii.Error, json_format.ParseError) as exc:
         raise MalformedPayload(f"invalid OTLP/JSON payload: {exc}") from None
+    except RecursionError:
+        raise MalformedPayload("invalid OTLP/JSON payload: nested too deeply") from None
 
 
 def _hex_ids_to_base64(obj: dict) -> None:
     for key in _ID_FIELDS:
         value = obj.get(key)
         if isinstance(value, str) and value:
-            obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+            try:
+                obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+            except ValueError:
+                raise MalformedPayload(f"{key} {value[:40]!r} is not hex") from None
 
 
 def to_json(message) -> bytes:

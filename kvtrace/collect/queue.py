@@ -1,15 +1,26 @@
 """The collector's bounded span queue and its writer thread.
 
 The OTLP receivers (:mod:`~kvtrace.collect.grpc_server`, :mod:`~kvtrace.collect.http_server`)
-convert each request to an Arrow table and :meth:`SpanQueue.offer` it; the request is answered
-"accepted" once the table is queued.  A single writer thread concatenates whatever is queued
-(group batching: under load one Parquet file holds many requests) and writes it through a
-:class:`~kvtrace.collect.sink.TableSink` (atomic files, so no reader ever sees a partial one).
+convert each request to an Arrow table and :meth:`SpanQueue.offer` it.  A single writer thread
+concatenates whatever is queued (group batching: under load one Parquet file holds many
+requests) and writes it through a :class:`~kvtrace.collect.sink.TableSink` (atomic files, so no
+reader ever sees a partial one).
 
-The queue is bounded in spans.  When an offer would exceed the bound, ``offer`` returns False and
-the receiver answers "retry later" (gRPC UNAVAILABLE + RetryInfo, HTTP 503 + Retry-After), as
-the OTLP specification asks of an overloaded server.  A failed write keeps its rows queued and is
-retried after a back-off, so a full disk turns into back-pressure rather than loss.
+When is a request acknowledged?
+
+- default: once its table is queued.  The writer waits up to ``batch_delay_s`` for company, then
+  writes; a crash of the process (SIGKILL, OOM kill) loses what is queued or being written at
+  that moment.  A failed write keeps its rows queued and is retried after a back-off, so a full
+  disk turns into back-pressure rather than loss.
+- durable (``offer(table, durable=True)``, ``kvtrace collect --durable-ack``): ``offer`` returns
+  a future that the writer resolves once the batch holding the table is in an fsynced file (the
+  receiver answers only then), or fails when the write fails (the receiver answers "retry
+  later"; the rows are dropped, the sender resends them).  The writer starts as soon as anything
+  is queued (no ``batch_delay_s``): requests arriving while a file is written share the next one.
+
+The queue is bounded in spans and in bytes (Arrow buffer sizes).  When an offer would exceed
+either bound, ``offer`` refuses and the receiver answers "retry later" (gRPC UNAVAILABLE +
+RetryInfo, HTTP 503 + Retry-After), as the OTLP specification asks of an overloaded server.
 :meth:`SpanQueue.close` stops accepting, drains everything queued and returns.
 """
 
@@ -18,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -32,32 +44,44 @@ class QueueStats:
     refused_requests: int = 0
     write_failures: int = 0
     lost_spans: int = 0
+    failed_durable_spans: int = 0  # durable offers whose write failed (senders told to retry)
+
+
+@dataclass
+class _Item:
+    table: pa.Table
+    nbytes: int
+    done: Future | None
 
 
 class SpanQueue:
-    """Bounded (in spans) queue of SCHEMA tables drained by one writer thread into ``sink``."""
+    """Bounded (in spans and bytes) queue of SCHEMA tables drained by one writer thread into ``sink``."""
 
     def __init__(
         self,
         sink,
         *,
         max_spans: int,
+        max_bytes: int = 256 << 20,
         max_batch_spans: int = 65536,
+        max_batch_bytes: int = 64 << 20,
         batch_delay_s: float = 0.2,
         retry_delay_s: float = 1.0,
         close_retries: int = 3,
     ) -> None:
-        if max_spans < 1:
-            raise ValueError("max_spans must be >= 1")
+        if max_spans < 1 or max_bytes < 1:
+            raise ValueError("max_spans and max_bytes must be >= 1")
         self.sink = sink
-        self.max_spans = max_spans
-        self.max_batch_spans = max_batch_spans
+        self.max_spans, self.max_bytes = max_spans, max_bytes
+        self.max_batch_spans, self.max_batch_bytes = max_batch_spans, max_batch_bytes
         self.batch_delay_s = batch_delay_s
         self.retry_delay_s = retry_delay_s
         self.close_retries = close_retries
         self.stats = QueueStats()
-        self._items: deque[pa.Table] = deque()
+        self._items: deque[_Item] = deque()
         self._queued = 0  # spans queued or being written
+        self._queued_bytes = 0
+        self._durable = 0  # durable items queued: the writer does not wait for company
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="kvtrace-collect-writer", daemon=True)
@@ -67,22 +91,35 @@ class SpanQueue:
     def queued_spans(self) -> int:
         return self._queued
 
-    def offer(self, table: pa.Table) -> bool:
-        """Queue ``table``; False when closed or when it would overflow the bound (retry later).
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
 
-        A table larger than the whole bound is still taken when the queue is empty, so one
+    def offer(self, table: pa.Table, *, durable: bool = False):
+        """Queue ``table``.  Returns False when closed or when it would overflow a bound (retry
+        later); otherwise True, or with ``durable`` a Future resolved once the table is in an
+        fsynced file (exception: the write failed).
+
+        A table larger than a whole bound is still taken when the queue is empty, so one
         oversized request cannot be refused forever."""
-        n = table.num_rows
+        n, nbytes = table.num_rows, table.nbytes
         with self._cond:
-            if self._closed or (self._queued and self._queued + n > self.max_spans):
+            full = self._queued and (self._queued + n > self.max_spans or self._queued_bytes + nbytes > self.max_bytes)
+            if self._closed or full:
                 self.stats.refused_requests += 1
                 return False
-            if n:
-                self._items.append(table)
-                self._queued += n
-                self.stats.accepted_spans += n
-                self._cond.notify_all()
-        return True
+            done = Future() if durable else None
+            if not n:
+                if done is not None:
+                    done.set_result(True)
+                return done or True
+            self._items.append(_Item(table, nbytes, done))
+            self._queued += n
+            self._queued_bytes += nbytes
+            self._durable += durable
+            self.stats.accepted_spans += n
+            self._cond.notify_all()
+        return done or True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything offered so far is written (or given up); False on timeout."""
@@ -98,19 +135,22 @@ class SpanQueue:
         return not self._thread.is_alive()
 
     # -- writer thread -------------------------------------------------------------------
-    def _take(self) -> list[pa.Table] | None:
+    def _take(self) -> list[_Item] | None:
         with self._cond:
             self._cond.wait_for(lambda: self._items or self._closed)
             if not self._items:
                 return None  # closed and drained
-            if not self._closed and self.batch_delay_s > 0:
-                self._cond.wait_for(lambda: self._closed or self._queued >= self.max_batch_spans,
-                                    self.batch_delay_s)
-            batch, spans = [], 0
-            while self._items and (not batch or spans + self._items[0].num_rows <= self.max_batch_spans):
-                table = self._items.popleft()
-                batch.append(table)
-                spans += table.num_rows
+            if not self._closed and self.batch_delay_s > 0 and not self._durable:
+                self._cond.wait_for(lambda: self._closed or self._durable or self._queued >= self.max_batch_spans
+                                    or self._queued_bytes >= self.max_batch_bytes, self.batch_delay_s)
+            batch, spans, nbytes = [], 0, 0
+            while self._items and (not batch or (spans + self._items[0].table.num_rows <= self.max_batch_spans
+                                                 and nbytes + self._items[0].nbytes <= self.max_batch_bytes)):
+                item = self._items.popleft()
+                batch.append(item)
+                spans += item.table.num_rows
+                nbytes += item.nbytes
+                self._durable -= item.done is not None
             return batch
 
     def _run(self) -> None:
@@ -119,30 +159,50 @@ class SpanQueue:
             batch = self._take()
             if batch is None:
                 return
-            n = sum(t.num_rows for t in batch)
             try:
-                self.sink.write_table(pa.concat_tables(batch))
+                self.sink.write_table(pa.concat_tables([item.table for item in batch]))
             except Exception as exc:
                 failures += 1
-                self.stats.write_failures += 1
-                log.error("kvtrace collect: writing %d spans failed (%s); will retry", n, exc,
-                          exc_info=failures == 1)
-                if self._closed and failures > self.close_retries:
-                    self._done(n, lost=True)
-                    continue
-                with self._cond:
-                    self._items.extendleft(reversed(batch))
-                    self._cond.wait_for(lambda: self._closed, self.retry_delay_s)
+                self._failed(batch, exc, failures)
                 continue
             failures = 0
-            self._done(n, lost=False)
+            self._done(batch, lost=False)
 
-    def _done(self, n: int, *, lost: bool) -> None:
+    def _failed(self, batch: list[_Item], exc: Exception, failures: int) -> None:
+        """Durable items are failed (their senders retry); the rest are requeued and retried
+        after a back-off, or given up on when closing and the retries are spent."""
+        self.stats.write_failures += 1
+        n = sum(item.table.num_rows for item in batch)
+        log.error("kvtrace collect: writing %d spans failed (%s); will retry", n, exc, exc_info=failures == 1)
+        durable = [item for item in batch if item.done is not None]
+        keep = [item for item in batch if item.done is None]
+        if durable:
+            self._done(durable, lost=False, error=exc)
+        if not keep:
+            return
+        if self._closed and failures > self.close_retries:
+            self._done(keep, lost=True)
+            return
+        with self._cond:
+            self._items.extendleft(reversed(keep))
+            self._cond.wait_for(lambda: self._closed, self.retry_delay_s)
+
+    def _done(self, batch: list[_Item], *, lost: bool, error: Exception | None = None) -> None:
+        n = sum(item.table.num_rows for item in batch)
         with self._cond:
             self._queued -= n
+            self._queued_bytes -= sum(item.nbytes for item in batch)
             if lost:
                 self.stats.lost_spans += n
                 log.error("kvtrace collect: gave up on %d spans at shutdown", n)
+            elif error is not None:
+                self.stats.failed_durable_spans += n
             else:
                 self.stats.written_spans += n
             self._cond.notify_all()
+        for item in batch:
+            if item.done is not None:
+                if error is None:
+                    item.done.set_result(True)
+                else:
+                    item.done.set_exception(error)

@@ -1,10 +1,17 @@
 """``Collector``: OTLP gRPC + HTTP receivers feeding one bounded queue into a Parquet trace directory.
 
 Used by ``kvtrace collect`` (:mod:`kvtrace.collect.cli`), the tests and the benchmark.  Lifecycle:
-:meth:`Collector.start` opens the trace directory and binds the listeners (port 0 = any free
-port; the bound ports are in ``grpc_port`` / ``http_port``); :meth:`Collector.stop` is the graceful
-shutdown: listeners stop accepting and finish in-flight requests, the queue is drained into
-Parquet, the writer rolls its files; idempotent.
+:meth:`Collector.start` checks the trace directory is writable (:func:`kvtrace.store.access.ensure_writable`)
+and binds the listeners (port 0 = any free port; the bound ports are in ``grpc_port`` /
+``http_port``); :meth:`Collector.stop` is the graceful shutdown: listeners stop accepting and
+finish in-flight requests, the queue is drained into Parquet, the writer rolls its files;
+idempotent.
+
+Memory is bounded three ways: each request body (after decompression) by ``max_request_bytes``,
+all requests being read or converted together by ``max_inflight_bytes``
+(:mod:`kvtrace.collect.limits`), and converted spans waiting for the writer by
+``max_queue_spans`` and ``max_queue_bytes`` (:mod:`kvtrace.collect.queue`).  ``durable_ack``:
+requests are answered only once their spans are in an fsynced file.
 """
 
 from __future__ import annotations
@@ -14,12 +21,18 @@ import os
 
 from kvtrace.collect import grpc_server
 from kvtrace.collect.http_server import HTTPReceiver
+from kvtrace.collect.limits import ByteBudget
 from kvtrace.collect.queue import SpanQueue
 from kvtrace.collect.sink import TableSink
+from kvtrace.store.access import ensure_writable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE_SPANS = 200_000
+DEFAULT_MAX_QUEUE_BYTES = 256 << 20
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
+DEFAULT_BATCH_DELAY_S = 0.2
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -40,7 +53,11 @@ class Collector:
         grpc_address: str | None = None,
         http_address: str | None = None,
         max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS,
-        batch_delay_s: float = 0.2,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
+        batch_delay_s: float = DEFAULT_BATCH_DELAY_S,
+        durable_ack: bool = False,
         grace_s: float = 5.0,
         sink=None,
     ) -> None:
@@ -48,8 +65,11 @@ class Collector:
             raise ValueError("give at least one of grpc_address / http_address")
         self.traces_dir = os.fspath(traces_dir)
         self.grpc_address, self.http_address = grpc_address, http_address
-        self.max_queue_spans = max_queue_spans
+        self.max_queue_spans, self.max_queue_bytes = max_queue_spans, max_queue_bytes
+        self.max_request_bytes = max_request_bytes
+        self.budget = ByteBudget(max_inflight_bytes)
         self.batch_delay_s = batch_delay_s
+        self.durable_ack = durable_ack
         self.grace_s = grace_s
         self._sink = sink
         self.queue: SpanQueue | None = None
@@ -60,17 +80,23 @@ class Collector:
         self._stopped = False
 
     def start(self) -> "Collector":
-        """Open the directory, start the writer and the listeners; OSError when one cannot bind."""
-        os.makedirs(self.traces_dir, exist_ok=True)
+        """Check the directory, start the writer and the listeners; OSError (one line) when the
+        directory is not writable (:class:`kvtrace.store.access.NotWritable`) or a listener
+        cannot bind."""
+        ensure_writable(self.traces_dir)
         if self._sink is None:
-            self._sink = TableSink(self.traces_dir)
-        self.queue = SpanQueue(self._sink, max_spans=self.max_queue_spans, batch_delay_s=self.batch_delay_s)
+            self._sink = TableSink(self.traces_dir, fsync=self.durable_ack)
+        self.queue = SpanQueue(self._sink, max_spans=self.max_queue_spans, max_bytes=self.max_queue_bytes,
+                               batch_delay_s=self.batch_delay_s)
+        limits = dict(budget=self.budget, durable=self.durable_ack)
         try:
             if self.grpc_address:
-                self._grpc, self.grpc_port = grpc_server.start(self.queue, self.grpc_address)
+                self._grpc, self.grpc_port = grpc_server.start(
+                    self.queue, self.grpc_address, max_message_bytes=self.max_request_bytes, **limits)
             if self.http_address:
                 host, port = split_address(self.http_address)
-                self._http = HTTPReceiver(self.queue, host, port, grace_s=self.grace_s)
+                self._http = HTTPReceiver(self.queue, host, port, grace_s=self.grace_s,
+                                          max_body_bytes=self.max_request_bytes, **limits)
                 self.http_port = self._http.start()
         except BaseException:
             self.stop()

@@ -14,6 +14,10 @@ Attribute encoding (ClickHouse ``otel_traces`` compatible): every value is strin
 base64); ints (not bools) are also in ``SpanAttributesInt`` and floats in ``SpanAttributesFloat``.
 Event and link attributes are string maps.  :func:`table_to_rows` reads a table back into plain
 dicts (tests, debugging).
+
+Every text column is built by :func:`kvtrace.store.sanitise.strings`: one ``pa.array`` call, and
+only when Arrow refuses a value (an unpaired surrogate ``"\\ud800"``, non-UTF-8 bytes) that
+column is redone with the bad values escaped; the rest of the batch is untouched.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.status import Status
 
 from kvtrace import semconv as sc
+from kvtrace.store.sanitise import strings, text
 from kvtrace.store.schema import SCHEMA, SPAN_KINDS, STATUS_CODES, TS
 
 _STR, _INT, _FLOAT, _BOOL, _OTHER = 0, 1, 2, 3, 4
@@ -62,14 +67,19 @@ _json_cache: dict = {}
 
 
 def _other_to_str(value: Any) -> str:
-    """Stringify a non-scalar attribute value: sequences/mappings as JSON, bytes as base64."""
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, int, float)):
-        return str(value)
-    return json.dumps(value, default=_json_default, separators=(",", ":"), ensure_ascii=False)
+    """Stringify a non-scalar attribute value: sequences/mappings as JSON, bytes as base64; a
+    value none of that works for (a cyclic list, a mapping with tuple keys) as
+    :func:`kvtrace.store.sanitise.text` of it."""
+    try:
+        if isinstance(value, (bytes, bytearray)):
+            return base64.b64encode(bytes(value)).decode("ascii")
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (str, int, float)):
+            return str(value)
+        return json.dumps(value, default=_json_default, separators=(",", ":"), ensure_ascii=False)
+    except Exception:
+        return text(value)
 
 
 def _tuple_to_str(value: Any) -> str:
@@ -129,13 +139,14 @@ def _hex64(ids: list[int], present: np.ndarray | None = None) -> pa.Array:
     return pa.StringArray.from_buffers(n, offsets(lengths).buffers()[1], pa.py_buffer(chars))
 
 
-def string_maps(dicts: Sequence[dict]) -> pa.Array:
+def string_maps(dicts: Sequence[dict], where: str = "attributes") -> pa.Array:
     """MapArray<string,string> of ``dicts`` (event/link/resource attributes: small, simple path)."""
     keys = list(chain.from_iterable(dicts))
     values = list(chain.from_iterable(d.values() for d in dicts))
     strs = [v if type(v) is str else _other_to_str(v) for v in values]
     return pa.MapArray.from_arrays(
-        offsets([len(d) for d in dicts]), pa.array(keys, pa.string()), pa.array(strs, pa.string())
+        offsets([len(d) for d in dicts]), strings(keys, f"{where} key"),
+        strings(strs, where, lambda i: f"{where}[{text(keys[i])!r}]"),
     )
 
 
@@ -197,6 +208,12 @@ def _demote_big_ints(vals: list[list], poss: list[np.ndarray]) -> pa.Array:
         return pa.array(vals[_INT], pa.int64())
 
 
+def _key_at(keys: pa.Array, pos: np.ndarray):
+    """Names the attribute at index ``i`` of a value list whose map positions are ``pos``
+    (for the sanitised-value log line, never on the fast path)."""
+    return lambda i: f"SpanAttributes[{keys[int(pos[i])].as_py()!r}]"
+
+
 def attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array]:
     """(SpanAttributes, SpanAttributesInt, SpanAttributesFloat) for one batch.
 
@@ -209,15 +226,15 @@ def attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array
     total = int(off[-1])
     distinct, gid = _group_by_keys(attr_dicts)
     vals, poss = _classify(attr_dicts, distinct, gid, off[:-1].astype(np.intp))
-    key_pool = pa.array(list(chain.from_iterable(distinct)), pa.string())
+    key_pool = strings(list(chain.from_iterable(distinct)), "SpanAttributes key")
     key_start = np.zeros(len(distinct) + 1, dtype=np.int64)
     np.cumsum(list(map(len, distinct)), out=key_start[1:])
     keys = key_pool.take(pa.array(np.repeat(key_start[gid] - off[:-1], lengths) + np.arange(total)))
     ints = _demote_big_ints(vals, poss)
     floats = pa.array(vals[_FLOAT], pa.float64())
-    parts = [pa.array(vals[_STR], pa.string()), ints.cast(pa.string()), floats.cast(pa.string()),
-             pa.array(list(map(_BOOL_STR.__getitem__, vals[_BOOL])), pa.string()),
-             pa.array(list(map(_tuple_to_str, vals[_OTHER])), pa.string())]
+    parts = [strings(vals[_STR], "SpanAttributes", _key_at(keys, poss[_STR])), ints.cast(pa.string()),
+             floats.cast(pa.string()), pa.array(list(map(_BOOL_STR.__getitem__, vals[_BOOL])), pa.string()),
+             strings(list(map(_tuple_to_str, vals[_OTHER])), "SpanAttributes", _key_at(keys, poss[_OTHER]))]
     inverse = np.empty(total, dtype=np.intp)
     inverse[np.concatenate(poss)] = np.arange(total)
     strs = pa.concat_arrays(parts).take(pa.array(inverse))
@@ -249,12 +266,12 @@ def _nested(events_per_span: Sequence, links_per_span: Sequence) -> list[pa.Arra
     ctxs = [lk.context for lk in links]
     return [
         pa.ListArray.from_arrays(ev_off, pa.array([e.timestamp for e in events], pa.int64()).cast(TS)),
-        pa.ListArray.from_arrays(ev_off, pa.array([e.name for e in events], pa.string())),
-        pa.ListArray.from_arrays(ev_off, string_maps([_as_dict(e.attributes) for e in events])),
+        pa.ListArray.from_arrays(ev_off, strings([e.name for e in events], "Events.Name")),
+        pa.ListArray.from_arrays(ev_off, string_maps([_as_dict(e.attributes) for e in events], "Events.Attributes")),
         pa.ListArray.from_arrays(ln_off, pa.array([format(c.trace_id, "032x") for c in ctxs], pa.string())),
         pa.ListArray.from_arrays(ln_off, _hex64([c.span_id for c in ctxs])),
-        pa.ListArray.from_arrays(ln_off, pa.array([_trace_state(c) for c in ctxs], pa.string())),
-        pa.ListArray.from_arrays(ln_off, string_maps([_as_dict(lk.attributes) for lk in links])),
+        pa.ListArray.from_arrays(ln_off, strings([_trace_state(c) for c in ctxs], "Links.TraceState")),
+        pa.ListArray.from_arrays(ln_off, string_maps([_as_dict(lk.attributes) for lk in links], "Links.Attributes")),
     ]
 
 
@@ -272,12 +289,12 @@ def _by_identity(objs: Sequence, convert) -> tuple[list, np.ndarray]:
     return list(map(convert, distinct.values())), np.fromiter(map(index.__getitem__, ids), np.int32, len(ids))
 
 
-def _shared_strings(objs: Sequence, convert) -> pa.Array:
+def _shared_strings(objs: Sequence, convert, where: str) -> pa.Array:
     """String column of ``convert(obj)`` per row, converting each distinct object once."""
     strs, take = _by_identity(objs, convert)
     if len(strs) == 1:
-        return pa.array(strs * len(take), pa.string())
-    return pa.array(strs, pa.string()).take(pa.array(take))
+        return strings(strs * len(take), where)
+    return strings(strs, where).take(pa.array(take))
 
 
 def _fields(spans: Sequence) -> list[list]:
@@ -303,7 +320,7 @@ def _status_columns(statuses: Sequence) -> list[pa.Array]:
         code_strs = list(map(_STATUS_BY_ID.__getitem__, map(id, codes)))
     except KeyError:
         code_strs = [_STATUS[c] for c in codes]
-    return [pa.array(code_strs, pa.string()), pa.array([d or "" for d in descs], pa.string())]
+    return [pa.array(code_strs, pa.string()), strings([d or "" for d in descs], "StatusMessage")]
 
 
 def _kind_column(kinds: Sequence) -> pa.Array:
@@ -326,7 +343,7 @@ def _id_columns(ctxs: Sequence, parents: Sequence) -> list[pa.Array]:
         pa.array(list(map(hex_of.__getitem__, trace_ids)), pa.string()),
         _hex64(span_ids),
         _hex64(parent_ids, np.array(has_parent, dtype=bool)),
-        _shared_strings(states, lambda s: s.to_header() if s else ""),
+        _shared_strings(states, lambda s: s.to_header() if s else "", "TraceState"),
     ]
 
 
@@ -335,8 +352,8 @@ def _resource_columns(resources: Sequence) -> list[pa.Array]:
     res_attrs, take = _by_identity(resources, lambda r: _as_dict(r.attributes))
     take = pa.array(take)
     return [
-        pa.array([str(r.get(sc.SERVICE_NAME, "")) for r in res_attrs], pa.string()).take(take),
-        string_maps(res_attrs).take(take),
+        strings([str(r.get(sc.SERVICE_NAME, "")) for r in res_attrs], "ServiceName").take(take),
+        string_maps(res_attrs, "ResourceAttributes").take(take),
     ]
 
 
@@ -351,11 +368,11 @@ def spans_to_table(spans: Sequence) -> pa.Table:
     columns = [
         pa.array(start).cast(TS),
         *_id_columns(ctxs, parents),
-        pa.array(names, pa.string()),
+        strings(names, "SpanName"),
         _kind_column(kinds),
         *_resource_columns(resources),
-        _shared_strings(scopes, lambda s: s.name if s else ""),
-        _shared_strings(scopes, lambda s: (s.version or "") if s else ""),
+        _shared_strings(scopes, lambda s: s.name if s else "", "ScopeName"),
+        _shared_strings(scopes, lambda s: (s.version or "") if s else "", "ScopeVersion"),
         span_map,
         pa.array(np.where(end > 0, end - start, 0)),
         *_status_columns(statuses),

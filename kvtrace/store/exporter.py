@@ -5,8 +5,12 @@ Installed by :func:`kvtrace.configure` under a ``BatchSpanProcessor``.  Durabili
 - every ``export()`` call writes its batch as one complete zstd Parquet file per Hive partition
   (``date=YYYY-MM-DD/hour=HH`` of the span start, UTC), via a dot-tmp name and an atomic rename
   to ``<writer>-b<seq>.parquet``; ``writer`` = host-pid-random, so any number of processes can
-  write one directory.  When ``export`` returns SUCCESS the spans are on disk: a crash loses at
-  most the batch in flight, and SIGTERM (which flushes the processor) loses nothing exported.
+  write one directory.  When ``export`` returns SUCCESS the spans are in a complete file: a
+  crash of the process loses at most the batch in flight, and SIGTERM (which flushes the
+  processor) loses nothing exported.  The file is in the OS's page cache, not necessarily on
+  disk: an OS crash or power loss can still lose the last seconds of files unless
+  ``fsync=True`` (file data and directory entries are fsynced before ``export`` returns;
+  ``kvtrace collect --durable-ack`` uses it).
 - rolling: once a partition's own batch files reach ``roll_bytes`` or ``roll_seconds`` of age,
   they are merged into ``<writer>-s<first>-<last>.parquet`` (same atomic write).  The batch files
   it supersedes are hidden from readers by :func:`kvtrace.store.files.list_files` at once and
@@ -14,7 +18,9 @@ Installed by :func:`kvtrace.configure` under a ``BatchSpanProcessor``.  Durabili
   missing file.  Merge or clean-up failures are logged; the batch files stay valid.
 
 Errors are logged and returned as ``SpanExportResult.FAILURE``; nothing is ever raised into the
-SDK or the host process.
+SDK or the host process.  One bad value never fails a batch: text Arrow cannot store is escaped
+(:mod:`kvtrace.store.sanitise`), and should a batch still not convert as a whole, it is
+converted span by span and only the spans that fail are dropped (both logged, rate-limited).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from kvtrace import settings
 from kvtrace.store import files, writer
 from kvtrace.store.convert import spans_to_table
+from kvtrace.store.sanitise import DROPPED_SPANS
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +78,10 @@ class ParquetSpanExporter(SpanExporter):
         roll_bytes: int | None = None,
         roll_seconds: float | None = None,
         grace_seconds: float | None = None,
+        fsync: bool = False,
     ) -> None:
         self.directory = os.fspath(directory)
+        self.fsync = fsync
         self.roll_bytes = int(settings.ROLL_BYTES.get(roll_bytes))
         self.roll_seconds = float(settings.ROLL_SECONDS.get(roll_seconds))
         self.grace_seconds = (
@@ -97,7 +106,7 @@ class ParquetSpanExporter(SpanExporter):
         """Write ``spans`` durably (one file per partition), then roll/sweep if due."""
         if not spans:
             return SpanExportResult.FAILURE if self._closed else SpanExportResult.SUCCESS
-        return self._export(len(spans), lambda: spans_to_table(spans))
+        return self._export(len(spans), lambda: _to_table(spans))
 
     def export_table(self, table: pa.Table) -> SpanExportResult:
         """Like :meth:`export`, for rows already in :data:`kvtrace.store.schema.SCHEMA`
@@ -144,7 +153,7 @@ class ParquetSpanExporter(SpanExporter):
             self._seq += 1
             directory = os.path.join(self.directory, part)
             name = files.batch_name(self.writer, self._seq)
-            size = writer.write_atomic(rows, directory, name)
+            size = writer.write_atomic(rows, directory, name, fsync=self.fsync)
             pending = self._pending.setdefault(part, _Pending(since=time.monotonic()))
             pending.seqs.append(self._seq)
             pending.paths.append(os.path.join(directory, name))
@@ -175,6 +184,36 @@ class ParquetSpanExporter(SpanExporter):
             return
         directory = os.path.join(self.directory, part)
         name = files.segment_name(self.writer, pending.seqs[0], pending.seqs[-1])
-        writer.merge(pending.paths, directory, name)
+        writer.merge(pending.paths, directory, name, fsync=self.fsync)
         del self._pending[part]
         self._sweep_due.append((time.monotonic() + self.grace_seconds, directory))
+
+
+def _to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
+    """:func:`spans_to_table`; should the batch not convert as a whole, its halves are tried
+    (recursively), so only the spans that fail on their own are dropped (and reported)."""
+    try:
+        return spans_to_table(spans)
+    except Exception as exc:
+        if len(spans) == 1:
+            raise
+        first = exc
+    failed: list[str] = []
+    mid = len(spans) // 2
+    tables = _salvage(spans[:mid], failed) + _salvage(spans[mid:], failed)
+    if not tables:
+        raise first
+    if failed:
+        DROPPED_SPANS.note(len(failed), failed[0])
+    return pa.concat_tables(tables)
+
+
+def _salvage(spans: Sequence[ReadableSpan], failed: list[str]) -> list[pa.Table]:
+    try:
+        return [spans_to_table(spans)]
+    except Exception as exc:
+        if len(spans) == 1:
+            failed.append(f"span {getattr(spans[0], 'name', '?')!r}: {type(exc).__name__}: {exc}")
+            return []
+    mid = len(spans) // 2
+    return _salvage(spans[:mid], failed) + _salvage(spans[mid:], failed)

@@ -105,9 +105,13 @@ def _write_options(level: int, segment: bool) -> dict:
 
 
 def write_atomic(table: pa.Table, directory: str, name: str, *, level: int = BATCH_ZSTD_LEVEL,
-                 segment: bool = False) -> int:
-    """Write ``table`` as ``directory/name`` via a dot-tmp file + rename; return its bytes."""
-    os.makedirs(directory, exist_ok=True)
+                 segment: bool = False, fsync: bool = False) -> int:
+    """Write ``table`` as ``directory/name`` via a dot-tmp file + rename; return its bytes.
+
+    ``fsync``: the file's data, then its directory entry (and those of directories created
+    for it), are on stable storage when this returns, so the file survives an OS crash or a
+    power loss, not only a crash of this process."""
+    makedirs(directory, fsync=fsync)
     final = os.path.join(directory, name)
     tmp = os.path.join(directory, files.tmp_name(name))
     sink = pa.BufferOutputStream()
@@ -116,15 +120,48 @@ def write_atomic(table: pa.Table, directory: str, name: str, *, level: int = BAT
     try:
         with open(tmp, "wb") as f:
             f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         size = data.size
         os.replace(tmp, final)
     except BaseException:
         _unlink_quietly(tmp)
         raise
+    if fsync:
+        fsync_path(directory)
     return size
 
 
-def merge(paths: list[str], directory: str, name: str) -> int:
+def fsync_path(path: str) -> None:
+    """``fsync`` a file (its data) or a directory (its entries: renames, new files)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs(directory: str, *, fsync: bool = False) -> None:
+    """``os.makedirs(directory, exist_ok=True)``; with ``fsync``, the entry of each directory it
+    creates is made durable in that directory's parent."""
+    missing = []
+    path = os.path.abspath(directory)
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not missing:
+        return
+    os.makedirs(directory, exist_ok=True)
+    if fsync:
+        for path in missing:
+            fsync_path(os.path.dirname(path))
+
+
+def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -> int:
     """Merge complete files ``paths`` (one writer's batch files) into segment ``name``, in export
     order and streaming: at most about one row group (:data:`SEGMENT_ROW_GROUP` rows) of decoded
     spans is held in memory, not the whole segment (~1 KB/span decoded, 64 MB of batch files)."""
@@ -145,11 +182,16 @@ def merge(paths: list[str], directory: str, name: str) -> int:
             if pending:
                 out.write_table(pa.concat_tables(pending), row_group_size=rows)
         size = os.path.getsize(tmp)
+        if fsync:  # the segment supersedes batch files: it must be durable before it is visible
+            fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
         _unlink_quietly(tmp)
         raise
+    if fsync:
+        fsync_path(directory)
     return size
+
 
 
 def _unlink_quietly(path: str) -> None:
