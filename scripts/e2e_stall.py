@@ -110,17 +110,18 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
     driver_log = run_dir / "driver.log"
     loads, dumps, reasons = [os.getloadavg()[0]], [], []
     machine, started_at = _machine(), time.strftime("%H:%M:%S")
-    started = tick = time.monotonic()
-    max_gap = 0.0
+    started = time.monotonic()
+    max_late = 0.0
     with open(driver_log, "wb") as log:
         child = subprocess.Popen(_child_command(args, connector, run_dir), stdout=log, stderr=subprocess.STDOUT,
                                  cwd=ROOT, start_new_session=True)
     mark, last_progress, shm_seen, last_dump = None, started, 0, 0.0
     try:
         while child.poll() is None:
+            slept = time.monotonic()
             time.sleep(POLL_S)  # the monitor's sampling period
             now = time.monotonic()
-            max_gap, tick = max(max_gap, now - tick), now  # > POLL_S: this monitor itself was not run
+            max_late = max(max_late, now - slept - POLL_S)  # woken this late: the machine did not run it
             loads.append(os.getloadavg()[0])
             if now - started > args.run_timeout:
                 reasons.append(f"run timeout {args.run_timeout}s")
@@ -152,7 +153,7 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
         "mode": "pytest" if args.pytest else "scenario", "rc": child.returncode,
         "wall_s": round(time.monotonic() - started, 1), "rig_wall_s": float(wall.group(1)) if wall else None,
         "load_start": round(loads[0], 2), "load_mean": round(statistics.fmean(loads), 2), "load_max": round(max(loads), 2),
-        "started_at": started_at, "monitor_max_gap_s": round(max_gap, 1),
+        "started_at": started_at, "monitor_late_s": round(max_late, 1),
         "steal_s": (after["steal"] - machine["steal"]) / os.sysconf("SC_CLK_TCK"),
         "cpu_pressure_pct": round(100 * (after["psi_cpu_us"] - machine["psi_cpu_us"]) / 1e6 / max(1e-9, time.monotonic() - started), 1),
         "kernel_events": after["kernel"][len(machine["kernel"]):],
@@ -162,11 +163,11 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
 
 
 def _summary(results: list[dict]) -> str:
-    lines = ["| run | start | connector | layout | rc | wall s | load mean (max) | CPU pressure % | monitor gap s "
+    lines = ["| run | start | connector | layout | rc | wall s | load mean (max) | CPU pressure % | monitor late s "
              "| kernel events | shm warnings | stall dumps | pytest |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['run']} | {r['started_at']} | {r['connector']} | {r['layout']} | {r['rc']} | {r['wall_s']} | "
-                     f"{r['load_mean']} ({r['load_max']}) | {r['cpu_pressure_pct']} | {r['monitor_max_gap_s']} | "
+                     f"{r['load_mean']} ({r['load_max']}) | {r['cpu_pressure_pct']} | {r['monitor_late_s']} | "
                      f"{len(r['kernel_events'])} | {r['shm_warnings']} | {len(r['stacks'])} | {r['pytest'] or ''} |")
     lines.append("")
     for connector in sorted({r["connector"] for r in results}):

@@ -189,7 +189,7 @@ def test_stall_script_dumps_stacks_on_the_shm_warning_and_on_silence(tmp_path, m
     stacks = Path(result["stacks"][0]).read_text()
     assert stacks.startswith("# shared-memory stall warning #1 at +") and "engine_stalls_here" in stacks
     assert re.search(r"^\| 0 \| \d\d:\d\d:\d\d \| plain \| mp \| -9 \| ", (out / "summary.md").read_text(), re.M)
-    assert result["monitor_max_gap_s"] >= 0.2 and result["steal_s"] >= 0 and isinstance(result["kernel_events"], list)
+    assert result["monitor_late_s"] >= 0 and result["steal_s"] >= 0 and isinstance(result["kernel_events"], list)
 
 
 # ---------------------------------------------------------------------------- the plain-connector arm
