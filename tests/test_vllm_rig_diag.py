@@ -214,3 +214,19 @@ def test_rig_stop_terminates_every_server(tmp_path):
                  interval=0.05)
     rig.stop()
     assert [s.proc.returncode for s in servers] == [-signal.SIGTERM, -signal.SIGTERM]
+
+
+def test_stall_script_summarizes_several_outputs(tmp_path, capsys):
+    def result(run, connector, rc, wall, shm):
+        return {"run": run, "connector": connector, "layout": "mp", "rc": rc, "wall_s": wall, "load_mean": 10.0,
+                "load_max": 12.0, "shm_warnings": shm, "stacks": ["s"] * shm, "pytest": None}
+
+    for name, rows in {"a": [result(0, "plain", 0, 300.0, 0), result(1, "kvtrace", 1, 500.0, 1)],
+                       "b": [result(0, "plain", 0, 400.0, 2), result(1, "kvtrace", 0, 200.0, 0)]}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _stall_script().summarize([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "- kvtrace: 2 runs, 1 failed, 1 with a shared-memory stall warning; wall median 350 s, max 500 s" in out
+    assert "- plain: 2 runs, 0 failed, 1 with a shared-memory stall warning; wall median 350 s, max 400 s" in out
+    assert out.count("| mp |") == 4
