@@ -70,6 +70,8 @@ def test_deadline_wait_fails_with_stacks_of_every_process_and_the_log_tail(tree)
     parent, child = diag.process_tree(server.proc.pid)
     assert f"=== pid {parent} " in msg and f"=== pid {child} " in msg
     assert "parent_waits_here (<string>:7)" in msg and "child_waits_here (<string>:3)" in msg
+    # the kernel's view of each thread too (what py-spy cannot show for a thread stuck in the kernel)
+    assert re.search(rf"--- threads \(/proc\):\n  tid {parent} 'python' state S cpu_ticks \d+ wchan \S+", msg)
 
 
 @needs_py_spy

@@ -46,14 +46,38 @@ def title(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
 
 
+def kernel_view(pid: int) -> str:
+    """Each thread's scheduler state (R running, S sleeping, D uninterruptible ...), CPU ticks and
+    kernel wait channel, with the kernel stack of threads not sleeping: what py-spy cannot show when
+    a thread is stuck in the kernel (py-spy then cannot stop the process either)."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+        try:
+            stat = (task / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            wchan = (task / "wchan").read_text().strip() or "-"
+        except (OSError, ValueError):
+            continue
+        state, ticks = fields[0], int(fields[11]) + int(fields[12])
+        lines.append(f"  tid {task.name} {comm!r} state {state} cpu_ticks {ticks} wchan {wchan}")
+        if state not in ("S", "I"):
+            try:
+                lines += ["      " + line for line in (task / "stack").read_text().splitlines()[:12]]
+            except OSError:
+                pass
+    return "\n".join(lines)
+
+
 def _dump_one(exe: str, pid: int, native: bool, timeout_s: float) -> str:
     cmd = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else [])
+    before = kernel_view(pid)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         out = done.stdout + (f"\n[py-spy exit {done.returncode}] {done.stderr.strip()}" if done.returncode else "")
     except subprocess.TimeoutExpired:
-        out = f"[py-spy dump timed out after {timeout_s}s]"
-    return f"=== pid {pid} {title(pid)}\n{out.rstrip()}\n"
+        out = f"[py-spy dump timed out after {timeout_s}s]\n--- threads after the timeout:\n{kernel_view(pid)}"
+    return f"=== pid {pid} {title(pid)}\n{out.rstrip()}\n--- threads (/proc):\n{before}\n"
 
 
 def dump_stacks(pids: list[int], *, native: bool = True, timeout_s: float = 30) -> str:
