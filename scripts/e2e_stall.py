@@ -96,6 +96,17 @@ def _machine() -> dict:
     return counters
 
 
+def _sample_threads(path: Path, pid: int, elapsed: float) -> None:
+    """Append every vLLM thread's state, CPU ticks and wait channel (cheap /proc reads): a stall's
+    window then shows whether the stalled worker ran, slept or sat in the kernel."""
+    with open(path, "a") as f:
+        f.write(f"@ +{elapsed:.1f}s load {os.getloadavg()[0]:.2f}\n")
+        for proc in diag.process_tree(pid):
+            name = diag.title(proc)
+            if name.startswith("VLLM::") or "api_server" in name:
+                f.write(f"pid {proc} {name[:40]}\n{diag.kernel_view(proc, stacks=False)}\n")
+
+
 def _kill_tree(pid: int) -> None:
     """SIGKILL the run and every server it started (servers run in their own sessions)."""
     for p in reversed(diag.process_tree(pid)):
@@ -124,6 +135,8 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
             now = time.monotonic()
             max_late = max(max_late, now - slept - POLL_S)  # woken this late: the machine did not run it
             loads.append(os.getloadavg()[0])
+            if args.sample_threads:
+                _sample_threads(run_dir / "threads.log", child.pid, now - started)
             if now - started > args.run_timeout:
                 reasons.append(f"run timeout {args.run_timeout}s")
                 dumps.append(_dump(run_dir, child.pid, len(dumps), reasons[-1], now - started))
@@ -200,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dumps", type=int, default=5)
     parser.add_argument("--run-timeout", type=float, default=900.0)
     parser.add_argument("--ready-s", type=float, default=240.0, help="start-up deadline of the servers (scenario runs)")
+    parser.add_argument("--sample-threads", action="store_true", help="log every vLLM thread's state every 2 s")
     args = parser.parse_args(argv)
     connectors = args.connector.split(",")
     if not set(connectors) <= {"kvtrace", "plain"} or (args.pytest and connectors != ["kvtrace"]):

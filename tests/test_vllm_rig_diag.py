@@ -180,7 +180,7 @@ def test_stall_script_dumps_stacks_on_the_shm_warning_and_on_silence(tmp_path, m
     monkeypatch.setattr(script, "POLL_S", 0.2)
     out = tmp_path / "out"
     rc = script.main(["--runs", "1", "--connector", "plain", "--layout", "mp", "--out", str(out), "--stall-s", "1",
-                      "--max-dumps", "2", "--run-timeout", "4"])
+                      "--max-dumps", "2", "--run-timeout", "4", "--sample-threads"])
     assert rc == 1
     [result] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert (result["connector"], result["layout"], result["shm_warnings"]) == ("plain", "mp", 1)
@@ -188,6 +188,8 @@ def test_stall_script_dumps_stacks_on_the_shm_warning_and_on_silence(tmp_path, m
     assert (first, second[:len("no progress for ")], last) == (
         "shared-memory stall warning #1", "no progress for ", "run timeout 4.0s")
     assert result["rc"] == -signal.SIGKILL and len(result["stacks"]) == 3
+    samples = (Path(result["dir"]) / "threads.log").read_text().splitlines()
+    assert samples and all(line.startswith("@ +") for line in samples)  # the fake run has no vLLM process
     stacks = Path(result["stacks"][0]).read_text()
     assert stacks.startswith("# shared-memory stall warning #1 at +") and "engine_stalls_here" in stacks
     assert re.search(r"^\| 0 \| \d\d:\d\d:\d\d \| plain \| mp \| -9 \| ", (out / "summary.md").read_text(), re.M)

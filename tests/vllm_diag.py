@@ -46,7 +46,7 @@ def title(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
 
 
-def kernel_view(pid: int) -> str:
+def kernel_view(pid: int, *, stacks: bool = True) -> str:
     """Each thread's scheduler state (R running, S sleeping, D uninterruptible ...), CPU ticks and
     kernel wait channel, with the kernel stack of threads not sleeping: what py-spy cannot show when
     a thread is stuck in the kernel (py-spy then cannot stop the process either)."""
@@ -61,7 +61,7 @@ def kernel_view(pid: int) -> str:
             continue
         state, ticks = fields[0], int(fields[11]) + int(fields[12])
         lines.append(f"  tid {task.name} {comm!r} state {state} cpu_ticks {ticks} wchan {wchan}")
-        if state not in ("S", "I"):
+        if stacks and state not in ("S", "I"):
             try:
                 lines += ["      " + line for line in (task / "stack").read_text().splitlines()[:12]]
             except OSError:
