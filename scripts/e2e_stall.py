@@ -48,7 +48,7 @@ def _child_command(args, connector: str, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s", str(ROOT / "tests/test_vllm_e2e.py"),
                 "--basetemp", str(run_dir / "pytest")]
     return [sys.executable, __file__, "_one", "--base", str(run_dir), "--layout", args.layout, "--connector", connector,
-            "--ready-s", str(args.ready_s)]
+            "--ready-s", str(args.ready_s)] + (["--keep-vllm-pinning"] if args.keep_vllm_pinning else [])
 
 
 def _progress_mark(run_dir: Path, driver_log: Path) -> tuple[int, int]:
@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=900.0)
     parser.add_argument("--ready-s", type=float, default=240.0, help="start-up deadline of the servers (scenario runs)")
     parser.add_argument("--sample-threads", action="store_true", help="log every vLLM thread's state every 2 s")
+    parser.add_argument("--keep-vllm-pinning", action="store_true",
+                        help="leave vLLM's NIXL worker threads pinned to the last core (scenario runs)")
     args = parser.parse_args(argv)
     connectors = args.connector.split(",")
     if not set(connectors) <= {"kvtrace", "plain"} or (args.pytest and connectors != ["kvtrace"]):
@@ -243,11 +245,13 @@ def _one(argv: list[str]) -> int:
     parser.add_argument("--layout", choices=("uni", "mp"), required=True)
     parser.add_argument("--connector", choices=("kvtrace", "plain"), required=True)
     parser.add_argument("--ready-s", type=float, required=True)
+    parser.add_argument("--keep-vllm-pinning", action="store_true")
     args = parser.parse_args(argv)
     import vllm_scenario
 
     try:
-        vllm_scenario.run(args.base, layout=args.layout, connector=args.connector, ready_s=args.ready_s)
+        vllm_scenario.run(args.base, layout=args.layout, connector=args.connector, ready_s=args.ready_s,
+                          unpin=not args.keep_vllm_pinning)
     except Exception:
         traceback.print_exc()
         return 1

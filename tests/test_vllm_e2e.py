@@ -8,6 +8,8 @@ is bounded and fails with every vLLM process's stacks and log tail (vllm_pd.RigE
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import require_vllm
@@ -264,3 +266,10 @@ def test_connector_spans_come_from_each_engines_scheduler_process(rig_run):
                 "FROM spans WHERE substrate = ?", [ResourceAttributes.PROCESS_PID, sc.SUBSTRATE_VLLM])
     assert {tuple(r.values()) for r in got} == {
         (s.service_name, s.engine_id, s.role, str(pids[s.name]["VLLM::EngineCore"][0])) for s in servers}
+
+
+def test_every_engine_thread_may_use_every_cpu(rig_run):
+    """vLLM pins its NIXL worker's thread (and what it starts) to the last core; the rig undoes it
+    so the three engines do not queue on one core (docs/troubleshooting.md)."""
+    wide = frozenset(os.sched_getaffinity(0))
+    assert rig_run["affinities"] == {name: {wide} for name in ("p", "d", "d2")}

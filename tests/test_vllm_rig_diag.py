@@ -234,3 +234,29 @@ def test_stall_script_summarizes_several_outputs(tmp_path, capsys):
     assert "- kvtrace: 2 runs, 1 failed, 1 with a shared-memory stall warning; wall median 350 s, max 500 s" in out
     assert "- plain: 2 runs, 0 failed, 1 with a shared-memory stall warning; wall median 350 s, max 400 s" in out
     assert out.count("| mp |") == 4
+
+
+# a thread that pins itself to the last CPU, as vLLM's NIXL worker does, then starts another
+PINNED = textwrap.dedent("""
+    import os, threading, time
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    print("pinned", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell pinned from not")
+def test_unpin_lets_every_thread_of_a_server_use_every_cpu(tmp_path):
+    server = _server(tmp_path, "pinned", PINNED)
+    try:
+        pd.Rig([server]).wait_for(lambda: "pinned" in diag.tail(server.log_path), deadline_s=30, what="pinned",
+                                  interval=0.05)
+        tids = [int(t.name) for t in Path(f"/proc/{server.proc.pid}/task").glob("*")]
+        assert {frozenset(os.sched_getaffinity(t)) for t in tids} == {frozenset({max(os.sched_getaffinity(0))})}
+        assert server.unpin() == 2  # the main thread and the one it started
+        assert {frozenset(os.sched_getaffinity(t)) for t in tids} == {frozenset(os.sched_getaffinity(0))}
+        assert server.unpin() == 0
+    finally:
+        server.proc.kill()
+        server.proc.wait()

@@ -112,6 +112,7 @@ class Server:
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",  # a 2-layer model gains nothing from a second OpenMP thread per engine
             "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(self.log_dir / "cache"),
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
         }
@@ -162,6 +163,24 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def unpin(self) -> int:
+        """Let every thread of this server run on every CPU this process may use; returns how many
+        threads were narrower.  vLLM's NIXL worker on CPU pins the thread that builds it to the last
+        core of each NUMA node (``NixlConnectorWorker.__init__``: ``os.sched_setaffinity(0,
+        [max core])``), and the threads that thread starts later (OpenMP, kvtrace's, OTel's) inherit
+        it: on a 2-core host every engine's forward pass would share core 1."""
+        wide = os.sched_getaffinity(0)
+        narrowed = 0
+        for pid in diag.process_tree(self.proc.pid):
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    if os.sched_getaffinity(int(task.name)) != wide:
+                        os.sched_setaffinity(int(task.name), wide)
+                        narrowed += 1
+                except OSError:  # the thread ended
+                    pass
+        return narrowed
+
     def engine_pids(self) -> dict[str, list[int]]:
         """Pids of this server's vLLM processes by title (``VLLM::EngineCore``, ``VLLM::Worker``)."""
         out: dict[str, list[int]] = {}
@@ -181,8 +200,9 @@ class Server:
 class Rig:
     """The servers of one run; bounded waits that fail with every server's stacks and logs."""
 
-    def __init__(self, servers: list[Server]) -> None:
+    def __init__(self, servers: list[Server], *, unpin: bool = True) -> None:
         self.servers = servers
+        self.unpin = unpin  # see Server.unpin
         self.started = time.monotonic()
 
     def progress(self, what: str) -> None:
@@ -199,6 +219,8 @@ class Rig:
         self.wait_for(lambda: all([s.ready() for s in self.servers]), deadline_s=deadline_s,
                       what="every vLLM server answering /health", interval=1.0)
         self.progress("servers ready: " + ", ".join(f"{s.name}={s.engine_pids()}" for s in self.servers))
+        if self.unpin:
+            self.progress("threads unpinned from one core: " + ", ".join(f"{s.name}={s.unpin()}" for s in self.servers))
 
     def stop(self) -> None:
         """Stop every server, all at once."""

@@ -25,10 +25,12 @@ span the test reads (vLLM's API server kills its engine at shutdown).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from pathlib import Path
 
+import vllm_diag as diag
 import vllm_pd as pd
 import vllm_rig as rig_model
 
@@ -69,13 +71,15 @@ def servers(base: Path, model: Path, *, layout: str = "uni", connector: str = "k
             "d2": pd.Server("d2", "decode", model, traces, base, ttl_s=D2_TTL_S, **kw)}
 
 
-def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace", ready_s: float = pd.READY_TIMEOUT_S) -> dict:
-    """Start P, D and D2 (ready within ``ready_s``), drive every conversation, stop the servers.
-    Returns what the test reads (turns, metric deltas, pids, wall time)."""
+def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace", ready_s: float = pd.READY_TIMEOUT_S,
+        unpin: bool = True) -> dict:
+    """Start P, D and D2 (ready within ``ready_s``; ``unpin``: undo vLLM's pinning, see
+    vllm_pd.Server.unpin), drive every conversation, stop the servers.  Returns what the test
+    reads (turns, metric deltas, pids, wall time)."""
     model = rig_model.make_tiny_model(base / "model")
     out = servers(base, model, layout=layout, connector=connector)
     p, d, d2, traces = out["p"], out["d"], out["d2"], out["traces"]
-    rig = pd.Rig([p, d, d2])
+    rig = pd.Rig([p, d, d2], unpin=unpin)
     out["rig"] = rig
     traced = connector == "kvtrace"
     try:
@@ -86,6 +90,8 @@ def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace", ready_s:
             out.update(_agent_session(rig, p, d, traces, model, traced))
         except Exception:
             out["agent_error"] = traceback.format_exc()
+        # after the traffic: threads started since (NIXL handshakes, ...) included
+        out["affinities"] = {s.name: _affinities(s) for s in (p, d, d2)}
         d.stop()
         _conversation_b(rig, out, traced)
         if traced:
@@ -95,6 +101,18 @@ def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace", ready_s:
     out["wall_s"] = time.monotonic() - rig.started
     rig.progress(f"vLLM P/D e2e wall time: {out['wall_s']:.1f}s")
     return out
+
+
+def _affinities(server: pd.Server) -> set[frozenset]:
+    """The distinct CPU sets the threads of the server's processes may run on."""
+    found = set()
+    for pid in diag.process_tree(server.proc.pid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                found.add(frozenset(os.sched_getaffinity(int(task.name))))
+            except OSError:  # the thread ended
+                pass
+    return found
 
 
 def _conversations_a_c(rig: pd.Rig, out: dict) -> None:
