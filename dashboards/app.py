@@ -26,6 +26,7 @@ PAGES = [
     st.Page("app_pages/reuse.py", title="KV reuse", url_path="reuse"),
     st.Page("app_pages/retention.py", title="Retention", url_path="retention"),
     st.Page("app_pages/latency.py", title="Latency by turn", url_path="latency"),
+    st.Page("app_pages/whatif.py", title="What-if", url_path="whatif"),
     st.Page("app_pages/compare.py", title="Run comparison", url_path="compare"),
 ]
 

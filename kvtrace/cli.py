@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "query": "kvtrace.store.cli",
     "compact": "kvtrace.store.compact",
     "report": "kvtrace.analysis.report_cli",
+    "whatif": "kvtrace.analysis.whatif_cli",
     "dashboard": "kvtrace.dashboards.cli",
     "collect": "kvtrace.collect.cli",
 }

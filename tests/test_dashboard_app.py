@@ -16,7 +16,7 @@ from kvtrace.testing.synth import sample_store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 PAGES = ["app_pages/sessions.py", "app_pages/drilldown.py", "app_pages/reuse.py", "app_pages/retention.py", "app_pages/latency.py",
-         "app_pages/compare.py"]
+         "app_pages/whatif.py", "app_pages/compare.py"]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,24 @@ def test_reuse_page_numbers_match(monkeypatch, runs):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Pulled tokens"] == f"{s['pulled_tokens']:,}"
     assert metrics["Break-even"] == f"{s['break_even_tokens']:,.0f} tokens"
+
+
+def test_whatif_page_numbers_match_the_replay(monkeypatch, runs):
+    from kvtrace.analysis import whatif_summary
+
+    at = _render(monkeypatch, runs / "bidir", page="app_pages/whatif.py")
+    a = whatif_summary.advice(connect(runs / "bidir"))
+    rc = a["recommendation"]
+    picked = next(r for r in a["rows"] if (r["ttl_s"], r["threshold"]) == (rc["ttl_s"], rc["threshold"]))
+    recorded = next(r for r in a["rows"] if r["recorded"])
+    metrics = {m.label: (m.value, m.delta) for m in at.metric}
+    assert metrics["Pulled"] == (f"{picked['pulled']:,} of {picked['decisions']:,}", f"recorded {recorded['pulled']:,}")
+    assert metrics["KV held"][0] == f"{picked['gib_s_held']:,.1f} GiB·s"
+    assert (at.select_slider[0].value, at.select_slider[1].value) == (rc["ttl_s"], rc["threshold"])
+    at.select_slider[0].set_value(0.0).run()  # TTL 0: nothing retained, nothing pulled
+    assert at.metric[1].value == "0.0 GiB·s" and at.metric[3].value.startswith("0 of ")
+    shown = at.dataframe[0].value
+    assert len(shown) == len(a["rows"]) and shown["recorded"].sum() == 1
 
 
 def test_compare_page_shows_ratios(monkeypatch, runs):

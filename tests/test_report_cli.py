@@ -45,6 +45,9 @@ def test_markdown_with_plots_and_comparison(runs, tmp_path, capsys):
     assert _cell(md, "pulled tokens") == f"{reuse.summary(con)['pulled_tokens']:,}"
     assert "## Comparison with" in md
     assert "wrote" in capsys.readouterr().err
+    # the what-if section: the recommendation and the recorded setting's row (TTL 480 s, threshold 64)
+    assert "## What-if: retention TTL and recompute threshold" in md and "\nRecommendation: decoder_kv_blocks_ttl" in md
+    assert re.search(r"^\| 480 +\| 64 +\|.*\| yes +\|$", md, re.M)
 
 
 def test_html_embeds_plots(runs, tmp_path):
@@ -53,7 +56,7 @@ def test_html_embeds_plots(runs, tmp_path):
     page = out.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG) for i in images)
-    assert page.count("<table>") == 7 and "<h2>KV reuse</h2>" in page
+    assert page.count("<table>") == 8 and "<h2>KV reuse</h2>" in page
 
 
 def test_stdout_markdown_has_tables_only(runs, capsys):

@@ -44,9 +44,10 @@ async def test_one_provider_per_worker_with_sim_resource():
     assert {s.name for s in exported} == {sc.SPAN_ENGINE_PREFILL, sc.SPAN_KV_DECISION}
     res = dict(exported[0].resource.attributes)
     assert {k: res[k] for k in (sc.SERVICE_NAME, sc.SUBSTRATE, sc.ENGINE_ID, sc.ENGINE_ROLE, sc.SIM_TIME_SCALE,
-                                 sc.SIM_PRESET)} == {
+                                 sc.SIM_PRESET, sc.ENGINE_KV_POOL_BYTES)} == {
         sc.SERVICE_NAME: "kvtrace-sim-prefill", sc.SUBSTRATE: sc.SUBSTRATE_SIM, sc.ENGINE_ID: "sim-prefill-1",
-        sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.SIM_TIME_SCALE: 4.0, sc.SIM_PRESET: "glm5-fp8"}
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.SIM_TIME_SCALE: 4.0, sc.SIM_PRESET: "glm5-fp8",
+        sc.ENGINE_KV_POOL_BYTES: 65536 * 16 * 51_168}  # capacity blocks x block size x glm5-fp8 bytes/token
     assert made[0][2].get_finished_spans() == ()
 
 

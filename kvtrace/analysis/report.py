@@ -11,7 +11,7 @@ import datetime as dt
 import html
 import io
 
-from kvtrace.analysis import compare, latency, retention, reuse, sessions, text
+from kvtrace.analysis import compare, latency, retention, reuse, sessions, text, whatif_summary
 from kvtrace.store.views.breakdown import PART_COLUMNS, PRECEDENCE
 
 
@@ -39,6 +39,7 @@ def build(con, directory: str, *, compare_con=None, compare_dir: str | None = No
     doc.append(("plot", "tokens_by_source"))
     doc.append(("md", "## Retention on decode workers\n\n" + text.md_table(*text.retention_rows(con))))
     doc.append(("plot", "retention"))
+    doc.append(("md", whatif_summary.report_section(con)))
     doc.append(("md", "## Latency by turn index\n\n" + text.md_table(*text.latency_rows(con))))
     doc.append(("plot", "ttft_by_turn"))
     if compare_con is not None:

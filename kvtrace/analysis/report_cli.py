@@ -18,8 +18,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Write a static report of one run's trace directory: session breakdown, KV reuse, retention,
-    latency by turn index (and, with --compare DIR2, the per-turn comparison against a baseline
-    run: ratios, bootstrap intervals and verdicts).  A directory holding several runs is refused.
+    a what-if replay of other retention TTLs and recompute thresholds, latency by turn index (and,
+    with --compare DIR2, the per-turn comparison against a baseline run: ratios, bootstrap
+    intervals and verdicts).  A directory holding several runs is refused.
 
     --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
     --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:
@@ -40,7 +41,7 @@ def run(args) -> int:
         raise CLIError("plots need matplotlib: pip install 'kvtrace[report]' (or pass --no-plots)")
     doc, images = report.build(con, directory, compare_con=base, compare_dir=args.compare, plots=plots)
     if args.format == "html":
-        _write(args.output, report.to_html(doc, images))
+        write_output(args.output, report.to_html(doc, images))
         return 0
     links = {}
     if args.output:
@@ -50,11 +51,12 @@ def run(args) -> int:
             with open(path, "wb") as f:
                 f.write(png)
             links[name] = os.path.basename(path)
-    _write(args.output, report.to_markdown(doc, links))
+    write_output(args.output, report.to_markdown(doc, links))
     return 0
 
 
-def _write(path: str | None, content: str) -> None:
+def write_output(path: str | None, content: str, command: str = "report") -> None:
+    """``content`` to ``path`` (a one-line CLIError when it cannot be written), else to stdout."""
     if not path:
         sys.stdout.write(content)
         return
@@ -65,7 +67,7 @@ def _write(path: str | None, content: str) -> None:
             f.write(content)
     except OSError as exc:
         raise CLIError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"kvtrace report: wrote {path}", file=sys.stderr)
+    print(f"kvtrace {command}: wrote {path}", file=sys.stderr)
 
 
 def _missing(module: str) -> bool:

@@ -48,10 +48,10 @@ def _render(fmt: str, columns: list[str], rows: list[tuple]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run SQL over one run of a trace directory with the kvtrace views (spans, requests,
     kv_decisions, kv_transfers, kv_retention, engine_requests, llm_calls, tool_calls, app_work,
-    turns, sessions, vllm_requests, session_breakdown, turn_breakdown; docs/query.md) defined.
-    A directory holding several runs (kvtrace demo's DIR/bidir and DIR/baseline) is refused with
-    their names.  Formats: table (aligned text), csv, json (array of objects), parquet (needs
-    --output).  Example:
+    turns, sessions, vllm_requests, session_breakdown, turn_breakdown, turn_gaps; docs/query.md)
+    defined.  A directory holding several runs (kvtrace demo's DIR/bidir and DIR/baseline) is
+    refused with their names.  Formats: table (aligned text), csv, json (array of objects), parquet
+    (needs --output).  Example:
 
         kvtrace query "SELECT outcome, count(*) FROM kv_decisions GROUP BY 1" --traces kvtrace-traces/bidir
     """
