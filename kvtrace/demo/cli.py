@@ -73,20 +73,30 @@ def run(args) -> int:
     seconds), short-followups (below the recompute threshold).  Both runs execute at once, each in
     its own local process, on 127.0.0.1; about 30 s with the defaults.
     """
+    from kvtrace.demo.processes import RunFailed, Stopped
     from kvtrace.errors import CLIError
 
     if args.sessions < 1 or not args.time_scale > 0:
         raise CLIError("--sessions must be >= 1 and --time-scale > 0")
-    _require_extras(CLIError)
     root = traces_dir(args.traces)
     dirs = {name: os.path.join(root, name) for name in RUNS}
+    _writable(root, CLIError)  # first: an unwritable --traces costs nothing
+    _require_extras(CLIError)
     for d in dirs.values():
         _clear_previous(d, CLIError)
+        _writable(d, CLIError)
     started = time.monotonic()
     _quiet_http_logs()
     print(f"kvtrace demo: running the workload with bidirectional KV transfer on ({dirs['bidir']}) and off "
           f"({dirs['baseline']}), in parallel ...", flush=True)
-    run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
+    try:
+        run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
+    except Stopped as exc:
+        print(f"kvtrace demo: interrupted ({exc}); both runs stopped, what they recorded is in {root}",
+              file=sys.stderr)
+        return 128 + exc.signum
+    except RunFailed as exc:
+        raise CLIError(str(exc)) from None
     print(f"kvtrace demo: both runs done in {time.monotonic() - started:.1f} s; traces in {root}\n")
     print(summarize(dirs["bidir"], dirs["baseline"], args.time_scale, args.sessions))
     command = f"kvtrace dashboard --traces {dirs['bidir']} --compare {dirs['baseline']}"
@@ -100,22 +110,20 @@ def run(args) -> int:
 
 
 def run_both(dirs: dict[str, str], **kwargs) -> None:
-    """Both runs at once, one process each (own core, own event loop: the runs do not slow each
-    other down on a 2-core machine)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """Both runs at once, one process each (:mod:`kvtrace.demo.processes`: own core, own event
+    loop; a signal stops both)."""
+    from kvtrace.demo import processes
 
-    with ProcessPoolExecutor(len(dirs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_run_process, dirs[name], bidirectional=name == "bidir", **kwargs) for name in RUNS]
-        for future in futures:
-            future.result()
+    processes.run_all(_run_process, {name: dict(directory=dirs[name], bidirectional=name == "bidir", **kwargs)
+                                     for name in RUNS})
 
 
-def _run_process(directory: str, **kwargs) -> None:
+def _run_process(directory: str, **kwargs):
     """One run's process: import everything first, then freeze the imported objects out of the
     garbage collector's reach and make its collections rare, so that full collections (hundreds
     of ms over openai's and OTel's module objects on a busy machine) do not stall the event loop
-    mid-request and show up as TTFT.  The process lives for one run (~200 MB)."""
+    mid-request and show up as TTFT.  Returns the run's coroutine (:func:`run_once`).  The process
+    lives for one run (~200 MB)."""
     import gc
 
     import kvtrace.bench.bench  # noqa: F401
@@ -125,7 +133,7 @@ def _run_process(directory: str, **kwargs) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    asyncio.run(run_once(directory, **kwargs))
+    return run_once(directory, **kwargs)
 
 
 async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_scale: float, seed: int) -> None:
@@ -363,6 +371,15 @@ def _missing(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is None
+
+
+def _writable(directory: str, error) -> None:
+    from kvtrace.store.access import NotWritable, ensure_writable
+
+    try:
+        ensure_writable(directory)
+    except NotWritable as exc:
+        raise error(str(exc)) from None
 
 
 def _clear_previous(directory: str, error) -> None:
