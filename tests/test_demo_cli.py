@@ -178,3 +178,21 @@ def test_bad_arguments(tmp_path, capsys):
     assert main(["demo", "--traces", str(tmp_path)]) == 2
     assert "other than Parquet" in capsys.readouterr().err
     assert (tmp_path / "bidir" / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "read-only-fs"])
+def test_unwritable_traces_end_the_demo_at_once_in_one_line(tmp_path, capsys, monkeypatch, where):
+    """Checked before anything starts: no run, no export errors, one line naming the directory."""
+    import os
+
+    if where == "under-a-file":
+        (tmp_path / "file").write_text("x")
+        target, reason = tmp_path / "file" / "traces", "Not a directory"
+    else:  # sysfs refuses new directories even to root
+        if not os.path.isdir("/sys/kernel") or os.access("/sys/kernel", os.W_OK) and os.geteuid() != 0:
+            pytest.skip("no read-only sysfs")
+        target, reason = "/sys/kernel/kvtrace-traces", os.strerror(1)  # EPERM: Operation not permitted
+    monkeypatch.setattr(demo, "run_both", lambda *a, **k: pytest.fail("the runs started"))
+    assert main(["demo", "--traces", str(target)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"kvtrace demo: error: cannot write traces to {target}: {reason}\n")
