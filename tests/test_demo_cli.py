@@ -13,6 +13,7 @@ from kvtrace import semconv as sc
 from kvtrace.bench.scenarios import LLM
 from kvtrace.bench.workload import LLMAction, ToolAction
 from kvtrace.analysis import compare, retention, reuse, sessions
+from kvtrace.store.views.breakdown import PART_COLUMNS
 from kvtrace.demo import cli as demo
 from kvtrace.demo.cli import SCENARIOS
 from kvtrace.store import connect
@@ -80,8 +81,14 @@ def test_printed_numbers_match_the_views(demo_run):
     bidir = connect(root / "bidir")
     tot = sessions.totals(bidir)
     for label, col in (("input processing", "input_processing_ms"), ("generation", "generation_ms"),
-                       ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("wall time", "wall_ms")):
+                       ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("user pauses", "user_pause_ms"),
+                       ("wall time", "wall_ms")):
         assert _cell(out, label) == ms(tot[col]), label
+    # the paused sessions' pauses are the users' (> 2 x 60 model s / 5), not app work
+    assert tot["user_pause_ms"] > 2 * demo.RESUME_PAUSE_S / demo.DEFAULT_TIME_SCALE * 1e3 > tot["app_work_ms"]
+    longest = {r[0]: r for r in _table(out, "Longest sessions:")}
+    for r in sessions.breakdown(bidir, limit=12).to_pylist():
+        assert longest[r["session_id"]][2:] == [ms(r[c]) for c in ("wall_ms", *PART_COLUMNS)]
     s = reuse.summary(bidir)
     assert _cell(out, "pulled tokens") == num(s["pulled_tokens"])
     assert _cell(out, "P reuse decisions (d2p)") == num(s["decisions"])
@@ -100,15 +107,18 @@ def test_printed_ttft_table_matches_the_views(demo_run):
     assert [r[0] for r in table] == [str(r["turn"]) for r in rows[:-1]] + [LATER_LABEL]
     for printed, row in zip(table, rows):
         b, c = row["a_mean"], row["b_mean"]
-        assert printed[1:] == [num(row["n_b"]), ms(b), ms(c), ratio(row["ratio"]), ci(row), _model_s(b, scale),
-                               _model_s(c, scale), row["verdict"]]
+        assert printed[1:] == [num(row["n_b"]), ms(b), ms(c), ratio(row["ratio"]), ci(row),
+                               f"{_model_s(b, scale)} → {_model_s(c, scale)}", row["verdict"]]
     # the pooled row is the plain mean over every call at turn >= 1, computed here from the view
     pooled = {}
     for name, con in (("baseline", base), ("bidir", bidir)):
         pooled[name] = con.sql("SELECT count(*), avg(ttft_ms) FROM llm_calls WHERE turn >= 1").fetchall()[0]
     (n, b_mean), (_, c_mean) = pooled["baseline"], pooled["bidir"]
     assert table[-1][:6] == [LATER_LABEL, num(n), ms(b_mean), ms(c_mean), ratio(c_mean / b_mean), ci(rows[-1])]
-    assert f"(ratio {ratio(c_mean / b_mean)}, 95% CI {ci(rows[-1])}: {rows[-1]['verdict']})" in out
+    assert f"(ratio {ratio(c_mean / b_mean)}, 95% CI {ci(rows[-1])}: {rows[-1]['verdict']})" in " ".join(out.split())
+    # completed-turn latency: the same rule on the turn_latency_ms rows
+    turns = [r for r in compare.compare_runs(base, bidir) if r["metric"] == "turn_latency_ms" and r["turn"] != compare.ALL]
+    assert [r[-1] for r in _table(out, "== Mean completed-turn latency")] == [r["verdict"] for r in turns]
 
 
 @pytest.mark.timeout(240)
@@ -116,6 +126,7 @@ def test_printed_prefill_work_matches_the_views(demo_run):
     rc, out, root = demo_run
     bidir, base = connect(root / "bidir"), connect(root / "baseline")
     table = _table(out, "== Prefill work on P")
+    assert len(table[0]) == 6
     b_tok = {r["turn"]: r for r in reuse.tokens_by_source(base).to_pylist()}
     c_tok = {r["turn"]: r for r in reuse.tokens_by_source(bidir).to_pylist()}
     assert [r[0] for r in table] == [str(t) for t in sorted(c_tok)]
@@ -149,7 +160,16 @@ def test_printed_saved_work_table_matches_the_views(demo_run):
         if group:
             b, c = sum(g[1] for g in group) / len(group), sum(g[2] for g in group) / len(group)
             assert printed[2:6] == [f"{sum(g[0] for g in group) / len(group):,.0f}", ms(b), ms(c), ratio(c / b)]
+            assert printed[6] == f"{_model_s(b, demo.DEFAULT_TIME_SCALE)} → {_model_s(c, demo.DEFAULT_TIME_SCALE)}"
     assert sum(int(r[1]) for r in table) == len(pairs)
+
+
+@pytest.mark.timeout(240)
+def test_output_fits_120_columns(demo_run):
+    rc, out, root = demo_run
+    wide = [line for line in out.splitlines() if len(line) > 120 and not line.startswith("Open the dashboard:")]
+    assert wide == []
+    assert out.count("\n| ") >= 40  # the tables are there
 
 
 def test_workload_is_agent_sized_with_one_call_per_turn():

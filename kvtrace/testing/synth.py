@@ -116,6 +116,13 @@ class SpanBuilder:
             attrs[sc.TURN_INDEX] = turn
         return self.span(sc.SPAN_AGENT_APP_WORK, start_ms, end_ms, parent=parent, attrs=attrs)
 
+    def user_pause(self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None,
+                   reason: str | None = "think"):
+        attrs = {sc.SESSION_ID: session_id, **({sc.AGENT_PAUSE_REASON: reason} if reason else {})}
+        if turn is not None:
+            attrs[sc.TURN_INDEX] = turn
+        return self.span(sc.SPAN_AGENT_USER_PAUSE, start_ms, end_ms, parent=parent, attrs=attrs)
+
     # ------------------------------------------------------------------ proxy / engine helpers
     def request(self, session_id: str | None, turn: int | None, request_id: str, start_ms: float,
                 end_ms: float, ttft_ms: float | None, *, parent=None, offered: bool = False,
