@@ -78,9 +78,9 @@ def reuse_rows(con, filters: Filters | None = None) -> tuple[list[str], list[lis
         ["pulled tokens", num(s["pulled_tokens"])],
         ["recomputed tokens", num(s["recomputed_tokens"])],
         ["bytes pulled (GiB)", gib(s["bytes"])],
-        ["transfer time of pulls (ms)", ms(s["transfer_ms"])],
-        ["recompute estimate of those tokens (ms)", ms(s["recompute_est_ms"])],
-        ["saved (ms)", ms(s["saved_ms"])],
+        ["transfer time of pulls (wall ms)", ms(s["transfer_ms"])],
+        ["recompute estimate of those tokens (wall ms)", ms(s["recompute_est_ms"])],
+        ["saved (wall ms)", ms(s["saved_ms"])],
         ["break-even (tokens)", "–" if s["break_even_tokens"] is None else f"{s['break_even_tokens']:,.0f}"],
     ]
     return ["reuse", "value"], rows
@@ -102,7 +102,7 @@ def retention_rows(con, filters: Filters | None = None) -> tuple[list[str], list
     rows = [[r["engine_id"] or "–", num(r["retained"]), num(r["read"]), num(r["expired"]), num(r["released"]),
              gib(r["peak_bytes"]), f"{(r['byte_seconds'] or 0) / 2**30:,.1f}", num(r["blocks_never_read"])]
             for r in retention.summary(con, filters)]
-    return ["D engine", "retained", "read", "expired", "released", "peak GiB", "GiB·s", "blocks never read"], rows
+    return ["D engine", "retained", "read", "expired", "released", "peak GiB", "GiB·s (wall)", "blocks never read"], rows
 
 
 NEVER_READ_NOTE = ("'blocks never read' and the bytes behind them add up every turn's retention that no next turn "
