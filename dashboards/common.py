@@ -184,7 +184,7 @@ def _ns(value: dt.datetime) -> int:
     return int(value.replace(tzinfo=dt.timezone.utc).timestamp()) * 1_000_000_000
 
 
-MIN_BAR = 0.004  # waterfall bars are at least this fraction of the session's span wide (~4 px at 1000 px)
+MIN_BAR = 0.006  # waterfall bars are at least this fraction of the session's span wide (~4 px of a 600 px plot)
 
 
 def waterfall(spans: list[dict]) -> pd.DataFrame:
@@ -237,38 +237,42 @@ def formatted(frame) -> tuple:
     two, token and other counts with thousands separators, ratios with two decimals and other
     floats with four significant digits.  Column names stay (``start_ns`` becomes ``start``);
     labels read as words."""
-    frame = pd.DataFrame(frame).copy()
+    frame = pd.DataFrame(frame)
+    columns: dict = {}  # display name -> values, in the frame's order
     config: dict = {}
-    for name in list(frame.columns):
-        values = frame[name]
-        label = name.replace("_", " ")
-        if name.endswith("_ns") and pd.api.types.is_numeric_dtype(values):
-            new = name[:-3]
-            frame[new] = pd.to_datetime(values, unit="ns", utc=True)
-            frame = frame.drop(columns=[name])
-            config[new] = st.column_config.DatetimeColumn(f"{new.replace('_', ' ')} (UTC)",
-                                                           format="YYYY-MM-DD HH:mm:ss.SSS")
-        elif ("bytes" in name or name == "byte_seconds") and pd.api.types.is_numeric_dtype(values):
-            new = "GiB_seconds" if name == "byte_seconds" else name.replace("bytes", "GiB")
-            frame[new] = values / GIB
-            frame = frame.drop(columns=[name])
-            config[new] = st.column_config.NumberColumn("GiB·s" if name == "byte_seconds" else new.replace("_", " "),
-                                                         format="%,.2f")
-        elif not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
-            config[name] = st.column_config.Column(label)
-        elif name.endswith("_ms"):
-            config[name] = st.column_config.NumberColumn(label, format="%,.1f")
-        elif name.endswith("_s"):
-            config[name] = st.column_config.NumberColumn(label, format="%,.2f")
-        elif name == "turn":
-            config[name] = st.column_config.NumberColumn(label, format="%d")
-        elif name in ("ratio", "ci_low", "ci_high") or name.endswith("_rate"):
-            config[name] = st.column_config.NumberColumn(label, format="%.2f")
-        elif pd.api.types.is_integer_dtype(values) or name.endswith(("_tokens", "tokens")) or _whole(values):
-            config[name] = st.column_config.NumberColumn(label, format="%,d")
-        else:
-            config[name] = st.column_config.NumberColumn(label, format="%.4g")
-    return frame, config
+    for name in frame.columns:
+        shown, values, config[shown] = _column(name, frame[name])
+        columns[shown] = values
+    return pd.DataFrame(columns, index=frame.index), config
+
+
+def _column(name: str, values) -> tuple:
+    """(display name, values, column config) of one column (rules: :func:`formatted`)."""
+    label = name.replace("_", " ")
+    numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+    if name.endswith("_ns") and numeric:
+        name = name[:-3]
+        return name, pd.to_datetime(values, unit="ns", utc=True), st.column_config.DatetimeColumn(
+            f"{name.replace('_', ' ')} (UTC)", format="YYYY-MM-DD HH:mm:ss")
+    if ("bytes" in name or name == "byte_seconds") and numeric:
+        name = "GiB_seconds" if name == "byte_seconds" else name.replace("bytes", "GiB")
+        return name, values / GIB, st.column_config.NumberColumn(
+            "GiB·s" if name == "GiB_seconds" else name.replace("_", " "), format="%,.2f")
+    if not numeric:
+        return name, values, st.column_config.Column(label)
+    if name.endswith("_ms"):
+        number = "%,.1f"
+    elif name.endswith("_s"):
+        number = "%,.2f"
+    elif name == "turn":
+        number = "%d"
+    elif name in ("ratio", "ci_low", "ci_high") or name.endswith("_rate"):
+        number = "%.2f"
+    elif pd.api.types.is_integer_dtype(values) or name.endswith("tokens") or _whole(values):
+        number = "%,d"
+    else:
+        number = "%.4g"
+    return name, values, st.column_config.NumberColumn(label, format=number)
 
 
 def _whole(values) -> bool:

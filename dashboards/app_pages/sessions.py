@@ -28,7 +28,8 @@ for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
     col.metric(label.capitalize(), f"{share:.0%}", fmt_ms(tot[key]), delta_color="off", delta_arrow="off")
 
 left, mid, right = st.columns([2, 1, 1])
-order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"))
+order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"),
+                       format_func=lambda column: column.replace("_", " "))
 descending = mid.toggle("Descending", value=True)
 limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, step=100)
 rows = df(q(sessions.breakdown, directory, filters, order=order, descending=descending, limit=int(limit)))
@@ -44,12 +45,13 @@ if not top.empty:
         color=alt.Color("part:N", sort=parts, title="part", scale=part_colours()),
         order=alt.Order("rank:Q"),
         tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
-    ).properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order}"))
+    ).properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order.replace('_', ' ')}"))
 
 totals = pd.DataFrame({"part": parts, "ms": [tot[k] for k in PART_LABELS]})
 chart(st, alt.Chart(ranked(totals, "part", parts)).mark_bar().encode(
     x=alt.X("ms:Q", stack="normalize", title="share of all wall time", axis=alt.Axis(format="%")),
-    color=alt.Color("part:N", sort=parts, title="part", scale=part_colours()),
+    color=alt.Color("part:N", sort=parts, title=None, scale=part_colours(),
+                    legend=alt.Legend(orient="bottom", direction="horizontal")),  # five entries: taller than the bar
     order=alt.Order("rank:Q"),
     tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")],
 ).properties(height=40, title="All sessions"))
