@@ -60,15 +60,18 @@ async def _visit_all(devtools_port: int, base: str, shots) -> dict:
     out = {}
     async with b.page(devtools_port) as cdp:
         for path, title in PAGES.items():
-            state = await cdp.load(f"{base}/{path}", title)
-            state, png = await cdp.full_page_screenshot(state, title)
+            loaded = await cdp.load(f"{base}/{path}", title)
+            state, png = await cdp.full_page_screenshot(loaded, title)
+            state["sliders_as_loaded"] = loaded["sliders"]  # before the viewport change re-renders them
             (shots / f"{path}.png").write_bytes(png)
             dom = await cdp.call("Runtime.evaluate", expression="document.documentElement.outerHTML",
                                  returnByValue=True)
             out[path] = (state, dom["result"]["value"])
-        out["/"] = (await cdp.load(f"{base}/", PAGES["sessions"]), None)
+        root = await cdp.load(f"{base}/", PAGES["sessions"])
+        out["/"] = ({**root, "sliders_as_loaded": root["sliders"]}, None)
         await cdp.hover('[data-testid="stSidebar"] [data-testid="stSlider"]')
-        out["hovered"] = (await cdp.settle(PAGES["sessions"], "the hovered slider"), None)
+        hovered = await cdp.settle(PAGES["sessions"], "the hovered slider")
+        out["hovered"] = ({**hovered, "sliders_as_loaded": hovered["sliders"]}, None)
     return out
 
 
@@ -95,12 +98,14 @@ def test_every_page_loads_at_its_url_without_errors(visited):
 
 
 def test_slider_labels_are_not_clipped(visited):
-    """At rest (first render: Streamlit has not placed its thumb labels yet, so they are hidden and
-    a caption gives the range) and with the mouse on the slider (labels shown, placed inside)."""
+    """As first rendered (Streamlit has not placed its thumb labels yet: they are hidden, a caption
+    gives the range), after a re-render (the full-height screenshot) and with the mouse on the
+    slider (labels shown, placed inside)."""
     results, _ = visited
     for path, (state, _) in results.items():
-        assert state["sliders"], path  # every page has the time-range slider in its sidebar
+        assert state["sliders"] and state["sliders_as_loaded"], path  # every page has the time-range slider
         assert b.clipped_slider_texts(state) == [], path
+        assert b.clipped_slider_texts({"sliders": state["sliders_as_loaded"]}) == [], f"{path} as first rendered"
     hovered = results["hovered"][0]["sliders"][0]["texts"]
     assert len(hovered) >= 2, hovered  # the two thumb labels are shown while hovered
 

@@ -79,10 +79,13 @@ STATE_JS = """JSON.stringify({
       .map(t => { const r = t.getBoundingClientRect(); return {text: t.innerText, left: r.left, right: r.right}; });
     return {left: Math.max(box.left, outer.left), right: Math.min(box.right, outer.right), texts};
   }),
-  // metric labels, values and deltas whose text is cut (ellipsis): wider than their box
-  cut_texts: Array.from(document.querySelectorAll(
-      '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stMetricDelta"] *'))
-    .filter(e => e.children.length === 0 && e.innerText && e.scrollWidth > e.clientWidth + 1)
+  // metric labels, values and deltas whose text is cut: a box that hides its overflow (ellipsis)
+  // holding more than it shows
+  cut_texts: Array.from(document.querySelectorAll(['stMetricLabel', 'stMetricValue', 'stMetricDelta']
+      .map(id => `[data-testid="${id}"], [data-testid="${id}"] *`).join(', ')))
+    .filter(e => { const st = getComputedStyle(e);
+                   return (st.overflowX === 'hidden' || st.textOverflow === 'ellipsis') && e.innerText
+                          && e.scrollWidth > e.clientWidth + 1; })
     .map(e => e.innerText)
 })"""
 
