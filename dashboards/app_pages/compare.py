@@ -40,7 +40,7 @@ if not plotted.empty:
     order = list(dict.fromkeys(plotted["turn"]))
     x = alt.X("turn:N", sort=order, axis=alt.Axis(labelAngle=0))
     bars = alt.Chart(plotted).mark_bar().encode(
-        x=x, xOffset="metric:N", y=alt.Y("ratio:Q"), color="metric:N",
+        x=x, xOffset="metric:N", y=alt.Y("ratio:Q", title="ratio (whiskers: 95% CI)"), color="metric:N",
         opacity=alt.condition(alt.datum.verdict == compare.WITHIN_NOISE, alt.value(0.35), alt.value(1.0)),
         tooltip=["turn", "metric", alt.Tooltip("ratio:Q", format=".3f"), "verdict"])
     whiskers = alt.Chart(plotted).mark_rule().encode(x=x, xOffset="metric:N", y="ci_low:Q", y2="ci_high:Q")
@@ -53,12 +53,13 @@ b_tot, c_tot = q(sessions.totals, baseline, shared), q(sessions.totals, director
 b_reuse, c_reuse = q(reuse.summary, baseline, shared), q(reuse.summary, directory, shared)
 summary = pd.DataFrame(
     [
-        {"metric": "sessions", "baseline": b_tot["sessions"], "candidate": c_tot["sessions"]},
+        {"metric": "sessions", "baseline": f"{b_tot['sessions']:,}", "candidate": f"{c_tot['sessions']:,}"},
         *[{"metric": label, "baseline": fmt_ms(b_tot[k]), "candidate": fmt_ms(c_tot[k])}
           for k, label in PART_LABELS.items()],
-        {"metric": "pulled tokens", "baseline": b_reuse["pulled_tokens"], "candidate": c_reuse["pulled_tokens"]},
-        {"metric": "recomputed tokens", "baseline": b_reuse["recomputed_tokens"],
-         "candidate": c_reuse["recomputed_tokens"]},
+        {"metric": "pulled tokens", "baseline": f"{b_reuse['pulled_tokens']:,}",
+         "candidate": f"{c_reuse['pulled_tokens']:,}"},
+        {"metric": "recomputed tokens", "baseline": f"{b_reuse['recomputed_tokens']:,}",
+         "candidate": f"{c_reuse['recomputed_tokens']:,}"},
     ]
 ).astype(str)
 table(st, summary)

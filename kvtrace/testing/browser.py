@@ -148,7 +148,9 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
 def browser(executable: str, profile: str | None = None):
     """Headless Chromium until the block ends; yields its DevTools port."""
     with contextlib.ExitStack() as stack:
-        profile = profile or stack.enter_context(tempfile.TemporaryDirectory(prefix="kvtrace-chromium-"))
+        # Chromium's helper processes may still write to the profile as it exits: leave what is left
+        profile = profile or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="kvtrace-chromium-", ignore_cleanup_errors=True))
         proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         active = Path(profile) / "DevToolsActivePort"
