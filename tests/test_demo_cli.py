@@ -216,3 +216,27 @@ def test_unwritable_traces_end_the_demo_at_once_in_one_line(tmp_path, capsys, mo
     assert main(["demo", "--traces", str(target)]) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", f"kvtrace demo: error: cannot write traces to {target}: {reason}\n")
+
+
+@pytest.mark.parametrize("turn0, warned", [(compare.WITHIN_NOISE, False), (compare.FASTER, True), (compare.SLOWER, True)])
+def test_result_warns_when_turn_0_is_not_within_noise(turn0, warned):
+    """Nothing can be reused at turn 0, so a verdict there means the runs were disturbed."""
+    from kvtrace.demo.summary import conclusion
+
+    def r(turn, ratio_, verdict):
+        return {"metric": "ttft_ms", "turn": turn, "n_a": 12, "n_b": 12, "a_mean": 1000.0, "b_mean": 1000.0 * ratio_,
+                "ratio": ratio_, "ci_low": ratio_ - 0.1, "ci_high": ratio_ + 0.1, "verdict": verdict}
+
+    line = conclusion([r(0, 0.5, turn0), r(compare.LATER, 0.7, compare.FASTER)], [], 5.0)
+    assert line.startswith("Result: over 12 LLM calls at turns >= 1, mean TTFT 5.00 model s without bidirectional "
+                           "reuse -> 3.50 with it (ratio 0.70, 95% CI 0.60–0.80: faster); turn 0 (nothing to reuse): "
+                           f"ratio 0.50, {turn0}")
+    assert ("rerun before trusting this comparison" in line) is warned
+
+
+def test_readme_and_demo_help_give_the_same_duration():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    said = re.search(r"It takes about (\d+) s on 2 cores", readme)
+    assert said and f"about {said.group(1)} s on 2 cores" in " ".join(demo.run.__doc__.split())

@@ -1,4 +1,4 @@
-"""The agent API: sessions, turns, LLM calls, tool calls and app work as spans.
+"""The agent API: sessions, turns, LLM calls, tool calls, app work and user pauses as spans.
 
 An :class:`Agent` binds a tracer (from the ``tracer_provider`` it is given -- kvtrace never
 relies on the global provider unless you pass none) and hands out scopes::

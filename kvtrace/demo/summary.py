@@ -114,4 +114,7 @@ def conclusion(rows: list[dict], groups: list[dict], time_scale: float) -> str:
                  f"{text.ratio(most['ratio'])})")
     if first is not None and first["ratio"] is not None:
         line += f"; turn 0 (nothing to reuse): ratio {text.ratio(first['ratio'])}, {first['verdict']}"
+        if first["verdict"] != compare.WITHIN_NOISE:
+            line += (". Turn 0 should be within noise: something else slowed one run down (other work on these "
+                     "cores?), so rerun before trusting this comparison")
     return line + "."
