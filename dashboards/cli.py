@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kvtrace.store.runs import DEFAULT_TRACES_DIR, traces_dir
 
 
 APP = Path(__file__).resolve().parent / "app.py"  # this package's Streamlit app (kvtrace.dashboards)
+GRACE_S = 10.0  # after a forwarded SIGINT/SIGTERM, how long Streamlit gets to stop before it is killed
 
 
 def add_arguments(parser) -> None:
@@ -65,7 +68,37 @@ def launch(directory: str, *, port: int = 8501, compare: str | None = None, host
         raise CLIError(f"dashboard app not found at {APP} (install kvtrace from a source checkout)")
     print(f"kvtrace dashboard: http://{host}:{port}  (traces: {directory}"
           + (f", baseline: {compare}" if compare else "") + ")", flush=True)
+    return foreground(command(directory, port=port, compare=compare, host=host))
+
+
+def foreground(cmd: list[str], grace_s: float = GRACE_S) -> int:
+    """Run ``cmd`` until it exits and return its exit status.  It runs in its own process group,
+    so a terminal's Ctrl-C reaches only this process, which passes SIGINT and SIGTERM on to it
+    exactly once (Streamlit shuts down cleanly on one signal; on two it prints a traceback); once
+    it has had ``grace_s`` to stop it is killed, and 0 is returned: stopping the dashboard is its
+    normal end.  So no Streamlit server outlives the command, whichever way it is stopped."""
+    proc = subprocess.Popen(cmd, process_group=0)
+    signalled: list[float] = []
+
+    def forward(signum, frame) -> None:
+        if not signalled and proc.poll() is None:
+            proc.send_signal(signum)
+        signalled.append(time.monotonic())
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return subprocess.call(command(directory, port=port, compare=compare, host=host))
-    except KeyboardInterrupt:
-        return 0
+        while True:
+            try:
+                status = proc.wait(timeout=0.5)
+                return 0 if signalled else status
+            except subprocess.TimeoutExpired:
+                if signalled and time.monotonic() - signalled[0] > grace_s:
+                    proc.kill()
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        if proc.poll() is None:  # an exception of our own: never leave the server behind
+            proc.kill()
+            proc.wait()
+        if signalled:
+            print("kvtrace dashboard: stopped", file=sys.stderr, flush=True)

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvtrace {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(f"kvtrace {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -31,6 +31,7 @@ SPAN_AGENT_TURN = "kvtrace.agent.turn"  # INTERNAL, one user turn of a session
 SPAN_AGENT_LLM_CALL = "kvtrace.agent.llm_call"  # CLIENT, chat
 SPAN_AGENT_TOOL_CALL = "kvtrace.agent.tool_call"  # INTERNAL, execute_tool (a tool wait)
 SPAN_AGENT_APP_WORK = "kvtrace.agent.app_work"  # INTERNAL, the agent's own work
+SPAN_AGENT_USER_PAUSE = "kvtrace.agent.user_pause"  # INTERNAL, the agent waits for its user
 SPAN_VLLM_LLM_REQUEST = "llm_request"  # SERVER, vLLM's own span (--otlp-traces-endpoint); not emitted by kvtrace
 
 # --------------------------------------------------------------------------------------------
@@ -156,6 +157,7 @@ NIXL_NUM_EXPIRED = "kvtrace.nixl.num_expired"
 
 # agent
 AGENT_WORK_NAME = "kvtrace.agent.work_name"
+AGENT_PAUSE_REASON = "kvtrace.agent.pause_reason"
 AGENT_SCENARIO = "kvtrace.agent.scenario"
 LLM_TTFT_MS = "kvtrace.llm.ttft_ms"
 LLM_TPOT_MS = "kvtrace.llm.tpot_ms"
@@ -664,6 +666,17 @@ SPANS: dict[str, dict] = {
             AGENT_WORK_NAME: "What the work was.",
             SESSION_ID: "Session id.",
             TURN_INDEX: "Turn index (int).",
+        },
+    },
+    SPAN_AGENT_USER_PAUSE: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "The agent waits for its user (think time, an approval, a pause-resume gap): a part of its own in "
+        "the session breakdown (`user_pause_ms`), so a user's pause is not read as slow app work.",
+        "attributes": {
+            AGENT_PAUSE_REASON: "Why the agent waits, when given (e.g. `think`, `approval`).",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int), when the pause is inside a turn.",
         },
     },
     SPAN_VLLM_LLM_REQUEST: {

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import pytest
 import urllib.request
 
 import aiohttp
@@ -77,6 +79,18 @@ def test_cli_rejects_bad_config(capsys):
     assert "--kv-transfer-config is not valid JSON" in capsys.readouterr().err
     assert cli.main(["sim", "--prefill", "0", "--decode", "0"]) == 2
     assert cli.main(["sim", "--time-scale", "0"]) == 2
+
+
+@pytest.mark.parametrize("env", [False, True])
+def test_cli_refuses_an_unwritable_trace_directory_before_starting(tmp_path, capsys, monkeypatch, env):
+    """--traces (or KVTRACE_TRACES_DIR) through a regular file: one line, exit 2, no worker started."""
+    (tmp_path / "file").write_text("x")
+    target = tmp_path / "file" / "traces"
+    monkeypatch.setattr("kvtrace.sim.cli._serve", lambda *a: pytest.fail("workers started"))
+    if env:
+        monkeypatch.setenv("KVTRACE_TRACES_DIR", str(target))
+    assert cli.main(["sim", *([] if env else ["--traces", str(target)])]) == 2
+    assert capsys.readouterr().err == f"kvtrace sim: error: cannot write traces to {target}: Not a directory\n"
 
 
 def test_cli_serves_until_sigint():

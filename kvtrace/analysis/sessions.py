@@ -18,7 +18,7 @@ from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns")
 
 BREAKDOWN_SQL = """
-SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, turns,
+SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms, turns,
        unattributed_ms, start_ns, end_ns
 FROM session_breakdown {where}
 ORDER BY {order} {direction} NULLS LAST, session_id
@@ -32,13 +32,14 @@ SELECT count(*) AS sessions, coalesce(sum(turns), 0)::BIGINT AS turns,
        coalesce(sum(generation_ms), 0) AS generation_ms,
        coalesce(sum(tool_wait_ms), 0) AS tool_wait_ms,
        coalesce(sum(app_work_ms), 0) AS app_work_ms,
+       coalesce(sum(user_pause_ms), 0) AS user_pause_ms,
        coalesce(sum(unattributed_ms), 0) AS unattributed_ms,
        min(start_ns) AS start_ns, max(end_ns) AS end_ns
 FROM session_breakdown {where}
 """
 
 TURNS_SQL = """
-SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms,
+SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms,
        unattributed_ms, start_ns, end_ns
 FROM turn_breakdown {where}
 ORDER BY session_id, turn
@@ -79,6 +80,7 @@ LANES = {
     sc.SPAN_AGENT_LLM_CALL: "agent",
     sc.SPAN_AGENT_APP_WORK: "agent",
     sc.SPAN_AGENT_TOOL_CALL: "tool",
+    sc.SPAN_AGENT_USER_PAUSE: "user",
     sc.SPAN_PROXY_REQUEST: "proxy",
     sc.SPAN_PROXY_PREFILL: "proxy",
     sc.SPAN_PROXY_DECODE: "proxy",
@@ -101,7 +103,7 @@ def breakdown(con, filters: Filters | None = None, *, order: str = "wall_ms", de
 
 
 def totals(con, filters: Filters | None = None) -> dict:
-    """The four parts summed over all (filtered) sessions, with session and turn counts."""
+    """The five parts summed over all (filtered) sessions, with session and turn counts."""
     clause, params = where(filters, SESSION_SCOPE)
     return one(con, TOTALS_SQL.format(where=clause), params)
 

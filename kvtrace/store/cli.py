@@ -14,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", help="SQL to run (views: see docs/query.md)")
     parser.add_argument("--traces", metavar="DIR",
                         help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
-    parser.add_argument("--format", choices=FORMATS, default="table")
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="table (aligned text, default), csv, json (array of objects) or parquet (needs --output)")
     parser.add_argument("--output", metavar="FILE", help="write here instead of stdout (required for parquet)")
 
 
@@ -45,6 +46,17 @@ def _render(fmt: str, columns: list[str], rows: list[tuple]) -> str:
     return json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1) + "\n"
 
 
+def _empty(sql: str) -> bool:
+    """No statement at all: blank, only ``;`` or only comments (a syntax error is not empty: the
+    query reports it)."""
+    import duckdb
+
+    try:
+        return not duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     """Run SQL over one run of a trace directory with the kvtrace views (spans, requests,
     kv_decisions, kv_transfers, kv_retention, engine_requests, llm_calls, tool_calls, app_work,
@@ -63,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.format == "parquet" and not args.output:
         raise CLIError("--format parquet needs --output FILE")
+    if _empty(args.sql):
+        raise CLIError('no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")')
     try:
         result = query(connect(traces_dir(args.traces)), args.sql)
     except StoreError as exc:

@@ -116,6 +116,13 @@ class SpanBuilder:
             attrs[sc.TURN_INDEX] = turn
         return self.span(sc.SPAN_AGENT_APP_WORK, start_ms, end_ms, parent=parent, attrs=attrs)
 
+    def user_pause(self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None,
+                   reason: str | None = "think"):
+        attrs = {sc.SESSION_ID: session_id, **({sc.AGENT_PAUSE_REASON: reason} if reason else {})}
+        if turn is not None:
+            attrs[sc.TURN_INDEX] = turn
+        return self.span(sc.SPAN_AGENT_USER_PAUSE, start_ms, end_ms, parent=parent, attrs=attrs)
+
     # ------------------------------------------------------------------ proxy / engine helpers
     def request(self, session_id: str | None, turn: int | None, request_id: str, start_ms: float,
                 end_ms: float, ttft_ms: float | None, *, parent=None, offered: bool = False,
@@ -266,9 +273,13 @@ def write_table(tbl, directory: str | os.PathLike, writer: str = "synth", seq: i
     return paths
 
 
+SAMPLE_PAUSE_MS = 400.0
+
+
 def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4, *, pull: bool = True) -> int:
-    """A small complete store (agent → proxy → P/D spans, reuse, retention, tool waits) for
-    dashboard and report tests; ``pull=False`` writes the same workload without reuse (baseline)."""
+    """A small complete store (agent → proxy → P/D spans, reuse, retention, tool waits, app work,
+    a user pause before every turn but the first) for dashboard and report tests; ``pull=False``
+    writes the same workload without reuse (baseline)."""
     b = SpanBuilder()
     for i in range(sessions):
         sid = f"session-{i}"
@@ -277,6 +288,8 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
         spans = []
         prompt = 800
         for turn in range(turns):
+            if turn:
+                t += SAMPLE_PAUSE_MS  # the user reads the answer and thinks
             tr_start = t
             reuse_it = pull and turn > 0
             remote = prompt - 200 if turn > 0 else 0
@@ -291,8 +304,10 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
         for k, (turn, tr_start, prompt, remote, pulled, outcome, prefill) in enumerate(spans):
             last = k == len(spans) - 1
             next_start = spans[k + 1][1] if not last else None
-            tr_end = spans[k + 1][1] - 10 if not last else end - 10
+            tr_end = spans[k + 1][1] - SAMPLE_PAUSE_MS if not last else end - 10
             tr = b.turn(sid, turn, tr_start, tr_end, parent=sess)
+            if not last:
+                b.user_pause(sid, None, tr_end, next_start, parent=sess)
             call = b.call(sid, turn, f"{sid}-r{turn}", tr_start + 5, parent=tr, prompt=prompt, remote=remote,
                           pulled=pulled, outcome=outcome, prefill_ms=prefill, xfer_ms=2 + pulled * 0.002,
                           decode_ms=200, retention_end_ms=(next_start + 6) if (pull and not last) else
