@@ -1,0 +1,156 @@
+"""kvtrace's views over an ``otel_traces`` table: :class:`ClickHouseStore`, the ClickHouse twin of
+:func:`kvtrace.store.connect`.
+
+A query (DuckDB SQL, the language of every kvtrace view and named query) runs as:
+
+1. transpiled to ClickHouse (:mod:`.dialect`);
+2. given, as CTEs in front of it, the views it reads and the views those read (in
+   :data:`kvtrace.store.views.VIEWS` order), each transpiled the same way, and ``kvtrace_raw``:
+   the table's columns as kvtrace's Parquet files have them (``Duration`` as Int64, the ``date`` /
+   ``hour`` partition columns; ``SpanAttributesInt`` / ``SpanAttributesFloat`` rebuilt from the
+   string map: the values that read as integers, as other numbers; ClickHouse computes them only
+   when a query selects them).  Nothing is created on the server: a read-only user suffices;
+3. run on the backend (:mod:`.backend`) with its parameters bound.
+
+**Time bounds.**  :meth:`ClickHouseStore.bounded` gives a store whose ``kvtrace_raw`` reads only
+spans starting in ``[lo_ns, hi_ns]`` (a ``WHERE`` on ``Timestamp``, the table's partition key and
+part of its sort key, so ClickHouse skips other days' parts and granules), bound as the
+parameters ``kvtrace_lo_ns`` / ``kvtrace_hi_ns``.  :mod:`kvtrace.analysis.scope` uses it to push the
+dashboard's filters down exactly (see there).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from kvtrace.store.clickhouse import ddl
+from kvtrace.store.clickhouse.backend import BackendError, open_backend
+from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
+from kvtrace.store.sql import ident
+from kvtrace.store.views import VIEWS
+from kvtrace.store.views.spans import RAW
+
+LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
+_WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
+
+# the Parquet layout's columns, from the exporter's table (module doc, step 2)
+_NESTED = ("Events.Timestamp", "Events.Name", "Events.Attributes", "Links.TraceId", "Links.SpanId",
+           "Links.TraceState", "Links.Attributes")
+_PLAIN = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
+          "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes")
+_TYPED = (
+    "CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, toInt64OrNull(v)), SpanAttributes)) "
+    "AS Map(String, Int64)) AS SpanAttributesInt",
+    "CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, if(toInt64OrNull(v) IS NULL, "
+    "toFloat64OrNull(v), NULL)), SpanAttributes)) AS Map(String, Float64)) AS SpanAttributesFloat",
+)
+
+
+def raw_sql(table: str, bounded: bool) -> str:
+    """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL)."""
+    cols = [*_PLAIN, "toInt64(Duration) AS Duration", "StatusCode", "StatusMessage",
+            *(ident(c) for c in _NESTED), *_TYPED, "toDate(Timestamp) AS date", "toInt32(toHour(Timestamp)) AS hour"]
+    where = (f" WHERE Timestamp >= fromUnixTimestamp64Nano({{{LO}:Int64}}) "
+             f"AND Timestamp <= fromUnixTimestamp64Nano({{{HI}:Int64}})") if bounded else ""
+    return f"SELECT {', '.join(cols)} FROM {ident(table)}{where}"
+
+
+@functools.lru_cache(maxsize=None)
+def _view_sql() -> dict[str, str]:
+    """View name -> its SELECT in ClickHouse."""
+    return {v.name: to_clickhouse(v.select) for v in VIEWS}
+
+
+@functools.lru_cache(maxsize=None)
+def _view_deps() -> dict[str, frozenset[str]]:
+    names = {v.name for v in VIEWS} | {RAW}
+    out = {}
+    for v in VIEWS:
+        tree = sqlglot.parse_one(v.select, read="duckdb")
+        out[v.name] = frozenset(t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names)
+    return out
+
+
+def _needed(referenced: set[str]) -> list[str]:
+    """The views (and ``kvtrace_raw``) ``referenced`` reads, dependencies first."""
+    deps, seen, stack = _view_deps(), set(), list(referenced)
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(deps.get(name, ()))
+    order = [RAW] + [v.name for v in VIEWS]
+    return [n for n in order if n in seen]
+
+
+@functools.lru_cache(maxsize=1024)
+def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: bool) -> str:
+    """``sql`` (DuckDB) as one ClickHouse statement over ``table``: transpiled, with the views it
+    reads as CTEs in front (module doc)."""
+    tree = transpile(sql, types)
+    text = tree.sql("clickhouse")
+    if not isinstance(tree, exp.Query):
+        return text
+    defined = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    names = {v.name for v in VIEWS} | {RAW}
+    referenced = {t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names} - defined
+    if not referenced:
+        return text
+    views = _view_sql()
+    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})" for n in _needed(referenced)]
+    own = tree.args.get(_WITH)
+    if own is not None:
+        if own.args.get("recursive"):
+            raise TranspileError("WITH RECURSIVE over kvtrace views is not supported on ClickHouse")
+        ctes += [cte.sql("clickhouse") for cte in own.expressions]
+        tree.set(_WITH, None)
+    return f"WITH {', '.join(ctes)}\n{tree.sql('clickhouse')}"
+
+
+class ClickHouseStore:
+    """Every kvtrace view over one ``otel_traces`` table (module doc).  Use :meth:`query`, or
+    :func:`kvtrace.store.reader.query` / the :mod:`kvtrace.analysis` functions, which accept it in
+    place of a DuckDB connection."""
+
+    is_clickhouse = True
+
+    def __init__(self, backend, table: str = ddl.TABLE, bounds: tuple[int, int] | None = None) -> None:
+        self.backend, self.table, self.bounds = backend, table, bounds
+
+    @property
+    def description(self) -> str:
+        return f"{self.backend.description} table {self.table}"
+
+    def query(self, sql: str, params: dict | None = None) -> pa.Table | None:
+        """Run ``sql`` (DuckDB SQL over kvtrace's views) with bound ``params``; an Arrow table."""
+        params = dict(params or {})
+        if self.bounds is not None:
+            params[LO], params[HI] = self.bounds
+        text = assemble(sql, param_types(params), self.table, self.bounds is not None)
+        used = {k: v for k, v in params.items() if "{" + k + ":" in text}
+        return self.backend.query(text, used)
+
+    def bounded(self, lo_ns: int, hi_ns: int) -> "ClickHouseStore":
+        """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
+        return ClickHouseStore(self.backend, self.table, (int(lo_ns), int(hi_ns)))
+
+    def cursor(self) -> "ClickHouseStore":
+        return self
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def connect(url: str, table: str = ddl.TABLE) -> ClickHouseStore:
+    """A :class:`ClickHouseStore` on ``url`` (``http(s)://...`` or ``chdb:PATH``, see
+    :mod:`.backend`) and ``table`` (``name`` or ``database.name``), checked to exist."""
+    store = ClickHouseStore(open_backend(url), table)
+    try:
+        store.backend.query(f"SELECT 1 FROM {ident(table)} LIMIT 0")
+    except BackendError as exc:
+        raise BackendError(f"{store.description}: {exc}") from None
+    return store
