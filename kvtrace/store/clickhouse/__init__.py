@@ -16,4 +16,13 @@ from __future__ import annotations
 
 from kvtrace.store.clickhouse.ddl import INSERT_PARQUET, TABLE, TRACES_TABLE_DDL, insert_parquet, render
 
-__all__ = ["INSERT_PARQUET", "TABLE", "TRACES_TABLE_DDL", "insert_parquet", "render"]
+
+CHDB_PREFIX = "chdb:"
+"""``--clickhouse chdb:PATH``: chDB in process on the database directory ``PATH``."""
+
+
+class ClickHouseError(Exception):
+    """A ClickHouse source failed: not reachable, a statement refused, SQL not transpilable (one line)."""
+
+
+__all__ = ["CHDB_PREFIX", "INSERT_PARQUET", "TABLE", "TRACES_TABLE_DDL", "ClickHouseError", "insert_parquet", "render"]

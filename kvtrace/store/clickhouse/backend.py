@@ -15,21 +15,27 @@ Both return Arrow tables and run every query with :data:`.dialect.SETTINGS`.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import urllib.parse
 
 import pyarrow as pa
 
+from kvtrace.store.clickhouse import CHDB_PREFIX, ClickHouseError
 from kvtrace.store.clickhouse.dialect import SETTINGS
 
 
-class BackendError(Exception):
+class BackendError(ClickHouseError):
     """ClickHouse could not be reached or refused a statement (one line)."""
 
 
 def _one_line(exc: BaseException) -> str:
+    """The error's first line, without the statement ClickHouse quotes after ``In scope``."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0]
+    return re.sub(r" In scope .*?(?=( \([A-Z_]+\))?$)", "", line, count=1)
 
 
 def normalise(table: pa.Table) -> pa.Table:
@@ -112,8 +118,8 @@ class ServerBackend:
         try:
             self.client = clickhouse_connect.get_client(**kwargs)
         except Exception as exc:  # noqa: BLE001 - clickhouse-connect raises several kinds
-            raise BackendError(f"cannot connect to ClickHouse at {_redact(url)}: {_one_line(exc)}") from None
-        self.description = _redact(url)
+            raise BackendError(f"cannot connect to ClickHouse at {redact(url)}: {_one_line(exc)}") from None
+        self.description = redact(url)
 
     def query(self, sql: str, params: dict | None = None) -> pa.Table:
         try:
@@ -140,15 +146,12 @@ def _settings_sql(settings: dict) -> str:
     return ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in settings.items())
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     u = urllib.parse.urlsplit(url)
     if u.password is None:
         return url
     netloc = f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else "")
     return urllib.parse.urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
-
-
-CHDB_PREFIX = "chdb:"
 
 
 def open_backend(url: str):
@@ -161,4 +164,4 @@ def open_backend(url: str):
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme in ("http", "https"):
         return ServerBackend(url)
-    raise BackendError(f"--clickhouse {_redact(url)}: expected http://HOST:PORT, https://HOST:PORT or chdb:PATH")
+    raise BackendError(f"--clickhouse {redact(url)}: expected http://HOST:PORT, https://HOST:PORT or chdb:PATH")

@@ -36,6 +36,8 @@ import functools
 import sqlglot
 from sqlglot import exp
 
+from kvtrace.store.clickhouse import ClickHouseError
+
 STRING_MAPS = {"spanattributes": "SpanAttributes", "resourceattributes": "ResourceAttributes"}
 TYPED_MAPS = {"spanattributesint": "toInt64OrNull", "spanattributesfloat": "toFloat64OrNull"}
 
@@ -53,7 +55,7 @@ SETTINGS: dict[str, object] = {
 _PARAM_TYPES = ((bool, "Bool"), (int, "Int64"), (float, "Float64"), (str, "String"))
 
 
-class TranspileError(ValueError):
+class TranspileError(ClickHouseError, ValueError):
     """DuckDB SQL that SQLGlot cannot read (one line)."""
 
 

@@ -30,7 +30,8 @@ from sqlglot import exp
 from kvtrace.store.clickhouse import ddl
 from kvtrace.store.clickhouse.backend import BackendError, open_backend
 from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
-from kvtrace.store.sql import ident
+from kvtrace import semconv as sc
+from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.spans import RAW
 
@@ -48,6 +49,14 @@ _TYPED = (
     "CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, if(toInt64OrNull(v) IS NULL, "
     "toFloat64OrNull(v), NULL)), SpanAttributes)) AS Map(String, Float64)) AS SpanAttributesFloat",
 )
+
+
+_MIN_MAX = ("minOrNull(toUnixTimestamp64Nano(Timestamp)) AS lo, "
+            "maxOrNull(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS hi")
+_ATTR_SID = f"SpanAttributes[{literal(sc.SESSION_ID, CLICKHOUSE)}]"
+_ATTR_CID = f"SpanAttributes[{literal(sc.GEN_AI_CONVERSATION_ID, CLICKHOUSE)}]"
+# the spans that define a session's window (the ``sessions`` view: agent session spans, else requests)
+_WINDOW_SPANS = ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
 
 
 def raw_sql(table: str, bounded: bool) -> str:
@@ -133,6 +142,38 @@ class ClickHouseStore:
         text = assemble(sql, param_types(params), self.table, self.bounds is not None)
         used = {k: v for k, v in params.items() if "{" + k + ":" in text}
         return self.backend.query(text, used)
+
+    def session_bounds(self, session_id: str) -> tuple[int, int] | None:
+        """``[first start, last end]`` (epoch ns) of the spans carrying ``session_id`` (None: no
+        such spans).  Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`),
+        else the attribute map, whose bloom filter index skips most granules."""
+        where = (f"{ddl.SESSION_ID_COLUMN} = {{sid:String}}" if self._has_session_column()
+                 else f"({_ATTR_SID} = {{sid:String}} OR {_ATTR_CID} = {{sid:String}})")
+        return self._bounds(f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE {where}", {"sid": session_id})
+
+    def window_bounds(self, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+        """``[first start, last end]`` (epoch ns) of every session whose session or request spans
+        overlap ``[start_ns, end_ns]`` (either may be None: unbounded), from those spans only."""
+        sid = ddl.SESSION_ID_COLUMN if self._has_session_column() else ddl.SESSION_ID_EXPR
+        having = " AND ".join(c for c in (
+            "max(toUnixTimestamp64Nano(Timestamp) + Duration) >= {lo:Int64}" if start_ns is not None else "",
+            "min(toUnixTimestamp64Nano(Timestamp)) <= {hi:Int64}" if end_ns is not None else "") if c)
+        sql = (f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
+               f"AND ({sid}) IN (SELECT {sid} AS s FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
+               f"AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "") + ")")
+        params = {k: v for k, v in (("lo", start_ns), ("hi", end_ns)) if v is not None}
+        return self._bounds(sql, params)
+
+    def _bounds(self, sql: str, params: dict) -> tuple[int, int] | None:
+        row = self.backend.query(sql, params).to_pylist()[0]
+        return None if row["lo"] is None else (row["lo"], row["hi"])
+
+    @functools.cached_property
+    def _columns(self) -> frozenset[str]:
+        return frozenset(self.backend.query(f"SELECT * FROM {ident(self.table)} LIMIT 0").column_names)
+
+    def _has_session_column(self) -> bool:
+        return ddl.SESSION_ID_COLUMN in self._columns
 
     def bounded(self, lo_ns: int, hi_ns: int) -> "ClickHouseStore":
         """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
