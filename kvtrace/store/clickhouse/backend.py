@@ -51,6 +51,9 @@ def normalise(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, names=table.column_names) if changed else table
 
 
+_NULL = "\\N"  # a NULL query parameter, as ClickHouse's parameter syntax spells it
+
+
 class ChdbBackend:
     """chDB (in-process ClickHouse) on one database directory; queries are serialised."""
 
@@ -79,13 +82,23 @@ class ChdbBackend:
         self.path = path
         self.description = f"chdb:{path}"
 
+    rows_read = bytes_read = 0
+    """Rows and bytes chDB read from storage for this backend's queries so far (tests and
+    benchmarks check filter push-down with them)."""
+
     def query(self, sql: str, params: dict | None = None) -> pa.Table:
+        result = _has_result(sql)
+        params = {k: _NULL if v is None else v for k, v in (params or {}).items()}
         with ChdbBackend._lock:
             try:
-                out = ChdbBackend._conn.query(sql, "ArrowTable" if _has_result(sql) else "CSV", params=params or None)
+                out = ChdbBackend._conn.query(sql, "Arrow" if result else "CSV", params=params or None)
             except Exception as exc:  # noqa: BLE001
                 raise BackendError(_one_line(exc)) from None
-        return normalise(out) if isinstance(out, pa.Table) else pa.table({})
+        self.rows_read += out.storage_rows_read()
+        self.bytes_read += out.storage_bytes_read()
+        if not result:
+            return pa.table({})
+        return normalise(pa.ipc.open_file(pa.py_buffer(out.bytes())).read_all())
 
     def command(self, sql: str) -> None:
         with ChdbBackend._lock:
