@@ -57,7 +57,7 @@ WITH t AS (SELECT DISTINCT trace_id FROM spans WHERE session_id = $session_id)
 SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.service_name, s.start_ns, s.end_ns,
        s.duration_ms, s.status_code, s.turn, s.request_id, s.engine_id, s.engine_role, s.substrate
 FROM spans s SEMI JOIN t ON s.trace_id = t.trace_id
-ORDER BY s.start_ns, s.end_ns DESC
+ORDER BY s.start_ns, s.end_ns DESC, s.span_id
 LIMIT $limit
 """
 
