@@ -131,3 +131,16 @@ def test_go_float_spelling(value, spelled):
                                           ("v1.0", "v1.0"), ("0.1.0", "0.1.0"), ("1.50", "1.50"), ("", "")])
 def test_resource_values_respelled_only_when_python_spelled_a_float(text, spelled):
     assert load._respelled(text) == spelled
+
+
+def test_order_by_means_the_output_column(backend):
+    """DuckDB sorts by the output ``x`` (min per group) although an input column is named ``x``."""
+    got, expected = both(backend, f"SELECT k, min(y) AS y FROM ({ROWS}) GROUP BY k ORDER BY y DESC")
+    assert got == expected == [["c", 9.5], ["b", 4.5], ["a", 2.0]]
+
+
+def test_a_case_branch_not_taken_never_divides_by_zero(backend):
+    sql = f"SELECT x, CASE WHEN $b <= 0 THEN x ELSE x // $b END AS v FROM ({ROWS}) ORDER BY x"
+    for b in (0, 3):
+        got, expected = both(backend, sql, {"b": b})
+        assert got == expected and [r[1] for r in got] == ([1, 2, 3, 4, 10] if b == 0 else [0, 0, 1, 1, 3])

@@ -14,8 +14,9 @@ meaning, and prints ClickHouse SQL.  The rewrites (each checked by the view equi
 - **time**: ``epoch_ns`` -> ``toUnixTimestamp64Nano``, ``to_microseconds`` -> ``toIntervalMicrosecond``,
   ``make_timestamp`` (epoch µs) -> ``fromUnixTimestamp64Micro``, ``TIMESTAMPTZ`` -> ``DateTime64(6, 'UTC')``
   (SQLGlot's ``DateTime`` would drop the sub-second part);
-- **integer division** ``a // b`` -> ``intDiv(a, b)`` (SQLGlot divides in floating point first,
-  which loses digits of epoch-ns values);
+- **integer division** ``a // b`` -> ``intDivOrNull(a, b)`` (SQLGlot divides in floating point
+  first, which loses digits of epoch-ns values; ClickHouse computes every ``CASE`` branch, so a
+  division by zero in a branch not taken must not fail);
 - **aggregates**: ``bool_or`` -> ``max``, ``list(DISTINCT x ORDER BY x)`` -> ``arraySort(groupUniqArray(x))``,
   ``median`` / ``quantile_cont`` -> ``quantileExactInclusive`` (DuckDB's interpolation; ClickHouse's
   ``median`` is approximate), ``regr_slope`` / ``regr_intercept`` -> ``simpleLinearRegression``,
@@ -101,7 +102,7 @@ def _rewrite(node: exp.Expression) -> exp.Expression:  # noqa: C901 - one dispat
     if isinstance(node, exp.Bracket):
         return _attribute(node) or node
     if isinstance(node, exp.IntDiv):
-        return _fn("intDiv", node.this, node.expression)
+        return _fn("intDivOrNull", node.this, node.expression)
     if isinstance(node, exp.LogicalOr):
         return exp.Max(this=node.this)
     if isinstance(node, exp.Median):
@@ -168,6 +169,25 @@ def _name_qualified_columns(tree: exp.Expression) -> None:
                 node.replace(exp.alias_(node.copy(), node.name))
 
 
+def _order_by_output_names(tree: exp.Expression) -> None:
+    """``ORDER BY t`` sorts by the output column ``t`` in DuckDB even when an input column has that
+    name (``SELECT min(t) AS t ... ORDER BY t``); ClickHouse, told to prefer column names to
+    aliases (:data:`SETTINGS`, for DuckDB's WHERE and GROUP BY), would read the input column: sort
+    by the output position instead."""
+    for select in tree.find_all(exp.Select):
+        order = select.args.get("order")
+        if order is None:
+            continue
+        outputs = {}
+        for i, node in enumerate(select.expressions, 1):
+            if isinstance(node, exp.Alias) and not (isinstance(node.this, exp.Column) and node.this.name == node.alias):
+                outputs.setdefault(node.alias, i)
+        for ordered in order.expressions:
+            key = ordered.this
+            if isinstance(key, exp.Column) and not key.table and key.name in outputs:
+                key.replace(exp.Literal.number(outputs[key.name]))
+
+
 def _placeholders(tree: exp.Expression, types: dict[str, str]) -> None:
     for node in list(tree.find_all(exp.Placeholder, exp.Parameter)):
         name = node.name
@@ -210,5 +230,6 @@ def _transpile(sql: str, types: tuple[tuple[str, str], ...]) -> exp.Expression:
         raise TranspileError("no SQL statement")
     tree = _bottom_up(_bottom_up(trees[-1], _regr), _rewrite)
     _name_qualified_columns(tree)
+    _order_by_output_names(tree)
     _placeholders(tree, dict(types))
     return tree
