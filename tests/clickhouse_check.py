@@ -43,7 +43,7 @@ _tables = itertools.count()
 def chdb_backend() -> ChdbBackend:
     """chDB on the directory this process already opened, else on a new temporary one (chDB opens
     one directory per process)."""
-    path = ChdbBackend._path or os.environ.get("KVTRACE_TEST_CHDB") or tempfile.mkdtemp(prefix="kvtrace-chdb-")
+    path = ChdbBackend._path or tempfile.mkdtemp(prefix="kvtrace-chdb-")
     return ChdbBackend(path)
 
 
