@@ -108,7 +108,16 @@ class ChdbBackend:
                 raise BackendError(_one_line(exc)) from None
 
     def close(self) -> None:
-        """chDB stays open for the process (it cannot be reopened elsewhere)."""
+        """Nothing: every backend of the process shares chDB's one connection (:meth:`shutdown`)."""
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """Close chDB's connection; the process may then open another directory (backends made
+        before stop working).  Tests call it between modules."""
+        with cls._lock:
+            if cls._conn is not None:
+                cls._conn.close()
+            cls._conn, cls._path = None, None
 
 
 class ServerBackend:
