@@ -103,6 +103,10 @@ PROXY_ENTRY_AGE_S = "kvtrace.proxy.entry_age_s"
 PROXY_FALLBACK = "kvtrace.proxy.fallback"
 PROXY_PREFILL_ENDPOINT = "kvtrace.proxy.prefill_endpoint"
 PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
+PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: 2 when P was asked again without the offer
+PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
+PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"  # float: the proxy's offer window
+PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 
 # engine / connector identity (also resource attributes of connector processes)
 ENGINE_ID = "kvtrace.engine.id"
@@ -212,7 +216,13 @@ OFFER_REASONS = (
 # error.type values kvtrace itself sets (otherwise: the exception class or the worker's error type)
 ERROR_STREAM_INTERRUPTED = "stream_interrupted"  # agent: the stream was closed before its end
 ERROR_CLIENT_DISCONNECT = "client_disconnect"  # proxy / sim: the client went away
-ERROR_VALUES = (ERROR_STREAM_INTERRUPTED, ERROR_CLIENT_DISCONNECT)
+ERROR_INVALID_CHUNK = "invalid_chunk"  # proxy: D sent a stream line that is not an OpenAI chunk
+ERROR_INCOMPLETE_STREAM = "incomplete_stream"  # proxy: D's stream ended without [DONE]
+ERROR_INVALID_RESPONSE = "invalid_response"  # proxy: P's answer is not a JSON object
+ERROR_RESPONSE_TOO_LARGE = "response_too_large"  # proxy: a worker's response passed --max-upstream-bytes
+ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"  # proxy: the request passed --request-timeout
+ERROR_VALUES = (ERROR_STREAM_INTERRUPTED, ERROR_CLIENT_DISCONNECT, ERROR_INVALID_CHUNK, ERROR_INCOMPLETE_STREAM,
+                ERROR_INVALID_RESPONSE, ERROR_RESPONSE_TOO_LARGE, ERROR_DEADLINE_EXCEEDED)
 
 FALLBACK_NONE = "none"
 FALLBACK_DECODE_ONLY = "decode_only"
@@ -264,6 +274,173 @@ KVT_FALLBACK = "fallback"
 KVT_TTFT_MS = "ttft_ms"
 
 # --------------------------------------------------------------------------------------------
+# Prometheus metrics (docs/metrics.md is generated from METRICS below)
+# --------------------------------------------------------------------------------------------
+# KV families: the connector exports them inside vLLM's own /metrics (the KV connector's
+# Prometheus hook, next to vllm:nixl_*), each simulated worker on its /metrics.  vLLM's
+# per-engine labels (model_name, engine) come first; counters are exposed with a _total suffix.
+METRIC_KV_DECISIONS = "vllm:kvtrace_decisions"
+METRIC_KV_PROMPT_TOKENS = "vllm:kvtrace_prompt_tokens"
+METRIC_KV_TRANSFER_BYTES = "vllm:kvtrace_transfer_bytes"
+METRIC_KV_TRANSFER_DURATION = "vllm:kvtrace_transfer_duration_seconds"
+METRIC_KV_RETAINED_BLOCKS = "vllm:kvtrace_retained_blocks"
+METRIC_KV_RETAINED_BYTES = "vllm:kvtrace_retained_bytes"
+METRIC_KV_RETENTION_ENDS = "vllm:kvtrace_retention_ends"
+METRIC_KV_RETAINED_BYTE_SECONDS = "vllm:kvtrace_retained_byte_seconds"
+# proxy (kvtrace proxy's /metrics) and every kvtrace process that exports spans
+METRIC_PROXY_REQUESTS = "kvtrace_proxy_requests"
+METRIC_PROXY_TTFT = "kvtrace_proxy_time_to_first_token_seconds"
+METRIC_PROXY_LATENCY = "kvtrace_proxy_request_latency_seconds"
+METRIC_PROXY_CONVERSATIONS = "kvtrace_proxy_conversations"
+METRIC_PROXY_CONVERSATIONS_OFFERABLE = "kvtrace_proxy_conversations_with_blocks"
+METRIC_PROXY_EVICTIONS = "kvtrace_proxy_conversation_evictions"
+METRIC_DROPPED_SPANS = "kvtrace_dropped_spans"
+# vLLM's own families (names and buckets of vLLM 0.32/0.33): the simulator emits them too, so a
+# simulated cluster fills the same dashboard panels as a real one
+VLLM_METRIC_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_METRIC_NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"
+VLLM_METRIC_NIXL_BYTES = "vllm:nixl_bytes_transferred"
+VLLM_METRIC_NIXL_FAILED = "vllm:nixl_num_failed_transfers"
+VLLM_METRIC_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"
+
+# label names
+LABEL_MODEL_NAME = "model_name"  # vLLM's per-engine labels
+LABEL_ENGINE = "engine"
+LABEL_DIRECTION = "direction"
+LABEL_OUTCOME = "outcome"
+LABEL_SOURCE = "source"
+LABEL_STATUS = "status"
+LABEL_OFFER_REASON = "offer_reason"
+LABEL_REASON = "reason"
+
+# label values not enumerated above
+SOURCE_LOCAL_HIT = "local_hit"
+SOURCE_PULLED = "pulled"
+SOURCE_RECOMPUTED = "recomputed"
+TOKEN_SOURCES = (SOURCE_LOCAL_HIT, SOURCE_PULLED, SOURCE_RECOMPUTED)
+OUTCOME_UNKNOWN = "unknown"  # proxy: P reported no decision (not instrumented, or it failed)
+EVICTION_LRU = "lru"
+EVICTION_STALE = "stale"
+EVICTION_REASONS = (EVICTION_LRU, EVICTION_STALE)
+DROP_QUEUE_FULL = "queue_full"
+DROP_EXPORT_FAILED = "export_failed"
+DROP_REASONS = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED)
+# key of kvtrace's part of the connector stats payload (KVConnectorStats.data) vLLM carries from
+# the EngineCore to the API server
+STATS_KEY = "kvtrace"
+
+_kv_emitter = "connector (vLLM /metrics) / simulator worker"
+_ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
+METRICS: dict[str, dict] = {
+    METRIC_KV_DECISIONS: {
+        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_OUTCOME),
+        "span": SPAN_KV_DECISION,
+        "doc": f"Decisions that ended, by direction and outcome (= {SPAN_KV_DECISION} spans by "
+        f"{KV_DIRECTION} and {KV_OUTCOME}).",
+    },
+    METRIC_KV_PROMPT_TOKENS: {
+        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_SOURCE),
+        "span": SPAN_KV_DECISION,
+        "doc": f"Prompt tokens of those decisions by source: {SOURCE_LOCAL_HIT} (= {KV_LOCAL_HIT_TOKENS}), "
+        f"{SOURCE_PULLED} ({KV_PULLED_TOKENS}), {SOURCE_RECOMPUTED} ({KV_RECOMPUTED_TOKENS}).",
+    },
+    METRIC_KV_TRANSFER_BYTES: {
+        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION,),
+        "span": SPAN_KV_TRANSFER,
+        "doc": f"Bytes of KV loads that finished {TRANSFER_OK} (= {KV_TRANSFER_BYTES}); rate() is the "
+        "pull bandwidth.",
+    },
+    METRIC_KV_TRANSFER_DURATION: {
+        "type": "histogram", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_STATUS),
+        "span": SPAN_KV_TRANSFER,
+        "doc": f"KV load duration (the {SPAN_KV_TRANSFER} span), s, by direction and "
+        f"{KV_TRANSFER_STATUS}.",
+    },
+    METRIC_KV_RETAINED_BLOCKS: {
+        "type": "gauge", "emitter": _kv_emitter, "labels": _ENGINE_LABELS, "span": SPAN_KV_RETENTION,
+        "doc": "KV blocks D holds now for next turns (open retention spans).",
+    },
+    METRIC_KV_RETAINED_BYTES: {
+        "type": "gauge", "emitter": _kv_emitter, "labels": _ENGINE_LABELS, "span": SPAN_KV_RETENTION,
+        "doc": f"Bytes D holds now for next turns (sum of {KV_RETENTION_BYTES} of open retention spans).",
+    },
+    METRIC_KV_RETENTION_ENDS: {
+        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_OUTCOME,),
+        "span": SPAN_KV_RETENTION,
+        "doc": f"Retentions that ended, by {KV_RETENTION_OUTCOME}.",
+    },
+    METRIC_KV_RETAINED_BYTE_SECONDS: {
+        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS, "span": SPAN_KV_RETENTION,
+        "doc": f"Bytes x seconds held, added when a retention ends ({KV_RETENTION_BYTES} x span duration); "
+        "the memory cost of keeping KV for next turns.",
+    },
+    METRIC_PROXY_REQUESTS: {
+        "type": "counter", "emitter": "proxy", "labels": (LABEL_STATUS, LABEL_OFFER_REASON),
+        "span": SPAN_PROXY_REQUEST,
+        "doc": f"Requests answered, by HTTP status ({HTTP_RESPONSE_STATUS_CODE}) and {PROXY_OFFER_REASON}.",
+    },
+    METRIC_PROXY_TTFT: {
+        "type": "histogram", "emitter": "proxy", "labels": (LABEL_OUTCOME,), "span": SPAN_PROXY_REQUEST,
+        "doc": f"Time to first token seen by the proxy ({REQUEST_TTFT_MS} / 1000), s, by P's decision "
+        f"outcome ({OUTCOME_UNKNOWN} when P reported none); vLLM's TTFT buckets.",
+    },
+    METRIC_PROXY_LATENCY: {
+        "type": "histogram", "emitter": "proxy", "labels": (LABEL_OUTCOME,), "span": SPAN_PROXY_REQUEST,
+        "doc": f"Latency of requests answered 200 ({REQUEST_LATENCY_MS} / 1000), s, by P's decision outcome; "
+        "vLLM's request latency buckets.",
+    },
+    METRIC_PROXY_CONVERSATIONS: {
+        "type": "gauge", "emitter": "proxy", "labels": (), "span": None,
+        "doc": "Conversations in the proxy's table (LRU-bounded by --max-conversations).",
+    },
+    METRIC_PROXY_CONVERSATIONS_OFFERABLE: {
+        "type": "gauge", "emitter": "proxy", "labels": (), "span": None,
+        "doc": "Conversations whose table entry holds D's blocks for the next turn.",
+    },
+    METRIC_PROXY_EVICTIONS: {
+        "type": "counter", "emitter": "proxy", "labels": (LABEL_REASON,), "span": None,
+        "doc": f"Conversation-table entries dropped: {EVICTION_LRU} (table full), {EVICTION_STALE} "
+        "(older than the conversation TTL, on /health).",
+    },
+    METRIC_DROPPED_SPANS: {
+        "type": "counter", "emitter": "proxy / simulator worker", "labels": (LABEL_REASON,), "span": None,
+        "doc": f"Spans lost by this process: {DROP_QUEUE_FULL} (batch processor queue full), "
+        f"{DROP_EXPORT_FAILED} (an exporter failed).",
+    },
+    VLLM_METRIC_TTFT: {
+        "type": "histogram", "emitter": "vLLM; simulator worker", "labels": _ENGINE_LABELS, "span": None,
+        "doc": "vLLM's time to first token per engine, s.",
+    },
+    VLLM_METRIC_NIXL_XFER_TIME: {
+        "type": "histogram", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
+        "span": None, "doc": "vLLM's NIXL transfer duration, s (no direction).",
+    },
+    VLLM_METRIC_NIXL_BYTES: {
+        "type": "histogram", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
+        "span": None, "doc": "vLLM's bytes per NIXL transfer (no direction).",
+    },
+    VLLM_METRIC_NIXL_FAILED: {
+        "type": "counter", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
+        "span": None, "doc": "vLLM's failed NIXL transfers.",
+    },
+    VLLM_METRIC_NIXL_EXPIRED: {
+        "type": "counter", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
+        "span": None, "doc": "vLLM's reads declined because D's blocks expired (counted on P).",
+    },
+}
+LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    LABEL_DIRECTION: DIRECTIONS,
+    LABEL_OUTCOME: OUTCOMES + RETENTION_OUTCOMES + (OUTCOME_UNKNOWN,),
+    LABEL_SOURCE: TOKEN_SOURCES,
+    LABEL_STATUS: TRANSFER_STATUSES + ("HTTP status code",),
+    LABEL_OFFER_REASON: OFFER_REASONS,
+    LABEL_REASON: EVICTION_REASONS + DROP_REASONS,
+    LABEL_MODEL_NAME: ("served model name",),
+    LABEL_ENGINE: ("engine index in the server (0 unless data parallel)",),
+}
+
+
+# --------------------------------------------------------------------------------------------
 # The documented contract (drives docs/semconv.md and the documentation test)
 # --------------------------------------------------------------------------------------------
 _ID = {
@@ -303,7 +480,14 @@ SPANS: dict[str, dict] = {
             PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
             PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
             PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
-            KV_OUTCOME: "P's decision outcome as reported by P (when known).",
+            PROXY_PREFILL_ATTEMPTS: "P legs sent (int): 2 when P failed (5xx) to read the offered blocks and "
+            "the proxy asked again without them; absent when 1.",
+            PROXY_CONVERSATION_TTL_S: "The proxy's offer window, --conversation-ttl, s (float).",
+            PROXY_DECODER_KV_TTL_S: "D's block retention (decoder_kv_blocks_ttl) as the proxy knows it: "
+            "reported by an instrumented D, else --decoder-kv-ttl; absent when unknown, s (float). An offer "
+            "window + 5 s (vLLM's read margin) at or past it means offers can name blocks D has dropped.",
+            KV_OUTCOME: "P's decision outcome as reported by P (when known); `expired` (entry older than "
+            "D's retention) or `failed` when P failed to read the offered blocks and the proxy retried.",
             KV_PULLED_TOKENS: "Tokens P pulled from D (int).",
             ERROR_TYPE: "Error class when the request failed.",
         },
@@ -318,6 +502,7 @@ SPANS: dict[str, dict] = {
             SERVER_PORT: "P port (int).",
             HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
             PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
+            PROXY_RETRY: "This leg is the fresh prefill (no offer) after P failed to read the offered blocks (bool).",
             ERROR_TYPE: "Error class when the leg failed.",
         },
     },
@@ -615,5 +800,25 @@ def render_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_metrics_markdown() -> str:
+    """docs/metrics.md, generated from :data:`METRICS` (``python -m kvtrace.semconv metrics``)."""
+    out = ["# kvtrace metrics", "", "Generated by `python -m kvtrace.semconv metrics`; do not edit.", ""]
+    out += ["Prometheus text on `/metrics`: vLLM's own endpoint (connector), each `kvtrace sim` worker, "
+            "`kvtrace proxy`. Counters are exposed with a `_total` suffix, histograms as `_bucket` / `_sum` / "
+            "`_count`. Every label value comes from a fixed set (no request, session or engine ids): group "
+            "by the Prometheus `instance` label to tell servers apart.", ""]
+    out += ["| metric | type | labels | emitted by | meaning |", "|---|---|---|---|---|"]
+    for name, spec in METRICS.items():
+        labels = ", ".join(f"`{lb}`" for lb in spec["labels"]) or "-"
+        out.append(f"| `{name}` | {spec['type']} | {labels} | {spec['emitter']} | {spec['doc']} |")
+    out += ["", "## Label values", "", "| label | values |", "|---|---|"]
+    for label, values in LABEL_VALUES.items():
+        out.append(f"| `{label}` | {', '.join(f'`{v}`' for v in values)} |")
+    out += ["", f"Connector stats payload key (vLLM carries it from EngineCore to the API server): `{STATS_KEY}`."]
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":  # pragma: no cover
-    print(render_markdown(), end="")
+    import sys
+
+    print(render_metrics_markdown() if sys.argv[1:] == ["metrics"] else render_markdown(), end="")

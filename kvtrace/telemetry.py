@@ -3,10 +3,15 @@
 Each kvtrace component (proxy, simulator worker, connector, agent, bench) calls
 :func:`configure` with its own ``service_name`` and passes the returned provider to the code
 that makes spans, so several components can share one process without sharing a resource.
+
+Spans the process loses are counted (:func:`dropped_spans`): a batch processor whose queue is
+full drops the span it is handed, and a failed export loses its batch.  The proxy and the
+simulator expose the counts as ``kvtrace_dropped_spans`` (:mod:`kvtrace.exposition`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -18,7 +23,7 @@ import weakref
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from kvtrace import semconv, settings
 
@@ -29,6 +34,64 @@ _providers: "weakref.WeakSet[TracerProvider]" = weakref.WeakSet()
 _sigterm_lock = threading.Lock()
 _sigterm_installed = False
 _pre_shutdown: list = []
+_dropped: collections.Counter = collections.Counter()
+_dropped_lock = threading.Lock()
+
+
+def count_dropped(reason: str, n: int = 1) -> None:
+    """Count ``n`` spans lost for ``reason`` (one of :data:`kvtrace.semconv.DROP_REASONS`)."""
+    with _dropped_lock:
+        _dropped[reason] += n
+
+
+def dropped_spans() -> dict[str, int]:
+    """Spans this process lost so far, by reason."""
+    with _dropped_lock:
+        return dict(_dropped)
+
+
+class _CountingBatchSpanProcessor(BatchSpanProcessor):
+    """A BatchSpanProcessor that counts the spans it drops because its queue is full and, through
+    :class:`_CountingExporter`, those of failed exports; ``span_exporter`` is still the exporter given."""
+
+    def __init__(self, exporter: SpanExporter, **kwargs) -> None:
+        super().__init__(_CountingExporter(exporter), **kwargs)
+        self._given_exporter = exporter
+
+    @property
+    def span_exporter(self) -> SpanExporter:
+        return self._given_exporter
+
+    def on_end(self, span) -> None:
+        # the SDK keeps the queue private (BatchProcessor._queue since 1.33, .queue before)
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None) or getattr(self, "queue", None)
+        if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen and span.context.trace_flags.sampled:
+            count_dropped(semconv.DROP_QUEUE_FULL)
+        super().on_end(span)
+
+
+class _CountingExporter(SpanExporter):
+    """Forwards to ``inner``; counts the spans of batches it failed to export."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans):
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            count_dropped(semconv.DROP_EXPORT_FAILED, len(spans))
+            raise
+        if result is not SpanExportResult.SUCCESS:
+            count_dropped(semconv.DROP_EXPORT_FAILED, len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        return self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        flush = getattr(self.inner, "force_flush", None)
+        return flush(timeout_millis) if flush is not None else True
 
 
 def otlp_exporter(protocol: str | None = None) -> SpanExporter:
@@ -104,9 +167,8 @@ def configure(
         chosen.append(otlp_exporter())
     delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()
     for exporter in chosen:
-        provider.add_span_processor(
-            BatchSpanProcessor(exporter, schedule_delay_millis=delay, max_export_batch_size=size, max_queue_size=4 * size)
-        )
+        provider.add_span_processor(_CountingBatchSpanProcessor(
+            exporter, schedule_delay_millis=delay, max_export_batch_size=size, max_queue_size=4 * size))
     _providers.add(provider)
     if set_global:
         trace.set_tracer_provider(provider)

@@ -76,7 +76,7 @@ def _commands() -> list[tuple[str, str, str]]:
             elif lang in ("bash", "sh", "text"):
                 found += [(name, "shell", c) for c in _shell_commands(code)]
         for inline in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", FENCE.sub("", text)):
-            if re.match(r"kvtrace \w", inline):
+            if re.match(r"kvtrace [a-z]+\b(?!:)", inline):  # not an error message: "kvtrace collect: error: ..."
                 found.append((name, "inline", inline))
             elif re.match(r"python -[cm] ", inline):
                 found.append((name, "shell", inline))

@@ -6,72 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from kvtrace import semconv as sc
-from kvtrace.proxy.config import ProxyConfig, Worker
-from kvtrace.proxy.server import start
-from kvtrace.testing.proxy import FakeWorker
+from kvtrace.testing.proxy import BODY, CHAT, sse
 
-CHAT = "/v1/chat/completions"
-BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
-
-
-async def _wait_for(pred, timeout=5.0):
-    """Poll ``pred`` until true (spans end asynchronously after the response is sent)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
-
-
-class Rig:
-    def __init__(self, p: FakeWorker, d: FakeWorker, proxy, exporter):
-        self.p, self.d, self.proxy, self.exporter = p, d, proxy, exporter
-        self.http = aiohttp.ClientSession()
-
-    async def post(self, body=None, raw: bytes | None = None, headers=None):
-        data = raw if raw is not None else json.dumps(body if body is not None else BODY).encode()
-        async with self.http.post(self.proxy.url + CHAT, data=data, headers=headers or {}) as r:
-            return r.status, r.headers, await r.read()
-
-    def spans(self, name):
-        return [s for s in self.exporter.get_finished_spans() if s.name == name]
-
-    async def server_span(self, n=1):
-        await _wait_for(lambda: len(self.spans(sc.SPAN_PROXY_REQUEST)) >= n)
-        return self.spans(sc.SPAN_PROXY_REQUEST)[n - 1]
-
-
-@pytest.fixture
-async def make_rig(tracer_provider, span_exporter):
-    made = []
-
-    async def make(p_status=200, d_kwargs=None, p_down=False, **cfg) -> Rig:
-        p = await FakeWorker("p0", status=p_status).start()
-        d = await FakeWorker("d0", **(d_kwargs or {})).start()
-        p_worker = Worker("127.0.0.1", p.port)
-        if p_down:
-            await p.close()  # nothing listens there any more
-        config = ProxyConfig(prefill=[p_worker], decode=[Worker("127.0.0.1", d.port)], **cfg)
-        proxy = await start(config, tracer_provider, port=0)
-        rig = Rig(p, d, proxy, span_exporter)
-        made.append(rig)
-        return rig
-
-    yield make
-    for rig in made:
-        await rig.http.close()
-        await rig.proxy.close()
-        await rig.p.close()
-        await rig.d.close()
-
-
-def _sse(data: bytes) -> list:
-    return [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 
 def _no_latency(attrs) -> dict:
@@ -90,12 +31,13 @@ def _base_attrs(rid, stream=True, **extra):
         sc.REQUEST_STREAM: stream,
         sc.PROXY_OFFER: False,
         sc.PROXY_OFFER_REASON: sc.OFFER_NO_CONVERSATION_ID,
+        sc.PROXY_CONVERSATION_TTL_S: 450.0,
         **extra,
     }
 
 
-async def test_prefill_5xx_gives_502_and_proxy_keeps_serving(make_rig):
-    rig = await make_rig(p_status=500)
+async def test_prefill_5xx_gives_502_and_proxy_keeps_serving(rig_factory):
+    rig = await rig_factory(p_status=500)
     status, headers, data = await rig.post(headers={sc.HEADER_REQUEST_ID: "r1"})
     assert status == 502
     err = json.loads(data)["error"]
@@ -128,14 +70,14 @@ async def test_prefill_5xx_gives_502_and_proxy_keeps_serving(make_rig):
     assert rig.d.received == []  # D never saw the request
     rig.p.status = 200
     status, _, data = await rig.post()
-    assert status == 200 and _sse(data)[-1] == "[DONE]"
+    assert status == 200 and sse(data)[-1] == "[DONE]"
 
 
-async def test_prefill_unreachable_decode_only_fallback(make_rig):
-    rig = await make_rig(p_down=True, prefill_failure="decode_only")
+async def test_prefill_unreachable_decode_only_fallback(rig_factory):
+    rig = await rig_factory(p_down=True, prefill_failure="decode_only")
     status, _, data = await rig.post(headers={sc.HEADER_REQUEST_ID: "r2"})
     assert status == 200
-    events = _sse(data)
+    events = sse(data)
     assert events[-1] == "[DONE]"
     final = json.loads(events[-2])
     kv = final[sc.RESPONSE_KV_TRANSFER]
@@ -152,39 +94,42 @@ async def test_prefill_unreachable_decode_only_fallback(make_rig):
     assert span.events[0].attributes[sc.ERROR_TYPE] == "ClientConnectorError"
 
 
-async def test_prefill_unreachable_error_mode(make_rig):
-    rig = await make_rig(p_down=True)
+async def test_prefill_unreachable_error_mode(rig_factory):
+    rig = await rig_factory(p_down=True)
     status, _, data = await rig.post()
     assert status == 502 and json.loads(data)["error"]["code"] == 502
     span = await rig.server_span()
     assert span.attributes[sc.ERROR_TYPE] == "ClientConnectorError"
 
 
-async def test_failed_prefill_does_not_forget_location(make_rig):
-    rig = await make_rig()
+async def test_failed_prefill_does_not_forget_location(rig_factory):
+    rig = await rig_factory()
     conv = {**BODY, sc.BODY_CONVERSATION_ID: "c1"}
     assert (await rig.post(conv))[0] == 200
-    rig.p.status = 503
+    rig.p.status = 503  # P fails the offered turn, and the fresh prefill it is then asked for
     assert (await rig.post(conv))[0] == 502
     rig.p.status = 200
     assert (await rig.post(conv))[0] == 200
     spans = [await rig.server_span(n) for n in (1, 2, 3)]
     got = [(s.attributes[sc.TURN_INDEX], s.attributes[sc.PROXY_OFFER_REASON]) for s in spans]
     assert got == [(0, sc.OFFER_NO_ENTRY), (1, sc.OFFER_OFFERED), (2, sc.OFFER_OFFERED)]
-    # the third P request carried D's block location from turn 0, with the upstream flags
-    sent = rig.p.received[2][1]["kv_transfer_params"]
+    assert spans[1].attributes[sc.PROXY_PREFILL_ATTEMPTS] == 2 and sc.KV_OUTCOME not in spans[1].attributes
+    offered, retry = (body["kv_transfer_params"] for _, body in rig.p.received[1:3])
+    assert offered["remote_engine_id"] == "d0" and retry["remote_engine_id"] is None  # the retry offers nothing
+    # the fourth P request (turn 2) carried D's block location from turn 0, with the upstream flags
+    sent = rig.p.received[3][1]["kv_transfer_params"]
     assert sent["remote_engine_id"] == "d0" and sent["remote_block_ids"] == [[1, 2, 3]]
     assert sent["do_remote_decode"] is True and sent["do_remote_prefill"] is False
     assert sent["remote_host"] == "127.0.0.1"  # D's host, as upstream rewrites it
     assert sent[sc.KV_PARAMS_KEY][sc.CTX_TURN] == 2 and sent[sc.KV_PARAMS_KEY][sc.CTX_SESSION_ID] == "c1"
-    assert sc.BODY_CONVERSATION_ID not in rig.p.received[2][1]
+    assert sc.BODY_CONVERSATION_ID not in rig.p.received[3][1]
 
 
-async def test_decode_dies_mid_stream(make_rig):
-    rig = await make_rig(d_kwargs={"die_after": 2, "tokens": 5})
+async def test_decode_dies_mid_stream(rig_factory):
+    rig = await rig_factory(d_kwargs={"die_after": 2, "tokens": 5})
     status, _, data = await rig.post()
     assert status == 200
-    events = _sse(data)
+    events = sse(data)
     assert events[-1] == "[DONE]"
     assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == ["t0", "t1"]
     err = json.loads(events[-2])["error"]
@@ -198,28 +143,28 @@ async def test_decode_dies_mid_stream(make_rig):
     assert sc.EVENT_UPSTREAM_ERROR in [e.name for e in span.events]
 
 
-async def test_decode_dies_mid_stream_non_streaming_client(make_rig):
-    rig = await make_rig(d_kwargs={"die_after": 1})
+async def test_decode_dies_mid_stream_non_streaming_client(rig_factory):
+    rig = await rig_factory(d_kwargs={"die_after": 1})
     status, _, data = await rig.post({**BODY, "stream": False})
     assert status == 502 and json.loads(data)["error"]["type"] == "upstream_error"
 
 
-async def test_decode_5xx_gives_502(make_rig):
-    rig = await make_rig(d_kwargs={"status": 500})
+async def test_decode_5xx_gives_502(rig_factory):
+    rig = await rig_factory(d_kwargs={"status": 500})
     status, _, data = await rig.post()
     assert status == 502 and rig.d.url in json.loads(data)["error"]["message"]
     span = await rig.server_span()
     assert span.attributes[sc.PROXY_DECODE_ENDPOINT] == rig.d.url and span.attributes[sc.ERROR_TYPE] == "500"
 
 
-async def test_worker_4xx_passes_through(make_rig):
-    rig = await make_rig(p_status=400)
+async def test_worker_4xx_passes_through(rig_factory):
+    rig = await rig_factory(p_status=400)
     status, _, data = await rig.post()
     assert status == 400 and json.loads(data)["error"]["code"] == 400
 
 
-async def test_client_disconnect_cancels_upstream(make_rig):
-    rig = await make_rig(d_kwargs={"stall_after": 1, "tokens": 5})
+async def test_client_disconnect_cancels_upstream(rig_factory):
+    rig = await rig_factory(d_kwargs={"stall_after": 1, "tokens": 5})
     async with rig.http.post(rig.proxy.url + CHAT, json=BODY) as r:
         assert r.status == 200
         await r.content.readline()  # first event arrived
@@ -251,8 +196,8 @@ async def test_client_disconnect_cancels_upstream(make_rig):
     ids=["bad-json", "not-object", "messages-str", "max-tokens-str", "max-tokens-bool", "conv-id-int",
          "stream-str", "not-utf8", "too-deep", "too-large"],
 )
-async def test_bad_input_is_4xx_json(make_rig, raw, status, code):
-    rig = await make_rig(max_body_bytes=4096)
+async def test_bad_input_is_4xx_json(rig_factory, raw, status, code):
+    rig = await rig_factory(max_body_bytes=4096)
     got, headers, data = await rig.post(raw=raw)
     assert got == status and headers["Content-Type"].startswith("application/json")
     err = json.loads(data)["error"]

@@ -145,6 +145,8 @@ async def test_multi_turn_reuse_and_metadata_equals_spans(make_stack):
             sc.REQUEST_STREAM: True,
             sc.PROXY_OFFER: offered,
             sc.PROXY_OFFER_REASON: sc.OFFER_OFFERED if offered else sc.OFFER_NO_ENTRY,
+            sc.PROXY_CONVERSATION_TTL_S: 450.0,
+            sc.PROXY_DECODER_KV_TTL_S: 480.0,  # reported by the (instrumented) simulator
             sc.PROXY_FALLBACK: sc.FALLBACK_NONE,
             sc.PROXY_PREFILL_ENDPOINT: stack.cluster.prefill_urls[0],
             sc.PROXY_DECODE_ENDPOINT: stack.cluster.decode_urls[0],
@@ -338,3 +340,76 @@ async def test_openai_client_parses_every_chunk(make_stack, include_usage):
         assert resp.model_extra[sc.RESPONSE_KV_TRANSFER][sc.KVT_TURN] == 2
     finally:
         await client.close()
+
+
+class SleepClock(Clock):
+    """The bench's ``sleep`` advances the shared clock (pauses cost no real time)."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        await asyncio.sleep(0)
+
+
+async def test_expired_offer_is_retried_and_answered(tracer_provider, span_exporter, caplog):
+    """`kvtrace bench --scenario pause-resume --time-scale 0.02` against D with a 15 s retention and
+    the proxy's default 450 s offer window: the resumed turn (after a 12 s pause) is offered blocks
+    D dropped, P fails the read (500, kv_load_failure_policy=fail) and the proxy asks P again
+    without them.  Before: 502 to the client and the session's later turns never ran."""
+    from kvtrace.bench import bench
+
+    clock = SleepClock()
+    kv = {"kv_load_failure_policy": "fail",
+          "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 15}}
+    caplog.set_level("WARNING", logger="kvtrace.proxy.retention")
+    async with SimCluster(1, 1, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv) as cluster:
+        config = ProxyConfig(prefill=[_worker(u) for u in cluster.prefill_urls],
+                             decode=[_worker(u) for u in cluster.decode_urls])
+        running = await start(config, tracer_provider, clock=clock, port=0)
+        try:
+            result = await bench.arun_bench(running.url, scenario="pause-resume", tracer_provider=tracer_provider,
+                                            sleep=clock.sleep, seed=7, nonce="t", sessions=3, time_scale=0.02,
+                                            max_active_conversations=1)
+        finally:
+            await running.close()
+    assert [s.error for s in result.sessions] == [None] * 3
+    got = sorted((r.session, r.turn, r.outcome, r.offer_reason, r.error) for r in result.requests)
+    assert got == [
+        (s, t, outcome, sc.OFFER_NO_ENTRY if t == 0 else sc.OFFER_OFFERED, None)
+        for s in sorted({r.session for r in result.requests})
+        for t, outcome in enumerate([sc.OUTCOME_NO_REMOTE, sc.OUTCOME_PULLED, sc.OUTCOME_EXPIRED, sc.OUTCOME_PULLED])
+    ]
+    spans = span_exporter.get_finished_spans()
+    resumed = [s for s in spans if s.name == sc.SPAN_PROXY_REQUEST and s.attributes[sc.TURN_INDEX] == 2]
+    assert len(resumed) == 3
+    for server in resumed:
+        a = server.attributes
+        assert (a[sc.HTTP_RESPONSE_STATUS_CODE], a[sc.KV_OUTCOME], a[sc.PROXY_PREFILL_ATTEMPTS]) == (
+            200, sc.OUTCOME_EXPIRED, 2)
+        assert (a[sc.PROXY_CONVERSATION_TTL_S], a[sc.PROXY_DECODER_KV_TTL_S], a[sc.PROXY_OFFER]) == (450.0, 15.0, True)
+        assert sc.ERROR_TYPE not in a and a[sc.PROXY_ENTRY_AGE_S] >= 12
+        first, retry = [s for s in _children(spans, server) if s.name == sc.SPAN_PROXY_PREFILL]
+        assert (first.attributes[sc.PROXY_OFFER], first.attributes[sc.HTTP_RESPONSE_STATUS_CODE],
+                first.attributes[sc.ERROR_TYPE]) == (True, 500, "500")
+        assert (retry.attributes[sc.PROXY_OFFER], retry.attributes[sc.PROXY_RETRY],
+                retry.attributes[sc.HTTP_RESPONSE_STATUS_CODE]) == (False, True, 200)
+        assert sc.ERROR_TYPE not in retry.attributes
+        # P saw the expired offer (its decision span says so), then prefilled without it
+        failed = _one(spans, _one(spans, first, sc.SPAN_ENGINE_PREFILL), sc.SPAN_KV_DECISION)
+        assert failed.attributes[sc.KV_OUTCOME] == sc.OUTCOME_EXPIRED
+        fresh = _one(spans, _one(spans, retry, sc.SPAN_ENGINE_PREFILL), sc.SPAN_KV_DECISION)
+        assert fresh.attributes[sc.KV_OUTCOME] == sc.OUTCOME_NO_REMOTE
+        assert [e.name for e in server.events] == [sc.EVENT_UPSTREAM_ERROR, sc.EVENT_FIRST_TOKEN]
+    warnings = [r.getMessage() for r in caplog.records if "block retention" in r.getMessage()]
+    assert len(warnings) == 1 and "retention 15 s from decode worker" in warnings[0]
+
+
+def test_startup_warns_when_the_offer_window_outlives_decoder_retention(caplog):
+    from kvtrace.proxy.app import Proxy
+
+    caplog.set_level("WARNING", logger="kvtrace.proxy.retention")
+    workers = dict(prefill=[Worker("h", 1)], decode=[Worker("h", 2)])
+    Proxy(ProxyConfig(**workers, decoder_kv_ttl_s=15.0))  # default --conversation-ttl 450
+    Proxy(ProxyConfig(**workers, decoder_kv_ttl_s=15.0, conversation_ttl_s=9.0))  # 9 + 5 < 15: fine
+    Proxy(ProxyConfig(**workers))  # D's retention unknown: nothing to compare
+    (record,) = [r for r in caplog.records if "block retention" in r.getMessage()]
+    assert "--conversation-ttl 450 s" in record.getMessage() and "from --decoder-kv-ttl" in record.getMessage()

@@ -1,22 +1,15 @@
 """Unit tests: conversation table, stream patcher, metadata merge for uninstrumented workers,
-and a hypothesis fuzz of the request parser over HTTP (never 5xx, the proxy keeps serving)."""
+the CLI's flags and settings (the fuzz corpus is in test_proxy_fuzz.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 
-import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import metadata
-from kvtrace.proxy.config import ProxyConfig, Worker
-from kvtrace.proxy.parse import CHAT_PATH, RequestError, parse_request
-from kvtrace.proxy.stream import StreamPatcher
+from kvtrace.proxy.stream import InvalidChunk, StreamPatcher
 from kvtrace.proxy.table import ConversationTable
 
 
@@ -79,8 +72,10 @@ def test_evict_stale():
     t = ConversationTable(ttl_s=5, clock=clock)
     t.store("a", 0, {}, "d")
     clock.t = 6
-    t.store("b", 0, {}, "d")
-    assert (t.evict_stale(), len(t)) == (1, 1)
+    t.store("b", 0, {}, "d")  # drops a on its way
+    health = t.health()
+    assert (health["evicted_stale"], health["cached_conversations"], len(t)) == (1, 1, 1)
+    assert health["table_bytes"] == t.nbytes > 0 and health["conversations"] == 2
 
 
 # ---------------------------------------------------------------------------- stream
@@ -136,84 +131,6 @@ def test_metadata_from_raw_params_and_usage():
     assert set(kv) == set(sc.KV_TRANSFER_FIELDS) - {sc.KVT_ENGINE_ID, sc.KVT_ROLE}
 
 
-# ---------------------------------------------------------------------------- parser fuzz
-_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
-)
-_keys = st.sampled_from(["model", "messages", "prompt", "stream", "stream_options", "max_tokens", "n",
-                         "max_completion_tokens", "min_tokens", sc.BODY_CONVERSATION_ID, "kv_transfer_params"])
-_bodies = st.one_of(
-    st.binary(max_size=64),
-    st.dictionaries(_keys, _values, max_size=6).map(lambda d: json.dumps(d).encode()),
-    _values.map(lambda v: json.dumps(v).encode()),
-)
-
-
-@given(_bodies)
-@settings(max_examples=300, deadline=None)
-def test_parser_only_raises_request_errors(raw):
-    try:
-        req = parse_request(raw, CHAT_PATH)
-    except RequestError as exc:
-        assert 400 <= exc.status < 500 and exc.body()["error"]["message"]
-    else:
-        assert isinstance(req.body["messages"], list) and sc.BODY_CONVERSATION_ID not in req.body
-
-
-@pytest.fixture(scope="module")
-def live_proxy():
-    """A proxy over fake workers on a background loop (hypothesis tests are synchronous)."""
-    from kvtrace.proxy.server import start
-    from kvtrace.testing.proxy import FakeWorker
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def run(coro):
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
-
-    async def setup():
-        p, d = await FakeWorker("p0").start(), await FakeWorker("d0").start()
-        config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)],
-                             max_body_bytes=2048)
-        proxy = await start(config, None, port=0)
-        return p, d, proxy, aiohttp.ClientSession()
-
-    p, d, proxy, http = run(setup())
-
-    async def post(raw: bytes):
-        async with http.post(proxy.url + CHAT_PATH, data=raw) as r:
-            return r.status, await r.read()
-
-    yield lambda raw: run(post(raw))
-
-    async def teardown():
-        await http.close()
-        await proxy.close()
-        await p.close()
-        await d.close()
-
-    run(teardown())
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-
-
-VALID = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
-
-
-@given(_bodies)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_fuzzed_requests_never_5xx(live_proxy, raw):
-    status, data = live_proxy(raw)
-    assert status < 500, data
-    if status >= 400:
-        assert json.loads(data)["error"]["message"]
-    assert live_proxy(VALID)[0] == 200
-
-
 # ---------------------------------------------------------------------------- CLI
 def test_cli_config_shape_and_errors():
     from kvtrace.cli import CLIError, build_parser
@@ -231,3 +148,40 @@ def test_cli_config_shape_and_errors():
         build_config(bad)
     with pytest.raises(CLIError, match="conversation_ttl_s"):
         build_config(build_parser().parse_args(["proxy", "--conversation-ttl", "0"]))
+
+
+def test_cli_hardening_flags_and_settings(monkeypatch):
+    from kvtrace.cli import CLIError, build_parser
+    from kvtrace.proxy.cli import build_config
+
+    cfg = build_config(build_parser().parse_args(["proxy"]))
+    assert (cfg.request_timeout_s, cfg.max_upstream_bytes, cfg.client_header_timeout_s, cfg.client_body_timeout_s,
+            cfg.max_table_bytes, cfg.max_id_bytes, cfg.decoder_kv_ttl_s) == (
+        1800.0, 64 << 20, 60.0, 60.0, 256 << 20, 256, None)
+    monkeypatch.setenv("KVTRACE_PROXY_REQUEST_TIMEOUT", "30")
+    monkeypatch.setenv("KVTRACE_PROXY_MAX_ID_BYTES", "64")
+    monkeypatch.setenv("KVTRACE_PROXY_DECODER_KV_TTL", "15")
+    args = build_parser().parse_args(["proxy", "--max-id-bytes", "128", "--max-upstream-bytes", "1000",
+                                      "--client-header-timeout", "5", "--client-body-timeout", "6",
+                                      "--max-table-bytes", "4096"])
+    cfg = build_config(args)  # flags beat the environment, the environment beats the defaults
+    assert (cfg.request_timeout_s, cfg.max_upstream_bytes, cfg.client_header_timeout_s, cfg.client_body_timeout_s,
+            cfg.max_table_bytes, cfg.max_id_bytes, cfg.decoder_kv_ttl_s) == (30.0, 1000, 5.0, 6.0, 4096, 128, 15.0)
+    with pytest.raises(CLIError, match="request_timeout_s must be > 0"):
+        build_config(build_parser().parse_args(["proxy", "--request-timeout", "0"]))
+    monkeypatch.setenv("KVTRACE_PROXY_MAX_TABLE_BYTES", "lots")
+    with pytest.raises(CLIError, match="KVTRACE_PROXY_MAX_TABLE_BYTES='lots' is not a valid int"):
+        build_config(build_parser().parse_args(["proxy"]))
+
+
+@pytest.mark.parametrize("split", [1, 5, 4096])
+def test_patcher_line_split_over_many_chunks_and_invalid_chunk_keeps_prior_lines(split):
+    good = _chunk()
+    bad = b'data: {"choices":[{"finish_reason":7}]}\n\n'
+    body = good + b'data: {"choices":[{"delta":{"content":"' + b"z" * 10_000 + b'"}}]}\n\n' + bad
+    p = StreamPatcher(patch_usage_chunk=False, drop_usage=True, make_kv=None, on_params=lambda _: None)
+    out = []
+    with pytest.raises(InvalidChunk, match="finish_reason is not a string") as err:
+        for i in range(0, len(body), split):
+            out.append(p.feed(body[i:i + split]))
+    assert b"".join(out) + err.value.passed == body[: len(body) - len(bad)]  # every line before the bad one

@@ -13,9 +13,15 @@ then reports how long that thread took to drain its backlog after the run.  ``--
 measures the synchronous recorder (the simulator's mode) for comparison.
 
 Prints, per hook, the median ns of each and the added median (wrapper - bare).  Target: added
-median <= 10 us per call.  Run with the vLLM venv:
+median <= 10 us per call.  ``--metrics`` (default ``both``) also runs a third connector with
+kvtrace's metrics off (``kvtrace.metrics: false``), interleaved with the other two, and prints the
+cost of the metrics: per hook the median with metrics on vs off, including
+``get_kv_connector_stats`` (the scheduler drains the counters there every step), and the API
+server's side, ``observe()`` of the collected payloads into vllm:kvtrace_* (plus NIXL's families)
+vs NIXL's families alone.  Run with the vLLM venv:
 
-    /opt/kvtrace-vllm/bin/python benchmarks/connector/bench_connector.py [--requests 3000] [--spans sync]
+    /opt/kvtrace-vllm/bin/python benchmarks/connector/bench_connector.py [--requests 3000] [--spans sync] \
+        [--metrics both|on|off]
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 HOOKS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
-         "update_connector_output", "request_finished_all_groups")
+         "update_connector_output", "get_kv_connector_stats", "request_finished_all_groups")
 BS = 16
 
 
@@ -47,7 +53,7 @@ class _Discard:
         return True
 
 
-def _connectors(model_dir: Path, deferred: bool):
+def _connectors(model_dir: Path, deferred: bool, metrics: bool = True):
     import vllm_rig as rig
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -56,7 +62,7 @@ def _connectors(model_dir: Path, deferred: bool):
     import kvtrace
     from kvtrace.vllm.connector import KVTraceNixlConnector
 
-    extra = {"bidirectional_kv_xfer": True, "kvtrace": {"role": "prefill"}}
+    extra = {"bidirectional_kv_xfer": True, "kvtrace": {"role": "prefill", "metrics": metrics}}
     cfg = rig.vllm_config(model_dir, extra=extra, block_size=BS)
     kvc = rig.kv_cache_config(BS, 100_000)
     provider = kvtrace.configure("bench-connector", traces_dir=None, otlp="off", handle_sigterm=False)
@@ -93,6 +99,10 @@ def _calls(i: int, conn_tag: str):
     stats.data["transfer_duration"].append(0.002)
     stats.data["post_duration"].append(0.0005)
     stats.data["bytes_transferred"].append(12345)
+    if conn_tag != "bare":  # what KVTraceNixlConnector's workers send
+        from kvtrace.vllm.metrics import KVTraceConnectorStats
+
+        stats = KVTraceConnectorStats.wrap(stats)
     out = KVConnectorOutput(finished_recving={req.request_id} if pull else None, kv_connector_stats=stats if pull else None)
     sched_out = SchedulerOutput.make_empty()
 
@@ -107,41 +117,93 @@ def _calls(i: int, conn_tag: str):
         ("update_state_after_alloc", lambda c: c.update_state_after_alloc(req, blocks, ext)),
         ("build_connector_meta", lambda c: c.build_connector_meta(sched_out)),
         ("update_connector_output", lambda c: c.update_connector_output(out)),
+        ("get_kv_connector_stats", lambda c: c.get_kv_connector_stats()),
         ("request_finished_all_groups", finish),
     ]
+
+
+def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
+    """Median ns of one observe() in the API server: vllm:kvtrace_* + vllm:nixl_* vs vllm:nixl_* alone."""
+    from functools import partial
+
+    import vllm_rig as rig
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlPromMetrics
+
+    from kvtrace.vllm.metrics import NIXL_KEYS, KVTracePromMetrics
+
+    cfg = rig.vllm_config(model_dir, extra={}, block_size=BS)
+    medians = []
+    for cls in (KVTracePromMetrics, NixlPromMetrics):
+        reg = CollectorRegistry()
+        types = {t: partial(t, registry=reg) for t in (Gauge, Counter, Histogram)}
+        prom = cls(cfg, types, ["model_name", "engine"], {0: ["m", "0"]})
+        times = []
+        for data in payloads:
+            if cls is NixlPromMetrics:  # what NixlConnector's own stats would carry: the NIXL part alone
+                data = {key: data.get(key) or [] for key in NIXL_KEYS}
+            t0 = time.perf_counter_ns()
+            prom.observe(data, 0)
+            times.append(time.perf_counter_ns() - t0)
+        medians.append(statistics.median(times))
+    return medians[0], medians[1]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--spans", choices=("deferred", "sync"), default="deferred")
+    ap.add_argument("--metrics", choices=("both", "on", "off"), default="both",
+                    help="kvtrace metrics in the measured connector; both = also a metrics-off connector")
     args = ap.parse_args(argv)
     import vllm_rig as rig
 
     model_dir = rig.make_tiny_model(Path(tempfile.mkdtemp()) / "model")
-    wrapped, bare, provider = _connectors(model_dir, args.spans == "deferred")
-    samples = {(tag, h): [] for tag in ("kvtrace", "bare") for h in HOOKS}
+    deferred = args.spans == "deferred"
+    wrapped, bare, provider = _connectors(model_dir, deferred, metrics=args.metrics != "off")
+    conns = {"kvtrace": wrapped, "bare": bare}
+    if args.metrics == "both":
+        conns["metrics_off"] = _connectors(model_dir, deferred, metrics=False)[0]
+    samples = {(tag, h): [] for tag in conns for h in HOOKS}
+    payloads = []
     clock = time.perf_counter_ns
+    order = list(conns.items())
     for i in range(args.requests):
-        for tag, conn in (("kvtrace", wrapped), ("bare", bare)) if i % 2 else (("bare", bare), ("kvtrace", wrapped)):
+        for tag, conn in order[i % len(order):] + order[: i % len(order)]:  # rotate: same noise for each
             for hook, call in _calls(i, tag):
                 t0 = clock()
-                call(conn)
+                result = call(conn)
                 samples[(tag, hook)].append(clock() - t0)
+                if hook == "get_kv_connector_stats" and tag == "kvtrace" and result is not None:
+                    payloads.append(result.to_dict())
     t0 = clock()
     drained = wrapped._probe.recorder.flush(120)
     drain_ms = (clock() - t0) / 1e6
     provider.shutdown()
     warm = args.requests // 10
-    print(f"spans={args.spans} requests={args.requests} (first {warm} dropped as warm-up); median ns per call")
-    print(f"{'hook':30s} {'bare':>9s} {'kvtrace':>9s} {'added':>9s} {'ratio':>6s}")
+    print(f"spans={args.spans} metrics={args.metrics} requests={args.requests} (first {warm} dropped as warm-up); "
+          "median ns per call")
+    med = {k: statistics.median(v[warm:]) for k, v in samples.items()}
+    extra = f" {'off':>9s} {'on-off':>8s} {'on/off':>6s}" if "metrics_off" in conns else ""
+    print(f"{'hook':30s} {'bare':>9s} {'kvtrace':>9s} {'added':>9s} {'ratio':>6s}{extra}")
     worst = 0.0
     for hook in HOOKS:
-        b = statistics.median(samples[("bare", hook)][warm:])
-        w = statistics.median(samples[("kvtrace", hook)][warm:])
+        b, w = med[("bare", hook)], med[("kvtrace", hook)]
         worst = max(worst, w - b)
-        print(f"{hook:30s} {b:9.0f} {w:9.0f} {w - b:9.0f} {w / b if b else float('nan'):6.2f}")
-    if args.spans == "deferred":
+        line = f"{hook:30s} {b:9.0f} {w:9.0f} {w - b:9.0f} {w / b if b else float('nan'):6.2f}"
+        if "metrics_off" in conns:
+            off = med[("metrics_off", hook)]
+            line += f" {off:9.0f} {w - off:8.0f} {w / off if off else float('nan'):6.2f}"
+        print(line)
+    if "metrics_off" in conns:
+        on = sum(med[("kvtrace", h)] for h in HOOKS)
+        off = sum(med[("metrics_off", h)] for h in HOOKS)
+        print(f"metrics cost per request (sum of hook medians): {on - off:.0f} ns ({on / off:.3f}x of metrics off)")
+    if payloads:
+        with_kv, nixl_only = _observe_cost(model_dir, payloads)
+        print(f"API server observe() per stats payload: {with_kv:.0f} ns with vllm:kvtrace_* vs {nixl_only:.0f} ns "
+              f"NIXL only ({with_kv / nixl_only:.2f}x; {len(payloads)} payloads)")
+    if deferred:
         print(f"span backlog after the run drained in {drain_ms:.1f} ms ({'ok' if drained else 'TIMED OUT'})")
     verdict = "OK" if worst <= 10_000 and drained else "OVER"
     print(f"worst added median: {worst / 1000:.2f} us per call (target <= 10 us): {verdict}")

@@ -7,7 +7,11 @@ subprocesses, then drives streaming chat requests at concurrency 1 / 16 / 64 in 
 - ``direct_pd``: the client itself calls P (max_tokens=1) then streams D — the minimum P/D work, and
   the honest baseline of a proxy that must also call P;
 - ``kvtrace``: through ``kvtrace proxy`` (traces exported to Parquet unless ``--no-traces``);
-- ``baseline``: through ``--baseline-cmd`` (e.g. vLLM's upstream proxy), if given.
+- ``baseline``: through ``--baseline-cmd`` (e.g. vLLM's upstream proxy), if given;
+- ``kvtrace_nometrics`` (``--metrics both``, the default): a second kvtrace proxy with
+  ``KVTRACE_METRICS=0``; the metrics-on proxy is scraped (``GET /metrics``) every second meanwhile,
+  as Prometheus would, and the report ends with the metrics' added cost: p50/p99 latency, req/s and
+  proxy CPU per request on vs off.
 
 Prints p50/p99 latency (request sent -> [DONE]) and req/s per mode, the latency added over
 ``direct_pd`` and over ``direct_d``, throughput as a ratio of each, and the proxy process's CPU
@@ -155,10 +159,52 @@ def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
                   f"{p50 - d50:10.3f} {p99 - d99:10.3f} {rps / pdrps:7.1%} {rps / drps:7.1%} {cpu_col}")
 
 
-def spawn(cmd: list[str], log_dir: str, name: str) -> subprocess.Popen:
-    """Start ``cmd`` with its output in ``log_dir/name.log`` (a pipe nobody reads would block it)."""
+def report_metrics(results: dict, concurrency: list[int]) -> None:
+    """What Prometheus metrics cost the proxy: metrics on (scraped every second) vs off, same run."""
+    print("# metrics on vs off (kvtrace vs kvtrace_nometrics)")
+    print(f"{'conc':>4} {'+p50 ms':>8} {'+p99 ms':>8} {'tput on/off':>11} {'cpu us/req on':>13} {'off':>6} {'on/off':>6}")
+    for conc in concurrency:
+        on50, on99, onrps, oncpu = results[("kvtrace", conc)]
+        off50, off99, offrps, offcpu = results[("kvtrace_nometrics", conc)]
+        cpu = (f"{oncpu:13.0f} {offcpu:6.0f} {oncpu / offcpu:6.2f}" if oncpu and offcpu else f"{'-':>13} {'-':>6} {'-':>6}")
+        print(f"{conc:>4} {on50 - off50:8.3f} {on99 - off99:8.3f} {onrps / offrps:11.1%} {cpu}")
+    per_request_ns, scrape_ms = metrics_unit_cost()
+    print(f"in process: {per_request_ns / 1000:.2f} us of metrics work per request, {scrape_ms:.2f} ms per scrape")
+
+
+def metrics_unit_cost(n: int = 100_000) -> tuple[float, float]:
+    """In-process: ns per request of ProxyMetrics.request_finished (the only per-request metrics work)
+    and ms per scrape (render) after ``n`` requests; a noise-robust complement to the run above."""
+    from kvtrace import semconv as sc
+    from kvtrace.proxy.metrics import ProxyMetrics
+    from kvtrace.proxy.table import ConversationTable
+
+    metrics = ProxyMetrics(ConversationTable(450.0))
+    reasons, outcomes = sc.OFFER_REASONS, sc.OUTCOMES
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        metrics.request_finished(200, reasons[i % 5], outcomes[i % 6], 12.5, 340.0)
+    per_request = (time.perf_counter_ns() - t0) / n
+    t0 = time.perf_counter()
+    metrics.render("application/openmetrics-text")
+    return per_request, (time.perf_counter() - t0) * 1e3
+
+
+async def scrape(url: str, interval: float = 1.0) -> None:
+    """GET /metrics every ``interval`` s, as a Prometheus server would, until cancelled."""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(url + "/metrics", headers={"Accept": "application/openmetrics-text"}) as r:
+                await r.read()
+            await asyncio.sleep(interval)  # the scrape interval being simulated
+
+
+def spawn(cmd: list[str], log_dir: str, name: str, metrics: bool | None = None) -> subprocess.Popen:
+    """Start ``cmd`` with its output in ``log_dir/name.log`` (a pipe nobody reads would block it);
+    ``metrics`` sets KVTRACE_METRICS for it."""
     log = open(os.path.join(log_dir, f"{name}.log"), "wb")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "KVTRACE_METRICS": "1" if metrics else "0"} if metrics is not None else None
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 async def main() -> int:
@@ -168,9 +214,11 @@ async def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--no-traces", action="store_true", help="run kvtrace proxy without Parquet export")
     ap.add_argument("--baseline-cmd", help="another proxy; {port} {host} {prefill_port} {decode_port} are filled in")
+    ap.add_argument("--metrics", choices=("both", "on", "off"), default="both",
+                    help="kvtrace proxy with Prometheus metrics on, off, or both side by side (default)")
     args = ap.parse_args()
 
-    p_port, d_port, k_port, b_port = (free_port() for _ in range(4))
+    p_port, d_port, k_port, b_port, n_port = (free_port() for _ in range(5))
     procs: list[subprocess.Popen] = []
     traces = tempfile.mkdtemp(prefix="kvtrace-bench-proxy-")  # traces and process logs
     try:
@@ -179,20 +227,31 @@ async def main() -> int:
         p_url, d_url = f"http://{HOST}:{p_port}", f"http://{HOST}:{d_port}"
         cmd = [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(k_port), "--prefiller-port", str(p_port),
                "--decoder-port", str(d_port)] + ([] if args.no_traces else ["--traces", traces])
-        procs.append(spawn(cmd, traces, "kvtrace-proxy"))
+        procs.append(spawn(cmd, traces, "kvtrace-proxy", metrics=args.metrics != "off"))
         urls = {"kvtrace": f"http://{HOST}:{k_port}"}
+        if args.metrics == "both":
+            nometrics = [c if c != str(k_port) else str(n_port) for c in cmd]
+            procs.append(spawn(nometrics, traces, "kvtrace-proxy-nometrics", metrics=False))
+            urls["kvtrace_nometrics"] = f"http://{HOST}:{n_port}"
         if args.baseline_cmd:
             filled = args.baseline_cmd.format(port=b_port, host=HOST, prefill_port=p_port, decode_port=d_port)
             procs.append(spawn(shlex.split(filled), traces, "baseline"))
             urls["baseline"] = f"http://{HOST}:{b_port}"
-        for url, proc in [(p_url, procs[0]), (d_url, procs[0]), (urls["kvtrace"], procs[1])] + (
-                [(urls["baseline"], procs[2])] if args.baseline_cmd else []):
+        by_name = dict(zip(["sim", *urls], procs))
+        for url, proc in [(p_url, procs[0]), (d_url, procs[0])] + [(urls[n], by_name[n]) for n in urls]:
             await wait_ready(url, proc)
-        pids = {"kvtrace": procs[1].pid, **({"baseline": procs[2].pid} if args.baseline_cmd else {})}
-        results = await bench(args, urls, p_url, d_url, pids)
+        pids = {name: by_name[name].pid for name in urls}
+        scraper = asyncio.create_task(scrape(urls["kvtrace"])) if args.metrics != "off" else None
+        try:
+            results = await bench(args, urls, p_url, d_url, pids)
+        finally:
+            if scraper is not None:
+                scraper.cancel()
         print(f"# zero-cost simulator 1P+1D, max_tokens={args.max_tokens}, streaming chat, "
-              f"kvtrace traces={'off' if args.no_traces else 'parquet'}, cpus={os.cpu_count()}")
+              f"kvtrace traces={'off' if args.no_traces else 'parquet'}, metrics={args.metrics}, cpus={os.cpu_count()}")
         report(results, ["direct_d", "direct_pd", *urls], args.concurrency)
+        if "kvtrace_nometrics" in urls:
+            report_metrics(results, args.concurrency)
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -30,6 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from kvtrace import semconv as sc
 from kvtrace.emit.deferred import DeferredSpans, SyncSpans
+from kvtrace.emit.metrics import KVMetrics
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
@@ -94,6 +95,9 @@ class _Request:
     decision: object | None = None
     transfer: object | None = None
     transfer_start_ns: int = 0
+    direction: str | None = None  # of the decision (metrics)
+    transfer_direction: str | None = None
+    transfer_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -101,6 +105,7 @@ class _Retention:
     span: object
     blocks: int
     nbytes: int
+    start_ns: int = 0
 
 
 class KVRecorder:
@@ -110,6 +115,8 @@ class KVRecorder:
     request costs in memory and on the wire); ``block_size`` is tokens per block.
     ``deferred=True`` applies spans on a background thread (SDK tracers only; other tracers,
     e.g. a no-op provider's, stay synchronous): call :meth:`flush` before reading them.
+    ``metrics``: a :class:`~kvtrace.emit.metrics.KVMetrics` that counts every decision, transfer
+    and retention span as it ends, with the span's own values (None: no metrics).
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class KVRecorder:
         ttl_s: float,
         load_failure_policy: str = "fail",
         deferred: bool = False,
+        metrics: KVMetrics | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.role = role
@@ -132,6 +140,7 @@ class KVRecorder:
         self.threshold = threshold
         self.ttl_s = ttl_s
         self.load_failure_policy = load_failure_policy
+        self.metrics = metrics
         tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("kvtrace.vllm")
         self._spans = DeferredSpans(tracer) if deferred and DeferredSpans.supports(tracer) else SyncSpans(tracer)
         self._clock = time.time_ns
@@ -236,6 +245,7 @@ class KVRecorder:
         if remote_request_id is not None:
             attrs[sc.KV_REMOTE_REQUEST_ID] = remote_request_id
         req.decision = self._spans.start(sc.SPAN_KV_DECISION, req.span, attrs, self._clock())
+        req.direction = direction
         summary = req.summary
         summary[sc.KVT_LOCAL_HIT_TOKENS] = attrs[sc.KV_LOCAL_HIT_TOKENS]
         summary[sc.KVT_REMOTE_TOKENS] = attrs[sc.KV_REMOTE_TOKENS]
@@ -275,6 +285,7 @@ class KVRecorder:
             attrs[sc.KV_REMOTE_REQUEST_ID] = remote_request_id
         req.transfer_start_ns = self._clock()
         req.transfer = self._spans.start(sc.SPAN_KV_TRANSFER, req.decision or req.span, attrs, req.transfer_start_ns)
+        req.transfer_direction, req.transfer_bytes = direction, nbytes
         req.summary[sc.KVT_BYTES] = nbytes
 
     @never_raise()
@@ -304,6 +315,7 @@ class KVRecorder:
             end_ns = self._clock()
             self._spans.finish(span, attrs, None if status == sc.TRANSFER_OK else status, end_ns)
             req.summary[sc.KVT_TRANSFER_MS] = round((end_ns - req.transfer_start_ns) / 1e6, 3)
+            self._count_transfer(req, status, end_ns)
         if req.decision is not None:
             attrs = {}
             if status != sc.TRANSFER_OK:
@@ -333,6 +345,7 @@ class KVRecorder:
         if req.transfer is not None:  # never finished: the request was aborted mid-load
             span, req.transfer = req.transfer, None
             self._spans.finish(span, {sc.KV_TRANSFER_STATUS: sc.TRANSFER_FAILED}, "aborted", now)
+            self._count_transfer(req, sc.TRANSFER_FAILED, now)
         if req.decision is not None and sc.KVT_DECISION not in req.summary:
             self._end_decision(req, sc.OUTCOME_FAILED, end_ns=now)
         attrs = {}
@@ -379,10 +392,13 @@ class KVRecorder:
         }
         if expiry_deadline is not None:
             attrs[sc.KV_EXPIRY_DEADLINE] = float(expiry_deadline)
-        span = self._spans.start(sc.SPAN_KV_RETENTION, req.span if req else None, attrs, self._clock())
+        start_ns = self._clock()
+        span = self._spans.start(sc.SPAN_KV_RETENTION, req.span if req else None, attrs, start_ns)
         with self._lock:
             old = self._retained.pop(request_id, None)
-            self._retained[request_id] = _Retention(span, int(blocks), nbytes)
+            self._retained[request_id] = _Retention(span, int(blocks), nbytes, start_ns)
+        if self.metrics is not None:
+            self.metrics.retention_started(int(blocks), nbytes)
         if old is not None:
             self._end_retention(old, sc.RETENTION_RELEASED)
         fields = {
@@ -445,7 +461,19 @@ class KVRecorder:
         attrs = {**(attrs or {}), sc.KV_OUTCOME: outcome}
         error = outcome if outcome == sc.OUTCOME_FAILED else None
         self._spans.finish(req.decision, attrs, error, self._clock() if end_ns is None else end_ns)
-        req.summary[sc.KVT_DECISION] = outcome
+        summary = req.summary
+        summary[sc.KVT_DECISION] = outcome
+        if self.metrics is not None:  # the span's final token attributes, mirrored in the summary
+            self.metrics.decision(req.direction, outcome, summary[sc.KVT_LOCAL_HIT_TOKENS],
+                                  summary[sc.KVT_PULLED_TOKENS], summary[sc.KVT_RECOMPUTED_TOKENS])
+
+    def _count_transfer(self, req: _Request, status: str, end_ns: int) -> None:
+        if self.metrics is not None:
+            self.metrics.transfer(req.transfer_direction, status, req.transfer_bytes,
+                                  (end_ns - req.transfer_start_ns) / 1e9)
 
     def _end_retention(self, ret: _Retention, outcome: str) -> None:
-        self._spans.finish(ret.span, {sc.KV_RETENTION_OUTCOME: outcome}, None, self._clock())
+        end_ns = self._clock()
+        self._spans.finish(ret.span, {sc.KV_RETENTION_OUTCOME: outcome}, None, end_ns)
+        if self.metrics is not None:
+            self.metrics.retention_ended(outcome, ret.blocks, ret.nbytes, (end_ns - ret.start_ns) / 1e9)

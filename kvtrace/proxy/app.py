@@ -1,11 +1,18 @@
-"""The proxy's aiohttp application: routes, and the P-leg / D-leg flow of one request.
+"""The proxy's request flow: routes, and the P-leg / D-leg flow of one request.
 
-``create_app(config, tracer_provider=...)`` builds the app; ``start(...)`` runs it on a port (the
-CLI, tests and the benchmark use it).  Per completion request, :class:`Proxy` parses the body
-(:mod:`.parse`), takes the conversation's entry from the table (:mod:`.table`), sends the P leg
-(non-streaming, ``max_tokens=1``), then streams the D leg back through :class:`.stream.StreamPatcher`
-(or aggregates it for non-streaming clients), caches D's final ``kv_transfer_params`` for the
-next turn and attaches the merged ``kv_transfer`` object (:mod:`.metadata`).  Spans: :mod:`.spans`.
+Per completion request, :class:`Proxy` parses the body (:mod:`.parse`), takes the conversation's
+entry from the table (:mod:`.table`), sends the P leg (non-streaming, ``max_tokens=1``), then streams
+the D leg back through :class:`.stream.StreamPatcher` (or aggregates it for non-streaming clients),
+caches D's final ``kv_transfer_params`` for the next turn and attaches the merged ``kv_transfer``
+object (:mod:`.metadata`).  Request state and endings: :mod:`.call`; spans: :mod:`.spans`.
+
+Faults: when P answers 5xx to a turn that offered D's blocks (vLLM under
+``kv_load_failure_policy=fail`` when the blocks expired or the read failed), P is asked once more
+without them (a fresh prefill) and the decision is recorded as ``expired`` (the entry was older than
+D's retention minus vLLM's 5 s margin) or ``failed``.  Everything runs under ``--request-timeout``
+(504, or an SSE error event once streaming) and reads at most ``--max-upstream-bytes`` per worker
+response.  Once a stream has started, every failure — the worker, its garbage, the deadline, a
+proxy bug — ends it with an SSE error event and ``[DONE]`` and ends the spans with ERROR.
 """
 
 from __future__ import annotations
@@ -14,114 +21,99 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec, legs, metadata
+from kvtrace import settings
+from kvtrace.proxy import legs
+from kvtrace.proxy.call import Call, Done, json_response
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
-from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, error_body, parse_request
+from kvtrace.proxy.metrics import ProxyMetrics
+from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, check_id, error_body, parse_request
+from kvtrace.proxy.retention import Retention
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
-from kvtrace.proxy.stream import Aggregator, StreamPatcher, sse_event
-from kvtrace.proxy.table import ConversationTable, Turn
-from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Client, Pool
+from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher, sse_event
+from kvtrace.proxy.table import ConversationTable
+from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Client, Pool, TooLarge, json_object, never_reached, pump, read_body
 
 log = logging.getLogger(__name__)
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
-_STATUS_CLIENT_CLOSED = 499
-
-
-
-async def _read_upstream(r, rt, sink) -> str | None:
-    """Pass D's stream to ``sink`` chunk by chunk, marking the first token on the request's span.
-    Returns the upstream error's class name, or None when D ended the stream."""
-    while True:
-        try:
-            chunk = await r.content.readany()
-        except UPSTREAM_ERRORS as exc:
-            return type(exc).__name__
-        if not chunk:
-            return None
-        if rt.ttft_ms is None:
-            rt.first_token()
-        await sink(chunk)
-
-class _Done(Exception):
-    """Stop the flow and answer ``response`` (raised by the legs)."""
-
-    def __init__(self, response: web.StreamResponse) -> None:
-        self.response = response
+_TAIL_WRITE_S = 5.0  # the closing SSE events of a failed stream must reach the client within this
 
 
 @dataclass
-class _Call:
-    """State of one request while it flows through P and D."""
+class _PResult:
+    """What one P leg got: status, body, decoded object, error type, whether P got the request."""
 
-    req: ClientRequest
-    rt: RequestTrace
-    request_id: str
-    session_id: str | None
-    turn: Turn
-    auth: str | None
-    p_client: Client | None = None
-    d_client: Client | None = None
-    p_params: dict | None = None
-    p_usage: dict | None = None
-    p_answered: bool = False
-    d_params: dict | None = None
-    usage: dict | None = None
-    finish_reasons: list = field(default_factory=list)
-    fallback: str = sc.FALLBACK_NONE
-    kv: dict | None = None
-    legs: list = field(default_factory=list)
+    status: int | None = None
+    data: bytes = b""
+    obj: dict | None = None
+    error: str | None = None
+    error_leg: str | None = None  # the leg failed although P answered (invalid_response)
+    reached: bool = True
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic) -> None:
+    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> None:
         self.config = config
         self.tracer = tracer(tracer_provider)
-        self.table = ConversationTable(config.conversation_ttl_s, config.max_conversations, clock)
+        self.table = ConversationTable(config.conversation_ttl_s, config.max_conversations, clock,
+                                       config.max_table_bytes)
         self.pool = Pool(config)
+        self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
+        on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
+        self.metrics = ProxyMetrics(self.table) if on else None
 
     # ------------------------------------------------------------------ routes
+    def health_body(self) -> dict:
+        return {"status": "ok", **self.table.health()}
+
     async def health(self, request: web.Request) -> web.Response:
-        evicted = self.table.evict_stale()
-        return web.json_response({"status": "ok", "cached_conversations": len(self.table), "evicted_stale": evicted})
+        return web.json_response(self.health_body())
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         client = self.pool.next_decode()
         try:
-            async with client.session.get("/v1/models", headers=self._auth_headers(request)) as r:
-                data = await r.read()
-                return web.Response(status=r.status, body=data, content_type=r.content_type)
-        except UPSTREAM_ERRORS as exc:
-            msg = f"decode worker {client.base} unreachable: {type(exc).__name__}"
+            async with asyncio.timeout(self.config.request_timeout_s):
+                async with client.session.get("/v1/models", headers=self._auth_headers(request)) as r:
+                    data = await read_body(r, self.config.max_upstream_bytes)
+                    return web.Response(status=r.status, body=data, content_type=r.content_type)
+        except (*UPSTREAM_ERRORS, TooLarge) as exc:
+            msg = f"decode worker {client.base} failed: {type(exc).__name__}"
             return web.json_response(error_body(msg, "upstream_error", 502), status=502)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rt = RequestTrace(self.tracer, request.headers, request.method, request.path)
+        rt = RequestTrace(self.tracer, request.headers, request.method, request.path, self.metrics)
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
         try:
             req = await self._parse(request)
+            call = self._begin(request, req, rt, deadline)
         except RequestError as exc:
             rt.finish(exc.status, exc.code)
-            return self._json(rt, exc.body(), exc.status)
-        call = self._begin(request, req, rt)
+            resp = json_response(rt, self.config.patch_responses, exc.body(), exc.status)
+            if exc.status == 408:
+                resp.force_close()  # the rest of the body is not worth waiting for
+            return resp
         try:
             await self._prefill(call)
             if req.stream:
                 return await self._decode_stream(call, request)
             return await self._decode_aggregate(call)
-        except _Done as done:
+        except Done as done:
             return done.response
         except asyncio.CancelledError:
-            self._disconnected(call)
+            call.disconnected()
             raise
         except Exception as exc:  # a proxy bug must not kill the server or leak a traceback
             log.exception("kvtrace proxy: request %s failed", call.request_id)
             call.turn.restore()
-            return self._fail(call, 500, type(exc).__name__, "internal proxy error", "internal_error")
+            return call.fail(500, type(exc).__name__, "internal proxy error", "internal_error")
 
     # ------------------------------------------------------------------ request set-up
     async def _parse(self, request: web.Request) -> ClientRequest:
@@ -129,21 +121,34 @@ class Proxy:
         if request.content_length is not None and request.content_length > limit:
             raise RequestError(413, f"body exceeds {limit} bytes", "body_too_large")
         try:
-            raw = await request.read()
+            if request.content.is_eof():  # the whole body came with the head (nearly always): no timer
+                raw = await request.read()
+            else:
+                async with asyncio.timeout(self.config.client_body_timeout_s):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise RequestError(413, f"body exceeds {limit} bytes", "body_too_large") from None
-        return parse_request(raw, request.path)
+        except TimeoutError:
+            msg = f"request body not received within {self.config.client_body_timeout_s:g} s"
+            raise RequestError(408, msg, "body_timeout") from None
+        return parse_request(raw, request.path, self.config.max_id_bytes)
 
-    def _begin(self, request: web.Request, req: ClientRequest, rt: RequestTrace) -> _Call:
-        hdrs = request.headers
-        session = req.conversation_id or hdrs.get(sc.HEADER_SESSION_ID) or rt.baggage_session()
-        request_id = hdrs.get(sc.HEADER_REQUEST_ID) or uuid.uuid4().hex
+    def _begin(self, request: web.Request, req: ClientRequest, rt: RequestTrace, deadline: float) -> Call:
+        hdrs, max_id = request.headers, self.config.max_id_bytes
+        session = req.conversation_id
+        if not session:
+            session = hdrs.get(sc.HEADER_SESSION_ID) or rt.baggage_session()
+            if session:
+                check_id(session, "session id (X-Session-ID / baggage session.id)", max_id)
+        request_id = hdrs.get(sc.HEADER_REQUEST_ID)
+        request_id = check_id(request_id, sc.HEADER_REQUEST_ID, max_id) if request_id else uuid.uuid4().hex
         turn = self.table.begin(session)
         attrs = {
             sc.GEN_AI_OPERATION_NAME: req.operation,
             sc.REQUEST_STREAM: req.stream,
             sc.PROXY_OFFER: turn.offered,
             sc.PROXY_OFFER_REASON: turn.reason,
+            sc.PROXY_CONVERSATION_TTL_S: self.config.conversation_ttl_s,
         }
         if req.model:
             attrs[sc.GEN_AI_REQUEST_MODEL] = req.model
@@ -151,43 +156,68 @@ class Proxy:
             attrs[sc.PROXY_ENTRY_AGE_S] = round(turn.entry_age_s, 3)
         rt.set_identity(request_id, session, turn.index, attrs)
         auth = hdrs.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
-        return _Call(req, rt, request_id, session, turn, auth)
+        return Call(req, rt, request_id, session, turn, auth, deadline, self.config.patch_responses)
 
     # ------------------------------------------------------------------ P leg
-    async def _prefill(self, call: _Call) -> None:
+    async def _prefill(self, call: Call) -> None:
         client = call.p_client = self.pool.next_prefill()
-        turn, rt = call.turn, call.rt
-        span, tp = rt.leg(sc.SPAN_PROXY_PREFILL, client.host, client.port, **{sc.PROXY_OFFER: turn.offered})
-        call.legs.append(span)
-        offered = turn.entry.params if turn.offered else None
-        body = legs.prefill_body(call.req.body, offered, legs.context(tp, call.session_id, turn.index))
-        try:
-            async with client.session.post(call.req.path, data=body, headers=legs.headers(call.request_id, tp, call.auth)) as r:
-                status, data = r.status, await r.read()
-        except UPSTREAM_ERRORS as exc:
-            etype = type(exc).__name__
-            end_leg(span, None, etype)
-            return self._prefill_failed(call, etype, client, restore=_never_reached(exc))
-        if status >= 400:
-            end_leg(span, status, str(status))
+        turn = call.turn
+        p = await self._prefill_leg(call, client, turn.params)
+        if turn.offered and p.error is None and p.status >= 500:
+            # P could not read the offered blocks (expired or failed): once more, without them
+            call.rt.upstream_error(str(p.status), client.host, client.port)
+            call.prefill_attempts = 2
+            call.read_failure = self.retention.read_failure(turn.entry.decode_endpoint, turn.entry_age_s)
+            p = await self._prefill_leg(call, client, None, retry=True)
+        if p.error == sc.ERROR_DEADLINE_EXCEEDED:
             turn.restore()
-            if status < 500:
-                raise _Done(self._passthrough(call, status, data))
-            return self._prefill_failed(call, str(status), client, restore=True)
-        obj = _json_object(data)
-        if obj is None:
-            end_leg(span, status, "invalid_response")
-            return self._prefill_failed(call, "invalid_response", client, restore=False)
+            msg = f"no answer from prefill worker {client.base} within {self.config.request_timeout_s:g} s"
+            raise Done(call.fail(504, p.error, msg, sc.ERROR_DEADLINE_EXCEEDED))
+        if p.error is not None:
+            return self._prefill_failed(call, p.error, client, restore=not p.reached)
+        if p.status >= 400:
+            turn.restore()
+            if p.status < 500:
+                raise Done(call.passthrough(p.status, p.data))
+            return self._prefill_failed(call, str(p.status), client, restore=True)
+        if p.obj is None:
+            return self._prefill_failed(call, sc.ERROR_INVALID_RESPONSE, client, restore=False)
         turn.consumed()
         call.p_answered = True
-        params = obj.get("kv_transfer_params")
+        params = p.obj.get("kv_transfer_params")
         if isinstance(params, dict):
             params["remote_host"] = client.host
             call.p_params = params
-        call.p_usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        end_leg(span, status)
+        call.p_usage = p.obj.get("usage") if isinstance(p.obj.get("usage"), dict) else None
 
-    def _prefill_failed(self, call: _Call, etype: str, client: Client, restore: bool) -> None:
+    async def _prefill_leg(self, call: Call, client: Client, offered: dict | None, retry: bool = False) -> _PResult:
+        """Send one P leg (``offered``: D's params to offer) and end its span."""
+        attrs = {sc.PROXY_OFFER: offered is not None, **({sc.PROXY_RETRY: True} if retry else {})}
+        span, tp = call.rt.leg(sc.SPAN_PROXY_PREFILL, client.host, client.port, **attrs)
+        call.legs.append(span)
+        body = legs.prefill_body(call.req.body, offered, legs.context(tp, call.session_id, call.turn.index))
+        out = _PResult()
+        try:
+            async with asyncio.timeout_at(call.deadline):
+                try:
+                    async with client.session.post(call.req.path, data=body,
+                                                   headers=legs.headers(call.request_id, tp, call.auth)) as r:
+                        out.status = r.status
+                        out.data = await read_body(r, self.config.max_upstream_bytes)
+                except TooLarge:
+                    out.error = sc.ERROR_RESPONSE_TOO_LARGE
+                except UPSTREAM_ERRORS as exc:
+                    out.error, out.reached = type(exc).__name__, not never_reached(exc)
+        except TimeoutError:
+            out.error = sc.ERROR_DEADLINE_EXCEEDED
+        if out.error is None and out.status < 400:
+            out.obj = json_object(out.data)
+            if out.obj is None:
+                out.error_leg = sc.ERROR_INVALID_RESPONSE
+        end_leg(span, out.status, out.error or out.error_leg or (str(out.status) if out.status >= 400 else None))
+        return out
+
+    def _prefill_failed(self, call: Call, etype: str, client: Client, restore: bool) -> None:
         call.rt.upstream_error(etype, client.host, client.port)
         if restore:
             call.turn.restore()
@@ -196,89 +226,145 @@ class Proxy:
         if self.config.prefill_failure == PREFILL_FAILURE_DECODE_ONLY:
             call.fallback = sc.FALLBACK_DECODE_ONLY
             return
-        msg = f"prefill worker {client.base} failed: {etype}"
-        raise _Done(self._fail(call, 502, etype, msg, "upstream_error"))
+        raise Done(call.fail(502, etype, f"prefill worker {client.base} failed: {etype}", "upstream_error"))
 
     # ------------------------------------------------------------------ D leg
-    async def _open_decode(self, call: _Call):
+    async def _open_decode(self, call: Call):
         client = call.d_client = self.pool.next_decode()
+        call.decoder_ttl_s = self.retention.ttl(client.base)
         span, tp = call.rt.leg(sc.SPAN_PROXY_DECODE, client.host, client.port)
         call.legs.append(span)
         p_params = None if call.fallback == sc.FALLBACK_DECODE_ONLY else call.p_params
         body = legs.decode_body(call.req.body, p_params, legs.context(tp, call.session_id, call.turn.index))
         hdrs = legs.headers(call.request_id, tp, call.auth)
         try:
-            r = await client.session.post(call.req.path, data=body, headers=hdrs)
-        except UPSTREAM_ERRORS as exc:
-            etype = type(exc).__name__
-            end_leg(span, None, etype)
-            raise _Done(self._decode_failed(call, etype, f"decode worker {client.base} failed: {etype}"))
+            async with asyncio.timeout_at(call.deadline):
+                try:
+                    r = await client.session.post(call.req.path, data=body, headers=hdrs)
+                    if r.status != 200:
+                        try:
+                            data = await read_body(r, self.config.max_upstream_bytes)
+                        finally:
+                            r.release()
+                except (*UPSTREAM_ERRORS, TooLarge) as exc:
+                    etype = sc.ERROR_RESPONSE_TOO_LARGE if isinstance(exc, TooLarge) else type(exc).__name__
+                    end_leg(span, None, etype)
+                    raise Done(self._decode_failed(call, etype, f"decode worker {client.base} failed: {etype}"))
+        except TimeoutError:
+            raise Done(self._deadline(call)) from None
         if r.status != 200:
-            data = await r.read()
-            r.release()
             end_leg(span, r.status, str(r.status))
             if r.status < 500:
-                raise _Done(self._passthrough(call, r.status, data))
-            raise _Done(self._decode_failed(call, str(r.status), f"decode worker {client.base} failed: {r.status}"))
+                raise Done(call.passthrough(r.status, data))
+            raise Done(self._decode_failed(call, str(r.status), f"decode worker {client.base} failed: {r.status}"))
         return r, span
 
-    def _decode_failed(self, call: _Call, etype: str, msg: str) -> web.Response:
+    def _decode_failed(self, call: Call, etype: str, msg: str) -> web.Response:
         call.rt.upstream_error(etype, call.d_client.host, call.d_client.port)
-        return self._fail(call, 502, etype, msg, "upstream_error")
+        return call.fail(502, etype, msg, "upstream_error")
 
-    def _on_params(self, call: _Call, params: dict) -> None:
+    def _deadline(self, call: Call) -> web.Response:
+        msg = f"request not completed within {self.config.request_timeout_s:g} s"
+        return call.fail(504, sc.ERROR_DEADLINE_EXCEEDED, msg, sc.ERROR_DEADLINE_EXCEEDED)
+
+    def _on_params(self, call: Call, params: dict) -> None:
         """D's final kv_transfer_params: remember where its blocks live for the next turn."""
+        base = call.d_client.base
         params["remote_host"] = call.d_client.host
         call.d_params = params
+        self.retention.learn(base, params)
+        call.decoder_ttl_s = self.retention.ttl(base)
         if legs.cacheable(params):
-            self.table.store(call.session_id, call.turn.index, params, call.d_client.base)
+            self.table.store(call.session_id, call.turn.index, params, base)
 
-    async def _decode_stream(self, call: _Call, request: web.Request) -> web.StreamResponse:
+    async def _decode_stream(self, call: Call, request: web.Request) -> web.StreamResponse:
         r, span = await self._open_decode(call)
         rt = call.rt
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        if self.config.patch_responses:
+        if call.patch:
             resp.headers[sc.HEADER_TRACE_ID] = rt.trace_id
         patcher = StreamPatcher(
             patch_usage_chunk=call.req.include_usage,
             drop_usage=not call.req.include_usage,
-            make_kv=(lambda: self._kv(call)) if self.config.patch_responses else None,
+            make_kv=call.kv_object if call.patch else None,
             on_params=lambda p: self._on_params(call, p),
         )
-        error = None
 
         async def forward(chunk: bytes) -> None:
             out = patcher.feed(chunk)
             if out:
                 await resp.write(out)
 
+        error, failure, due = None, None, b""
         try:
-            await resp.prepare(request)
-            error = await _read_upstream(r, rt, forward)
-            tail = patcher.flush()
-            if tail:
-                await resp.write(tail)
+            try:
+                async with asyncio.timeout_at(call.deadline):
+                    await resp.prepare(request)
+                    error = await pump(r, self.config.max_upstream_bytes, rt.first_token, forward)
+                    tail = patcher.flush()
+                    if tail:
+                        await resp.write(tail)
+            except _CLIENT_GONE:
+                raise
+            except Exception as exc:  # the deadline, D's garbage, or a proxy bug: end the stream all the same
+                error, failure, due = self._stream_failure(call, exc)
             if error is None and not patcher.done:
-                error = "incomplete_stream"
+                error = sc.ERROR_INCOMPLETE_STREAM
             if error is not None:
-                msg = f"decode worker {call.d_client.base} failed mid-stream: {error}"
-                await resp.write(sse_event(error_body(msg, "upstream_error", 502)) + b"data: [DONE]\n\n")
-                rt.upstream_error(error, call.d_client.host, call.d_client.port)
-            elif patcher.error is not None:
+                return await self._end_stream(call, request, resp, r, span, error, failure, due)
+            if patcher.error is not None:
                 error = str(patcher.error.get("type") or "upstream_error")
             await resp.write_eof()
         except _CLIENT_GONE:
             r.close()
-            self._disconnected(call)
+            call.disconnected()
             return resp
         finally:
             r.release() if error is None and patcher.done else r.close()
         call.usage, call.finish_reasons = patcher.usage, patcher.finish_reasons
         end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: rt.ttft_ms})
-        self._finish(call, 200, error)
+        call.finish(200, error)
         return resp
 
-    async def _decode_aggregate(self, call: _Call) -> web.Response:
+    def _stream_failure(self, call: Call, exc: Exception) -> tuple[str, dict, bytes]:
+        """Error type, the client's error object and bytes still due to the client, for an
+        exception while streaming."""
+        if isinstance(exc, TimeoutError) and asyncio.get_running_loop().time() >= call.deadline:
+            msg = f"request not completed within {self.config.request_timeout_s:g} s"
+            return sc.ERROR_DEADLINE_EXCEEDED, error_body(msg, sc.ERROR_DEADLINE_EXCEEDED, 504), b""
+        if isinstance(exc, InvalidChunk):
+            msg = f"decode worker {call.d_client.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
+            call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.d_client.host, call.d_client.port)
+            return sc.ERROR_INVALID_CHUNK, error_body(msg, "upstream_error", 502), exc.passed
+        log.exception("kvtrace proxy: request %s failed mid-stream", call.request_id)
+        return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
+
+    async def _end_stream(self, call: Call, request: web.Request, resp: web.StreamResponse, r, span,
+                          error: str, failure: dict | None, due: bytes = b"") -> web.StreamResponse:
+        """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began)."""
+        r.close()
+        if failure is None:  # D's stream broke
+            cap = self.config.max_upstream_bytes
+            why = f"response exceeds {cap} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
+            msg = f"decode worker {call.d_client.base} failed mid-stream: {why}"
+            failure = error_body(msg, "upstream_error", 502)
+            call.rt.upstream_error(error, call.d_client.host, call.d_client.port)
+        end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: call.rt.ttft_ms})
+        if not resp.prepared:
+            status = failure["error"]["code"]
+            call.finish(status, error)
+            return call.json(failure, status)
+        try:
+            async with asyncio.timeout(_TAIL_WRITE_S):
+                await resp.write(due + sse_event(failure) + b"data: [DONE]\n\n")
+                await resp.write_eof()
+        except (*_CLIENT_GONE, TimeoutError):
+            if request.transport is not None:
+                request.transport.close()
+        call.finish(200, error)
+        return resp
+
+    async def _decode_aggregate(self, call: Call) -> web.Response:
         r, span = await self._open_decode(call)
         rt = call.rt
         agg = Aggregator(chat=call.req.path == CHAT_PATH)
@@ -288,102 +374,35 @@ class Proxy:
             agg.feed(chunk)
 
         try:
-            error = await _read_upstream(r, rt, collect)
-            agg.flush()
+            async with asyncio.timeout_at(call.deadline):
+                error = await pump(r, self.config.max_upstream_bytes, rt.first_token, collect)
+                agg.flush()
+        except TimeoutError:
+            error = sc.ERROR_DEADLINE_EXCEEDED
+        except InvalidChunk:
+            error = sc.ERROR_INVALID_CHUNK
         finally:
             r.release() if error is None and agg.done else r.close()
         if error is None and not agg.done:
-            error = "incomplete_stream"
+            error = sc.ERROR_INCOMPLETE_STREAM
         if error is None and agg.error is not None:
             error = str(agg.error.get("type") or "upstream_error")
         end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: rt.ttft_ms})
+        if error == sc.ERROR_DEADLINE_EXCEEDED:
+            return self._deadline(call)
         if error is not None:
-            return self._decode_failed(call, error, f"decode worker {call.d_client.base} failed: {error}")
+            why = f"response exceeds {self.config.max_upstream_bytes} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
+            return self._decode_failed(call, error, f"decode worker {call.d_client.base} failed: {why}")
         if agg.kv_params is not None:
             self._on_params(call, agg.kv_params)
         call.usage, call.finish_reasons = agg.usage, agg.finish_reasons
         body = agg.body()
-        if self.config.patch_responses:
-            body[sc.RESPONSE_KV_TRANSFER] = self._kv(call)
-        self._finish(call, 200, None)
-        return self._json(rt, body, 200)
-
-    # ------------------------------------------------------------------ ending
-    def _kv(self, call: _Call) -> dict:
-        if call.kv is None:
-            turn = call.turn
-            call.kv = metadata.build(
-                trace_id=call.rt.trace_id,
-                request_id=call.request_id,
-                session_id=call.session_id,
-                turn=turn.index,
-                offered=turn.offered,
-                offer_reason=turn.reason,
-                offered_params=turn.entry.params if turn.offered else None,
-                p_params=call.p_params,
-                p_usage=call.p_usage,
-                prefill_answered=call.p_answered,
-                d_params=call.d_params,
-                fallback=call.fallback,
-                ttft_ms=call.rt.ttft_ms,
-            )
-        return call.kv
-
-    def _finish(self, call: _Call, status: int, error_type: str | None) -> None:
-        kv = self._kv(call)
-        usage = call.usage or {}
-        call.rt.finish(
-            status,
-            error_type,
-            **{
-                sc.PROXY_FALLBACK: call.fallback,
-                sc.PROXY_PREFILL_ENDPOINT: call.p_client.base if call.p_client else None,
-                sc.PROXY_DECODE_ENDPOINT: call.d_client.base if call.d_client else None,
-                sc.GEN_AI_USAGE_INPUT_TOKENS: usage.get("prompt_tokens"),
-                sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.get("completion_tokens"),
-                sc.GEN_AI_RESPONSE_FINISH_REASONS: tuple(call.finish_reasons) or None,
-                sc.KV_OUTCOME: kv[sc.KVT_DECISION],
-                sc.KV_PULLED_TOKENS: kv[sc.KVT_PULLED_TOKENS],
-            },
-        )
-
-    def _fail(self, call: _Call, status: int, etype: str, msg: str, type_: str) -> web.Response:
-        self._finish(call, status, etype)
-        return self._json(call.rt, error_body(msg, type_, status), status)
-
-    def _passthrough(self, call: _Call, status: int, data: bytes) -> web.Response:
-        """A worker's 4xx goes back to the client as it is (the request was at fault)."""
-        self._finish(call, status, str(status))
-        resp = web.Response(status=status, body=data, content_type="application/json")
-        if self.config.patch_responses:
-            resp.headers[sc.HEADER_TRACE_ID] = call.rt.trace_id
-        return resp
-
-    def _disconnected(self, call: _Call) -> None:
-        if not call.rt.span.is_recording():
-            return
-        call.rt.span.add_event(sc.EVENT_CLIENT_DISCONNECT)
-        for span in call.legs:
-            end_leg(span, None, "client_disconnect")
-        call.rt.finish(_STATUS_CLIENT_CLOSED, "client_disconnect", **{sc.PROXY_FALLBACK: call.fallback})
-
-    def _json(self, rt: RequestTrace, body: dict, status: int) -> web.Response:
-        headers = {sc.HEADER_TRACE_ID: rt.trace_id} if self.config.patch_responses else None
-        return web.Response(body=codec.dumps(body), status=status, content_type="application/json", headers=headers)
+        if call.patch:
+            body[sc.RESPONSE_KV_TRANSFER] = call.kv_object()
+        call.finish(200, None)
+        return call.json(body, 200)
 
     def _auth_headers(self, request: web.Request) -> dict:
         auth = request.headers.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
         return {"Authorization": auth} if auth else {}
 
-
-def _json_object(data: bytes) -> dict | None:
-    try:
-        obj = codec.loads(data)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _never_reached(exc: BaseException) -> bool:
-    """The worker never got the request (connect failed): its table entry is still unused."""
-    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError))

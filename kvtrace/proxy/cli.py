@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from kvtrace import settings
 from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, PREFILL_FAILURE_MODES, TTL_MARGIN_S
 
 _GC_GEN0_THRESHOLD = 10_000  # see _tune_gc
+# hardening limits: flag, ProxyConfig field, type, metavar, the KVTRACE_* setting that is its default
+_LIMITS = (
+    ("--request-timeout", "request_timeout_s", float, "S", settings.PROXY_REQUEST_TIMEOUT),
+    ("--max-upstream-bytes", "max_upstream_bytes", int, "N", settings.PROXY_MAX_UPSTREAM_BYTES),
+    ("--client-header-timeout", "client_header_timeout_s", float, "S", settings.PROXY_CLIENT_HEADER_TIMEOUT),
+    ("--client-body-timeout", "client_body_timeout_s", float, "S", settings.PROXY_CLIENT_BODY_TIMEOUT),
+    ("--max-table-bytes", "max_table_bytes", int, "N", settings.PROXY_MAX_TABLE_BYTES),
+    ("--max-id-bytes", "max_id_bytes", int, "N", settings.PROXY_MAX_ID_BYTES),
+    ("--decoder-kv-ttl", "decoder_kv_ttl_s", float, "S", settings.PROXY_DECODER_KV_TTL),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
+    for flag, dest, kind, metavar, setting in _LIMITS:
+        doc = setting.doc.split("): ", 1)[1]
+        default = "unset" if setting.default is None else setting.default
+        p.add_argument(flag, dest=dest, type=kind, metavar=metavar, default=None,
+                       help=f"{doc} Default {default}; env {setting.env}.")
 
 
 def build_config(args: argparse.Namespace):
@@ -54,19 +70,22 @@ def build_config(args: argparse.Namespace):
             connect_timeout_s=args.connect_timeout,
             read_timeout_s=args.read_timeout,
             max_body_bytes=args.max_body_bytes,
+            **{dest: getattr(args, dest) for _, dest, *_ in _LIMITS if getattr(args, dest) is not None},
             **({"patch_responses": False} if args.no_patch else {}),
         )
-    except ValueError as exc:
+    except ValueError as exc:  # also a KVTRACE_PROXY_* setting that is not a number
         raise CLIError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the traced stateful P/D proxy (drop-in for vLLM's disagg_proxy_multiturn.py).
 
-    Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models.
+    Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models, and
+    GET /metrics (Prometheus; KVTRACE_METRICS=0 turns it off).
     Conversation key: body `conversation_id`, else the X-Session-ID header, else W3C baggage
-    `session.id`.  Responses carry a `kv_transfer` object (streaming: on the final chunk) and an
-    x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
+    `session.id` (at most --max-id-bytes).  Responses carry a `kv_transfer` object (streaming: on
+    the final chunk) and an x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
+    When P fails to read the blocks offered from D (expired), P is asked again without them.
     """
     import asyncio
 

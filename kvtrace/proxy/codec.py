@@ -12,8 +12,14 @@ result equals the standard library's, so the proxy behaves the same with or with
 - :func:`dumps`: orjson raises where ``json`` may not (integers beyond 64 bits, deep nesting,
   surrogates, non-str keys) and the call falls back to ``json.dumps``.  It writes non-finite floats
   as ``null`` where ``json`` writes ``NaN``/``Infinity``; those can only come from a ``json.loads``
-  fallback, so once one has produced a non-finite float, :func:`dumps` stays on ``json``.
+  fallback, so once one has produced a non-finite float, :func:`dumps` stays on ``json``.  An
+  unpaired surrogate (which UTF-8 cannot carry) is written as its ``\\udXXX`` escape, as
+  ``json.dumps(ensure_ascii=True)`` writes it, so :func:`dumps` never raises on text.
 Numbers may be spelled differently (``1e16`` vs ``1e+16``); they are the same JSON values.
+
+:func:`pack` / :func:`unpack` keep a value as compact bytes and read it back (the conversation
+table's entries).  :func:`loads_text` is :func:`loads` for client bodies: it also rejects text with an unpaired
+surrogate (:class:`UnpairedSurrogate`), at no cost when orjson decoded the body.
 """
 
 from __future__ import annotations
@@ -39,17 +45,36 @@ _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _nonfinite_seen = False
 
 
+class UnpairedSurrogate(ValueError):
+    """The JSON is valid but holds text with an unpaired UTF-16 surrogate (raised by :func:`loads_text`)."""
+
+
 def loads(data: bytes) -> object:
     """``json.loads(data)``; raises what it raises (ValueError, UnicodeDecodeError, RecursionError)."""
+    return _loads(data)[0]
+
+
+def loads_text(data: bytes) -> object:
+    """:func:`loads`, raising :class:`UnpairedSurrogate` when a string of the result holds an
+    unpaired surrogate.  Free when orjson decoded the body (it rejects such text, so the body then
+    took the ``json`` path, which is checked)."""
+    obj, checked = _loads(data)
+    if not checked and has_lone_surrogate(data, obj):
+        raise UnpairedSurrogate("unpaired UTF-16 surrogate")
+    return obj
+
+
+def _loads(data: bytes) -> tuple[object, bool]:
+    """The decoded value, and whether orjson decoded it (then it holds no unpaired surrogate)."""
     if _orjson is not None and _orjson_safe(data):
         try:
-            return _orjson.loads(data)
+            return _orjson.loads(data), True
         except _orjson.JSONDecodeError:
             pass
     obj = json.loads(data)
     if _orjson is not None and not _nonfinite_seen and _MAYBE_NONFINITE.search(data) and _has_nonfinite(obj):
         _saw_nonfinite()
-    return obj
+    return obj, False
 
 
 def dumps(obj: object) -> bytes:
@@ -59,7 +84,55 @@ def dumps(obj: object) -> bytes:
             return _orjson.dumps(obj)
         except TypeError:  # orjson.JSONEncodeError
             pass
-    return _encoder.encode(obj).encode()
+    return _encoder.encode(obj).encode("utf-8", "backslashreplace")
+
+
+def pack(obj: object) -> bytes:
+    """``obj`` as compact bytes for keeping (the conversation table): :func:`unpack` gives it back.
+
+    A one-byte tag says which library wrote it, so :func:`unpack` reads orjson's output with orjson
+    directly (it reads back exactly what it wrote) and the rest with ``json``.  The result is a new
+    object of exactly its length (orjson's own results keep a 4 KiB+ buffer)."""
+    if _orjson is not None and not _nonfinite_seen:
+        try:
+            return b"o" + _orjson.dumps(obj)
+        except TypeError:  # orjson.JSONEncodeError
+            pass
+    return b"j" + _encoder.encode(obj).encode("utf-8", "backslashreplace")
+
+
+def unpack(data: bytes) -> object:
+    """The value :func:`pack` wrote."""
+    if data[:1] == b"o" and _orjson is not None:
+        return _orjson.loads(memoryview(data)[1:])
+    return json.loads(data[1:])
+
+
+def has_lone_surrogate(data: bytes, obj: object) -> bool:
+    """``obj`` (decoded from ``data``) holds a string with an unpaired UTF-16 surrogate.
+
+    ``json.loads`` produces one from a ``\\udXXX`` escape, from the bytes ``ED A0..BF xx`` (it
+    decodes with ``surrogatepass``) or from a UTF-16/32 body; bodies with none of those cost three
+    byte searches, the others a walk over their strings.
+    """
+    if not (b"\\ud" in data or b"\\uD" in data or b"\xed" in data or b"\x00" in data[:4]
+            or data[:1] in (b"\xff", b"\xfe")):
+        return False
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            if not o.isascii():
+                try:
+                    o.encode()
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(o, dict):
+            stack.extend(o)
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+    return False
 
 
 def _orjson_safe(data: bytes) -> bool:

@@ -1,9 +1,11 @@
-"""Proxy configuration: workers, conversation-table limits, fault policy, timeouts.
+"""Proxy configuration: workers, conversation-table limits, fault policy, timeouts and sizes.
 
 Built by :mod:`kvtrace.proxy.cli` from flags (or by tests directly) and read by
 :mod:`kvtrace.proxy.app`.  Defaults follow vLLM's upstream ``disagg_proxy_multiturn.py``
 (conversation TTL 450 s = ``decoder_kv_blocks_ttl`` 480 s minus a 30 s margin), except that the
-proxy binds 127.0.0.1 unless told otherwise.
+proxy binds 127.0.0.1 unless told otherwise.  The hardening limits (request deadline, upstream
+size cap, client read timeouts, table bytes, id length, D's TTL) default to their ``KVTRACE_PROXY_*``
+settings (:mod:`kvtrace.settings`); explicit values beat them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from kvtrace import settings
 
 DECODER_KV_BLOCKS_TTL_S = 480.0  # vLLM default decoder_kv_blocks_ttl
 TTL_MARGIN_S = 30.0
+EXPIRY_SAFETY_MARGIN_S = 5.0  # vLLM's P declines a read this long before D's deadline (_is_turn2_read_expired)
 PREFILL_FAILURE_ERROR = "error"
 PREFILL_FAILURE_DECODE_ONLY = "decode_only"
 PREFILL_FAILURE_MODES = (PREFILL_FAILURE_ERROR, PREFILL_FAILURE_DECODE_ONLY)
@@ -44,6 +47,13 @@ class ProxyConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
     max_body_bytes: int = 32 * 1024 * 1024
+    request_timeout_s: float = field(default_factory=lambda: float(settings.PROXY_REQUEST_TIMEOUT.get()))
+    max_upstream_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_UPSTREAM_BYTES.get()))
+    client_header_timeout_s: float = field(default_factory=lambda: float(settings.PROXY_CLIENT_HEADER_TIMEOUT.get()))
+    client_body_timeout_s: float = field(default_factory=lambda: float(settings.PROXY_CLIENT_BODY_TIMEOUT.get()))
+    max_table_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_TABLE_BYTES.get()))
+    max_id_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_ID_BYTES.get()))
+    decoder_kv_ttl_s: float | None = field(default_factory=lambda: settings.PROXY_DECODER_KV_TTL.get())
     patch_responses: bool = field(default_factory=lambda: bool(settings.PATCH_RESPONSES.get()))
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY") or None)
 
@@ -56,11 +66,19 @@ class ProxyConfig:
             raise ValueError("need at least one prefill and one decode worker")
         if self.prefill_failure not in PREFILL_FAILURE_MODES:
             raise ValueError(f"prefill_failure must be one of {PREFILL_FAILURE_MODES}, not {self.prefill_failure!r}")
-        for name in ("conversation_ttl_s", "connect_timeout_s", "read_timeout_s"):
+        for name in ("conversation_ttl_s", "connect_timeout_s", "read_timeout_s", "request_timeout_s",
+                     "client_header_timeout_s", "client_body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.max_conversations < 1 or self.max_body_bytes < 1:
-            raise ValueError("max_conversations and max_body_bytes must be >= 1")
+        if self.decoder_kv_ttl_s is not None and not self.decoder_kv_ttl_s > 0:
+            raise ValueError("decoder_kv_ttl_s must be > 0")
+        for name in ("max_conversations", "max_body_bytes", "max_upstream_bytes", "max_table_bytes", "max_id_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+    def offer_outlives(self, decoder_ttl_s: float | None) -> bool:
+        """An entry may still be offered when D has dropped (or P declines to read) its blocks."""
+        return decoder_ttl_s is not None and self.conversation_ttl_s + EXPIRY_SAFETY_MARGIN_S >= decoder_ttl_s
 
     @staticmethod
     def workers(hosts: list[str], ports: list[int], role: str) -> list[Worker]:

@@ -2,7 +2,10 @@
 
 :func:`parse_request` turns a raw body into a :class:`ClientRequest` or raises
 :class:`RequestError` (an HTTP 4xx with an OpenAI-style JSON error body).  It checks the fields the
-proxy itself reads or rewrites; everything else is left for the workers to judge.
+proxy itself reads or rewrites; everything else is left for the workers to judge, except text that
+is not text: a body with an unpaired UTF-16 surrogate anywhere is a 400 (``invalid_unicode``), as
+UTF-8 cannot carry it to the workers or into a span.  :func:`check_id` bounds the conversation,
+session and request ids (``max_id_bytes``, default 256 UTF-8 bytes; ``id_too_long``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from kvtrace.proxy import codec
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+MAX_ID_BYTES = 256  # default longest conversation / session / request id, UTF-8 bytes
 
 
 class RequestError(Exception):
@@ -59,10 +63,27 @@ def _type_or_none(body: dict, name: str, types: type | tuple, what: str) -> None
         raise RequestError(400, f"'{name}' must be {what}")
 
 
-def parse_request(raw: bytes, path: str) -> ClientRequest:
+def check_id(value: str, what: str, max_bytes: int = MAX_ID_BYTES) -> str:
+    """``value`` if it is valid UTF-8 text of at most ``max_bytes`` bytes, else a 400."""
+    if len(value) > max_bytes:  # a character is at least one byte
+        raise RequestError(400, f"{what} is longer than {max_bytes} bytes", "id_too_long")
+    if not value.isascii():
+        try:
+            n = len(value.encode())
+        except UnicodeEncodeError:
+            raise RequestError(400, f"{what} is not valid UTF-8 text", "invalid_unicode") from None
+        if n > max_bytes:
+            raise RequestError(400, f"{what} is longer than {max_bytes} bytes", "id_too_long")
+    return value
+
+
+def parse_request(raw: bytes, path: str, max_id_bytes: int = MAX_ID_BYTES) -> ClientRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
     try:
-        body = codec.loads(raw)
+        body = codec.loads_text(raw)
+    except codec.UnpairedSurrogate:
+        raise RequestError(400, "body holds an unpaired UTF-16 surrogate (e.g. \\ud800), which is not text",
+                           "invalid_unicode") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"body is not valid JSON: {exc.__class__.__name__}", "invalid_json") from None
     except RecursionError:
@@ -86,6 +107,8 @@ def parse_request(raw: bytes, path: str) -> ClientRequest:
     conv = body.pop(sc.BODY_CONVERSATION_ID, None)
     if conv is not None and not isinstance(conv, str):
         raise RequestError(400, f"'{sc.BODY_CONVERSATION_ID}' must be a string")
+    if conv:
+        check_id(conv, f"'{sc.BODY_CONVERSATION_ID}'", max_id_bytes)
     opts = body.get("stream_options") or {}
     return ClientRequest(
         path=path,

@@ -2,7 +2,12 @@
 
 Used by :mod:`kvtrace.proxy.cli`, the tests and ``benchmarks/proxy``.  The server runs with
 ``handler_cancellation=True`` so a client that disconnects cancels its handler, which closes the
-upstream P/D requests (vLLM aborts them) and records ``kvtrace.client_disconnect``.
+upstream P/D requests (vLLM aborts them) and records ``kvtrace.client_disconnect``.  aiohttp's
+keep-alive timer runs from a connection's start (and from each response) until a complete request
+head has arrived, so ``keepalive_timeout=client_header_timeout_s`` is the client header timeout:
+a client that opens a connection and never finishes its headers (or idles between requests) is
+dropped after it.  After an early answer (408, 413) aiohttp reads and drops the rest of the body
+for at most ``lingering_time`` before closing; that is bounded by ``client_body_timeout_s`` too.
 """
 
 from __future__ import annotations
@@ -17,16 +22,19 @@ from kvtrace.proxy.config import ProxyConfig
 from kvtrace.proxy.parse import CHAT_PATH, COMPLETIONS_PATH
 
 PROXY_KEY = web.AppKey("kvtrace_proxy", Proxy)
+_LINGERING_S = 10.0  # aiohttp's default lingering_time
 
 
-def create_app(config: ProxyConfig, tracer_provider=None, clock=time.monotonic) -> web.Application:
-    proxy = Proxy(config, tracer_provider, clock)
+def create_app(config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> web.Application:
+    proxy = Proxy(config, tracer_provider, clock, metrics)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[PROXY_KEY] = proxy
     app.router.add_post(CHAT_PATH, proxy.handle)
     app.router.add_post(COMPLETIONS_PATH, proxy.handle)
     app.router.add_get("/health", proxy.health)
     app.router.add_get("/v1/models", proxy.models)
+    if proxy.metrics is not None:
+        app.router.add_get("/metrics", proxy.prometheus)
 
     async def _start(app: web.Application) -> None:
         await proxy.pool.start()
@@ -54,7 +62,9 @@ class Running:
 async def start(config: ProxyConfig, tracer_provider=None, clock=time.monotonic, port: int | None = None) -> Running:
     """Run the proxy on ``config.host`` / ``port`` (default ``config.port``; 0 = any free port)."""
     app = create_app(config, tracer_provider, clock)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           keepalive_timeout=config.client_header_timeout_s,
+                           lingering_time=min(_LINGERING_S, config.client_body_timeout_s))
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port if port is None else port)
     await site.start()

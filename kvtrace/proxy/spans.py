@@ -6,6 +6,11 @@ completion request.  It continues the client's ``traceparent`` (W3C trace contex
 as the ``traceparent`` header and inside ``kv_transfer_params["kvtrace"]`` (``sc.CTX_*``) so the
 connector / simulator parents its engine spans on it.  Telemetry never changes the request: every
 method here is cheap and does not raise on a broken exporter (the SDK isolates exporters).
+
+Every attribute value passes :func:`clean` on its way into a span: text that UTF-8 cannot carry
+(an unpaired surrogate, e.g. from a worker's JSON or a header's undecodable bytes) gets U+FFFD in
+its place and text is cut at :data:`MAX_TEXT` characters, so no value the proxy sets can fail an
+exporter.  ASCII text of normal length (nearly all) costs one ``isascii`` and one ``len``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,29 @@ _incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggageProp
 _outgoing = TraceContextTextMapPropagator()
 
 
+MAX_TEXT = 4096  # characters of one attribute string
+
+
+def _text(v: str) -> str:
+    if not v.isascii():
+        try:
+            v.encode()
+        except UnicodeEncodeError:  # unpaired surrogates -> U+FFFD (valid pairs are joined)
+            v = v.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return v[:MAX_TEXT] if len(v) > MAX_TEXT else v
+
+
+def clean(attrs: dict) -> dict:
+    """``attrs`` with every string (and string in a sequence) safe for any exporter; in place."""
+    for k, v in attrs.items():
+        if type(v) is str:
+            if len(v) > MAX_TEXT or not v.isascii():
+                attrs[k] = _text(v)
+        elif isinstance(v, (tuple, list)):
+            attrs[k] = tuple(_text(x) if isinstance(x, str) else x for x in v)
+    return attrs
+
+
 def tracer(provider: TracerProvider | None) -> trace.Tracer:
     return (provider or trace.get_tracer_provider()).get_tracer("kvtrace.proxy")
 
@@ -32,8 +60,10 @@ def tracer(provider: TracerProvider | None) -> trace.Tracer:
 class RequestTrace:
     """The SERVER span of one request plus helpers for its legs and events."""
 
-    def __init__(self, tracer_: trace.Tracer, headers, method: str, path: str) -> None:
+    def __init__(self, tracer_: trace.Tracer, headers, method: str, path: str, metrics=None) -> None:
         self.tracer = tracer_
+        self.metrics = metrics  # kvtrace.proxy.metrics.ProxyMetrics: counts the request once, at finish
+        self.offer_reason: str | None = None
         self.t0 = time.perf_counter()
         self.ctx_in = _incoming.extract(headers)
         self.span: Span = tracer_.start_span(
@@ -65,8 +95,10 @@ class RequestTrace:
             ident[sc.GEN_AI_CONVERSATION_ID] = session_id
         if turn is not None:
             ident[sc.TURN_INDEX] = turn
-        self.identity = ident
-        self.span.set_attributes({**ident, **extra} if extra else ident)
+        self.identity = clean(ident)
+        if extra:
+            self.offer_reason = extra.get(sc.PROXY_OFFER_REASON)
+        self.span.set_attributes(clean({**ident, **extra}) if extra else ident)
 
     def leg(self, name: str, host: str, port: int, **attrs) -> tuple[Span, str]:
         """Start a CLIENT span for a leg; returns it and the traceparent to send."""
@@ -74,7 +106,7 @@ class RequestTrace:
             name,
             context=self.ctx,
             kind=SpanKind.CLIENT,
-            attributes={**self.identity, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **attrs},
+            attributes={**self.identity, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **clean(attrs)},
         )
         carrier: dict = {}
         _outgoing.inject(carrier, context=trace.set_span_in_context(span))
@@ -87,16 +119,20 @@ class RequestTrace:
 
     def upstream_error(self, error_type: str, host: str, port: int) -> None:
         self.span.add_event(
-            sc.EVENT_UPSTREAM_ERROR, {sc.ERROR_TYPE: error_type, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}
+            sc.EVENT_UPSTREAM_ERROR, clean({sc.ERROR_TYPE: error_type, sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port})
         )
 
     def finish(self, status: int, error_type: str | None = None, **attrs) -> None:
-        """End the SERVER span with the client-facing status."""
+        """End the SERVER span with the client-facing status (and count the request, once)."""
         span = self.span
+        latency_ms = round((time.perf_counter() - self.t0) * 1000.0, 3)
+        if self.metrics is not None:
+            metrics, self.metrics = self.metrics, None
+            metrics.request_finished(status, self.offer_reason, attrs.get(sc.KV_OUTCOME), self.ttft_ms, latency_ms)
         if not span.is_recording():
             return
         attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
-        attrs[sc.REQUEST_LATENCY_MS] = round((time.perf_counter() - self.t0) * 1000.0, 3)
+        attrs[sc.REQUEST_LATENCY_MS] = latency_ms
         if self.ttft_ms is not None:
             attrs[sc.REQUEST_TTFT_MS] = self.ttft_ms
         _end(span, attrs, error_type)
@@ -116,8 +152,8 @@ def _end(span: Span, attrs: dict, error_type: str | None) -> None:
     final = {k: v for k, v in attrs.items() if v is not None}
     if error_type:
         final[sc.ERROR_TYPE] = error_type
-        span.set_attributes(final)
-        span.set_status(Status(StatusCode.ERROR, error_type))
+        span.set_attributes(clean(final))
+        span.set_status(Status(StatusCode.ERROR, final[sc.ERROR_TYPE]))
     else:
-        span.set_attributes(final)
+        span.set_attributes(clean(final))
     span.end()

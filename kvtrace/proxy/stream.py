@@ -8,9 +8,15 @@ the bytes between them pass through as slices.  Only those lines are JSON-decode
 ``kv_transfer_params`` (handed to ``on_params`` so the conversation table learns where D's blocks
 live), the usage chunk yields token counts, and the target chunk gets the ``kv_transfer`` object.
 When the proxy asked D for usage the client did not ask for, that usage-only chunk is dropped.
+A line the proxy must read that is not an OpenAI chunk (not a JSON object, ``choices`` not a list,
+a ``finish_reason`` that is not a string, ``usage`` or ``kv_transfer_params`` not an object) raises
+:class:`InvalidChunk`: the handler then ends the client's stream with an SSE error event.
+Incomplete lines are kept as a list of pieces and joined once, so a line split over many network
+chunks costs linear, not quadratic, time.
 
 :class:`Aggregator` rebuilds a normal (non-streaming) OpenAI response from D's stream for
-clients that asked ``stream: false`` (D's leg always streams, as upstream).
+clients that asked ``stream: false`` (D's leg always streams, as upstream); any chunk it cannot
+read raises :class:`InvalidChunk`.
 """
 
 from __future__ import annotations
@@ -27,12 +33,19 @@ _DATA = b"data:"
 _DONE = b"[DONE]"
 
 
+class InvalidChunk(ValueError):
+    """D sent a line the proxy must read that is not an OpenAI stream chunk (``passed``: the bytes
+    of the same network chunk before that line, still due to the client)."""
+
+    passed = b""
+
+
 def sse_event(obj: object) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
 def _decode(line: bytes) -> dict | None:
-    """JSON of a ``data:`` line, or None (not data, [DONE], not an object)."""
+    """JSON object of a ``data:`` line; None for other lines and [DONE]; InvalidChunk if not an object."""
     s = line.strip()
     if not s.startswith(_DATA):
         return None
@@ -41,26 +54,58 @@ def _decode(line: bytes) -> dict | None:
         return None
     try:
         obj = loads(payload)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+    except (ValueError, RecursionError):
+        raise InvalidChunk("data line is not JSON") from None
+    if not isinstance(obj, dict):
+        raise InvalidChunk("data line is not a JSON object")
+    return obj
 
 
 class _Lines:
-    """Split a byte stream at newlines; keep the incomplete tail."""
+    """Split a byte stream at newlines; keep the pieces of the incomplete last line."""
 
     def __init__(self) -> None:
-        self.tail = b""
+        self.pieces: list[bytes] = []
         self.done = False
 
     def complete(self, chunk: bytes) -> bytes:
-        buf = self.tail + chunk if self.tail else chunk
-        cut = buf.rfind(b"\n") + 1
-        self.tail = buf[cut:]
-        out = buf[:cut]
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            if chunk:
+                self.pieces.append(chunk)
+            return b""
+        if self.pieces:
+            self.pieces.append(chunk[:cut])
+            out = b"".join(self.pieces)
+            self.pieces = [chunk[cut:]] if cut < len(chunk) else []
+        elif cut < len(chunk):
+            out = chunk[:cut]
+            self.pieces = [chunk[cut:]]
+        else:
+            out = chunk
         if _DONE in out:
             self.done = True
         return out
+
+    def take_tail(self) -> bytes:
+        tail, self.pieces = b"".join(self.pieces), []
+        return tail
+
+
+def _finish_reasons(obj: dict) -> list[str]:
+    choices = obj.get("choices")
+    if choices is None:
+        return []
+    if not isinstance(choices, list):
+        raise InvalidChunk("choices is not a list")
+    reasons = []
+    for c in choices:
+        r = c.get("finish_reason") if isinstance(c, dict) else None
+        if r:
+            if not isinstance(r, str):
+                raise InvalidChunk("finish_reason is not a string")
+            reasons.append(r)
+    return reasons
 
 
 class StreamPatcher:
@@ -106,14 +151,18 @@ class StreamPatcher:
             start = out.rfind(b"\n", pos, m.start()) + 1 or pos
             end = out.find(b"\n", m.start()) + 1  # ``out`` ends with a newline
             parts.append(out[pos:start])
-            parts.append(self._line(out[start:end]))
+            try:
+                parts.append(self._line(out[start:end]))
+            except InvalidChunk as exc:
+                exc.passed = b"".join(parts)  # the lines before the bad one, for the client
+                raise
             pos = self._after_blank(out, end) if self._skip_blank and end < len(out) else end
             m = _CANDIDATE.search(out, pos)
         parts.append(out[pos:])
         return b"".join(parts)
 
     def flush(self) -> bytes:
-        tail, self.lines.tail = self.lines.tail, b""
+        tail = self.lines.take_tail()
         return self.feed(tail + b"\n") if tail.strip() else b""
 
     def _after_blank(self, out: bytes, pos: int) -> int:
@@ -132,15 +181,18 @@ class StreamPatcher:
             self.error = obj["error"]
             return line
         patch = False
-        reasons = [c.get("finish_reason") for c in obj.get("choices") or () if isinstance(c, dict)]
-        reasons = [r for r in reasons if r]
+        reasons = _finish_reasons(obj)
         if reasons:
             self.finish_reasons.extend(reasons)
             params = obj.get("kv_transfer_params")
             if isinstance(params, dict):
                 self.on_params(params)
+            elif params is not None:
+                raise InvalidChunk("kv_transfer_params is not an object")
             patch = not self.patch_usage_chunk
         usage = obj.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            raise InvalidChunk("usage is not an object")
         if isinstance(usage, dict):
             self.usage = usage
             if not obj.get("choices"):
@@ -175,10 +227,13 @@ class Aggregator:
         for line in self.lines.complete(chunk).splitlines():
             obj = _decode(line)
             if obj is not None:
-                self._chunk(obj)
+                try:
+                    self._chunk(obj)
+                except (TypeError, AttributeError, KeyError, ValueError) as exc:
+                    raise InvalidChunk(f"unreadable chunk: {type(exc).__name__}") from None
 
     def flush(self) -> None:
-        tail, self.lines.tail = self.lines.tail, b""
+        tail = self.lines.take_tail()
         if tail.strip():
             self.feed(tail + b"\n")
 
@@ -188,16 +243,20 @@ class Aggregator:
             return
         if not self.head:
             self.head = {k: obj.get(k) for k in ("id", "created", "model", "system_fingerprint")}
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
-        if isinstance(obj.get("kv_transfer_params"), dict):
-            self.kv_params = obj["kv_transfer_params"]
+        usage, params = obj.get("usage"), obj.get("kv_transfer_params")
+        if usage is not None and not isinstance(usage, dict) or params is not None and not isinstance(params, dict):
+            raise InvalidChunk("usage / kv_transfer_params is not an object")
+        if usage is not None:
+            self.usage = usage
+        if params is not None:
+            self.kv_params = params
+        _finish_reasons(obj)  # validates choices and finish reasons
         for c in obj.get("choices") or ():
             if isinstance(c, dict):
                 self._choice(c)
 
     def _choice(self, c: dict) -> None:
-        idx = c.get("index", 0)
+        idx = _index(c.get("index", 0))
         acc = self.choices.setdefault(idx, {"index": idx, "text": [], "reasoning": [], "tools": {}, "logprobs": None})
         if c.get("finish_reason"):
             acc["finish_reason"] = c["finish_reason"]
@@ -206,24 +265,24 @@ class Aggregator:
                 acc["stop_reason"] = c["stop_reason"]
         if self.chat:
             delta = c.get("delta") or {}
-            acc["text"].append(delta.get("content") or "")
-            acc["reasoning"].append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            acc["text"].append(_text(delta.get("content")))
+            acc["reasoning"].append(_text(delta.get("reasoning_content") or delta.get("reasoning")))
             for tc in delta.get("tool_calls") or ():
                 self._tool(acc["tools"], tc)
         else:
-            acc["text"].append(c.get("text") or "")
+            acc["text"].append(_text(c.get("text")))
         lp = c.get("logprobs")
         if isinstance(lp, dict):
             acc["logprobs"] = _merge_logprobs(acc["logprobs"], lp)
 
     @staticmethod
     def _tool(tools: dict, tc: dict) -> None:
-        slot = tools.setdefault(tc.get("index", len(tools)), {"id": None, "type": "function", "name": "", "args": []})
+        slot = tools.setdefault(_index(tc.get("index", len(tools))), {"id": None, "type": "function", "name": "", "args": []})
         slot["id"] = tc.get("id") or slot["id"]
         slot["type"] = tc.get("type") or slot["type"]
         fn = tc.get("function") or {}
-        slot["name"] += fn.get("name") or ""
-        slot["args"].append(fn.get("arguments") or "")
+        slot["name"] += _text(fn.get("name"))
+        slot["args"].append(_text(fn.get("arguments")))
 
     def body(self) -> dict:
         choices = [self._final_choice(self.choices[i]) for i in sorted(self.choices)]
@@ -256,6 +315,20 @@ class Aggregator:
                 for _, t in sorted(acc["tools"].items())
             ]
         return {**base, "message": msg}
+
+
+def _text(v: object) -> str:
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise InvalidChunk("text field is not a string")
+    return v
+
+
+def _index(v: object) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise InvalidChunk("index is not an integer")
+    return v
 
 
 def _merge_logprobs(acc: dict | None, lp: dict) -> dict:

@@ -89,7 +89,8 @@ def run(args) -> int:
     """Run a simulated vLLM P/D cluster (NixlConnector, bidirectional KV transfer) on 127.0.0.1.
 
     Workers speak vLLM 0.33's OpenAI API (/v1/completions, /v1/chat/completions, /health,
-    /v1/models) and kv_transfer_params protocol, decide pull-vs-recompute with vLLM's rules, and
+    /v1/models, and /metrics like vLLM's: vllm:kvtrace_*, TTFT, vllm:nixl_*; KVTRACE_METRICS=0 turns
+    it off) and kv_transfer_params protocol, decide pull-vs-recompute with vLLM's rules, and
     emit kvtrace engine/decision/transfer/retention spans.  Runs until SIGINT/SIGTERM, then
     releases held blocks and flushes traces.
     """

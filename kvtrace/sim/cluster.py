@@ -17,6 +17,7 @@ API (stable; the proxy, bench, demo and tests use it)::
         block_size=16, capacity_blocks=65536, link="efa-3200",
         model=None,                  # served model name; None = accept any, list the preset name
         clock=None,                  # simulated clock () -> seconds (tests inject one)
+        metrics=None,                # GET /metrics per worker (None: KVTRACE_METRICS, default on)
     ) as c:
         c.prefill_urls, c.decode_urls          # ["http://127.0.0.1:PORT", ...]
         c.prefill[0].engine, c.decode[0].engine  # Engine: .cache, .holds, .recorder, .kv
@@ -25,7 +26,8 @@ API (stable; the proxy, bench, demo and tests use it)::
 Every worker gets its own TracerProvider (``kvtrace.configure`` with service
 ``kvtrace-sim-prefill`` / ``kvtrace-sim-decode`` and resource attributes substrate=sim, engine id,
 role, time scale, preset) unless ``tracer_provider`` is given; providers made here are flushed
-and shut down on exit.  On exit every retained block is released (retention ends ``released``).
+and shut down on exit.  With metrics on, each worker serves ``GET /metrics`` like a vLLM server
+(:mod:`kvtrace.sim.metrics`): its recorder counts every KV span it ends.  On exit every retained block is released (retention ends ``released``).
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from __future__ import annotations
 from typing import Callable
 
 from kvtrace import semconv as sc
+from kvtrace import settings
+from kvtrace.emit.metrics import KVMetrics
 from kvtrace.sim.costmodel import PRESETS, CostModel
 from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.kvcache import KVCache
 from kvtrace.sim.scheduler import KVConfig
+from kvtrace.sim.metrics import WorkerMetrics
 from kvtrace.sim.worker import SimWorker
 from kvtrace.emit.recorder import KVRecorder
 
@@ -64,6 +69,7 @@ class SimCluster:
         link: str = "efa-3200",
         model: str | None = None,
         clock: Callable[[], float] | None = None,
+        metrics: bool | None = None,
     ) -> None:
         if n_prefill < 0 or n_decode < 0 or n_prefill + n_decode == 0:
             raise ValueError("need at least one worker")
@@ -78,6 +84,7 @@ class SimCluster:
         self.host, self.prefill_port, self.decode_port = host, prefill_port, decode_port
         self.block_size, self.capacity_blocks = block_size, capacity_blocks
         self.model, self.clock = model, clock
+        self.metrics = bool(settings.METRICS.get(metrics)) and not settings.DISABLE.get()
         self.registry = Registry()
         self.prefill: list[SimWorker] = []
         self.decode: list[SimWorker] = []
@@ -155,6 +162,7 @@ class SimCluster:
     async def _start(self, role: str, index: int, base_port: int) -> SimWorker:
         engine_id = self._engine_id(role, index)
         cost = CostModel(self.preset, self.link, enabled=self.cost, time_scale=self.time_scale)
+        kv_metrics = KVMetrics() if self.metrics else None
         recorder = KVRecorder(
             self._tracer_provider(role, engine_id),
             engine_id=engine_id,
@@ -164,12 +172,15 @@ class SimCluster:
             threshold=self.kv.threshold,
             ttl_s=self.kv.ttl_s,
             load_failure_policy=self.kv.kv_load_failure_policy,
+            metrics=kv_metrics,
         )
         engine = Engine(engine_id=engine_id, role=role, host=self.host, port=0, kv=self.kv,
                         cache=KVCache(self.capacity_blocks, self.block_size), cost=cost, recorder=recorder,
                         registry=self.registry, clock=self.clock)
-        worker = SimWorker(engine, model=self.model or self.preset,
-                           max_model_len=self.capacity_blocks * self.block_size, strict_model=self.model is not None)
+        model = self.model or self.preset
+        worker = SimWorker(engine, model=model, max_model_len=self.capacity_blocks * self.block_size,
+                           strict_model=self.model is not None,
+                           metrics=WorkerMetrics(model, kv_metrics) if kv_metrics is not None else None)
         port = base_port + index if base_port else 0
         engine.port = await worker.start(self.host, port)
         return worker

@@ -66,6 +66,7 @@ class Generation:
     pulled: int = 0
     output: list[int] = field(default_factory=list)
     done: bool = False
+    arrival: float = field(default_factory=time.perf_counter)  # wall clock, for vLLM's TTFT metric
 
     @property
     def cached_tokens(self) -> int:
@@ -121,6 +122,8 @@ class Engine:
         self._space = asyncio.Event()
         self.waiting = 0  # requests queued for KV blocks
         self._decode_ctx = 0  # sum of context lengths of running decodes (batch KV reads)
+        #: called with the wall-clock seconds from arrival to each request's first token
+        self.on_first_token: Callable[[float], None] | None = None
         registry.engines[engine_id] = self
 
     # ------------------------------------------------------------------ entry points
@@ -282,6 +285,8 @@ class Engine:
                     self._decode_ctx += 1
                     ctx += 1
                 gen.output.append(tid)
+                if i == 0 and self.on_first_token is not None:
+                    self.on_first_token(time.perf_counter() - gen.arrival)
                 yield tid, piece
         finally:
             self._decode_ctx -= ctx

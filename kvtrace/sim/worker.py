@@ -1,7 +1,7 @@
 """HTTP surface of one simulated vLLM worker (aiohttp), as a P/D proxy sees it.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /health``,
-``GET /v1/models``.  Request ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` /
+``GET /v1/models``, and ``GET /metrics`` when the worker has :mod:`~kvtrace.sim.metrics`.  Request ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` /
 ``chatcmpl-{X-Request-Id}`` (a random hex id without the header); the engine-internal id sent
 as ``remote_request_id`` adds ``-0`` (completions) and an 8-character random suffix, like
 ``InputProcessor.assign_request_id``.  KVRecorder keys requests by that internal id and
@@ -23,6 +23,7 @@ from aiohttp import web
 from kvtrace import semconv as sc
 from kvtrace.sim import wire
 from kvtrace.sim.engine import Engine, EngineError, FINISH_LENGTH
+from kvtrace.sim.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -43,8 +44,10 @@ def _error(message: str, status: int, err_type: str, param: str | None = None) -
 class SimWorker:
     """aiohttp application around one :class:`Engine`."""
 
-    def __init__(self, engine: Engine, *, model: str, max_model_len: int, strict_model: bool = False) -> None:
+    def __init__(self, engine: Engine, *, model: str, max_model_len: int, strict_model: bool = False,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics
         self.model = model
         self.strict_model = strict_model
         self.max_model_len = max_model_len
@@ -56,6 +59,9 @@ class SimWorker:
             web.get("/health", self.health),
             web.get("/v1/models", self.models),
         ])
+        if metrics is not None:
+            self.app.router.add_get("/metrics", self.prometheus)
+            engine.on_first_token = metrics.first_token
         self.runner: web.AppRunner | None = None
         self.port = 0
 
@@ -75,6 +81,10 @@ class SimWorker:
     # ------------------------------------------------------------------ routes
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         return _json(wire.models_body(self.model, self.created, self.max_model_len))

@@ -2,7 +2,8 @@
 
 The multi-turn behaviour is tested against :class:`kvtrace.sim.cluster.SimCluster`; this fake
 exists to inject what the simulator does not do on purpose: answer 5xx, die mid-stream, stall
-until the client goes away.  Each instance records the requests it received.
+until the client goes away, send a scripted (garbage) stream, trickle bytes, answer oversized
+bodies.  Each instance records the requests it received.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ class FakeWorker:
     engine_id: str
     status: int = 200  # answer this status (with an error body) when not 200
     die_after: int | None = None  # D: drop the connection after this many content chunks
-    stall_after: int | None = None  # D: stop sending after this many chunks until cancelled
+    stall_after: int | None = None  # stop sending after this many chunks until cancelled (0: P never answers)
     tokens: int = 3
+    script: list | None = None  # D: send these raw chunks (bytes) as the stream body, then end it
+    trickle_s: float | None = None  # D: after the first chunk, send one SSE comment byte every trickle_s, forever
+    pad_bytes: int = 0  # add this many bytes to every response (a "pad" field / SSE comment lines)
     received: list = field(default_factory=list)  # (headers dict, body dict)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -59,12 +63,34 @@ class FakeWorker:
             return web.json_response(err, status=self.status)
         chat = request.path.endswith("chat/completions")
         if not body.get("stream"):
-            return web.json_response(self._full(body, chat))
+            if self.stall_after == 0:  # P: never answer until cancelled
+                try:
+                    self.stalled.set()
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    self.cancelled.set()
+                    raise
+            full = self._full(body, chat)
+            if self.pad_bytes:
+                return await self._padded(request, full)
+            return web.json_response(full)
         try:
             return await self._stream(request, body, chat)
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+    async def _padded(self, request: web.Request, full: dict) -> web.StreamResponse:
+        """``full`` with a ``pad`` field of ``pad_bytes`` bytes, sent chunked (no Content-Length)."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(json.dumps(full)[:-1].encode() + b', "pad": "')
+        piece = b"x" * 65536
+        for _ in range(self.pad_bytes // len(piece)):
+            await resp.write(piece)
+        await resp.write(b"x" * (self.pad_bytes % len(piece)) + b'"}')
+        await resp.write_eof()
+        return resp
 
     def _params(self) -> dict:
         return {
@@ -102,7 +128,20 @@ class FakeWorker:
     async def _stream(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if self.script is not None:
+            for chunk in self.script:
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+        if self.pad_bytes:
+            line = b": " + b"x" * 65534 + b"\n"
+            for _ in range(self.pad_bytes // len(line) + 1):
+                await resp.write(line)
         for i in range(self.tokens):
+            if self.trickle_s is not None and i == 1:
+                while True:  # until the proxy gives up on us
+                    await resp.write(b":")
+                    await asyncio.sleep(self.trickle_s)
             if self.die_after is not None and i >= self.die_after:
                 request.transport.close()  # the worker process died
                 return resp
@@ -119,3 +158,85 @@ class FakeWorker:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+# ---------------------------------------------------------------------------- test helpers
+CHAT = "/v1/chat/completions"
+BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+
+
+async def wait_for(pred, timeout: float = 5.0) -> None:
+    """Poll ``pred`` until true, at most ``timeout`` s (spans end asynchronously after a response)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+def sse(data: bytes) -> list[str]:
+    """The ``data:`` payloads of an SSE body."""
+    return [line[6:] for line in data.decode(errors="replace").splitlines() if line.startswith("data: ")]
+
+
+@dataclass
+class RawResponse:
+    """What a curl-like client saw: every status line, headers of the first, the de-chunked body,
+    whether the chunked body was terminated properly, and whether the server closed the connection."""
+
+    status_lines: list
+    headers: dict
+    body: bytes
+    complete: bool
+    closed: bool
+
+
+async def raw_request(url: str, head: bytes, body: bytes = b"", timeout: float = 5.0) -> RawResponse:
+    """Send ``head`` + ``body`` on a fresh connection and read one response the way curl does."""
+    host, port = url.rsplit("//", 1)[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        return await asyncio.wait_for(_read_response(reader), timeout)
+    finally:
+        writer.close()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> RawResponse:
+    raw_head = await reader.readuntil(b"\r\n\r\n")
+    lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+    status_lines, body, complete = [lines[0]], b"", False
+    if headers.get("transfer-encoding") == "chunked":
+        while True:
+            size_line = await reader.readline()
+            if not size_line:
+                break
+            try:
+                size = int(size_line.strip().split(b";")[0], 16)
+            except ValueError:  # not a chunk size: e.g. a second status line inside the body
+                status_lines.append(size_line.decode("latin-1").strip())
+                break
+            if size == 0:
+                await reader.readline()
+                complete = True
+                break
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+    else:
+        n = int(headers.get("content-length", 0))
+        body = await reader.readexactly(n)
+        complete = True
+    body_lines = body.split(b"\n")
+    status_lines += [ln.decode("latin-1") for ln in body_lines if ln.startswith(b"HTTP/1.")]
+    closed = False
+    if headers.get("connection", "").lower() == "close":
+        closed = await reader.read() == b""
+    return RawResponse(status_lines, headers, body, complete, closed)
+
+
+def http_head(path: str, body: bytes, extra: str = "", connection: str = "close") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: {connection}\r\n{extra}\r\n").encode("latin-1", "surrogateescape")

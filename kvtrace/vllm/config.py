@@ -2,7 +2,7 @@
 
 The scheduler-side :class:`~kvtrace.vllm.connector.KVTraceNixlConnector` (EngineCore process)
 calls :func:`recorder_for` once, at construction.  Settings come from the ``kvtrace`` object in
-``kv_connector_extra_config`` (``traces_dir``, ``service_name``, ``otlp``, ``role``), else the
+``kv_connector_extra_config`` (``traces_dir``, ``service_name``, ``otlp``, ``role``, ``metrics``), else the
 ``KVTRACE_*`` / ``OTEL_*`` environment (read by :func:`kvtrace.configure`).  One TracerProvider
 per process and engine id; resource attributes ``kvtrace.substrate=vllm``, engine id and role.
 """
@@ -15,7 +15,9 @@ import threading
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
+from kvtrace import settings as kvsettings
 from kvtrace.telemetry import configure
+from kvtrace.emit.metrics import KVMetrics
 from kvtrace.emit.recorder import KVRecorder
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class ConnectorSettings:
     ttl_s: float
     bidirectional: bool
     load_failure_policy: str
+    metrics: bool = True
 
     @classmethod
     def from_kv_transfer_config(cls, ktc) -> "ConnectorSettings":
@@ -74,6 +77,7 @@ class ConnectorSettings:
             ttl_s=float(extra.get("decoder_kv_blocks_ttl", 480)),
             bidirectional=bool(extra.get("bidirectional_kv_xfer", False)),
             load_failure_policy=str(getattr(ktc, "kv_load_failure_policy", None) or "fail"),
+            metrics=bool(kvsettings.METRICS.get(entry.get("metrics"))) and not kvsettings.DISABLE.get(),
         )
 
 
@@ -121,4 +125,5 @@ def recorder_for(
         ttl_s=settings.ttl_s,
         load_failure_policy=settings.load_failure_policy,
         deferred=deferred,
+        metrics=KVMetrics() if settings.metrics else None,
     )

@@ -12,7 +12,7 @@ Load it with::
 **Subclass, not composition.**  vLLM treats the connector *class* as part of the contract:
 the factory checks ``SupportsHMA`` with ``issubclass`` and calls classmethods on it
 (``get_required_kvcache_layout`` picks the KV layout NIXL needs, ``build_kv_connector_stats``
-rebuilds ``NixlKVConnectorStats`` in the scheduler, ``build_prom_metrics`` registers the
+rebuilds the connector's stats in the scheduler, ``build_prom_metrics`` registers the
 ``vllm:nixl_*`` metrics, ``requires_piecewise_for_cudagraph``, ``supports_sleep_mode``), the
 scheduler reads ``_cache_hit_source`` (P2P, which labels
 ``vllm:prompt_tokens_by_source{source="external_kv_transfer"}``) and workers reach into the
@@ -29,6 +29,13 @@ which never raises; vLLM's own exceptions propagate untouched.  Worker-side hook
 forward: NIXL telemetry the worker collects reaches the scheduler in
 ``KVConnectorOutput.kv_connector_stats`` and is attributed there, where the request spans are.
 
+**Metrics** (:mod:`kvtrace.vllm.metrics`): the same stats channel carries kvtrace's counters to
+vLLM's own ``/metrics``.  The three stats hooks are the only ones that change vLLM-visible
+data: ``get_kv_connector_stats`` returns NIXL's stats as :class:`KVTraceConnectorStats` (plus,
+on the scheduler side, the recorder's counters since the last step), ``build_kv_connector_stats``
+rebuilds that class, and ``build_prom_metrics`` registers ``vllm:kvtrace_*`` beside
+``vllm:nixl_*`` (NIXL's families unchanged).
+
 Processes: SCHEDULER role = EngineCore process (one connector); WORKER role = each worker
 (same process as EngineCore with the uni-process executor, one per GPU otherwise).
 """
@@ -41,6 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
 from kvtrace.vllm.config import ConnectorSettings, block_bytes_by_group, recorder_for
+from kvtrace.vllm.metrics import KVTraceConnectorStats, KVTracePromMetrics, adopt_worker_stats
 from kvtrace.vllm.probe import SchedulerProbe
 from kvtrace.emit.recorder import KVRecorder
 
@@ -80,13 +88,16 @@ class KVTraceNixlConnector(NixlConnector):
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
-        """Scheduler / stat loggers, per stats interval: rebuild NixlKVConnectorStats."""
-        return super().build_kv_connector_stats(data)
+        """Scheduler / stat loggers, per stats interval: rebuild the stats (NIXL's + kvtrace's)."""
+        return KVTraceConnectorStats(data=data) if data is not None else KVTraceConnectorStats()
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        """API-server stat logger, once: the vllm:nixl_* Prometheus metrics."""
-        return super().build_prom_metrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        """API-server stat logger, once: the vllm:nixl_* and (unless metrics are off) vllm:kvtrace_*
+        Prometheus metrics."""
+        if not ConnectorSettings.from_kv_transfer_config(vllm_config.kv_transfer_config).metrics:
+            return super().build_prom_metrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        return KVTracePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -162,6 +173,7 @@ class KVTraceNixlConnector(NixlConnector):
         super().update_connector_output(connector_output)
         if self._probe is not None:
             self._probe.connector_output(connector_output)
+            adopt_worker_stats(connector_output)
 
     def request_finished(self, request, block_ids: list[int]):
         """Scheduler, once per finished request (non-HMA path): see request_finished_all_groups."""
@@ -211,8 +223,12 @@ class KVTraceNixlConnector(NixlConnector):
         return super().reset_cache()
 
     def get_kv_connector_stats(self):
-        """Scheduler every step, and worker every step: stats collected since the last call."""
-        return super().get_kv_connector_stats()
+        """Worker every step: NIXL's stats since the last call, as KVTraceConnectorStats (the class
+        every aggregate() meets).  Scheduler every step, after update_connector_output: the
+        kvtrace counters since the last step (None when nothing happened)."""
+        stats = super().get_kv_connector_stats()
+        payload = self._probe.metrics_payload() if self._probe is not None else None
+        return KVTraceConnectorStats.wrap(stats, payload)
 
     def shutdown(self):
         """Engine shutdown, once per process: ends open spans (retention ends released) and

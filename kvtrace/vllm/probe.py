@@ -272,6 +272,13 @@ class SchedulerProbe:
             params[sc.KV_PARAMS_KEY] = summary
 
     @never_raise()
+    def metrics_payload(self) -> dict | None:
+        """The recorder's counters since the last call (:class:`~kvtrace.emit.metrics.KVMetrics`
+        payload), for the connector stats vLLM carries to its /metrics; None when nothing changed."""
+        metrics = self.recorder.metrics
+        return metrics.drain() if metrics is not None else None
+
+    @never_raise()
     def shutdown(self) -> None:
         self._retained.clear()
         self.recorder.shutdown()

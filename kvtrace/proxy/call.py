@@ -1,0 +1,131 @@
+"""One proxied request's state (:class:`Call`) and the ways it ends: a JSON answer, a passthrough
+of a worker's 4xx, a client disconnect, or a finished stream — each ends the SERVER span once with
+the client-facing status and the merged ``kv_transfer`` facts (:mod:`.metadata`), and every leg
+span that is still open.  Used by :mod:`kvtrace.proxy.app`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from kvtrace import semconv as sc
+from kvtrace.proxy import codec, metadata
+from kvtrace.proxy.parse import ClientRequest, error_body
+from kvtrace.proxy.spans import RequestTrace, end_leg
+from kvtrace.proxy.table import Turn
+from kvtrace.proxy.upstream import Client
+
+STATUS_CLIENT_CLOSED = 499
+
+
+class Done(Exception):
+    """Stop the flow and answer ``response`` (raised by the legs)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+
+
+@dataclass
+class Call:
+    """State of one request while it flows through P and D."""
+
+    req: ClientRequest
+    rt: RequestTrace
+    request_id: str
+    session_id: str | None
+    turn: Turn
+    auth: str | None
+    deadline: float  # event-loop time when --request-timeout runs out
+    patch: bool  # add the trace-id header / kv_transfer object
+    p_client: Client | None = None
+    d_client: Client | None = None
+    p_params: dict | None = None
+    p_usage: dict | None = None
+    p_answered: bool = False
+    d_params: dict | None = None
+    usage: dict | None = None
+    finish_reasons: list = field(default_factory=list)
+    fallback: str = sc.FALLBACK_NONE
+    kv: dict | None = None
+    legs: list = field(default_factory=list)
+    prefill_attempts: int = 1
+    read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
+    decoder_ttl_s: float | None = None
+
+    def kv_object(self) -> dict:
+        if self.kv is None:
+            turn = self.turn
+            self.kv = metadata.build(
+                trace_id=self.rt.trace_id,
+                request_id=self.request_id,
+                session_id=self.session_id,
+                turn=turn.index,
+                offered=turn.offered,
+                offer_reason=turn.reason,
+                offered_params=turn.params,
+                p_params=self.p_params,
+                p_usage=self.p_usage,
+                prefill_answered=self.p_answered,
+                d_params=self.d_params,
+                fallback=self.fallback,
+                ttft_ms=self.rt.ttft_ms,
+            )
+            if self.read_failure is not None and self.p_answered:
+                self.kv[sc.KVT_DECISION] = self.read_failure
+        return self.kv
+
+    def finish(self, status: int, error_type: str | None) -> None:
+        """End the open legs (with ``error_type``) and the SERVER span."""
+        for span in self.legs:
+            end_leg(span, None, error_type or "unfinished")
+        kv = self.kv_object()
+        usage = self.usage or {}
+        self.rt.finish(
+            status,
+            error_type,
+            **{
+                sc.PROXY_FALLBACK: self.fallback,
+                sc.PROXY_PREFILL_ENDPOINT: self.p_client.base if self.p_client else None,
+                sc.PROXY_DECODE_ENDPOINT: self.d_client.base if self.d_client else None,
+                sc.PROXY_PREFILL_ATTEMPTS: self.prefill_attempts if self.prefill_attempts > 1 else None,
+                sc.PROXY_DECODER_KV_TTL_S: self.decoder_ttl_s,
+                sc.GEN_AI_USAGE_INPUT_TOKENS: usage.get("prompt_tokens"),
+                sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.get("completion_tokens"),
+                sc.GEN_AI_RESPONSE_FINISH_REASONS: tuple(self.finish_reasons) or None,
+                sc.KV_OUTCOME: kv[sc.KVT_DECISION],
+                sc.KV_PULLED_TOKENS: kv[sc.KVT_PULLED_TOKENS],
+            },
+        )
+
+    def json(self, body: dict, status: int) -> web.Response:
+        return json_response(self.rt, self.patch, body, status)
+
+    def fail(self, status: int, etype: str, msg: str, type_: str) -> web.Response:
+        self.finish(status, etype)
+        return self.json(error_body(msg, type_, status), status)
+
+    def passthrough(self, status: int, data: bytes) -> web.Response:
+        """A worker's 4xx goes back to the client as it is (the request was at fault)."""
+        self.finish(status, str(status))
+        resp = web.Response(status=status, body=data, content_type="application/json")
+        if self.patch:
+            resp.headers[sc.HEADER_TRACE_ID] = self.rt.trace_id
+        return resp
+
+    def disconnected(self) -> None:
+        """The client went away: P never used the offer unless it answered; spans end as 499."""
+        self.turn.restore()  # no-op once P answered (consumed)
+        rt = self.rt
+        if not rt.span.is_recording():
+            return
+        rt.span.add_event(sc.EVENT_CLIENT_DISCONNECT)
+        for span in self.legs:
+            end_leg(span, None, sc.ERROR_CLIENT_DISCONNECT)
+        rt.finish(STATUS_CLIENT_CLOSED, sc.ERROR_CLIENT_DISCONNECT, **{sc.PROXY_FALLBACK: self.fallback})
+
+
+def json_response(rt: RequestTrace, patch: bool, body: dict, status: int) -> web.Response:
+    headers = {sc.HEADER_TRACE_ID: rt.trace_id} if patch else None
+    return web.Response(body=codec.dumps(body), status=status, content_type="application/json", headers=headers)

@@ -1,0 +1,86 @@
+"""``GET /metrics`` of the kvtrace proxy (prometheus_client registry, one per proxy).
+
+Per request, once, when its SERVER span ends (:meth:`ProxyMetrics.request_finished`, called by
+:class:`~kvtrace.proxy.spans.RequestTrace`): ``kvtrace_proxy_requests_total{status,
+offer_reason}``, and the TTFT / latency histograms by P's decision outcome, from the values that
+span records (so the counters equal counts of ``kvtrace.proxy.request`` spans).  Children are
+cached per label set: a request costs a dict lookup and a counter increment or two, no
+per-chunk work.  The conversation table is read at scrape time (sizes, evictions), like
+``/health``; ``kvtrace_dropped_spans_total`` comes from :mod:`kvtrace.telemetry`.
+"""
+
+from __future__ import annotations
+
+from kvtrace import exposition
+from kvtrace import semconv as sc
+
+# vLLM 0.32/0.33 buckets (vllm/v1/metrics/loggers.py), so the proxy's TTFT compares with vLLM's
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+_OUTCOMES = frozenset(sc.OUTCOMES)
+
+
+class ProxyMetrics:
+    """The proxy's families; ``table`` is its :class:`~kvtrace.proxy.table.ConversationTable`."""
+
+    def __init__(self, table) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry()
+        doc = lambda name: sc.METRICS[name]["doc"]  # noqa: E731
+        self._requests = Counter(sc.METRIC_PROXY_REQUESTS, doc(sc.METRIC_PROXY_REQUESTS),
+                                 [sc.LABEL_STATUS, sc.LABEL_OFFER_REASON], registry=self.registry)
+        self._ttft = Histogram(sc.METRIC_PROXY_TTFT, doc(sc.METRIC_PROXY_TTFT), [sc.LABEL_OUTCOME],
+                               buckets=TTFT_BUCKETS, registry=self.registry)
+        self._latency = Histogram(sc.METRIC_PROXY_LATENCY, doc(sc.METRIC_PROXY_LATENCY), [sc.LABEL_OUTCOME],
+                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._children: dict[tuple, object] = {}
+        for outcome in (*sc.OUTCOMES, sc.OUTCOME_UNKNOWN):  # every series exists from the start
+            self._child(self._ttft, outcome)
+            self._child(self._latency, outcome)
+        self.registry.register(_TableCollector(table))
+        exposition.register_dropped_spans(self.registry)
+
+    def _child(self, family, *labels: str):
+        key = (id(family), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
+
+    def request_finished(self, status: int, offer_reason: str | None, outcome: str | None,
+                         ttft_ms: float | None, latency_ms: float) -> None:
+        """One request answered (its span's status, offer reason, P's outcome, TTFT, latency)."""
+        self._child(self._requests, str(status), offer_reason or "").inc()
+        label = outcome if outcome in _OUTCOMES else sc.OUTCOME_UNKNOWN
+        if ttft_ms is not None:
+            self._child(self._ttft, label).observe(ttft_ms / 1000.0)
+        if status == 200:
+            self._child(self._latency, label).observe(latency_ms / 1000.0)
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        return exposition.render(self.registry, accept)
+
+
+class _TableCollector:
+    """Conversation-table sizes and evictions, read when scraped."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        health = self.table.health()  # what /health reports (drops a few stale entries, O(1))
+        yield GaugeMetricFamily(sc.METRIC_PROXY_CONVERSATIONS, sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS]["doc"],
+                                value=health["conversations"])
+        yield GaugeMetricFamily(sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE,
+                                sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE]["doc"],
+                                value=health["cached_conversations"])
+        evictions = CounterMetricFamily(sc.METRIC_PROXY_EVICTIONS, sc.METRICS[sc.METRIC_PROXY_EVICTIONS]["doc"],
+                                        labels=[sc.LABEL_REASON])
+        evictions.add_metric([sc.EVICTION_LRU], health["evicted_lru"])
+        evictions.add_metric([sc.EVICTION_STALE], health["evicted_stale"])
+        yield evictions
