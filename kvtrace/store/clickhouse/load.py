@@ -106,13 +106,19 @@ def insert(backend, table: str, rows: pa.Table) -> None:
         backend.command(f"INSERT INTO {ident(table)} SELECT * FROM file({literal(path, CLICKHOUSE)}, Parquet)")
 
 
-def load(directory: str | os.PathLike, backend, table: str = ddl.TABLE) -> int:
+def load(directory: str | os.PathLike, backend, table: str = ddl.TABLE, *, replace: bool = False) -> int:
     """Every span of the trace directory (one run) into ``table`` as the exporter writes them;
-    creates the table when missing.  Returns the number of spans."""
+    creates the table when missing (``replace``: drops it first).  ``backend``: a backend of
+    :mod:`.backend` or a ``--clickhouse`` URL.  Returns the number of spans."""
+    from kvtrace.store.clickhouse.backend import open_backend
     from kvtrace.store.reader import check_one_run, trace_files
 
+    if isinstance(backend, str):
+        backend = open_backend(backend)
     files = trace_files(directory)
     check_one_run(directory, files)
+    if replace:
+        backend.command(f"DROP TABLE IF EXISTS {ident(table)}")
     create_table(backend, table)
     total = 0
     for path in files:
