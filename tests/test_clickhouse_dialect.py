@@ -144,3 +144,9 @@ def test_a_case_branch_not_taken_never_divides_by_zero(backend):
     for b in (0, 3):
         got, expected = both(backend, sql, {"b": b})
         assert got == expected and [r[1] for r in got] == ([1, 2, 3, 4, 10] if b == 0 else [0, 0, 1, 1, 3])
+
+
+def test_filtered_distinct_lists(backend):
+    sql = f"SELECT list(DISTINCT k) FILTER (WHERE x > 1) AS v, list(DISTINCT k ORDER BY k) AS w FROM ({ROWS})"
+    got, expected = both(backend, sql)
+    assert sorted(got[0][0]) == sorted(expected[0][0]) == ["a", "b", "c"] and got[0][1] == expected[0][1]

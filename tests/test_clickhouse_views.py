@@ -120,3 +120,26 @@ def test_a_changed_value_is_found(tmp_path):
                           f"AND SpanAttributes['{sc.GEN_AI_REQUEST_ID}'] = 'req-b'")
     with pytest.raises(AssertionError, match="requests: 1 rows on ClickHouse, 2 on DuckDB"):
         clickhouse_check.compare_view(duck, store, "requests")
+
+
+def test_cursor_temporary_tables_and_views(tmp_path):
+    """A cursor's ``CREATE TEMP TABLE|VIEW`` (the what-if's calibration) works on ClickHouse
+    without creating anything: later queries of that cursor read it, a temporary view hides the
+    registry view of its name, other cursors do not see it."""
+    from kvtrace.store.reader import query
+    from kvtrace.store.sql import literal
+
+    _vllm_store(tmp_path)
+    store = clickhouse_check.load_dir(tmp_path)
+    answers = []
+    for con in (connect(tmp_path), store):
+        cur = con.cursor()
+        query(cur, "CREATE TEMP TABLE base AS SELECT span_id, name, request_id FROM spans")
+        cur.execute(f"CREATE TEMP VIEW requests AS SELECT request_id FROM base "
+                    f"WHERE name = {literal(sc.SPAN_PROXY_REQUEST)}")
+        mine = query(cur, "SELECT * FROM requests ORDER BY request_id").to_pylist()
+        others = query(con.cursor(), "SELECT count(*) AS n, max(input_tokens) AS tokens FROM requests").to_pylist()
+        cur.close()
+        answers.append((mine, others))
+    assert answers[0] == answers[1] == ([{"request_id": "req-a"}, {"request_id": "req-b"}],
+                                        [{"n": 2, "tokens": 100}])

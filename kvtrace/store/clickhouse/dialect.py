@@ -112,6 +112,8 @@ def _rewrite(node: exp.Expression) -> exp.Expression:  # noqa: C901 - one dispat
         return _quantile(args[1], args[0])
     if isinstance(node, exp.ArrayAgg):
         return _array_agg(node)
+    if isinstance(node, exp.Filter):
+        return _filtered_array(node) or node
     if isinstance(node, exp.DataType) and node.is_type(exp.DataType.Type.TIMESTAMPTZ):
         return exp.DataType.build("DateTime64(6, 'UTC')", dialect="clickhouse")
     if isinstance(node, exp.UnixToTime) or (isinstance(node, exp.Anonymous) and node.name.lower() == "make_timestamp"):
@@ -149,6 +151,19 @@ def _array_agg(node: exp.ArrayAgg) -> exp.Expression:
         arg = arg.expressions[0]
     agg = _fn("groupUniqArray" if distinct else "groupArray", arg)
     return _fn("arraySort", agg) if ordered or distinct else agg
+
+
+def _filtered_array(node: exp.Filter) -> exp.Expression | None:
+    """``list(...) FILTER (WHERE c)`` (rewritten below it to ``arraySort(groupUniqArray(x))``) as
+    ``arraySort(groupUniqArrayIf(x, c))``: ``FILTER`` belongs to the aggregate."""
+    inner = node.this
+    if not (isinstance(inner, exp.Anonymous) and inner.name == "arraySort"):
+        return None
+    agg = inner.expressions[0]
+    if not (isinstance(agg, exp.Anonymous) and agg.name in ("groupUniqArray", "groupArray")):
+        return None
+    cond = node.expression.this if isinstance(node.expression, exp.Where) else node.expression
+    return _fn("arraySort", _fn(agg.name + "If", *agg.expressions, cond))
 
 
 def _regr(node: exp.Expression) -> exp.Expression:

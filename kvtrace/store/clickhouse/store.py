@@ -97,20 +97,31 @@ def _needed(referenced: set[str]) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1024)
-def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: bool) -> str:
+def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: bool,
+             temps: tuple[tuple[str, str, bool], ...] = ()) -> str:
     """``sql`` (DuckDB) as one ClickHouse statement over ``table``: transpiled, with the views it
-    reads as CTEs in front (module doc)."""
+    reads as CTEs in front (module doc), and a cursor's temporary tables and views (``temps``:
+    (name, DuckDB SELECT, materialized), in creation order; they hide views of the same name)."""
     tree = transpile(sql, types)
     text = tree.sql("clickhouse")
     if not isinstance(tree, exp.Query):
         return text
+    temp_trees = [(name, transpile(body, types), mat) for name, body, mat in temps]
+    temp_names = {name for name, _, _ in temps}
+    names = ({v.name for v in VIEWS} | {RAW}) - temp_names
     defined = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
-    names = {v.name for v in VIEWS} | {RAW}
-    referenced = {t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names} - defined
+    referenced = {t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names | temp_names} - defined
     if not referenced:
         return text
+    needed = referenced & temp_names
+    if needed:  # a temporary object is read: all of them come along (they may read each other)
+        referenced |= {t.name for _, body, _ in temp_trees for t in body.find_all(exp.Table)
+                       if not t.db and t.name in names}
     views = _view_sql()
-    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})" for n in _needed(referenced)]
+    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})"
+            for n in _needed(referenced - temp_names)]
+    if needed:
+        ctes += [f"{n} AS {'MATERIALIZED ' if mat else ''}({body.sql('clickhouse')})" for n, body, mat in temp_trees]
     own = tree.args.get(_WITH)
     if own is not None:
         if own.args.get("recursive"):
@@ -120,6 +131,21 @@ def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: 
     return f"WITH {', '.join(ctes)}\n{tree.sql('clickhouse')}"
 
 
+def _temporary(sql: str) -> tuple[str, str, bool] | None:
+    """(name, SELECT, is a table) of ``CREATE TEMP TABLE|VIEW name AS SELECT ...``, else None."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return None
+    if not isinstance(tree, exp.Create) or tree.kind not in ("TABLE", "VIEW") or not isinstance(
+            tree.expression, exp.Query):
+        return None
+    props = tree.args.get("properties")
+    if not (props and any(isinstance(p, exp.TemporaryProperty) for p in props.expressions)):
+        return None
+    return tree.this.name, tree.expression.sql("duckdb"), tree.kind == "TABLE"
+
+
 class ClickHouseStore:
     """Every kvtrace view over one ``otel_traces`` table (module doc).  Use :meth:`query`, or
     :func:`kvtrace.store.reader.query` / the :mod:`kvtrace.analysis` functions, which accept it in
@@ -127,19 +153,27 @@ class ClickHouseStore:
 
     is_clickhouse = True
 
-    def __init__(self, backend, table: str = ddl.TABLE, bounds: tuple[int, int] | None = None) -> None:
-        self.backend, self.table, self.bounds = backend, table, bounds
+    def __init__(self, backend, table: str = ddl.TABLE, bounds: tuple[int, int] | None = None,
+                 temps: tuple[tuple[str, str, bool], ...] = ()) -> None:
+        self.backend, self.table, self.bounds, self.temps = backend, table, bounds, temps
 
     @property
     def description(self) -> str:
         return f"{self.backend.description} table {self.table}"
 
     def query(self, sql: str, params: dict | None = None) -> pa.Table | None:
-        """Run ``sql`` (DuckDB SQL over kvtrace's views) with bound ``params``; an Arrow table."""
+        """Run ``sql`` (DuckDB SQL over kvtrace's views) with bound ``params``; an Arrow table.
+        ``CREATE TEMP TABLE|VIEW name AS SELECT ...`` defines ``name`` for this store's later
+        queries (a CTE in front of them, ``AS MATERIALIZED`` for a table: nothing is created on
+        the server) and returns None."""
+        temporary = _temporary(sql) if sql.lstrip()[:6].upper() == "CREATE" else None
+        if temporary is not None:
+            self.temps = tuple(t for t in self.temps if t[0] != temporary[0]) + (temporary,)
+            return None
         params = dict(params or {})
         if self.bounds is not None:
             params[LO], params[HI] = self.bounds
-        text = assemble(sql, param_types(params), self.table, self.bounds is not None)
+        text = assemble(sql, param_types(params), self.table, self.bounds is not None, self.temps)
         used = {k: v for k, v in params.items() if "{" + k + ":" in text}
         return self.backend.query(text, used)
 
@@ -175,15 +209,20 @@ class ClickHouseStore:
     def _has_session_column(self) -> bool:
         return ddl.SESSION_ID_COLUMN in self._columns
 
+    execute = query
+
     def bounded(self, lo_ns: int, hi_ns: int) -> "ClickHouseStore":
         """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
-        return ClickHouseStore(self.backend, self.table, (int(lo_ns), int(hi_ns)))
+        return ClickHouseStore(self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps)
 
     def cursor(self) -> "ClickHouseStore":
-        return self
+        """A store on the same backend with its own temporary tables and views (like a DuckDB
+        cursor's)."""
+        return ClickHouseStore(self.backend, self.table, self.bounds, self.temps)
 
     def close(self) -> None:
-        self.backend.close()
+        """Forget this store's temporary objects (the backend stays open for other stores)."""
+        self.temps = ()
 
 
 def connect(url: str, table: str = ddl.TABLE) -> ClickHouseStore:
