@@ -55,6 +55,23 @@ def load_dir(directory, backend: ChdbBackend | None = None, table: str | None = 
     return ClickHouseStore(backend, table)
 
 
+def tiled_store(root, copies: int, spacing_ns: int, *, sessions: int = 3, turns: int = 4):
+    """``root/traces``: :func:`~kvtrace.testing.synth.sample_store`'s sessions ``copies`` times
+    (new ids), copy k starting ``k * spacing_ns`` later; returns that directory."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from kvtrace.store.files import list_files
+    from kvtrace.store.schema import SCHEMA
+    from kvtrace.testing.synth import sample_store, tile, write_table
+
+    sample_store(root / "template", sessions=sessions, turns=turns)
+    tpl = pa.concat_tables(pq.read_table(p, schema=SCHEMA) for p in list_files(root / "template"))
+    ks = np.arange(copies)
+    write_table(tile(tpl, ks, ks * spacing_ns), root / "traces", writer="tiles")
+    return root / "traces"
+
+
 def _go_map(strings: dict, floats: dict) -> dict:
     return {**strings, **{k: load.go_float(v) for k, v in floats.items()}}
 

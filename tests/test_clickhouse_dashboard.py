@@ -7,26 +7,18 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("streamlit")
 pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
 clickhouse_check = pytest.importorskip("clickhouse_check")
-from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from kvtrace.analysis import sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
-from kvtrace.store.files import list_files  # noqa: E402
-from kvtrace.store.schema import SCHEMA  # noqa: E402
-from kvtrace.testing.synth import sample_store, tile, write_table  # noqa: E402
 
 DASH = Path(__file__).resolve().parents[1] / "dashboards"
-APP = DASH / "app.py"
 PAGES = ["app_pages/sessions.py", "app_pages/drilldown.py", "app_pages/reuse.py", "app_pages/retention.py",
          "app_pages/latency.py"]
 DAY = 86_400 * 10**9
@@ -34,44 +26,36 @@ DAY = 86_400 * 10**9
 
 @pytest.fixture(scope="module")
 def two_days(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dash-ch")
-    sample_store(root / "template", sessions=3, turns=4)
-    tpl = pa.concat_tables(pq.read_table(p, schema=SCHEMA) for p in list_files(root / "template"))
-    write_table(tile(tpl, np.arange(2), np.arange(2) * 2 * DAY), root / "traces", writer="days")
-    store = clickhouse_check.load_dir(root / "traces")
-    return root / "traces", f"chdb:{store.backend.path}", store.table
+    traces = clickhouse_check.tiled_store(tmp_path_factory.mktemp("dash-ch"), 2, 2 * DAY)
+    store = clickhouse_check.load_dir(traces)
+    return traces, f"chdb:{store.backend.path}", store.table
 
 
 @pytest.fixture
 def env(monkeypatch, two_days):
     traces, url, table = two_days
-    monkeypatch.delenv("KVTRACE_TRACES_DIR", raising=False)
-    monkeypatch.delenv("KVTRACE_COMPARE_DIR", raising=False)
-    monkeypatch.setenv("KVTRACE_CLICKHOUSE", url)
+    monkeypatch.setenv("KVTRACE_CLICKHOUSE", url)  # wins over the trace directory _render sets
     monkeypatch.setenv("KVTRACE_CLICKHOUSE_TABLE", table)
     return two_days
 
 
-def _render(page: str | None = None) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=120).run()
-    if page:
-        at.switch_page(page).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    return at
+def _render(monkeypatch, page: str):
+    from test_dashboard_app import _render as render
+
+    return render(monkeypatch, "not-read", page=page)
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_pages_render_on_clickhouse(env, page):
-    at = _render(page)
+def test_pages_render_on_clickhouse(env, monkeypatch, page):
+    at = _render(monkeypatch, page)
     assert at.title[0].value
     assert not at.info, [i.value for i in at.info]
     assert any("ClickHouse: chdb:" in c.value for c in at.sidebar.caption)
 
 
-def test_opens_on_the_last_day_with_duckdbs_numbers(env):
+def test_opens_on_the_last_day_with_duckdbs_numbers(env, monkeypatch):
     traces, _, _ = env
-    at = _render("app_pages/sessions.py")
+    at = _render(monkeypatch, "app_pages/sessions.py")
     duck = connect(traces)
     span = sessions.time_span(duck)
     sys.path.insert(0, str(DASH))

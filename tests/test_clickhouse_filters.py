@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("sqlglot")
@@ -24,21 +21,15 @@ from kvtrace.analysis import latency, sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.analysis.scope import narrowed  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
-from kvtrace.store.files import list_files  # noqa: E402
-from kvtrace.store.schema import SCHEMA  # noqa: E402
-from kvtrace.testing.synth import BASE_NS, PROXY, sample_store, tile, write_table  # noqa: E402
+from kvtrace.testing.synth import BASE_NS, PROXY  # noqa: E402
 
 DAY = 86_400 * 10**9
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    root = tmp_path_factory.mktemp("days")
-    sample_store(root / "template", sessions=3, turns=3)
-    tpl = pa.concat_tables(pq.read_table(p, schema=SCHEMA) for p in list_files(root / "template"))
-    copies = np.arange(3)
-    write_table(tile(tpl, copies, copies * DAY), root / "traces", writer="days")
-    return connect(root / "traces"), clickhouse_check.load_dir(root / "traces")
+    traces = clickhouse_check.tiled_store(tmp_path_factory.mktemp("days"), 3, DAY, sessions=3, turns=3)
+    return connect(traces), clickhouse_check.load_dir(traces)
 
 
 DAY1 = Filters(start_ns=BASE_NS + DAY, end_ns=BASE_NS + 2 * DAY - 1)
