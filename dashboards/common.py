@@ -20,7 +20,7 @@ import streamlit as st
 from kvtrace import settings
 from kvtrace.analysis import palette, sessions
 from kvtrace.analysis.filters import Filters
-from kvtrace.store import connect
+from kvtrace.store import connect, source
 from kvtrace.store.runs import traces_dir
 
 ALL = "(all)"
@@ -32,27 +32,47 @@ GIB = 2**30
 FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
 
+CLICKHOUSE = "clickhouse:"
+"""Prefix of a ClickHouse source key: ``clickhouse:TABLE URL`` (a trace directory is its own key)."""
+DEFAULT_WINDOW_NS = 24 * 3600 * 10**9
+"""ClickHouse: the time range the dashboard opens on (the last day of data), so the first page
+reads that day, not the whole table."""
+
+
 def config() -> dict:
-    """``--traces`` / ``--compare`` after ``streamlit run app.py --``, else KVTRACE_TRACES_DIR /
-    KVTRACE_COMPARE_DIR, else ./kvtrace-traces and no comparison."""
+    """``--traces`` / ``--compare`` / ``--clickhouse`` / ``--table`` after ``streamlit run app.py --``,
+    else KVTRACE_TRACES_DIR / KVTRACE_COMPARE_DIR / KVTRACE_CLICKHOUSE / KVTRACE_CLICKHOUSE_TABLE,
+    else ./kvtrace-traces and no comparison.  ``source`` is the key pages pass to :func:`q`."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--traces")
+    source.add_arguments(parser)
     parser.add_argument("--compare")
     args, _ = parser.parse_known_args(sys.argv[1:])
-    return {"traces": traces_dir(args.traces), "compare": settings.COMPARE_DIR.get(args.compare)}
+    url = source.clickhouse_url(args)
+    key = f"{CLICKHOUSE}{source.clickhouse_table(args)} {url}" if url else None
+    return {"traces": traces_dir(args.traces), "compare": settings.COMPARE_DIR.get(args.compare), "source": key,
+            "label": source.describe(args)}
+
+
+def is_clickhouse(key: str) -> bool:
+    return key.startswith(CLICKHOUSE)
 
 
 @st.cache_resource(show_spinner=False)
-def store(directory: str):
-    """The connection for ``directory`` (views over its files; empty views when there are none)."""
-    return connect(directory, allow_empty=True)
+def store(key: str):
+    """The connection for a source key: a trace directory (views over its files; empty views when
+    there are none) or a ClickHouse table (:data:`CLICKHOUSE`)."""
+    if is_clickhouse(key):
+        table, url = key[len(CLICKHOUSE):].split(" ", 1)
+        return source.open_store(argparse.Namespace(clickhouse=url, table=table))
+    return connect(key, allow_empty=True)
 
 
-def refresh(directory: str) -> None:
-    """Re-list ``directory``'s files and drop every cached result."""
+def refresh(key: str) -> None:
+    """Re-list a directory's files (a ClickHouse table needs nothing) and drop every cached result."""
     from kvtrace.store.reader import refresh as relist
 
-    relist(store(directory))
+    if not is_clickhouse(key):
+        relist(store(key))
     st.cache_data.clear()
 
 
@@ -67,11 +87,12 @@ def _cached(directory: str, module: str, name: str, args: tuple, kwargs: tuple):
 def q(fn, directory: str, *args, **kwargs):
     """``fn(cursor, *args, **kwargs)`` on ``directory``'s store, cached.  A directory the store
     refuses (several runs) stops the page with the store's message."""
+    from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError
 
     try:
         return _cached(directory, fn.__module__, fn.__name__, args, tuple(sorted(kwargs.items())))
-    except StoreError as exc:
+    except (StoreError, ClickHouseError) as exc:
         st.error(str(exc))
         st.stop()
 
@@ -133,31 +154,49 @@ def checked_dir(path: str, label: str) -> str:
 
 
 def sidebar() -> tuple[str, Filters, dict]:
-    """Trace directory, refresh, and the filters; returns (directory, filters, facets)."""
+    """Source (trace directory or ClickHouse table), refresh, and the filters; returns (source
+    key, filters, facets).  On ClickHouse the time range comes first: the page opens on the last
+    day of data (:data:`DEFAULT_WINDOW_NS`) and every filter is pushed down to the table
+    (:mod:`kvtrace.analysis.scope`)."""
     cfg = config()
     with st.sidebar:
-        directory = st.text_input("Trace directory", value=cfg["traces"], key="traces_dir",
-                                  help="The directory given at start, or a directory below it")
-        directory = checked_dir(directory, "Trace directory")
-        if st.button("Refresh", help="Re-read the directory (new Parquet files) and recompute"):
+        if cfg["source"]:
+            directory = cfg["source"]
+            st.caption(f"ClickHouse: {cfg['label']}")
+        else:
+            directory = st.text_input("Trace directory", value=cfg["traces"], key="traces_dir",
+                                      help="The directory given at start, or a directory below it")
+            directory = checked_dir(directory, "Trace directory")
+        if st.button("Refresh", help="Re-read the source (new spans) and recompute"):
             refresh(directory)
-        facets = q(sessions.facets, directory)
+        if is_clickhouse(directory):
+            span = q(sessions.time_span, directory)
+            window = _time_widget(span.get("start_ns"), span.get("end_ns"), DEFAULT_WINDOW_NS)
+            facets = {**q(sessions.facets, directory, Filters(*window)), "spans": span["spans"]}
+        else:
+            facets = q(sessions.facets, directory)
+            window = _time_widget(facets.get("start_ns"), facets.get("end_ns"), None)
         st.caption(f"{facets['spans']:,} spans")
-        filters = _filter_widgets(directory, facets)
+        filters = _filter_widgets(facets, window)
     return directory, filters, facets
 
 
-def _filter_widgets(directory: str, facets: dict) -> Filters:
-    start_ns = end_ns = None
-    t0, t1 = facets.get("start_ns"), facets.get("end_ns")
-    if t0 is not None and t1 is not None and t1 - t0 >= 2_000_000_000:
-        lo, hi = _dt(t0), _dt(t1) + dt.timedelta(seconds=1)
-        st.html(SLIDER_CSS)
-        chosen = st.slider("Time range (UTC)", min_value=lo, max_value=hi, value=(lo, hi), format="MM-DD HH:mm:ss",
-                           step=dt.timedelta(seconds=1))
-        st.caption(f"{chosen[0]:%Y-%m-%d %H:%M:%S} – {chosen[1]:%Y-%m-%d %H:%M:%S} UTC")
-        if chosen != (lo, hi):
-            start_ns, end_ns = _ns(chosen[0]), _ns(chosen[1])
+def _time_widget(t0: int | None, t1: int | None, default_ns: int | None) -> tuple[int | None, int | None]:
+    """The time range slider (UTC, whole seconds) over ``[t0, t1]``, set to the last ``default_ns``
+    (None: all); (start_ns, end_ns) of the choice, (None, None) for all of it."""
+    if t0 is None or t1 is None or t1 - t0 < 2_000_000_000:
+        return None, None
+    lo, hi = _dt(t0), _dt(t1) + dt.timedelta(seconds=1)
+    first = lo if default_ns is None else max(lo, _dt(t1 - default_ns))
+    st.html(SLIDER_CSS)
+    chosen = st.slider("Time range (UTC)", min_value=lo, max_value=hi, value=(first, hi), format="MM-DD HH:mm:ss",
+                       step=dt.timedelta(seconds=1))
+    st.caption(f"{chosen[0]:%Y-%m-%d %H:%M:%S} – {chosen[1]:%Y-%m-%d %H:%M:%S} UTC")
+    return (None, None) if chosen == (lo, hi) else (_ns(chosen[0]), _ns(chosen[1]))
+
+
+def _filter_widgets(facets: dict, window: tuple[int | None, int | None]) -> Filters:
+    start_ns, end_ns = window
     service = st.selectbox("Service", [ALL, *facets["services"]])
     substrate = st.selectbox("Substrate", [ALL, *facets["substrates"]])
     session = st.text_input("Session id", value="", help="Only this session (exact id); empty = all")

@@ -256,6 +256,8 @@ def _engine_resource(engine_id: str, role: str) -> dict:
 def write_table(tbl, directory: str | os.PathLike, writer: str = "synth", seq: int = 1) -> list[str]:
     """Write a SCHEMA table into ``directory``, one file per UTC date/hour partition of Timestamp,
     named like the exporter's batch files (so the store's file listing reads them)."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -263,8 +265,12 @@ def write_table(tbl, directory: str | os.PathLike, writer: str = "synth", seq: i
 
     paths = []
     hours = pc.floor_temporal(tbl["Timestamp"], unit="hour")
-    for i, hour in enumerate(pc.unique(hours).to_pylist()):
-        part = tbl.filter(pc.equal(hours, hour))
+    order = pc.sort_indices(hours)  # stable: each partition keeps the table's row order
+    tbl, hours = tbl.take(order), hours.take(order)
+    values, starts = np.unique(hours.cast("int64").to_numpy(), return_index=True)
+    bounds = [*starts.tolist(), tbl.num_rows]
+    for i, hour in enumerate(pa.array(values).cast(hours.type).to_pylist()):
+        part = tbl.slice(bounds[i], bounds[i + 1] - bounds[i])
         sub = os.path.join(os.fspath(directory), f"date={hour:%Y-%m-%d}", f"hour={hour:%H}")
         os.makedirs(sub, exist_ok=True)
         path = os.path.join(sub, batch_name(writer, seq + i))
@@ -319,3 +325,49 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
             b.app_work(sid, turn, t_tool + 125, t_tool + 300, parent=tr)
             del call
     return b.write(directory)
+
+
+TILED_IDS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID, sc.GEN_AI_REQUEST_ID, sc.KV_REMOTE_REQUEST_ID)
+"""Attributes :func:`tile` makes unique per copy (suffix ``-<copy>``)."""
+
+
+def tile(template, copies, offsets_ns):
+    """Copies of a store table (SCHEMA), one per entry of ``copies`` (ints): every time shifted by
+    the copy's ``offsets_ns``, trace and span ids prefixed with the copy number (hex) and the
+    session / request ids of :data:`TILED_IDS` suffixed with it, so copies are distinct sessions
+    of the same shape.  Vectorised: the benchmarks tile :func:`sample_store`'s SDK-made spans to
+    tens of millions."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    copies, offsets_ns = np.asarray(copies, dtype=np.int64), np.asarray(offsets_ns, dtype=np.int64)
+    n, k = template.num_rows, len(copies)
+    row_copy = np.repeat(np.arange(k, dtype=np.int32), n)  # position in ``copies`` of each row
+    big = pa.concat_tables([template] * k).combine_chunks()
+    cols = {name: big[name].chunk(0) if big[name].num_chunks else big[name] for name in big.column_names}
+    shift = pa.array(np.repeat(offsets_ns, n)).cast(pa.duration("ns"))
+    cols["Timestamp"] = pc.add(cols["Timestamp"], shift)
+    ev = cols["Events.Timestamp"]
+    ev_shift = pa.array(np.repeat(offsets_ns[row_copy], np.diff(ev.offsets.to_numpy()))).cast(pa.duration("ns"))
+    cols["Events.Timestamp"] = pa.ListArray.from_arrays(ev.offsets, pc.add(ev.flatten(), ev_shift))
+    for name, width in (("TraceId", 8), ("SpanId", 6), ("ParentSpanId", 6)):
+        prefix = _per_copy([f"{c % 16**width:0{width}x}" for c in copies], row_copy)
+        ids = cols[name]
+        new = pc.binary_join_element_wise(prefix, pc.utf8_slice_codeunits(ids, width), "")
+        cols[name] = pc.if_else(pc.equal(ids, ""), ids, new)
+    m = cols["SpanAttributes"]
+    keys, values = m.keys, m.items
+    hit = pc.is_in(keys, value_set=pa.array(TILED_IDS, pa.string()))
+    entry_copy = np.repeat(row_copy, np.diff(m.offsets.to_numpy()))  # (list_parent_indices crashes on maps)
+    suffix = _per_copy([f"-{c}" for c in copies], entry_copy)
+    values = pc.if_else(hit, pc.binary_join_element_wise(values, suffix, ""), values)
+    cols["SpanAttributes"] = pa.MapArray.from_arrays(m.offsets, keys, values)
+    return pa.table(cols, schema=template.schema)
+
+
+def _per_copy(strings: list[str], index):
+    """``strings[index[i]]`` for every i, as an Arrow string array (dictionary-decoded: no Python loop)."""
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array(index, pa.int32()), pa.array(strings, pa.string())).cast(pa.string())

@@ -189,16 +189,16 @@ u AS (
 ),
 g AS (SELECT {k}, sum(greatest(e - greatest(s, m4), 0)) AS u4 FROM gen GROUP BY {k})
 SELECT {k},
-       (w.we - w.ws) / 1e6 AS wall_ms,
+       (win.we - win.ws) / 1e6 AS wall_ms,
        (coalesce(u.u3, 0) - coalesce(g.u4, 0)) / 1e6 AS input_processing_ms,
        coalesce(g.u4, 0) / 1e6 AS generation_ms,
        coalesce(u.u2 - u.u3, 0) / 1e6 AS tool_wait_ms,
-       (w.we - w.ws - coalesce(u.u2, 0) - coalesce(u.u0 - u.u1, 0)) / 1e6 AS app_work_ms,
+       (win.we - win.ws - coalesce(u.u2, 0) - coalesce(u.u0 - u.u1, 0)) / 1e6 AS app_work_ms,
        coalesce(u.u0 - u.u1, 0) / 1e6 AS user_pause_ms,
        {extra_cols},
-       (w.we - w.ws - coalesce(u.u0, 0)) / 1e6 AS unattributed_ms,
-       w.ws AS start_ns, w.we AS end_ns
-FROM w LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k})
+       (win.we - win.ws - coalesce(u.u0, 0)) / 1e6 AS unattributed_ms,
+       win.ws AS start_ns, win.we AS end_ns
+FROM w AS win LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k})
 """
 
 
@@ -211,7 +211,7 @@ SESSION_BREAKDOWN_SQL = _sweep_sql(
     "WHERE end_ns >= start_ns",
     keys=["session_id"],
     clipped=f"SELECT w.session_id, {_CLIP} FROM intervals i JOIN w ON i.session_id = w.session_id WHERE {_KEEP}",
-    extra_cols="w.turns",
+    extra_cols="win.turns",
 )
 
 # Intervals join their turn by the turn attribute; intervals without one join every turn window
