@@ -55,7 +55,9 @@ def run(args) -> int:
     One row per setting; JSON (array of objects) and CSV have exactly these keys:
 
       ttl_s               decoder_kv_blocks_ttl replayed (s); the proxy offers D's blocks while
-                          younger than ttl_s minus the offer margin
+                          younger than ttl_s minus the offer margin.  Empty (null) in the
+                          recorded row when the decode workers ran different TTLs: each D
+                          keeps its own there (every other row applies ttl_s to every D)
       threshold           kv_recompute_threshold replayed (tokens)
       decisions           recorded d2p decisions (the same in every row)
       pulled              P pulled D's blocks
