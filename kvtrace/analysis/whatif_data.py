@@ -193,6 +193,8 @@ class Recorded:
 
 def _np(tbl: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     col = tbl.column(name)
+    if isinstance(fill, bool) and not pa.types.is_boolean(col.type):  # ClickHouse's booleans are UInt8
+        col = col.cast(pa.bool_())
     if fill is not None:
         col = pc.fill_null(col, fill)
     out = col.to_numpy(zero_copy_only=False)
