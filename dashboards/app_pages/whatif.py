@@ -3,7 +3,7 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import chart, df, fmt_ms, no_data, q, sidebar
+from common import chart, df, fmt_ms, no_data, q, sidebar, table
 
 from kvtrace.analysis import whatif_summary
 
@@ -86,4 +86,4 @@ else:
     chart(st, alt.layer(bars, rules).properties(title="Turn gaps by scenario, with the TTL in force", height=260))
 
 st.subheader("Every setting")
-st.dataframe(rows.drop(columns=["offer_margin_s"]), hide_index=True, width="stretch")
+table(st, rows.drop(columns=["offer_margin_s"]))
