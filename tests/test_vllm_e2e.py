@@ -292,3 +292,17 @@ def test_whatif_recorded_row_equals_the_run(rig_run):
     at_480 = replay(rec, 480.0, 64).row
     recorded = recorded_outcomes(rig_run["traces"])
     assert (at_480["expired"], at_480["pulled"]) == (0, recorded["pulled"] + 1)
+
+
+# ---------------------------------------------------------------------------- the same views on ClickHouse
+def test_every_view_is_equal_on_clickhouse(rig_run):
+    """This run's spans loaded into chDB as the OTel Collector's ClickHouse exporter writes them:
+    every view of the registry gives DuckDB's rows (tests/test_clickhouse_views.py's check)."""
+    pytest.importorskip("chdb")
+    import clickhouse_check
+
+    from kvtrace.store.views import VIEWS
+
+    counts = clickhouse_check.check_views(rig_run["traces"])
+    assert set(counts) == {v.name for v in VIEWS}
+    assert counts["kv_decisions"] > 0 and counts["kv_retention"] == 4 and counts["turn_gaps"] == 4
