@@ -305,4 +305,4 @@ def test_every_view_is_equal_on_clickhouse(rig_run):
 
     counts = clickhouse_check.check_views(rig_run["traces"])
     assert set(counts) == {v.name for v in VIEWS}
-    assert counts["kv_decisions"] > 0 and counts["kv_retention"] == 4 and counts["turn_gaps"] == 4
+    assert counts["kv_decisions"] > 0 and counts["kv_retention"] >= 4 and counts["turn_gaps"] == counts["kv_retention"]
