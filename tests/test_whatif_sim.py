@@ -247,10 +247,11 @@ def test_replay_predicts_the_simulator_at_other_ttls(tmp_path_factory):
         _check_1p(result)
     by_ttl = {r["setting"][0]: r for r in results}
     # the settings differ where they should: TTL 15 stops offering the turn resumed after 12 s, and
-    # a longer TTL holds more
+    # a longer TTL never holds less (120 s holds more than 30 s only if some blocks outlive 30 s
+    # before the recording ends, which depends on how long the compressed run took)
     assert by_ttl[15.0]["sim"]["no_remote"] > by_ttl[30.0]["sim"]["no_remote"]
     held = results[0]["gib_s_by_ttl"]
-    assert held[15.0] < held[30.0] < held[120.0]
+    assert held[15.0] < held[30.0] <= held[120.0]
     _skip_if_unchecked(results)
 
 
