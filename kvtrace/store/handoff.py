@@ -17,9 +17,11 @@ closes the pipe and waits for the writer to write what it got, roll and exit, so
 is lost.  Should the exporting process be SIGKILLed, the writer reads the end of the pipe, writes
 the complete slices it received and exits: only the spans not handed over yet (the batch in
 flight) are lost.  Failures never hang or raise into the host: a writer that dies, or takes more
-than ``timeout_s`` (``KVTRACE_WRITER_TIMEOUT_S``) to take or write a batch, is killed; that batch
+than ``timeout_s`` (``KVTRACE_WRITER_TIMEOUT_S``; plus :data:`STARTUP_S` for a new writer's first
+batch: its imports) to take or write a batch, is killed; that batch
 fails (the SDK processor's caller counts it as dropped) and the next export starts a new writer,
-at the earliest after a back-off that doubles per failure (up to :data:`MAX_BACKOFF_S`).
+at once after the first failure, then after a back-off that doubles per further failure in a
+row (up to :data:`MAX_BACKOFF_S`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 SLICE_SPANS = 64  # spans converted and pickled per GIL-holding slice (~0.1-0.4 ms)
 YIELD_S = 0.0002  # pause between slices: a thread waiting for the GIL takes it meanwhile
 MAX_BACKOFF_S = 60.0
+STARTUP_S = 60.0  # added to the timeout until a new writer answered its first batch (imports)
 HEADER = struct.Struct("!cQI")  # tag, batch sequence number, payload length
 TAG_SPANS, TAG_END = b"S", b"E"
 _live: "weakref.WeakSet[WriterProcessExporter]" = weakref.WeakSet()
@@ -78,6 +81,12 @@ class WriterProcessExporter(SpanExporter):
         self.restarts = 0  # writers started after the first
         self.max_slice_cpu_s = 0.0  # longest GIL-holding slice so far (thread CPU time)
         _live.add(self)
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The current writer process's pid (None before the first export or after a failure)."""
+        writer = self._writer
+        return writer.proc.pid if writer is not None else None
 
     # -- SpanExporter interface ------------------------------------------------------------
     def export(self, spans: Sequence) -> SpanExportResult:
@@ -161,8 +170,9 @@ class WriterProcessExporter(SpanExporter):
         if writer is not None:
             writer.kill()
         self._writer = None
-        self._backoff = min(max(self._backoff * 2, 1.0), MAX_BACKOFF_S)
+        # the first failure after a success restarts at once; each further one waits longer
         self._not_before = time.monotonic() + self._backoff
+        self._backoff = min(max(self._backoff * 2, 1.0), MAX_BACKOFF_S)
 
 
 def _columns(spans: Sequence) -> spancols.SpanColumns | None:
@@ -206,6 +216,7 @@ class _Writer:
         self.pid = os.getpid()
         self.buffer = b""
         self.timeout_s = timeout_s
+        self.answered = False
 
     @classmethod
     def start(cls, directory: str, options: dict, timeout_s: float) -> "_Writer":
@@ -226,9 +237,12 @@ class _Writer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _limit(self) -> float:
+        return self.timeout_s if self.answered else self.timeout_s + STARTUP_S
+
     def send(self, tag: bytes, seq: int, payload: bytes) -> None:
         data = memoryview(HEADER.pack(tag, seq, len(payload)) + payload)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._limit()
         while data:
             try:
                 n = os.write(self.to_fd, data)
@@ -240,16 +254,16 @@ class _Writer:
             if data:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WriterFailed(f"writer process took no data for {self.timeout_s:.0f} s")
+                    raise WriterFailed(f"writer process took no data for {self._limit():.0f} s")
                 select.select([], [self.to_fd], [], left)
 
     def reply(self, seq: int) -> bool:
         """Wait for the writer's answer to batch ``seq``: True when written."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._limit()
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WriterFailed(f"writer process did not answer within {self.timeout_s:.0f} s")
+                raise WriterFailed(f"writer process did not answer within {self._limit():.0f} s")
             ready, _, _ = select.select([self.from_fd], [], [], left)
             if ready:
                 chunk = os.read(self.from_fd, 4096)
@@ -257,6 +271,7 @@ class _Writer:
                     raise WriterFailed(f"writer process exited ({self.proc.wait()})")
                 self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
+        self.answered = True
         status, got = line.split()[:2]
         if int(got) != seq:
             raise WriterFailed(f"writer process answered batch {int(got)}, not {seq}")
