@@ -48,6 +48,7 @@ WRITER_TIMEOUT_S = Setting("KVTRACE_WRITER_TIMEOUT_S", 30.0, "A Parquet writer p
 METRICS = Setting("KVTRACE_METRICS", True, "Prometheus metrics: the connector's vllm:kvtrace_* families in vLLM's /metrics, /metrics on kvtrace proxy and sim workers (0 = off).", bool)
 PROMETHEUS_BIN = Setting("KVTRACE_PROMETHEUS_BIN", None, "Tests: the Prometheus server binary for the metrics tests (else `prometheus` on PATH).")
 DISABLE = Setting("KVTRACE_DISABLE", False, "Turn all kvtrace telemetry off (the connector still forwards to vLLM).", bool)
+PROXY_LOOP = Setting("KVTRACE_PROXY_LOOP", "auto", "Proxy event loop: uvloop, asyncio, or auto (uvloop when installed: pip install 'kvtrace[proxy-fast]').")
 PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)
 PROXY_REQUEST_TIMEOUT = Setting("KVTRACE_PROXY_REQUEST_TIMEOUT", 1800.0, "Proxy (--request-timeout): total deadline of one request, s, P and D legs and the client's reads included; a stream past it ends with an SSE error event and [DONE].", float)
 PROXY_MAX_UPSTREAM_BYTES = Setting("KVTRACE_PROXY_MAX_UPSTREAM_BYTES", 64 * 1024 * 1024, "Proxy (--max-upstream-bytes): largest response read from one P or D request, bytes (a 32k-token answer with top-20 logprobs is ~50 MB); past it the request fails with response_too_large.", int)

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from kvtrace import fastspans
 from kvtrace import semconv as sc
 
 _incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
@@ -54,7 +55,7 @@ def clean(attrs: dict) -> dict:
 
 
 def tracer(provider: TracerProvider | None) -> trace.Tracer:
-    return (provider or trace.get_tracer_provider()).get_tracer("kvtrace.proxy")
+    return fastspans.tracer(provider or trace.get_tracer_provider(), "kvtrace.proxy")
 
 
 class RequestTrace:

@@ -20,6 +20,7 @@ from itertools import accumulate, chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Callable, NamedTuple, Sequence
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
@@ -99,12 +100,15 @@ def as_dict(attributes) -> dict:
 
 
 def _dicts(attrs: Sequence) -> list[dict]:
-    try:
+    """Each span's attributes as a dict: the SDK's BoundedAttributes' backing dicts, plain dicts
+    (:mod:`kvtrace.fastspans`) as they are."""
+    kinds = set(map(type, attrs))
+    if kinds == {BoundedAttributes}:
         out = list(map(_get_dict, attrs))
-        if set(map(type, out)) <= {dict}:
+        if set(map(type, out)) == {dict}:
             return out
-    except AttributeError:
-        pass
+    elif kinds <= {dict}:
+        return list(attrs)
     return list(map(as_dict, attrs))
 
 
