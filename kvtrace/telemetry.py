@@ -114,8 +114,8 @@ def otlp_exporter(protocol: str | None = None) -> SpanExporter:
 
 def parquet_exporter(directory: str | os.PathLike, writer_process: bool | None = None) -> SpanExporter:
     """The Parquet exporter for ``directory``: through a writer process
-    (:class:`~kvtrace.store.handoff.WriterProcessExporter`) unless ``writer_process`` (else
-    ``KVTRACE_WRITER_PROCESS``) is false, then in this process
+    (:class:`~kvtrace.store.handoff.WriterProcessExporter`) when ``writer_process`` (else
+    ``KVTRACE_WRITER_PROCESS``, else off) is true, else in this process
     (:class:`~kvtrace.store.exporter.ParquetSpanExporter`)."""
     if settings.WRITER_PROCESS.get(writer_process):
         from kvtrace.store.handoff import WriterProcessExporter
@@ -157,11 +157,13 @@ def configure(
     exporters: list[SpanExporter] | None = None,
     set_global: bool = False,
     handle_sigterm: bool = True,
+    writer_process: bool | None = None,
 ) -> TracerProvider:
     """Build a TracerProvider for one component.
 
     - ``traces_dir`` (else ``KVTRACE_TRACES_DIR``): Parquet export into that directory
-      (:func:`parquet_exporter`: by a writer process unless ``KVTRACE_WRITER_PROCESS=0``).
+      (:func:`parquet_exporter`: in a writer process when ``writer_process``, else
+      ``KVTRACE_WRITER_PROCESS``, is true; off by default, on by default in ``kvtrace proxy``).
     - ``otlp`` (else ``KVTRACE_OTLP``; ``auto`` = when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is
       set): OTLP export beside Parquet.
     - ``exporters``: extra exporters (tests pass an in-memory one).
@@ -175,7 +177,7 @@ def configure(
     directory = settings.TRACES_DIR.get(traces_dir)
     chosen: list[SpanExporter] = list(exporters or [])
     if directory:
-        chosen.append(parquet_exporter(directory))
+        chosen.append(parquet_exporter(directory, writer_process))
     if _otlp_wanted(otlp):
         chosen.append(otlp_exporter())
     delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()

@@ -131,7 +131,7 @@ KILLED = r"""
 import signal, sys
 import kvtrace
 from kvtrace import semconv as sc
-provider = kvtrace.configure("killed", traces_dir=sys.argv[1], otlp=False)
+provider = kvtrace.configure("killed", traces_dir=sys.argv[1], otlp=False, writer_process=True)
 tracer = provider.get_tracer("t")
 for i in range(137):
     tracer.start_span(sc.SPAN_AGENT_TURN, attributes={sc.TURN_INDEX: i}).end()
@@ -214,7 +214,7 @@ def test_a_writer_killed_between_batches_is_replaced(tmp_path):
 def test_a_hung_writer_costs_its_batch_counted_as_dropped_then_is_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("KVTRACE_WRITER_TIMEOUT_S", "2")
     monkeypatch.setenv("KVTRACE_BATCH_DELAY_MS", "600000")
-    provider = telemetry.configure("hung", traces_dir=tmp_path, otlp=False, handle_sigterm=False)
+    provider = telemetry.configure("hung", traces_dir=tmp_path, otlp=False, handle_sigterm=False, writer_process=True)
     (processor,) = provider._active_span_processor._span_processors
     exporter = processor.span_exporter
     tracer = provider.get_tracer("t")
@@ -261,3 +261,30 @@ def test_a_forked_child_gets_its_own_writer(tmp_path):
     assert _count(tmp_path) == 60
     writers = {files.parse_name(os.path.basename(p)).writer for p in files.list_files(tmp_path)}
     assert len(writers) == 2
+
+
+def _parquet_exporter(provider):
+    (processor,) = provider._active_span_processor._span_processors
+    return processor.span_exporter
+
+
+def test_the_writer_process_is_on_by_default_in_the_proxy_only(tmp_path, monkeypatch):
+    """Unset: in-process export everywhere (the vLLM connector, sim, bench), a writer process in
+    ``kvtrace proxy``; KVTRACE_WRITER_PROCESS turns it on or off everywhere; an argument beats it."""
+    from kvtrace.proxy.cli import writer_process
+
+    def kind(**kwargs):
+        provider = telemetry.configure("x", traces_dir=tmp_path, otlp=False, handle_sigterm=False, **kwargs)
+        try:
+            return type(_parquet_exporter(provider))
+        finally:
+            provider.shutdown()
+
+    monkeypatch.delenv("KVTRACE_WRITER_PROCESS", raising=False)
+    assert (kind(), writer_process()) == (ParquetSpanExporter, True)
+    assert kind(writer_process=writer_process()) is WriterProcessExporter
+    monkeypatch.setenv("KVTRACE_WRITER_PROCESS", "0")
+    assert (kind(), writer_process()) == (ParquetSpanExporter, False)
+    monkeypatch.setenv("KVTRACE_WRITER_PROCESS", "1")
+    assert (kind(), writer_process()) == (WriterProcessExporter, True)
+    assert kind(writer_process=False) is ParquetSpanExporter

@@ -16,9 +16,7 @@ The recorder describes its spans as four operations on opaque handles (``start``
   ``trace_id``) and parent links are known before the span exists.
 
 The SDK work itself still runs in the same process (and under the same GIL); it just no longer
-runs inside the hook, and the thread holds the GIL for at most :data:`SLICE_S` at a time before
-sleeping :data:`YIELD_S`: a thread that only computes would keep the GIL from a waiting host thread
-(vLLM's busy loop back from the GPU) for the interpreter's whole switch interval, 5 ms by default.  :meth:`DeferredSpans.flush` waits until everything queued so far is
+runs inside the hook.  :meth:`DeferredSpans.flush` waits until everything queued so far is
 applied; it runs on ``KVRecorder.shutdown`` (which then stops the thread), at interpreter exit,
 and from :func:`kvtrace.telemetry.shutdown_all` (SIGTERM) before the exporters are flushed.
 Errors while applying are logged once per operation kind, never raised.
@@ -31,7 +29,6 @@ import copy
 import logging
 import random
 import threading
-import time
 import weakref
 from collections import deque
 
@@ -47,8 +44,6 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 0.1  # how stale a span may get before the thread applies it (exporters batch ~1 s)
 BATCH = 1024  # operations waiting that wake the thread early
 MAX_PENDING = 200_000  # beyond this (the SDK cannot keep up) operations are dropped, with a warning
-SLICE_S = 0.0005  # the thread applies operations for at most this long at a time, then ...
-YIELD_S = 0.0002  # ... sleeps this long, so a host thread waiting for the GIL gets it at once
 
 
 def _context(parent):
@@ -253,20 +248,16 @@ class DeferredSpans:
 
     # ---------------------------------------------------------------- the applier thread
     def _run(self) -> None:
-        ops, wake, clock = self._ops, self._wake, time.perf_counter
+        ops, wake = self._ops, self._wake
         while not self._closed:
             wake.wait(INTERVAL_S)
             wake.clear()
-            since = clock()
             while ops:
                 op = ops.popleft()
                 try:
                     op[0](*op[1:])
                 except Exception:
                     self._log_failure(op)
-                if clock() - since >= SLICE_S:  # let the host's threads have the GIL
-                    time.sleep(YIELD_S)
-                    since = clock()
 
     def _log_failure(self, op: tuple) -> None:
         name = getattr(op[1], "__name__", None) if len(op) > 1 else None

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = build_config(args)
     factory = loop_factory(args.loop)
-    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces)
+    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process())
 
     async def serve() -> None:
         try:
@@ -118,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         telemetry.shutdown_all()
     return 0
+
+
+def writer_process() -> bool:
+    """Whether the proxy's Parquet export runs in a writer process: KVTRACE_WRITER_PROCESS, else on
+    (the proxy is where it is measured to help the tail: benchmarks/proxy/bench_proxy.py)."""
+    chosen = settings.WRITER_PROCESS.get()
+    return True if chosen is None else bool(chosen)
 
 
 def loop_factory(choice: str | None):
