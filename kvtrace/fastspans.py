@@ -13,8 +13,11 @@ with the default sampler (``ParentBased(ALWAYS_ON)``: a span is sampled unless i
 the default attribute-value length (no truncation), no SDK self-metrics and the tracer enabled;
 otherwise :func:`tracer` returns the SDK's own tracer.  Values of the common types (str, bool,
 int, float, tuples of those) are stored as given; anything else goes through the SDK's own
-attribute cleaning.  At most ``max_span_attributes`` attributes and ``max_events`` events are
-kept, as by the SDK.  Spans are not thread-safe: use one from one thread (the proxy's loop).
+attribute cleaning.  At most ``max_span_attributes`` attributes, ``max_events`` events and
+``max_event_attributes`` attributes per event are kept (the newest, counted as dropped), as by the
+SDK.  Links are kept as given (the proxy makes none).  ``KVTRACE_PROXY_FASTSPANS=0`` gives the
+proxy the SDK's own tracer; ``tests/test_proxy_fastspans.py`` checks both export the same spans
+for the same proxy requests.  Spans are not thread-safe: use one from one thread (the proxy's loop).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes, _clean_attribute_value
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider, sampling
 from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 log = logging.getLogger(__name__)
@@ -63,7 +67,11 @@ def tracer(provider, name: str, version: str | None = None) -> trace_api.Tracer:
     if not default_sampler or limits is None or limits.max_span_attribute_length is not None \
             or limits.max_attribute_length is not None or not enabled:
         return inner
-    return FastTracer(inner)
+    try:
+        return FastTracer(inner)
+    except AttributeError:  # an SDK whose tracer no longer has the fields reproduced here
+        log.warning("kvtrace.fastspans: this OpenTelemetry SDK's tracer differs; using it as is")
+        return inner
 
 
 class FastTracer(trace_api.Tracer):
@@ -152,7 +160,11 @@ class FastSpan(trace_api.Span):
     def add_event(self, name: str, attributes=None, timestamp: int | None = None) -> None:
         if self._ended("add_event"):
             return
-        self._events.append(Event(name, _clean(attributes) if attributes else {}, timestamp or time_ns()))
+        attributes = _clean(attributes) if attributes else {}
+        limit = self._tracer.limits.max_event_attributes
+        if limit is not None and len(attributes) > limit:  # the SDK keeps the newest
+            attributes = BoundedAttributes(limit, attributes, immutable=True)
+        self._events.append(Event(name, attributes, timestamp or time_ns()))
 
     def update_name(self, name: str) -> None:
         if not self._ended("update_name"):
@@ -189,8 +201,9 @@ class FastSpan(trace_api.Span):
         attributes = self._attributes
         if len(attributes) > limits.max_span_attributes:  # the SDK keeps the newest
             attributes = BoundedAttributes(limits.max_span_attributes, attributes, immutable=True)
-        events = self._events[-limits.max_events:] if len(self._events) > limits.max_events else self._events
+        events = self._events
+        events = BoundedList.from_seq(limits.max_events, events) if len(events) > limits.max_events else tuple(events)
         tracer_.processor.on_end(ReadableSpan(
             name=self._name, context=self._context, parent=self._parent, resource=tracer_.resource,
-            attributes=attributes, events=tuple(events), links=self._links, kind=self._kind, status=self._status,
+            attributes=attributes, events=events, links=self._links, kind=self._kind, status=self._status,
             start_time=self._start_time, end_time=self._end_time, instrumentation_scope=tracer_.scope))

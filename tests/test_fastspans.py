@@ -106,6 +106,24 @@ def test_the_sdk_tracer_where_it_would_differ():
     assert not isinstance(fastspans.tracer(trace.NoOpTracerProvider(), "t"), fastspans.FastTracer)
 
 
+def _limited(fast: bool) -> tuple:
+    provider, exporter = _provider(span_limits=SpanLimits(max_span_attributes=3, max_events=2,
+                                                          max_event_attributes=2))
+    tracer = fastspans.tracer(provider, "t") if fast else provider.get_tracer("t")
+    span = tracer.start_span("x", attributes={f"k{i}": i for i in range(5)})
+    for i in range(4):
+        span.add_event(f"e{i}", {f"a{j}": j for j in range(i)})
+    span.end()
+    (got,) = exporter.get_finished_spans()
+    return (dict(got.attributes), got.dropped_attributes, got.dropped_events,
+            [(e.name, dict(e.attributes), e.dropped_attributes) for e in got.events])
+
+
+def test_limits_as_the_sdk():
+    assert _limited(True) == _limited(False) == (
+        {"k2": 2, "k3": 3, "k4": 4}, 2, 2, [("e2", {"a0": 0, "a1": 1}, 0), ("e3", {"a1": 1, "a2": 2}, 1)])
+
+
 def test_limits_and_ended_spans_as_the_sdk(caplog):
     provider, exporter = _provider(span_limits=SpanLimits(max_span_attributes=3, max_events=2))
     tracer = fastspans.tracer(provider, "t")
