@@ -25,7 +25,7 @@ API (stable; the proxy, bench, demo and tests use it)::
 
 Every worker gets its own TracerProvider (``kvtrace.configure`` with service
 ``kvtrace-sim-prefill`` / ``kvtrace-sim-decode`` and resource attributes substrate=sim, engine id,
-role, time scale, preset) unless ``tracer_provider`` is given; providers made here are flushed
+role, time scale, preset, KV pool bytes) unless ``tracer_provider`` is given; providers made here are flushed
 and shut down on exit.  With metrics on, each worker serves ``GET /metrics`` like a vLLM server
 (:mod:`kvtrace.sim.metrics`): its recorder counts every KV span it ends.  On exit every retained block is released (retention ends ``released``).
 """
@@ -148,6 +148,7 @@ class SimCluster:
             sc.ENGINE_ROLE: role,
             sc.SIM_TIME_SCALE: self.time_scale,
             sc.SIM_PRESET: self.preset,
+            sc.ENGINE_KV_POOL_BYTES: self.capacity_blocks * self.block_size * PRESETS[self.preset].bytes_per_token,
         }
         if self._factory is not None:
             provider = self._factory(SERVICE[role], attrs)
