@@ -4,7 +4,7 @@ the same fake workers, exported through the SDK's ``BatchSpanProcessor`` (``kvtr
 into an in-memory exporter and kvtrace's Parquet store, give the same spans (name, kind, parent,
 status, whole attribute dicts, events, resource and scope) and the same Parquet rows.  Only what
 differs from run to run by nature is masked: ids (compared as links between the spans), times and
-the two measured durations (compared by type)."""
+the three measured times (compared by type)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from kvtrace.store.convert import table_to_rows
 from kvtrace.store.schema import SCHEMA
 from kvtrace.testing.proxy import BODY, CHAT, FakeWorker
 
-MEASURED = {sc.REQUEST_TTFT_MS, sc.REQUEST_LATENCY_MS}  # durations: differ between any two runs
+MEASURED = {sc.REQUEST_TTFT_MS, sc.REQUEST_LATENCY_MS, sc.PROXY_ENTRY_AGE_S}  # measured times: differ between runs
 REMOTE_TRACE, REMOTE_SPAN = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
 TRACEPARENT = f"00-{REMOTE_TRACE:032x}-{REMOTE_SPAN:016x}-01"
 
@@ -67,12 +67,13 @@ async def _run(workers: dict, traces, monkeypatch, fast: bool) -> tuple[list[Rea
     proxies = {}
     statuses = []
     try:
-        for name, (p, d, cfg) in workers.items():
-            if not name.startswith("_"):
-                config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)],
-                                     **cfg)
-                proxies[name] = await start(config, provider, port=0)
-                assert isinstance(proxies[name].proxy.tracer, fastspans.FastTracer) == fast
+        for name, pair in workers.items():
+            if name.startswith("_"):
+                continue
+            p, d, cfg = pair
+            config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)], **cfg)
+            proxies[name] = await start(config, provider, port=0)
+            assert isinstance(proxies[name].proxy.tracer, fastspans.FastTracer) == fast
         async with aiohttp.ClientSession() as http:
             for pair, path, body, headers in _requests():
                 async with http.post(proxies[pair].url + path, json=body, headers=headers) as r:
@@ -86,7 +87,7 @@ async def _run(workers: dict, traces, monkeypatch, fast: bool) -> tuple[list[Rea
     rows = []
     for path in files.list_files(traces):
         rows += table_to_rows(pq.read_table(path, partitioning=None).select(SCHEMA.names).cast(SCHEMA))
-    return list(memory.get_finished_spans()), rows, statuses
+    return sorted(memory.get_finished_spans(), key=lambda s: s.start_time), rows, statuses
 
 
 def _mask(attrs) -> dict:
@@ -94,7 +95,7 @@ def _mask(attrs) -> dict:
 
 
 def _spans(spans: list[ReadableSpan]) -> list[dict]:
-    """Each span's fields, ids replaced by the index (end order) of the span they name."""
+    """Each span's fields, ids replaced by the index (start order) of the span they name."""
     index = {s.context.span_id: i for i, s in enumerate(spans)}
     traces = {}
     out = []
