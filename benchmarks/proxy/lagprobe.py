@@ -26,11 +26,14 @@ TICK_S = 0.001
 
 
 class ExportWatch:
-    """Counts ``export`` calls of every exporter of the process's providers, and those running."""
+    """Counts ``export`` calls of every exporter of the process's providers, and those running;
+    keeps the most CPU time one call took in its thread (for the in-process exporter an upper
+    bound on how long it held the GIL at a stretch: the machine's load does not inflate it)."""
 
     def __init__(self) -> None:
         self.started = 0
         self.running = 0
+        self.max_export_cpu_s = 0.0
         self.exporters: list = []
 
     def install(self) -> None:
@@ -45,10 +48,12 @@ class ExportWatch:
         def watched(spans):
             self.started += 1
             self.running += 1
+            t0 = time.thread_time()
             try:
                 return export(spans)
             finally:
                 self.running -= 1
+                self.max_export_cpu_s = max(self.max_export_cpu_s, time.thread_time() - t0)
 
         return watched
 
@@ -61,6 +66,7 @@ class Probe:
 
     async def start(self, request: web.Request) -> web.Response:
         self.watch.install()
+        self.watch.max_export_cpu_s = 0.0
         self.samples = []
         self.exports_at_start = self.watch.started
         self.task = asyncio.create_task(self._run())
@@ -77,13 +83,15 @@ class Probe:
 
     async def stop(self, request: web.Request) -> web.Response:
         """The samples (lag ms, overlapped an export) since start, the exports started meanwhile,
-        and the longest GIL-holding slice a writer-process exporter measured so far."""
+        the most thread CPU one export call took meanwhile, and the longest GIL-holding slice a
+        writer-process exporter measured so far."""
         self.task.cancel()
         slices = [getattr(e, "max_slice_cpu_s", None) for e in self.watch.exporters]
         return web.json_response({
             "lags": [lag * 1e3 for lag, _ in self.samples], "flags": [flag for _, flag in self.samples],
             "exports": self.watch.started - self.exports_at_start,
             "max_slice_cpu_ms": max((s * 1e3 for s in slices if s is not None), default=None),
+            "max_export_cpu_ms": self.watch.max_export_cpu_s * 1e3 if self.watch.started > self.exports_at_start else None,
         })
 
 
