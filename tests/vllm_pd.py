@@ -53,6 +53,19 @@ class LegFailed(Exception):
     """D answered without a finished completion (e.g. its KV load failed: NIXL handshake timeout)."""
 
 
+def wait_for(fn, *, deadline_s: float, what: str, interval: float = 0.5):
+    """Poll ``fn`` until it returns a truthy value (a deadline wait, not a sleep-as-sync);
+    TimeoutError when the deadline passes."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {deadline_s}s waiting for {what} (last: {last!r})")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,16 +243,11 @@ class Rig:
             s.stop()
 
     def wait_for(self, fn, *, deadline_s: float, what: str, interval: float = 0.5):
-        """Poll ``fn`` until it returns a truthy value (a deadline wait, not a sleep-as-sync);
-        RigError with stacks and logs when the deadline passes."""
-        end = time.monotonic() + deadline_s
-        last = None
-        while time.monotonic() < end:
-            last = fn()
-            if last:
-                return last
-            time.sleep(interval)
-        raise self.fail(f"timed out after {deadline_s}s waiting for {what} (last: {last!r})")
+        """:func:`wait_for`, but RigError with stacks and logs when the deadline passes."""
+        try:
+            return wait_for(fn, deadline_s=deadline_s, what=what, interval=interval)
+        except TimeoutError as exc:
+            raise self.fail(str(exc)) from None
 
     def call(self, what: str, fn, *args, **kwargs):
         """Run one request; a socket timeout (a server silent for REQUEST_TIMEOUT_S) or a refused
