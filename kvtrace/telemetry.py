@@ -112,6 +112,20 @@ def otlp_exporter(protocol: str | None = None) -> SpanExporter:
     return OTLPSpanExporter()
 
 
+def parquet_exporter(directory: str | os.PathLike, writer_process: bool | None = None) -> SpanExporter:
+    """The Parquet exporter for ``directory``: through a writer process
+    (:class:`~kvtrace.store.handoff.WriterProcessExporter`) when ``writer_process`` (else
+    ``KVTRACE_WRITER_PROCESS``, else off) is true, else in this process
+    (:class:`~kvtrace.store.exporter.ParquetSpanExporter`)."""
+    if settings.WRITER_PROCESS.get(writer_process):
+        from kvtrace.store.handoff import WriterProcessExporter
+
+        return WriterProcessExporter(directory)
+    from kvtrace.store.exporter import ParquetSpanExporter
+
+    return ParquetSpanExporter(directory)
+
+
 def _otlp_wanted(otlp: bool | str | None) -> bool:
     mode = settings.OTLP.get(otlp)
     if mode in (True, "on", "1", "true"):
@@ -143,10 +157,13 @@ def configure(
     exporters: list[SpanExporter] | None = None,
     set_global: bool = False,
     handle_sigterm: bool = True,
+    writer_process: bool | None = None,
 ) -> TracerProvider:
     """Build a TracerProvider for one component.
 
-    - ``traces_dir`` (else ``KVTRACE_TRACES_DIR``): Parquet export into that directory.
+    - ``traces_dir`` (else ``KVTRACE_TRACES_DIR``): Parquet export into that directory
+      (:func:`parquet_exporter`: in a writer process when ``writer_process``, else
+      ``KVTRACE_WRITER_PROCESS``, is true; off by default, on by default in ``kvtrace proxy``).
     - ``otlp`` (else ``KVTRACE_OTLP``; ``auto`` = when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is
       set): OTLP export beside Parquet.
     - ``exporters``: extra exporters (tests pass an in-memory one).
@@ -160,9 +177,7 @@ def configure(
     directory = settings.TRACES_DIR.get(traces_dir)
     chosen: list[SpanExporter] = list(exporters or [])
     if directory:
-        from kvtrace.store.exporter import ParquetSpanExporter
-
-        chosen.append(ParquetSpanExporter(directory))
+        chosen.append(parquet_exporter(directory, writer_process))
     if _otlp_wanted(otlp):
         chosen.append(otlp_exporter())
     delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()

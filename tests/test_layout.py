@@ -22,10 +22,11 @@ ALLOWED: dict[str, set[str]] = {
     "kvrules": {"semconv"},  # vLLM's reuse rules, shared by the simulator and the what-if replay
     "store": BASE,
     "telemetry": BASE | {"store"},
+    "fastspans": BASE,
     "emit": BASE | {"telemetry"},
     "exposition": BASE | {"telemetry"},
     "agent": BASE | {"telemetry"},
-    "proxy": BASE | {"telemetry", "exposition"},
+    "proxy": BASE | {"telemetry", "exposition", "fastspans"},
     "sim": BASE | {"telemetry", "emit", "exposition", "kvrules"},
     "vllm": BASE | {"telemetry", "emit"},
     "collect": BASE | {"telemetry", "store"},

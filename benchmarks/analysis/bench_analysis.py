@@ -10,7 +10,7 @@ two overlapping LLM calls, a tool wait and app work, and every LLM call brings t
 engine / KV spans a real store holds (170 spans per session).  Printed: time of a plain
 ``count(*)`` scan and of a scan reading the session-id map (baselines, same run), of
 ``session_breakdown`` and ``turn_breakdown`` fully computed (every column summed), against the
-2 s target, of the sessions page's top-1000 table and of one session's turns (drill-down); then
+1 s target (issue #14), of the sessions page's top-1000 table and of one session's turns (drill-down); then
 the AppTest first render of the sessions page on the smaller store.
 """
 
@@ -159,13 +159,16 @@ def bench_queries(directory: Path, threads: int) -> None:
     print(f"store: {n:,} spans, {row[0]:,} sessions, threads={threads}")
     print(f"  baseline count(*) scan            {scan:7.3f} s")
     print(f"  baseline scan + session_id map     {full:7.3f} s")
-    print(f"  session_breakdown (all sessions)   {sess:7.3f} s   target <= 2.0 s  "
-          f"{'OK' if sess <= 2.0 else 'MISSED'}  ({sess / full:.2f}x the session_id scan)")
+    print(f"  session_breakdown (all sessions)   {sess:7.3f} s   target <= {TARGET_S:.1f} s (issue #14)  "
+          f"{'HOLDS' if sess <= TARGET_S else 'MISSED'}  ({sess / full:.2f}x the session_id scan)")
     print(f"  turn_breakdown (all turns)         {turns:7.3f} s   ({turns / full:.2f}x the session_id scan)")
     print(f"  sessions.breakdown top 1000        {top:7.3f} s   (sessions page table)")
     print(f"  sessions.turns of one session      {drill:7.3f} s   (drill-down)")
     assert abs(row[1] - sum(row[2:6])) < row[0], "parts do not sum to wall time"
     assert row[6] <= row[5], "unattributed time exceeds app work"
+
+
+TARGET_S = 1.0  # issue #14: session_breakdown over 10 M spans, dashboard first render at 1 M spans
 
 
 def bench_dashboard(directory: Path) -> None:
@@ -183,8 +186,8 @@ def bench_dashboard(directory: Path) -> None:
     t = time.perf_counter()
     at.switch_page("app_pages/reuse.py").run()
     reuse_page = time.perf_counter() - t
-    print(f"dashboard (AppTest): sessions page first render {first:.2f} s, rerun from cache {cached:.2f} s, "
-          f"KV reuse page {reuse_page:.2f} s")
+    print(f"dashboard (AppTest): sessions page first render {first:.2f} s (target <= {TARGET_S:.1f} s: "
+          f"{'HOLDS' if first <= TARGET_S else 'MISSED'}), rerun from cache {cached:.2f} s, KV reuse page {reuse_page:.2f} s")
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ from kvtrace import settings
 from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, PREFILL_FAILURE_MODES, TTL_MARGIN_S
 
 _GC_GEN0_THRESHOLD = 10_000  # see _tune_gc
+LOOPS = ("auto", "uvloop", "asyncio")
 # hardening limits: flag, ProxyConfig field, type, metavar, the KVTRACE_* setting that is its default
 _LIMITS = (
     ("--request-timeout", "request_timeout_s", float, "S", settings.PROXY_REQUEST_TIMEOUT),
@@ -52,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
                    help="seconds to connect to a worker before the request fails (default 10)")
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
+    p.add_argument("--loop", choices=LOOPS, default=None,
+                   help=f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})")
     for flag, dest, kind, metavar, setting in _LIMITS:
         doc = setting.doc.split("): ", 1)[1]
         default = "unset" if setting.default is None else setting.default
@@ -100,11 +103,12 @@ def run(args: argparse.Namespace) -> int:
     from kvtrace.proxy.server import start
 
     config = build_config(args)
+    factory = loop_factory(args.loop)
     try:
         telemetry.check_traces_dir(args.traces)
     except OSError as exc:  # NotWritable: one line naming the directory and the reason
         raise CLIError(str(exc)) from None
-    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces)
+    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process())
 
     async def serve() -> None:
         try:
@@ -119,10 +123,37 @@ def run(args: argparse.Namespace) -> int:
             await running.close()
 
     try:
-        asyncio.run(serve())
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve())
     finally:
         telemetry.shutdown_all()
     return 0
+
+
+def writer_process() -> bool:
+    """Whether the proxy's Parquet export runs in a writer process: KVTRACE_WRITER_PROCESS, else on
+    (the proxy is where it is measured to help the tail: benchmarks/proxy/bench_proxy.py)."""
+    chosen = settings.WRITER_PROCESS.get()
+    return True if chosen is None else bool(chosen)
+
+
+def loop_factory(choice: str | None):
+    """The event loop factory for ``choice`` (else KVTRACE_PROXY_LOOP): uvloop's, or None (asyncio's).
+    ``auto`` takes uvloop when it is installed; ``uvloop`` without it is a CLIError."""
+    from kvtrace.errors import CLIError
+
+    choice = settings.PROXY_LOOP.get(choice)
+    if choice not in LOOPS:
+        raise CLIError(f"{settings.PROXY_LOOP.env}={choice!r}: expected one of {', '.join(LOOPS)}")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise CLIError("--loop uvloop: uvloop is not installed (pip install 'kvtrace[proxy-fast]')") from None
+        return None
+    return uvloop.new_event_loop
 
 
 def _tune_gc() -> None:

@@ -24,7 +24,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from kvtrace import fastspans
 from kvtrace import semconv as sc
+from kvtrace import settings
 
 _incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 _outgoing = TraceContextTextMapPropagator()
@@ -53,8 +55,13 @@ def clean(attrs: dict) -> dict:
     return attrs
 
 
-def tracer(provider: TracerProvider | None) -> trace.Tracer:
-    return (provider or trace.get_tracer_provider()).get_tracer("kvtrace.proxy")
+def tracer(provider: TracerProvider | None, fast: bool | None = None) -> trace.Tracer:
+    """The proxy's tracer: :mod:`kvtrace.fastspans`' where the provider allows it, unless ``fast``
+    (else ``KVTRACE_PROXY_FASTSPANS``) is false, then the SDK's own."""
+    provider = provider or trace.get_tracer_provider()
+    if settings.PROXY_FASTSPANS.get(fast):
+        return fastspans.tracer(provider, "kvtrace.proxy")
+    return provider.get_tracer("kvtrace.proxy")
 
 
 class RequestTrace:

@@ -1,13 +1,14 @@
-"""ReadableSpans -> an Arrow table in :data:`kvtrace.store.schema.SCHEMA`, column-wise and fast.
+"""SpanColumns -> an Arrow table in :data:`kvtrace.store.schema.SCHEMA`, column-wise and fast.
 
-Called by :class:`kvtrace.store.exporter.ParquetSpanExporter` once per exported batch (and by the
-store benchmark); :mod:`kvtrace.collect.otlp_convert` reuses :func:`offsets`, :func:`string_maps`
-and :func:`attribute_maps`.  The hot path has no per-span Python code: every per-span or
-per-value step is a C-level ``map``/``zip``/``compress``/``chain`` pass or a numpy/Arrow kernel
-(SDK properties are bypassed by reading the SDK's private slots, enum members are looked up by
-``id``, ``SpanContext`` is read as the tuple it is), and objects shared by many spans (resources,
-scopes, trace states, trace ids) are converted once per batch.  The store benchmark
-(``benchmarks/store/bench_store.py``) measures it; keep it that way when adding columns.
+Stage two of the Parquet export (stage one, reading the SDK's spans into plain lists, is
+:mod:`kvtrace.store.spancols`): :func:`columns_to_table` runs in the writer process of
+:mod:`kvtrace.store.handoff`, or in-process through :func:`spans_to_table` (both stages) for
+:class:`kvtrace.store.exporter.ParquetSpanExporter`; :mod:`kvtrace.collect.otlp_convert` reuses
+:func:`offsets`, :func:`string_maps` and :func:`attribute_maps`.  The hot path has no per-span
+Python code: every per-span or per-value step is a C-level ``map``/``zip``/``compress``/``chain``
+pass or a numpy/Arrow kernel, and values shared by many spans (resources, scopes, trace ids) are
+converted once per batch.  The store benchmark (``benchmarks/store/bench_store.py``) measures it;
+keep it that way when adding columns.
 
 Attribute encoding (ClickHouse ``otel_traces`` compatible): every value is stringified into
 ``SpanAttributes`` (bools ``"true"``/``"false"``, sequences and mappings as JSON, bytes as
@@ -25,43 +26,20 @@ from __future__ import annotations
 import base64
 import json
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-from opentelemetry.sdk.trace import ReadableSpan, Span
-from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import SpanContext, SpanKind, StatusCode
-from opentelemetry.trace.status import Status
 
 from kvtrace import semconv as sc
 from kvtrace.store.sanitise import strings, text
-from kvtrace.store.schema import SCHEMA, SPAN_KINDS, STATUS_CODES, TS
+from kvtrace.store.schema import SCHEMA, TS
+from kvtrace.store.spancols import SpanColumns, as_dict, span_columns
 
 _STR, _INT, _FLOAT, _BOOL, _OTHER = 0, 1, 2, 3, 4
 _TYPE_CODE = {str: _STR, int: _INT, float: _FLOAT, bool: _BOOL}
 _BOOL_STR = {True: "true", False: "false"}
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-_KIND = {k: SPAN_KINDS[k.value] for k in SpanKind}
-_STATUS = {c: STATUS_CODES[c.value] for c in StatusCode}
-# enum members are singletons: look them up by id (Enum.__hash__ is Python code)
-_KIND_BY_ID = {id(k): v for k, v in _KIND.items()}
-_STATUS_BY_ID = {id(c): v for c, v in _STATUS.items()}
-# exact SDK classes whose private slots are read directly (fast path); anything else (wrappers,
-# subclasses that override properties) goes through the public ReadableSpan properties
-_FAST_TYPES = frozenset((ReadableSpan, Span))
-_FIELDS = ("context", "parent", "name", "kind", "start_time", "end_time", "status", "events", "links",
-           "resource", "instrumentation_scope", "attributes")
-_GET_FAST = [attrgetter(f"_{f}") for f in _FIELDS]
-_GET_PUBLIC = [attrgetter(f) for f in _FIELDS]
-_get_dq = attrgetter("_dq")
-_GET_STATUS_FAST = (attrgetter("_status_code"), attrgetter("_description"))
-_GET_STATUS_PUBLIC = (attrgetter("status_code"), attrgetter("description"))
-# SpanContext is a tuple: (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid)
-_GET_CTX_FAST = (itemgetter(0), itemgetter(1), itemgetter(4))
-_GET_CTX_PUBLIC = (attrgetter("trace_id"), attrgetter("span_id"), attrgetter("trace_state"))
-_SPAN_ID = itemgetter(1)
 _JSON_CACHE_MAX = 4096
 _json_cache: dict = {}
 
@@ -109,16 +87,6 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "items"):
         return dict(value.items())
     return str(value)
-
-
-def _as_dict(attributes) -> dict:
-    """Attributes as a dict; the SDK's BoundedAttributes backing dict when there is one."""
-    inner = getattr(attributes, "_dict", None)
-    if type(inner) is dict:
-        return inner
-    if type(attributes) is dict:
-        return attributes
-    return dict(attributes or {})
 
 
 def offsets(lengths) -> pa.Array:
@@ -248,61 +216,18 @@ def attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array
     return pa.MapArray.from_arrays(pa.array(off), keys, strs), typed[0], typed[1]
 
 
-def _items(seqs: Sequence) -> list:
-    """The SDK's BoundedLists (events, links) as their backing deques (``len`` in C)."""
-    if set(map(type, seqs)) == {BoundedList}:
-        return list(map(_get_dq, seqs))
-    return seqs
-
-
-def _nested(events_per_span: Sequence, links_per_span: Sequence) -> list[pa.Array]:
+def _nested(c: SpanColumns) -> list[pa.Array]:
     """Events.* and Links.* columns (parallel lists, ClickHouse Nested layout)."""
-    events_per_span, links_per_span = _items(events_per_span), _items(links_per_span)
-    ev_len = list(map(len, events_per_span))
-    ln_len = list(map(len, links_per_span))
-    ev_off, ln_off = offsets(ev_len), offsets(ln_len)
-    events = list(chain.from_iterable(compress(events_per_span, ev_len)))
-    links = list(chain.from_iterable(compress(links_per_span, ln_len)))
-    ctxs = [lk.context for lk in links]
+    ev_off, ln_off = offsets(c.event_counts), offsets(c.link_counts)
     return [
-        pa.ListArray.from_arrays(ev_off, pa.array([e.timestamp for e in events], pa.int64()).cast(TS)),
-        pa.ListArray.from_arrays(ev_off, strings([e.name for e in events], "Events.Name")),
-        pa.ListArray.from_arrays(ev_off, string_maps([_as_dict(e.attributes) for e in events], "Events.Attributes")),
-        pa.ListArray.from_arrays(ln_off, pa.array([format(c.trace_id, "032x") for c in ctxs], pa.string())),
-        pa.ListArray.from_arrays(ln_off, _hex64([c.span_id for c in ctxs])),
-        pa.ListArray.from_arrays(ln_off, strings([_trace_state(c) for c in ctxs], "Links.TraceState")),
-        pa.ListArray.from_arrays(ln_off, string_maps([_as_dict(lk.attributes) for lk in links], "Links.Attributes")),
+        pa.ListArray.from_arrays(ev_off, pa.array(c.event_times, pa.int64()).cast(TS)),
+        pa.ListArray.from_arrays(ev_off, strings(c.event_names, "Events.Name")),
+        pa.ListArray.from_arrays(ev_off, string_maps(c.event_attributes, "Events.Attributes")),
+        pa.ListArray.from_arrays(ln_off, pa.array([format(t, "032x") for t in c.link_trace_ids], pa.string())),
+        pa.ListArray.from_arrays(ln_off, _hex64(c.link_span_ids)),
+        pa.ListArray.from_arrays(ln_off, strings(c.link_states, "Links.TraceState")),
+        pa.ListArray.from_arrays(ln_off, string_maps(c.link_attributes, "Links.Attributes")),
     ]
-
-
-def _trace_state(ctx) -> str:
-    state = ctx.trace_state
-    return state.to_header() if state else ""
-
-
-def _by_identity(objs: Sequence, convert) -> tuple[list, np.ndarray]:
-    """(``convert(obj)`` for each distinct object (by identity), each row's index into them).
-    For values shared by many spans: resources, scopes, trace states, statuses' enum members."""
-    ids = list(map(id, objs))
-    distinct = dict(zip(ids, objs))
-    index = {key: i for i, key in enumerate(distinct)}
-    return list(map(convert, distinct.values())), np.fromiter(map(index.__getitem__, ids), np.int32, len(ids))
-
-
-def _shared_strings(objs: Sequence, convert, where: str) -> pa.Array:
-    """String column of ``convert(obj)`` per row, converting each distinct object once."""
-    strs, take = _by_identity(objs, convert)
-    if len(strs) == 1:
-        return strings(strs * len(take), where)
-    return strings(strs, where).take(pa.array(take))
-
-
-def _fields(spans: Sequence) -> list[list]:
-    """One list per :data:`_FIELDS` entry.  Field by field rather than a tuple per span: a
-    batch's worth of live tuples would feed the cyclic GC (full collections of the host's
-    heap); the same reason keeps per-span containers out of every step below."""
-    getters = _GET_FAST if set(map(type, spans)) <= _FAST_TYPES else _GET_PUBLIC
-    return [list(map(get, spans)) for get in getters]
 
 
 def _ints(values: Sequence) -> np.ndarray:
@@ -313,74 +238,52 @@ def _ints(values: Sequence) -> np.ndarray:
         return np.array([t or 0 for t in values], dtype=np.int64)
 
 
-def _status_columns(statuses: Sequence) -> list[pa.Array]:
-    get_code, get_desc = _GET_STATUS_FAST if set(map(type, statuses)) == {Status} else _GET_STATUS_PUBLIC
-    codes, descs = list(map(get_code, statuses)), list(map(get_desc, statuses))
-    try:
-        code_strs = list(map(_STATUS_BY_ID.__getitem__, map(id, codes)))
-    except KeyError:
-        code_strs = [_STATUS[c] for c in codes]
-    return [pa.array(code_strs, pa.string()), strings([d or "" for d in descs], "StatusMessage")]
+def _trace_ids(ids: list[int]) -> pa.Array:
+    """32-char hex of 128-bit trace ids, each distinct id formatted once."""
+    hex_of = {t: format(t, "032x") for t in set(ids)}
+    return pa.array(list(map(hex_of.__getitem__, ids)), pa.string())
 
 
-def _kind_column(kinds: Sequence) -> pa.Array:
-    try:
-        return pa.array(list(map(_KIND_BY_ID.__getitem__, map(id, kinds))), pa.string())
-    except KeyError:
-        return pa.array([_KIND[k] for k in kinds], pa.string())
+def _by_row(values: pa.Array, index: list[int]) -> pa.Array:
+    """``values`` (one per distinct resource / scope) spread to the rows by ``index``."""
+    return values.take(pa.array(index, pa.int32()))
 
 
-def _id_columns(ctxs: Sequence, parents: Sequence) -> list[pa.Array]:
-    """TraceId, SpanId, ParentSpanId, TraceState."""
-    getters = _GET_CTX_FAST if set(map(type, ctxs)) == {SpanContext} else _GET_CTX_PUBLIC
-    trace_ids, span_ids, states = (list(map(get, ctxs)) for get in getters)
-    hex_of = {t: format(t, "032x") for t in set(trace_ids)}
-    has_parent = list(map(is_not, parents, repeat(None)))
-    present = list(compress(parents, has_parent))
-    tuples = set(map(type, present)) <= {SpanContext}
-    parent_ids = list(map(_SPAN_ID, present)) if tuples else [p.span_id for p in present]
-    return [
-        pa.array(list(map(hex_of.__getitem__, trace_ids)), pa.string()),
-        _hex64(span_ids),
-        _hex64(parent_ids, np.array(has_parent, dtype=bool)),
-        _shared_strings(states, lambda s: s.to_header() if s else "", "TraceState"),
+def columns_to_table(c: SpanColumns) -> pa.Table:
+    """Stage two of the export: :class:`~kvtrace.store.spancols.SpanColumns` -> a table in SCHEMA."""
+    if not c.names:
+        return SCHEMA.empty_table()
+    start, end = _ints(c.starts), _ints(c.ends)
+    span_map, int_map, float_map = attribute_maps(c.attributes)
+    services = [str(r.get(sc.SERVICE_NAME, "")) for r in c.resources]
+    columns = [
+        pa.array(start).cast(TS),
+        _trace_ids(c.trace_ids),
+        _hex64(c.span_ids),
+        _hex64(c.parent_ids, np.array(c.has_parent, dtype=bool)),
+        strings(c.trace_states, "TraceState"),
+        strings(c.names, "SpanName"),
+        pa.array(c.kinds, pa.string()),
+        _by_row(strings(services, "ServiceName"), c.resource_index),
+        _by_row(string_maps(c.resources, "ResourceAttributes"), c.resource_index),
+        _by_row(strings([s[0] for s in c.scopes], "ScopeName"), c.scope_index),
+        _by_row(strings([s[1] for s in c.scopes], "ScopeVersion"), c.scope_index),
+        span_map,
+        pa.array(np.where(end > 0, end - start, 0)),
+        pa.array(c.status_codes, pa.string()),
+        strings([d or "" for d in c.status_messages], "StatusMessage"),
+        *_nested(c),
+        int_map,
+        float_map,
     ]
-
-
-def _resource_columns(resources: Sequence) -> list[pa.Array]:
-    """ServiceName, ResourceAttributes: each distinct resource converted once."""
-    res_attrs, take = _by_identity(resources, lambda r: _as_dict(r.attributes))
-    take = pa.array(take)
-    return [
-        strings([str(r.get(sc.SERVICE_NAME, "")) for r in res_attrs], "ServiceName").take(take),
-        string_maps(res_attrs, "ResourceAttributes").take(take),
-    ]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
 def spans_to_table(spans: Sequence) -> pa.Table:
     """Convert SDK ReadableSpans to one Arrow table in SCHEMA (row order = input order)."""
     if not spans:
         return SCHEMA.empty_table()
-    (ctxs, parents, names, kinds, starts, ends, statuses, events, links, resources, scopes,
-     attrs) = _fields(spans)
-    start, end = _ints(starts), _ints(ends)
-    span_map, int_map, float_map = attribute_maps(list(map(_as_dict, attrs)))
-    columns = [
-        pa.array(start).cast(TS),
-        *_id_columns(ctxs, parents),
-        strings(names, "SpanName"),
-        _kind_column(kinds),
-        *_resource_columns(resources),
-        _shared_strings(scopes, lambda s: s.name if s else "", "ScopeName"),
-        _shared_strings(scopes, lambda s: (s.version or "") if s else "", "ScopeVersion"),
-        span_map,
-        pa.array(np.where(end > 0, end - start, 0)),
-        *_status_columns(statuses),
-        *_nested(events, links),
-        int_map,
-        float_map,
-    ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    return columns_to_table(span_columns(spans))
 
 
 def table_to_rows(table: pa.Table) -> list[dict]:

@@ -40,15 +40,15 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from kvtrace import settings
-from kvtrace.store import files, writer
-from kvtrace.store.convert import spans_to_table
+from kvtrace.store import files, spancols, writer
+from kvtrace.store.convert import columns_to_table, spans_to_table
 from kvtrace.store.sanitise import DROPPED_SPANS
 
 log = logging.getLogger(__name__)
@@ -226,30 +226,47 @@ class ParquetSpanExporter(SpanExporter):
 
 
 def _to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
-    """:func:`spans_to_table`; should the batch not convert as a whole, its halves are tried
-    (recursively), so only the spans that fail on their own are dropped (and reported)."""
+    """:func:`spans_to_table`, salvaging what converts (:func:`salvage_table`)."""
+    return salvage_table(spans, spans_to_table, lambda s, lo, hi: s[lo:hi], len,
+                         lambda s: getattr(s[0], "name", "?"))
+
+
+def columns_table(cols: spancols.SpanColumns) -> pa.Table:
+    """:func:`~kvtrace.store.convert.columns_to_table`, salvaging what converts (the writer
+    process of :mod:`kvtrace.store.handoff` uses it)."""
+    return salvage_table(cols, columns_to_table, spancols.cut, spancols.size, lambda c: c.names[0])
+
+
+def salvage_table(batch, convert: Callable, cut: Callable, size: Callable, name: Callable) -> pa.Table:
+    """``convert(batch)``; should the batch not convert as a whole, its halves (``cut(batch, lo,
+    hi)``) are tried, recursively, so only the spans that fail on their own are dropped (and
+    reported, naming the first by ``name(one_span_batch)``)."""
     try:
-        return spans_to_table(spans)
+        return convert(batch)
     except Exception as exc:
-        if len(spans) == 1:
+        if size(batch) == 1:
             raise
         first = exc
     failed: list[str] = []
-    mid = len(spans) // 2
-    tables = _salvage(spans[:mid], failed) + _salvage(spans[mid:], failed)
+
+    def halves(part) -> list[pa.Table]:
+        n = size(part)
+        mid = n // 2
+        out = []
+        for lo, hi in ((0, mid), (mid, n)):
+            piece = cut(part, lo, hi)
+            try:
+                out.append(convert(piece))
+            except Exception as exc:
+                if hi - lo == 1:
+                    failed.append(f"span {name(piece)!r}: {type(exc).__name__}: {exc}")
+                else:
+                    out += halves(piece)
+        return out
+
+    tables = halves(batch)
     if not tables:
         raise first
     if failed:
         DROPPED_SPANS.note(len(failed), failed[0])
     return pa.concat_tables(tables)
-
-
-def _salvage(spans: Sequence[ReadableSpan], failed: list[str]) -> list[pa.Table]:
-    try:
-        return [spans_to_table(spans)]
-    except Exception as exc:
-        if len(spans) == 1:
-            failed.append(f"span {getattr(spans[0], 'name', '?')!r}: {type(exc).__name__}: {exc}")
-            return []
-    mid = len(spans) // 2
-    return _salvage(spans[:mid], failed) + _salvage(spans[mid:], failed)

@@ -1,0 +1,105 @@
+"""The writer process of :mod:`kvtrace.store.handoff`: ``python -m kvtrace.store.writerproc DIR OPTIONS``.
+
+Reads frames from stdin (``HEADER`` = tag, batch number, length; then the payload): ``S`` frames
+carry a pickled :class:`~kvtrace.store.spancols.SpanColumns` slice, an ``E`` frame ends a batch,
+which is then converted (:func:`kvtrace.store.exporter.columns_table`: a span that cannot be
+converted is dropped alone) and written as one batch file by a
+:class:`~kvtrace.store.exporter.ParquetSpanExporter` (``OPTIONS``: its keyword arguments, JSON).
+Each batch is answered on stdout with one line, ``ok <batch> <spans>`` or ``fail <batch> 0``,
+once its file is complete (or the write failed).
+
+At the end of stdin (the exporting process closed the pipe, or died) the complete slices of an
+unfinished batch are written too, the exporter is shut down (pending batch files rolled into
+segments) and the process exits 0.  It runs in its own session, so a Ctrl-C or a signal to the
+exporting process's group does not reach it; SIGINT is ignored and SIGTERM only sets a limit of
+:data:`TERM_GRACE_S` on the wait for the end of stdin (the exporting process is normally flushing
+into it at that moment), after which it writes what it has and exits the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sys
+
+from kvtrace.store import spancols
+from kvtrace.store.exporter import ParquetSpanExporter, columns_table
+from kvtrace.store.handoff import HEADER, TAG_END, TAG_SPANS
+
+TERM_GRACE_S = 10
+
+
+class _Stop(Exception):
+    """SIGTERM's grace ran out."""
+
+
+def _read_exact(stream, n: int) -> bytes | None:
+    """``n`` bytes, or None at the end of the stream (a partial frame counts as the end)."""
+    data = stream.read(n)
+    return data if len(data) == n else None
+
+
+def _write(exporter: ParquetSpanExporter, parts: list) -> int | None:
+    """Write one batch (its slices joined); the number of spans written, None on failure."""
+    if not parts:
+        return 0
+    try:
+        table = columns_table(spancols.join(parts))
+    except Exception as exc:  # not one span converts
+        print(f"kvtrace writer: a batch of {sum(map(spancols.size, parts))} spans failed: {exc}", file=sys.stderr)
+        return None
+    return table.num_rows if exporter.export_table(table).name == "SUCCESS" else None
+
+
+def _on_term(signum, frame) -> None:
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(TERM_GRACE_S)
+
+
+def _on_alarm(signum, frame) -> None:
+    raise _Stop
+
+
+def serve(directory: str, options: dict, stdin, answers) -> int:
+    """Serve frames from ``stdin`` until its end; answers go to ``answers`` (binary, unbuffered)."""
+    exporter = ParquetSpanExporter(directory, **options)
+    parts: list = []
+    try:
+        while True:
+            head = _read_exact(stdin, HEADER.size)
+            if head is None:
+                break
+            tag, seq, length = HEADER.unpack(head)
+            payload = _read_exact(stdin, length) if length else b""
+            if payload is None:
+                break
+            if tag == TAG_SPANS:
+                parts.append(pickle.loads(payload))
+            elif tag == TAG_END:
+                batch, parts = parts, []
+                written = _write(exporter, batch)
+                answers.write(b"ok %d %d\n" % (seq, written) if written is not None else b"fail %d 0\n" % seq)
+    except _Stop:
+        pass
+    finally:
+        signal.alarm(0)
+        try:
+            _write(exporter, parts)  # a batch whose end never came: its complete slices
+        finally:
+            exporter.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    directory, options = (argv or sys.argv[1:])[:2]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_term)
+    answers = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # stray prints of any library go to stderr, never into the answers
+    return serve(directory, json.loads(options), sys.stdin.buffer, answers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
