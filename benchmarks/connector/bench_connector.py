@@ -22,6 +22,10 @@ vs NIXL's families alone.  Run with the vLLM venv:
 
     /opt/kvtrace-vllm/bin/python benchmarks/connector/bench_connector.py [--requests 3000] [--spans sync] \
         [--metrics both|on|off]
+
+``--export-stall STEPS [--batch 2048] [--writer-process]`` measures instead what an export running in
+the engine process does to the scheduler: step time (one request's hooks) with and without a
+Parquet export of a 2048-span batch running on the exporter's thread, p50 / p99 / max.
 """
 
 from __future__ import annotations
@@ -149,16 +153,99 @@ def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
     return medians[0], medians[1]
 
 
+def _export_stall(model_dir: Path, steps: int, batch: int, writer_process: bool) -> None:
+    """Scheduler-step time while kvtrace's Parquet export of a ``batch``-span batch runs on its
+    thread in the same process (as the BatchSpanProcessor does inside vLLM's EngineCore), beside
+    the same steps with no export running, alternating blocks of steps so both see the same machine
+    noise.  A step = one request's scheduler hooks on the kvtrace connector.  The batch is the
+    connector's own spans (captured first).  With ``writer_process`` the exporter hands the columns
+    to kvtrace's writer process (KVTRACE_WRITER_PROCESS=1) instead of writing in this process."""
+    import threading
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from kvtrace.store.exporter import ParquetSpanExporter
+
+    wrapped, _, provider = _connectors(model_dir, deferred=True)
+    captured = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(captured))
+    i = 0
+    while len(captured.get_finished_spans()) < batch:
+        for _, call in _calls(i, "kvtrace"):
+            call(wrapped)
+        i += 1
+        wrapped._probe.recorder.flush(30)
+    spans = list(captured.get_finished_spans())[:batch]
+    if writer_process:
+        from kvtrace.store.handoff import WriterProcessExporter
+
+        exporter = WriterProcessExporter(tempfile.mkdtemp())
+    else:
+        exporter = ParquetSpanExporter(tempfile.mkdtemp())
+    exporting = threading.Event()
+    stop = threading.Event()
+    exports = []
+
+    def exporter_loop():
+        while not stop.is_set():
+            exporting.wait()
+            if stop.is_set():
+                break
+            t0 = time.perf_counter_ns()
+            exporter.export(spans)
+            exports.append(time.perf_counter_ns() - t0)
+
+    thread = threading.Thread(target=exporter_loop, daemon=True)
+    thread.start()
+    quiet, busy = [], []
+    block = 50
+    for k in range(steps // block):
+        on = k % 2 == 1
+        (exporting.set if on else exporting.clear)()
+        for _ in range(block):
+            t0 = time.perf_counter_ns()
+            for _, call in _calls(i, "kvtrace"):
+                call(wrapped)
+            (busy if on else quiet).append(time.perf_counter_ns() - t0)
+            i += 1
+    stop.set()
+    exporting.set()
+    thread.join(60)
+    exporter.shutdown()
+    provider.shutdown()
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] / 1000
+
+    mode = "writer process" if writer_process else "in-process Parquet export"
+    print(f"scheduler step while exporting {batch}-span batches ({mode}; {len(exports)} exports, median "
+          f"{statistics.median(exports) / 1e6 if exports else float('nan'):.1f} ms each), {steps} steps, us:")
+    print(f"  {'':12s} {'p50':>8s} {'p99':>8s} {'max':>9s}")
+    for name, xs in (("no export", quiet), ("exporting", busy)):
+        print(f"  {name:12s} {pct(xs, 0.5):8.1f} {pct(xs, 0.99):8.1f} {max(xs) / 1000:9.1f}")
+    print(f"  added: p50 {pct(busy, 0.5) - pct(quiet, 0.5):+.1f} us, p99 {pct(busy, 0.99) - pct(quiet, 0.99):+.1f} us, "
+          f"max {(max(busy) - max(quiet)) / 1000:+.1f} us (target: no stall, p99 added <= 2 ms)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--spans", choices=("deferred", "sync"), default="deferred")
     ap.add_argument("--metrics", choices=("both", "on", "off"), default="both",
                     help="kvtrace metrics in the measured connector; both = also a metrics-off connector")
+    ap.add_argument("--export-stall", type=int, default=0, metavar="STEPS",
+                    help="instead: scheduler-step time with and without a Parquet export running (STEPS steps)")
+    ap.add_argument("--batch", type=int, default=2048, help="--export-stall: spans per export (default 2048)")
+    ap.add_argument("--writer-process", action="store_true", help="--export-stall: export via the writer process")
     args = ap.parse_args(argv)
     import vllm_rig as rig
 
     model_dir = rig.make_tiny_model(Path(tempfile.mkdtemp()) / "model")
+    if args.export_stall:
+        _export_stall(model_dir, args.export_stall, args.batch, args.writer_process)
+        return 0
     deferred = args.spans == "deferred"
     wrapped, bare, provider = _connectors(model_dir, deferred, metrics=args.metrics != "off")
     conns = {"kvtrace": wrapped, "bare": bare}
