@@ -9,15 +9,16 @@ from this list (``python -m kvtrace.store.views > docs/query.md``).
 - :mod:`.spans`: ``spans`` and one view per span kind (requests, KV decisions, transfers,
   retention, engine work, agent calls/tools/work/turns) and ``sessions``;
 - :mod:`.vllm`: ``vllm_requests`` (vLLM's own spans joined to kvtrace's requests);
-- :mod:`.breakdown`: ``session_breakdown`` / ``turn_breakdown`` and their ``kvtrace_*`` helpers.
+- :mod:`.breakdown`: ``session_breakdown`` / ``turn_breakdown`` and their ``kvtrace_*`` helpers;
+- :mod:`.continuity`: ``continuity`` (each chat turn checked against its session's last served turn).
 """
 
 from __future__ import annotations
 
-from kvtrace.store.views import breakdown, spans, vllm
+from kvtrace.store.views import breakdown, continuity, spans, vllm
 from kvtrace.store.views.registry import COMMON, Column, View
 
-VIEWS: tuple[View, ...] = (*spans.VIEWS, *vllm.VIEWS, *breakdown.VIEWS)
+VIEWS: tuple[View, ...] = (*spans.VIEWS, *vllm.VIEWS, *breakdown.VIEWS, *continuity.VIEWS)
 """Every view, in creation order (a view only reads views before it)."""
 
 BY_NAME: dict[str, View] = {v.name: v for v in VIEWS}
