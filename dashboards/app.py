@@ -21,12 +21,20 @@ if HERE not in sys.path:  # pages import the shared helpers as ``common``
 st.set_page_config(page_title="kvtrace", layout="wide")
 
 PAGES = [
-    st.Page("app_pages/sessions.py", title="Sessions", url_path="sessions", default=True),
+    st.Page("app_pages/sessions.py", title="Sessions", url_path="sessions"),
     st.Page("app_pages/drilldown.py", title="Session drill-down", url_path="drilldown"),
     st.Page("app_pages/reuse.py", title="KV reuse", url_path="reuse"),
     st.Page("app_pages/retention.py", title="Retention", url_path="retention"),
     st.Page("app_pages/latency.py", title="Latency by turn", url_path="latency"),
+    st.Page("app_pages/whatif.py", title="What-if", url_path="whatif"),
     st.Page("app_pages/compare.py", title="Run comparison", url_path="compare"),
 ]
 
-st.navigation(PAGES).run()
+
+def _home() -> None:
+    """The app's root URL: Streamlit serves its default page at "/" and only there (its url_path is
+    ignored), so the default is this hidden page, which opens the sessions page at /sessions."""
+    st.switch_page(PAGES[0])
+
+
+st.navigation([st.Page(_home, title="kvtrace", url_path="home", default=True, visibility="hidden"), *PAGES]).run()

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "query": "kvtrace.store.cli",
     "compact": "kvtrace.store.compact",
     "report": "kvtrace.analysis.report_cli",
+    "whatif": "kvtrace.analysis.whatif_cli",
     "dashboard": "kvtrace.dashboards.cli",
     "collect": "kvtrace.collect.cli",
 }
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvtrace {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(f"kvtrace {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

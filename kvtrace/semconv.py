@@ -32,6 +32,7 @@ SPAN_AGENT_TURN = "kvtrace.agent.turn"  # INTERNAL, one user turn of a session
 SPAN_AGENT_LLM_CALL = "kvtrace.agent.llm_call"  # CLIENT, chat
 SPAN_AGENT_TOOL_CALL = "kvtrace.agent.tool_call"  # INTERNAL, execute_tool (a tool wait)
 SPAN_AGENT_APP_WORK = "kvtrace.agent.app_work"  # INTERNAL, the agent's own work
+SPAN_AGENT_USER_PAUSE = "kvtrace.agent.user_pause"  # INTERNAL, the agent waits for its user
 SPAN_VLLM_LLM_REQUEST = "llm_request"  # SERVER, vLLM's own span (--otlp-traces-endpoint); not emitted by kvtrace
 
 # --------------------------------------------------------------------------------------------
@@ -115,12 +116,12 @@ REQUEST_CACHED_TOKENS = "kvtrace.request.cached_tokens"
 PROXY_OFFER = "kvtrace.proxy.offer"  # bool: D's blocks were offered to P
 PROXY_OFFER_REASON = "kvtrace.proxy.offer_reason"
 PROXY_ENTRY_AGE_S = "kvtrace.proxy.entry_age_s"
+PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"
 PROXY_FALLBACK = "kvtrace.proxy.fallback"
 PROXY_PREFILL_ENDPOINT = "kvtrace.proxy.prefill_endpoint"
 PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
 PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: 2 when P was asked again without the offer
 PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
-PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"  # float: the proxy's offer window
 PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 
 # session identification and continuity (proxy request span, chat requests)
@@ -137,6 +138,7 @@ SIM_TIME_SCALE = "kvtrace.sim.time_scale"
 SIM_PRESET = "kvtrace.sim.preset"
 ENGINE_PREFIX_CACHING = "kvtrace.engine.prefix_caching"  # bool resource attribute: vLLM's enable_prefix_caching
 KV_BIDIRECTIONAL = "kvtrace.kv.bidirectional"  # bool resource attribute: bidirectional_kv_xfer
+ENGINE_KV_POOL_BYTES = "kvtrace.engine.kv_pool_bytes"
 
 # decision
 KV_OUTCOME = "kvtrace.kv.outcome"
@@ -178,6 +180,7 @@ NIXL_NUM_EXPIRED = "kvtrace.nixl.num_expired"
 
 # agent
 AGENT_WORK_NAME = "kvtrace.agent.work_name"
+AGENT_PAUSE_REASON = "kvtrace.agent.pause_reason"
 AGENT_SCENARIO = "kvtrace.agent.scenario"
 LLM_TTFT_MS = "kvtrace.llm.ttft_ms"
 LLM_TPOT_MS = "kvtrace.llm.tpot_ms"
@@ -530,12 +533,13 @@ SPANS: dict[str, dict] = {
             PROXY_OFFER: "D's retained blocks were offered to P (bool).",
             PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}.",
             PROXY_ENTRY_AGE_S: "Age of the conversation-table entry when offered, s (float).",
+            PROXY_CONVERSATION_TTL_S: "The proxy's --conversation-ttl: it offers D's blocks while their entry is at "
+            "most this old, s of the proxy's clock (float).",
             PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
             PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
             PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
             PROXY_PREFILL_ATTEMPTS: "P legs sent (int): 2 when P failed (5xx) to read the offered blocks and "
             "the proxy asked again without them; absent when 1.",
-            PROXY_CONVERSATION_TTL_S: "The proxy's offer window, --conversation-ttl, s (float).",
             PROXY_DECODER_KV_TTL_S: "D's block retention (decoder_kv_blocks_ttl) as the proxy knows it: "
             "reported by an instrumented D, else --decoder-kv-ttl; absent when unknown, s (float). An offer "
             "window + 5 s (vLLM's read margin) at or past it means offers can name blocks D has dropped.",
@@ -719,6 +723,17 @@ SPANS: dict[str, dict] = {
             TURN_INDEX: "Turn index (int).",
         },
     },
+    SPAN_AGENT_USER_PAUSE: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "The agent waits for its user (think time, an approval, a pause-resume gap): a part of its own in "
+        "the session breakdown (`user_pause_ms`), so a user's pause is not read as slow app work.",
+        "attributes": {
+            AGENT_PAUSE_REASON: "Why the agent waits, when given (e.g. `think`, `approval`).",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int), when the pause is inside a turn.",
+        },
+    },
     SPAN_VLLM_LLM_REQUEST: {
         "kind": "SERVER",
         "emitter": "vLLM itself (--otlp-traces-endpoint), ingested by kvtrace collect",
@@ -774,6 +789,8 @@ RESOURCE: dict[str, str] = {
     ENGINE_PREFIX_CACHING: "The worker's prefix cache is on (bool; vLLM's --enable-prefix-caching / "
     "--no-enable-prefix-caching).",
     KV_BIDIRECTIONAL: "bidirectional_kv_xfer is on (bool).",
+    ENGINE_KV_POOL_BYTES: "Size of the engine's KV cache pool, bytes: blocks x bytes per block (int as a string; "
+    "simulator: capacity_blocks, vLLM: KVCacheConfig.num_blocks).",
 }
 
 KV_TRANSFER_FIELDS: dict[str, str] = {

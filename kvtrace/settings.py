@@ -59,7 +59,10 @@ PROXY_MAX_CHAIN_BYTES = Setting("KVTRACE_PROXY_MAX_CHAIN_BYTES", 64 * 1024 * 102
 VLLM_STREAM_PATCH = Setting("KVTRACE_VLLM_STREAM_PATCH", True, "vLLM plugin: add kv_transfer_params to the streaming finish chunk where vLLM does not.", bool)
 NIXL_PROGRESS_DELAY_US = Setting("KVTRACE_NIXL_PROGRESS_DELAY_US", 0, "vLLM plugin, CPU-only rigs: NIXL agent progress-thread delay, us (0 = NIXL default).", int)
 COMPARE_DIR = Setting("KVTRACE_COMPARE_DIR", None, "Dashboard: second trace directory for the run comparison page (kvtrace dashboard --compare).")
+CLICKHOUSE = Setting("KVTRACE_CLICKHOUSE", None, "query / report / dashboard / whatif read an otel_traces table instead of --traces: http(s)://[user[:password]@]host[:port][/database] (clickhouse-connect) or chdb:PATH (chDB in process); docs/clickhouse.md.")
+CLICKHOUSE_TABLE = Setting("KVTRACE_CLICKHOUSE_TABLE", "otel_traces", "The table (name or database.name) --clickhouse reads.")
 PHOENIX_BIN = Setting("KVTRACE_PHOENIX_BIN", None, "Tests: the `phoenix` command for the Phoenix OTLP test (else the importable one).")
+TEST_CLICKHOUSE_URL = Setting("KVTRACE_TEST_CLICKHOUSE_URL", None, "Tests: a ClickHouse server (http(s)://...) for the clickhouse-connect tests (tests/test_clickhouse_server.py); unset = those tests skip.")
 REQUIRE_VLLM = Setting("KVTRACE_REQUIRE_VLLM", False, "Tests that need vLLM/NIXL fail instead of skipping.", bool)
 
 ALL: tuple[Setting, ...] = tuple(v for v in globals().values() if isinstance(v, Setting))

@@ -177,6 +177,19 @@ def configure(
     return provider
 
 
+def check_traces_dir(traces_dir: str | os.PathLike | None = None) -> str | None:
+    """The directory :func:`configure` would write Parquet traces to (``traces_dir``, else
+    ``KVTRACE_TRACES_DIR``; None when there is none or tracing is disabled), created and proven
+    writable first.  Commands call it before they start work, so an unwritable ``--traces`` ends
+    them at once with one line; raises :class:`kvtrace.store.access.NotWritable` (an ``OSError``)."""
+    directory = settings.TRACES_DIR.get(traces_dir)
+    if not directory or settings.DISABLE.get():
+        return None
+    from kvtrace.store.access import ensure_writable
+
+    return ensure_writable(directory)
+
+
 def register_pre_shutdown(fn) -> None:
     """Have :func:`shutdown_all` call ``fn()`` before it flushes the providers, e.g. so
     :mod:`kvtrace.emit.deferred` can apply the span operations it still has queued."""

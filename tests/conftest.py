@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -48,3 +50,13 @@ def demo_run(tmp_path_factory):
     with contextlib.redirect_stdout(buf):
         rc = main(["demo", "--traces", str(traces), "--sessions", "2"])
     return rc, buf.getvalue(), traces
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_chdb():
+    """chDB opens one database directory per process: close it after each module that used
+    kvtrace's chDB backend, so the next module (or a plain ``chdb.query``) can open its own."""
+    yield
+    backend = sys.modules.get("kvtrace.store.clickhouse.backend")
+    if backend is not None:
+        backend.ChdbBackend.shutdown()

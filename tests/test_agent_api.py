@@ -20,6 +20,7 @@ from kvtrace.agent import (
     tool_call,
     traced_tool,
     turn,
+    user_pause,
 )
 
 
@@ -80,6 +81,24 @@ def test_session_turn_tool_app_work_tree(tracer_provider, span_exporter):
     assert parent_id(tool) == turns[0].context.span_id
     assert parent_id(work) == turns[0].context.span_id
     assert {s.context.trace_id for s in span_exporter.get_finished_spans()} == {sess.context.trace_id}
+
+
+async def test_user_pause_spans_mark_the_users_time(tracer_provider, span_exporter):
+    """Between turns (the session is the parent, no turn index), inside a turn, and through the
+    module-level function, which finds the open session's agent."""
+    agent = Agent(tracer_provider)
+    async with agent.session("s-p"):
+        async with agent.user_pause("think"):
+            pass
+        with agent.turn():
+            with user_pause():
+                pass
+    sess, turn_span = one(span_exporter, sc.SPAN_AGENT_SESSION), one(span_exporter, sc.SPAN_AGENT_TURN)
+    between, inside = by_name(span_exporter, sc.SPAN_AGENT_USER_PAUSE)
+    assert dict(between.attributes) == {sc.AGENT_PAUSE_REASON: "think", sc.SESSION_ID: "s-p"}
+    assert dict(inside.attributes) == {sc.SESSION_ID: "s-p", sc.TURN_INDEX: 0}
+    assert parent_id(between) == sess.context.span_id and parent_id(inside) == turn_span.context.span_id
+    assert between.kind == inside.kind == SpanKind.INTERNAL
 
 
 def test_explicit_turn_index_moves_auto_increment(tracer_provider, span_exporter):

@@ -54,6 +54,26 @@ def store(tmp_path):
     return connect(tmp_path)
 
 
+@pytest.fixture
+def paused(tmp_path):
+    """One session with user pauses between turns (outside the turn spans, as kvtrace bench marks
+    them) and one inside a turn that app work overlaps, and a tool while the user thinks: the
+    agent's activity beats the user's pause."""
+    b = SpanBuilder()
+    s = b.session("s-pause", 30_000, 32_000)
+    b.user_pause("s-pause", None, 30_000, 30_500, parent=s)  # before turn 0
+    t0 = b.turn("s-pause", 0, 30_500, 31_000, parent=s)
+    b.llm_call("s-pause", 0, 30_500, 30_700, 100, parent=t0)  # input 100, gen 100
+    b.user_pause("s-pause", 0, 30_650, 30_900, parent=t0)  # 30_700-30_900 left after the call
+    b.app_work("s-pause", 0, 30_800, 30_850, parent=t0)  # app work beats the pause: 50
+    b.user_pause("s-pause", None, 31_000, 31_800, parent=s, reason=None)  # between the turns
+    b.tool("s-pause", None, 31_700, 31_750, parent=s)  # a tool while the user thinks: tool wait
+    t1 = b.turn("s-pause", 1, 31_800, 32_000, parent=s)
+    b.llm_call("s-pause", 1, 31_800, 31_900, 50, parent=t1)  # input 50, gen 50; 31_900-32_000 unattributed
+    b.write(tmp_path)
+    return connect(tmp_path)
+
+
 def test_view_columns_follow_the_contract(store):
     cols = [d[0] for d in store.execute("SELECT * FROM session_breakdown LIMIT 0").description]
     assert tuple(cols[: len(BREAKDOWN_COLUMNS)]) == BREAKDOWN_COLUMNS
@@ -69,7 +89,7 @@ def test_overlapping_tools_parallel_calls_and_gaps(store):
     # unattributed: 0-100, 550-560, 580-650, 950-990 = 220
     assert _parts(row) == {
         "wall_ms": 1000.0, "input_processing_ms": 300.0, "generation_ms": 200.0, "tool_wait_ms": 200.0,
-        "app_work_ms": 300.0, "unattributed_ms": 220.0,
+        "app_work_ms": 300.0, "user_pause_ms": 0.0, "unattributed_ms": 220.0,
     }
     assert row["turns"] == 2
 
@@ -78,11 +98,11 @@ def test_turn_breakdown_splits_the_session(store):
     turns = {r["turn"]: r for r in sessions.turns(store, Filters(session_id="s-overlap")).to_pylist()}
     assert _parts(turns[0]) == {
         "wall_ms": 600.0, "input_processing_ms": 50.0, "generation_ms": 200.0, "tool_wait_ms": 200.0,
-        "app_work_ms": 150.0, "unattributed_ms": 130.0,
+        "app_work_ms": 150.0, "user_pause_ms": 0.0, "unattributed_ms": 130.0,
     }
     assert _parts(turns[1]) == {
         "wall_ms": 400.0, "input_processing_ms": 250.0, "generation_ms": 0.0, "tool_wait_ms": 0.0,
-        "app_work_ms": 150.0, "unattributed_ms": 90.0,
+        "app_work_ms": 150.0, "user_pause_ms": 0.0, "unattributed_ms": 90.0,
     }
 
 
@@ -91,9 +111,28 @@ def test_session_spanning_many_traces(store):
     # wall 10_000-11_500; input 40 + 20, gen 160 + 180, tool 200, rest (incl. the pause) app work
     assert _parts(row) == {
         "wall_ms": 1500.0, "input_processing_ms": 60.0, "generation_ms": 340.0, "tool_wait_ms": 200.0,
-        "app_work_ms": 900.0, "unattributed_ms": 900.0,
+        "app_work_ms": 900.0, "user_pause_ms": 0.0, "unattributed_ms": 900.0,
     }
     assert row["turns"] == 2
+
+
+def test_user_pauses_are_a_part_of_their_own(paused):
+    store = paused
+    row = _by_session(store)["s-pause"]
+    # pauses: 30_000-30_500 (500), 30_700-30_900 minus app 30_800-30_850 (150), 31_000-31_800 minus
+    # tool 31_700-31_750 (750); app work: 50 + unattributed 30_900-31_000 and 31_900-32_000 (200)
+    assert _parts(row) == {
+        "wall_ms": 2000.0, "input_processing_ms": 150.0, "generation_ms": 150.0, "tool_wait_ms": 50.0,
+        "app_work_ms": 250.0, "user_pause_ms": 1400.0, "unattributed_ms": 200.0,
+    }
+    turns = {r["turn"]: _parts(r) for r in sessions.turns(store, Filters(session_id="s-pause")).to_pylist()}
+    assert turns == {  # the pauses between turns are outside every turn window
+        0: {"wall_ms": 500.0, "input_processing_ms": 100.0, "generation_ms": 100.0, "tool_wait_ms": 0.0,
+            "app_work_ms": 150.0, "user_pause_ms": 150.0, "unattributed_ms": 100.0},
+        1: {"wall_ms": 200.0, "input_processing_ms": 50.0, "generation_ms": 50.0, "tool_wait_ms": 0.0,
+            "app_work_ms": 100.0, "user_pause_ms": 0.0, "unattributed_ms": 100.0},
+    }
+    assert sessions.totals(store, Filters(session_id="s-pause"))["user_pause_ms"] == 1400.0
 
 
 def test_proxy_only_session_uses_request_spans(store):
@@ -102,7 +141,7 @@ def test_proxy_only_session_uses_request_spans(store):
     # input: 20_000-20_100, 20_500-20_550, 20_700-20_750 (p-2 waits while p-1 is not streaming) = 200
     assert _parts(row) == {
         "wall_ms": 800.0, "input_processing_ms": 200.0, "generation_ms": 400.0, "tool_wait_ms": 0.0,
-        "app_work_ms": 200.0, "unattributed_ms": 200.0,
+        "app_work_ms": 200.0, "user_pause_ms": 0.0, "unattributed_ms": 200.0,
     }
     turns = {r["turn"]: r["wall_ms"] for r in sessions.turns(store, Filters(session_id="s-proxy")).to_pylist()}
     assert turns == {0: 300.0, 1: 300.0}

@@ -176,6 +176,13 @@ async def test_pause_longer_than_retention(tracer_provider, span_exporter, polic
     ended = {(s.attributes[sc.SESSION_ID], s.attributes[sc.TURN_INDEX]): s.attributes[sc.KV_RETENTION_OUTCOME] for s in retention}
     for sid in sessions:  # the blocks held across the pause were never read; the others were
         assert [ended[(sid, t)] == sc.RETENTION_READ for t in (0, 1, 2)] == [True, False, True]
+    # each pause before turns 1-3 is a user-pause span under the session span, outside the turns
+    by_id = spans_by_id(span_exporter)
+    pauses = [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_AGENT_USER_PAUSE]
+    assert sorted(s.attributes[sc.SESSION_ID] for s in pauses) == sorted(sessions * 3)
+    for p in pauses:
+        assert dict(p.attributes) == {sc.AGENT_PAUSE_REASON: "think", sc.SESSION_ID: p.attributes[sc.SESSION_ID]}
+        assert by_id[p.parent.span_id].name == sc.SPAN_AGENT_SESSION
 
 
 async def test_short_followups_below_threshold(tracer_provider, span_exporter):

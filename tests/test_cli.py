@@ -52,3 +52,29 @@ def test_summary_takes_the_first_sentence(doc, expected):
 def test_no_command_prints_help_and_exits_2(capsys):
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+def _options_without_help(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                missing += _options_without_help(child, f"{prefix} {name}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not (action.help or "").strip():
+            missing.append(f"{prefix} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+def test_every_option_of_every_command_has_help():
+    parser = build_parser()
+    assert set(_subparsers(parser)) == set(COMMANDS)  # every command was walked (none missing from this build)
+    assert _options_without_help(parser, "kvtrace") == []
+
+
+@pytest.mark.parametrize("sql", ["", "   ", " ; ", "-- only a comment"])
+def test_query_without_a_statement_exits_2_with_one_line(tmp_path, monkeypatch, capsys, sql):
+    monkeypatch.chdir(tmp_path)  # no ./kvtrace-traces: the missing statement is reported first
+    monkeypatch.delenv("KVTRACE_TRACES_DIR", raising=False)
+    assert main(["query", sql]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == 'kvtrace query: error: no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")\n'

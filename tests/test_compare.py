@@ -14,7 +14,7 @@ from kvtrace import semconv as sc
 from kvtrace.analysis import compare, report, text
 from kvtrace.bench import stats
 from kvtrace.bench.runner import RequestRecord, TurnRecord
-from kvtrace.demo import cli as demo
+from kvtrace.demo import summary as demo
 from kvtrace.store import connect
 from kvtrace.testing.synth import SpanBuilder
 
@@ -149,12 +149,12 @@ def test_bench_demo_report_and_dashboard_give_the_same_verdicts(runs, monkeypatc
     verdicts = _verdicts(rows)
     assert verdicts["1"] == "faster" and verdicts["0"] == "within noise"  # the data says so
     # kvtrace demo: its TTFT table
-    out = "\n".join(demo.ttft_sections(base, cand, 1.0))
+    out = "\n".join(demo.comparison_sections(base, cand, 1.0))
     table = [line.split("|") for line in out.split("== Mean TTFT by turn index", 1)[1].split("\n\n")[0].splitlines()
              if line.startswith("|")][2:]
     shown = {c[1].strip().replace(text.LATER_LABEL, compare.LATER): c[-2].strip() for c in table}
     assert shown == {k: v for k, v in verdicts.items() if k != compare.ALL}
-    assert f": {verdicts[compare.LATER]})" in out.splitlines()[-1]
+    assert f": {verdicts[compare.LATER]})" in " ".join(out.split("\n\n")[-1].split())  # the result paragraph
     # kvtrace report --compare
     doc, _ = report.build(cand, str(runs / "candidate"), compare_con=base, compare_dir=str(runs / "baseline"),
                           plots=False)

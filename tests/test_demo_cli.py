@@ -13,6 +13,7 @@ from kvtrace import semconv as sc
 from kvtrace.bench.scenarios import LLM
 from kvtrace.bench.workload import LLMAction, ToolAction
 from kvtrace.analysis import compare, retention, reuse, sessions
+from kvtrace.store.views.breakdown import PART_COLUMNS
 from kvtrace.demo import cli as demo
 from kvtrace.demo.cli import SCENARIOS
 from kvtrace.store import connect
@@ -80,8 +81,14 @@ def test_printed_numbers_match_the_views(demo_run):
     bidir = connect(root / "bidir")
     tot = sessions.totals(bidir)
     for label, col in (("input processing", "input_processing_ms"), ("generation", "generation_ms"),
-                       ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("wall time", "wall_ms")):
+                       ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("user pauses", "user_pause_ms"),
+                       ("wall time", "wall_ms")):
         assert _cell(out, label) == ms(tot[col]), label
+    # the paused sessions' pauses are the users' (> 2 x 60 model s / 5), not app work
+    assert tot["user_pause_ms"] > 2 * demo.RESUME_PAUSE_S / demo.DEFAULT_TIME_SCALE * 1e3 > tot["app_work_ms"]
+    longest = {r[0]: r for r in _table(out, "Longest sessions:")}
+    for r in sessions.breakdown(bidir, limit=12).to_pylist():
+        assert longest[r["session_id"]][2:] == [ms(r[c]) for c in ("wall_ms", *PART_COLUMNS)]
     s = reuse.summary(bidir)
     assert _cell(out, "pulled tokens") == num(s["pulled_tokens"])
     assert _cell(out, "P reuse decisions (d2p)") == num(s["decisions"])
@@ -100,15 +107,18 @@ def test_printed_ttft_table_matches_the_views(demo_run):
     assert [r[0] for r in table] == [str(r["turn"]) for r in rows[:-1]] + [LATER_LABEL]
     for printed, row in zip(table, rows):
         b, c = row["a_mean"], row["b_mean"]
-        assert printed[1:] == [num(row["n_b"]), ms(b), ms(c), ratio(row["ratio"]), ci(row), _model_s(b, scale),
-                               _model_s(c, scale), row["verdict"]]
+        assert printed[1:] == [num(row["n_b"]), ms(b), ms(c), ratio(row["ratio"]), ci(row),
+                               f"{_model_s(b, scale)} → {_model_s(c, scale)}", row["verdict"]]
     # the pooled row is the plain mean over every call at turn >= 1, computed here from the view
     pooled = {}
     for name, con in (("baseline", base), ("bidir", bidir)):
         pooled[name] = con.sql("SELECT count(*), avg(ttft_ms) FROM llm_calls WHERE turn >= 1").fetchall()[0]
     (n, b_mean), (_, c_mean) = pooled["baseline"], pooled["bidir"]
     assert table[-1][:6] == [LATER_LABEL, num(n), ms(b_mean), ms(c_mean), ratio(c_mean / b_mean), ci(rows[-1])]
-    assert f"(ratio {ratio(c_mean / b_mean)}, 95% CI {ci(rows[-1])}: {rows[-1]['verdict']})" in out
+    assert f"(ratio {ratio(c_mean / b_mean)}, 95% CI {ci(rows[-1])}: {rows[-1]['verdict']})" in " ".join(out.split())
+    # completed-turn latency: the same rule on the turn_latency_ms rows
+    turns = [r for r in compare.compare_runs(base, bidir) if r["metric"] == "turn_latency_ms" and r["turn"] != compare.ALL]
+    assert [r[-1] for r in _table(out, "== Mean completed-turn latency")] == [r["verdict"] for r in turns]
 
 
 @pytest.mark.timeout(240)
@@ -116,6 +126,7 @@ def test_printed_prefill_work_matches_the_views(demo_run):
     rc, out, root = demo_run
     bidir, base = connect(root / "bidir"), connect(root / "baseline")
     table = _table(out, "== Prefill work on P")
+    assert len(table[0]) == 6
     b_tok = {r["turn"]: r for r in reuse.tokens_by_source(base).to_pylist()}
     c_tok = {r["turn"]: r for r in reuse.tokens_by_source(bidir).to_pylist()}
     assert [r[0] for r in table] == [str(t) for t in sorted(c_tok)]
@@ -149,7 +160,16 @@ def test_printed_saved_work_table_matches_the_views(demo_run):
         if group:
             b, c = sum(g[1] for g in group) / len(group), sum(g[2] for g in group) / len(group)
             assert printed[2:6] == [f"{sum(g[0] for g in group) / len(group):,.0f}", ms(b), ms(c), ratio(c / b)]
+            assert printed[6] == f"{_model_s(b, demo.DEFAULT_TIME_SCALE)} → {_model_s(c, demo.DEFAULT_TIME_SCALE)}"
     assert sum(int(r[1]) for r in table) == len(pairs)
+
+
+@pytest.mark.timeout(240)
+def test_output_fits_120_columns(demo_run):
+    rc, out, root = demo_run
+    wide = [line for line in out.splitlines() if len(line) > 120 and not line.startswith("Open the dashboard:")]
+    assert wide == []
+    assert out.count("\n| ") >= 40  # the tables are there
 
 
 def test_workload_is_agent_sized_with_one_call_per_turn():
@@ -178,3 +198,45 @@ def test_bad_arguments(tmp_path, capsys):
     assert main(["demo", "--traces", str(tmp_path)]) == 2
     assert "other than Parquet" in capsys.readouterr().err
     assert (tmp_path / "bidir" / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "read-only-fs"])
+def test_unwritable_traces_end_the_demo_at_once_in_one_line(tmp_path, capsys, monkeypatch, where):
+    """Checked before anything starts: no run, no export errors, one line naming the directory."""
+    import os
+
+    if where == "under-a-file":
+        (tmp_path / "file").write_text("x")
+        target, reason = tmp_path / "file" / "traces", "Not a directory"
+    else:  # sysfs refuses new directories even to root
+        if not os.path.isdir("/sys/kernel") or os.access("/sys/kernel", os.W_OK) and os.geteuid() != 0:
+            pytest.skip("no read-only sysfs")
+        target, reason = "/sys/kernel/kvtrace-traces", os.strerror(1)  # EPERM: Operation not permitted
+    monkeypatch.setattr(demo, "run_both", lambda *a, **k: pytest.fail("the runs started"))
+    assert main(["demo", "--traces", str(target)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"kvtrace demo: error: cannot write traces to {target}: {reason}\n")
+
+
+@pytest.mark.parametrize("turn0, warned", [(compare.WITHIN_NOISE, False), (compare.FASTER, True), (compare.SLOWER, True)])
+def test_result_warns_when_turn_0_is_not_within_noise(turn0, warned):
+    """Nothing can be reused at turn 0, so a verdict there means the runs were disturbed."""
+    from kvtrace.demo.summary import conclusion
+
+    def r(turn, ratio_, verdict):
+        return {"metric": "ttft_ms", "turn": turn, "n_a": 12, "n_b": 12, "a_mean": 1000.0, "b_mean": 1000.0 * ratio_,
+                "ratio": ratio_, "ci_low": ratio_ - 0.1, "ci_high": ratio_ + 0.1, "verdict": verdict}
+
+    line = conclusion([r(0, 0.5, turn0), r(compare.LATER, 0.7, compare.FASTER)], [], 5.0)
+    assert line.startswith("Result: over 12 LLM calls at turns >= 1, mean TTFT 5.00 model s without bidirectional "
+                           "reuse -> 3.50 with it (ratio 0.70, 95% CI 0.60–0.80: faster); turn 0 (nothing to reuse): "
+                           f"ratio 0.50, {turn0}")
+    assert ("rerun before trusting this comparison" in line) is warned
+
+
+def test_readme_and_demo_help_give_the_same_duration():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    said = re.search(r"It takes about (\d+) s on 2 cores", readme)
+    assert said and f"about {said.group(1)} s on 2 cores" in " ".join(demo.run.__doc__.split())

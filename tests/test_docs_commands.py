@@ -188,11 +188,15 @@ def _python_command(text: str) -> str | None:
 def _sql(text: str, workdir: Path) -> str:
     bidir = workdir / "kvtrace-traces" / "bidir"
     if "otel.otel_traces" in text:  # ClickHouse: the demo's files through a plain glob, in chDB
-        chdb = pytest.importorskip("chdb")
+        pytest.importorskip("chdb")
+        from clickhouse_check import chdb_backend
+
         from kvtrace.store.sql import CLICKHOUSE, literal
 
         source = f"file({literal(str(bidir / '**' / '*.parquet'), CLICKHOUSE)}, Parquet)"
-        chdb.query(text.replace("otel.otel_traces", source).rstrip().rstrip(";"), "CSV")
+        # through kvtrace's backend: chDB opens one database directory per process, and a
+        # documented example may have opened one
+        chdb_backend().query(text.replace("otel.otel_traces", source).rstrip().rstrip(";"))
         return "ran"
     from kvtrace.store import connect
 

@@ -174,6 +174,16 @@ def test_cli_hardening_flags_and_settings(monkeypatch):
         build_config(build_parser().parse_args(["proxy"]))
 
 
+def test_cli_refuses_an_unwritable_trace_directory_before_listening(tmp_path, capsys, monkeypatch):
+    from kvtrace.cli import main
+
+    (tmp_path / "file").write_text("x")
+    target = tmp_path / "file" / "traces"
+    monkeypatch.setattr("kvtrace.proxy.server.start", lambda *a, **k: pytest.fail("the proxy started"))
+    assert main(["proxy", "--traces", str(target), "--port", "0"]) == 2
+    assert capsys.readouterr().err == f"kvtrace proxy: error: cannot write traces to {target}: Not a directory\n"
+
+
 @pytest.mark.parametrize("split", [1, 5, 4096])
 def test_patcher_line_split_over_many_chunks_and_invalid_chunk_keeps_prior_lines(split):
     good = _chunk()

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import pytest
 import urllib.request
 
 import aiohttp
@@ -44,9 +46,10 @@ async def test_one_provider_per_worker_with_sim_resource():
     assert {s.name for s in exported} == {sc.SPAN_ENGINE_PREFILL, sc.SPAN_KV_DECISION}
     res = dict(exported[0].resource.attributes)
     assert {k: res[k] for k in (sc.SERVICE_NAME, sc.SUBSTRATE, sc.ENGINE_ID, sc.ENGINE_ROLE, sc.SIM_TIME_SCALE,
-                                 sc.SIM_PRESET)} == {
+                                 sc.SIM_PRESET, sc.ENGINE_KV_POOL_BYTES)} == {
         sc.SERVICE_NAME: "kvtrace-sim-prefill", sc.SUBSTRATE: sc.SUBSTRATE_SIM, sc.ENGINE_ID: "sim-prefill-1",
-        sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.SIM_TIME_SCALE: 4.0, sc.SIM_PRESET: "glm5-fp8"}
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.SIM_TIME_SCALE: 4.0, sc.SIM_PRESET: "glm5-fp8",
+        sc.ENGINE_KV_POOL_BYTES: 65536 * 16 * 51_168}  # capacity blocks x block size x glm5-fp8 bytes/token
     assert made[0][2].get_finished_spans() == ()
 
 
@@ -76,6 +79,18 @@ def test_cli_rejects_bad_config(capsys):
     assert "--kv-transfer-config is not valid JSON" in capsys.readouterr().err
     assert cli.main(["sim", "--prefill", "0", "--decode", "0"]) == 2
     assert cli.main(["sim", "--time-scale", "0"]) == 2
+
+
+@pytest.mark.parametrize("env", [False, True])
+def test_cli_refuses_an_unwritable_trace_directory_before_starting(tmp_path, capsys, monkeypatch, env):
+    """--traces (or KVTRACE_TRACES_DIR) through a regular file: one line, exit 2, no worker started."""
+    (tmp_path / "file").write_text("x")
+    target = tmp_path / "file" / "traces"
+    monkeypatch.setattr("kvtrace.sim.cli._serve", lambda *a: pytest.fail("workers started"))
+    if env:
+        monkeypatch.setenv("KVTRACE_TRACES_DIR", str(target))
+    assert cli.main(["sim", *([] if env else ["--traces", str(target)])]) == 2
+    assert capsys.readouterr().err == f"kvtrace sim: error: cannot write traces to {target}: Not a directory\n"
 
 
 def test_cli_serves_until_sigint():

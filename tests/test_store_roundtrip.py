@@ -46,6 +46,10 @@ EXPECTED_COLUMNS = {
     "vllm_requests": "trace_id span_id parent_span_id vllm_request_id request_id session_id turn leg proxy_span_id "
     "request_trace_id matched_by service_name model prompt_tokens completion_tokens queue_ms ttft_ms e2e_ms "
     "prefill_ms decode_ms inference_ms start_time end_time start_ns end_ns duration_ms status_code",
+    "turn_gaps": "trace_id span_id session_id turn request_id engine_id agent_name scenario start_ns end_ns held_s "
+    "blocks tokens bytes ttl_s retention_outcome time_scale next_trace_id next_span_id next_request_id next_turn "
+    "next_engine_id next_start_ns gap_s expiry_gap_s entry_age_s offer_ttl_s offered offer_reason outcome "
+    "pulled_tokens recomputed_tokens",
 }
 SPANS_DERIVED = ("trace_id span_id parent_span_id name kind service_name start_time end_time start_ns end_ns duration_ms "
                  "status_code session_id request_id turn engine_id engine_role substrate").split()

@@ -350,3 +350,55 @@ def test_raising_telemetry_does_not_change_vllm(monkeypatch, model_dir, caplog):
     assert wrapped_stats.prefix_cache_stats == bare_stats.prefix_cache_stats
     assert wrapped_stats.connector_prefix_cache_stats == bare_stats.connector_prefix_cache_stats
     assert "exploded" in caplog.text
+
+
+def test_kv_pool_size_is_a_resource_attribute(monkeypatch, model_dir):
+    """The what-if advisor reports memory held as a share of D's KV pool: the connector records the
+    pool's size (KVCacheConfig.num_blocks x bytes per block) on its resource."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kvtrace.vllm import config
+    from kvtrace.vllm.connector import KVTraceNixlConnector
+
+    seen = []
+    monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", None)
+    monkeypatch.setattr(config, "_providers", {})
+    monkeypatch.setattr(config, "configure",
+                        lambda service, **kw: seen.append((service, kw["resource_attributes"])) or TracerProvider())
+    sched = _sched(model_dir, role="decode", engine=D_ENGINE)
+    blocks = sched.kv_cache_config.num_blocks
+    assert blocks > 0
+    assert seen == [("vllm-decode", {sc.SUBSTRATE: sc.SUBSTRATE_VLLM, sc.ENGINE_ID: D_ENGINE,
+                                     sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: blocks * BLOCK_BYTES})]
+
+
+def test_whatif_reproduces_the_connectors_recorded_decisions(connector_cls, model_dir, span_exporter, tmp_path):
+    """``kvtrace whatif``'s recorded row from spans vLLM's real scheduler made through the connector:
+    applied to each recorded decision's inputs, kvtrace.kvrules gives back what vLLM decided (no
+    remote, pulled, below threshold, local hit, expired)."""
+    from kvtrace.store.convert import spans_to_table
+    from kvtrace.testing.synth import write_table
+    from whatif_check import check_recorded_row
+
+    sched = _sched(model_dir)
+    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # no remote
+    for base, remote, blocks in ((1000, 260, 17), (2000, 136, 9), (3000, 90, 9)):  # pulled, below, local hit
+        _prefill_turn(sched, list(range(base + 1, base + 101)), {"do_remote_decode": True})  # 96 tokens cached
+        req, _ = _prefill_turn(sched, list(range(base + 1, base + 301)), _d_params(remote, blocks))
+        if req.request_id not in sched.running:
+            _run(sched, req, finished_recving={req.request_id})
+            _run(sched, req)
+    req, _ = _prefill_turn(sched, list(range(4001, 4201)), _d_params(180, 12, expiry_in=2.0))
+    _run(sched, req, finished_recving={req.request_id}, failed_recving={req.request_id},
+         stats=_stats(num_kv_expired_reqs=[1]))
+    d_sched = _sched(model_dir, role="decode", engine=D_ENGINE)
+    d_req, _ = _decode_turn(d_sched, list(range(5001, 5161)))
+    _run(d_sched, d_req, finished_sending={d_req.request_id})
+    spans = span_exporter.get_finished_spans()
+    outcomes = sorted(s.attributes[sc.KV_OUTCOME] for s in spans if s.name == sc.SPAN_KV_DECISION
+                      and s.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P)
+    assert outcomes == sorted([sc.OUTCOME_NO_REMOTE] * 4 + [sc.OUTCOME_PULLED, sc.OUTCOME_BELOW_THRESHOLD,
+                                                              sc.OUTCOME_LOCAL_HIT, sc.OUTCOME_EXPIRED])
+    write_table(spans_to_table(list(spans)), tmp_path)
+    row = check_recorded_row(tmp_path)
+    assert (row["pulled"], row["below_threshold"], row["local_hit"], row["expired"], row["no_remote"]) == (1, 1, 1, 1, 4)

@@ -1,30 +1,14 @@
-"""Real P/D end to end: two vLLM CPU servers with NIXL and the kvtrace connector on loopback.
+"""Real P/D end to end: three vLLM CPU servers (P, D, D2) with NIXL and the kvtrace connector
+on loopback; the conversations are described in vllm_scenario.py.
 
-Conversation A (D with decoder_kv_blocks_ttl=480):
-  turn 0: 300-token prompt, D generates 100 tokens and retains the conversation;
-  turn 1: turn 0 + its output + 122 new tokens: P holds 256 tokens locally (2 blocks of 128),
-          D offers 399, so P pulls 143 (>= 64) from D  -> decision pulled, d2p transfer;
-  turn 2: turn 1 + 20 output + 30 new tokens: P now holds 512 locally, D offers ~541 -> 29 < 64
-          -> below_threshold.
-Conversation C: one chat turn, D streamed through the kvtrace plugin's finish-chunk patch.
-Conversation "agent" (same P and D, before D stops): a kvtrace agent session whose traced
-  ``openai`` client streams chat through the real kvtrace proxy (in-process): turn 0 (~300
-  tokens, 100 generated) is not offered (no_entry -> no_remote); turn 1 adds >= 100 new tokens and
-  P pulls from D.  One trace runs agent session -> turn -> llm_call -> proxy request -> P leg ->
-  P's engine prefill -> decision -> d2p transfer (and D leg -> D's engine decode), one session id.
-Conversation B (a second D, ttl=10 s, started after the first one stops): turn 0, then, once
-  D has released the blocks (its retention span ended ``expired``), turn 1 offers the stale
-  blocks: P's worker declines the read -> decision expired.
-
-Assertions are on kv_transfer_params, spans (Parquet, via kvtrace.store views) and P's
-Prometheus counters -- never on latency.
+Assertions are on kv_transfer_params, spans (Parquet, via kvtrace.store views), P's Prometheus
+counters and which process made the connector's spans -- never on latency.  Every wait of the rig
+is bounded and fails with every vLLM process's stacks and log tail (vllm_pd.RigError).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-import traceback
+import os
 
 import pytest
 
@@ -37,123 +21,21 @@ require_vllm("nixl")
 
 import vllm_pd as pd  # noqa: E402
 import vllm_rig as rig  # noqa: E402
+import vllm_scenario as scenario  # noqa: E402
 from kvtrace.agent import kv_transfer_of  # noqa: E402
 from kvtrace.store.schema import SPAN_KINDS  # noqa: E402
-from kvtrace.store.views import connect  # noqa: E402
 from kvtrace.vllm.config import public_request_id  # noqa: E402
+from opentelemetry.semconv.resource import ResourceAttributes  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 
-AGENT_SESSION = "conv-agent"
-AGENT_MAX_TOKENS = [100, 20]
-AGENT_TURNS = [
-    " ".join(f"step {i}: the agent reads file {i} and calls tool number {i * 7} again." for i in range(16)),
-    " ".join(f"follow-up {i}: now the agent reads file {i + 40} and calls tool number {i * 11} again."
-             for i in range(5)),
-]
-
-
-def _ids(seed: int, n: int) -> list[int]:
-    return [5 + (seed * 131 + i * 37) % 500 for i in range(n)]
-
-
-def _rows(traces, sql: str, params: list):
-    con = connect(traces, allow_empty=True)
-    try:
-        cur = con.execute(sql, params)
-        cols = [c[0] for c in cur.description]
-        return [dict(zip(cols, row)) for row in cur.fetchall()]
-    finally:
-        con.close()
+AGENT_SESSION = scenario.AGENT_SESSION
+AGENT_MAX_TOKENS = scenario.AGENT_MAX_TOKENS
+_rows = scenario.rows
 
 
 @pytest.fixture(scope="module")
 def rig_run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("pd")
-    model = rig.make_tiny_model(base / "model")
-    traces = base / "traces"
-    started = time.monotonic()
-    p = pd.Server("p", "prefill", model, traces, base)
-    d = pd.Server("d", "decode", model, traces, base, ttl_s=480)
-    d2 = pd.Server("d2", "decode", model, traces, base, ttl_s=10)
-    out = {"traces": traces, "p": p, "d": d, "d2": d2}
-    try:
-        for s in (p, d):
-            s.start()
-        for s in (p, d):
-            s.wait_ready()
-        a0 = _ids(1, 300)
-        t0 = pd.run_turn(p, d, session="conv-a", turn=0, prompt=a0, cached=None, max_tokens=100)
-        before = p.external_kv_tokens()
-        a1 = a0 + t0.output_ids + _ids(2, 122)
-        t1 = pd.run_turn(p, d, session="conv-a", turn=1, prompt=a1, cached=t0.d_params, max_tokens=20)
-        out["metric_delta"] = pd.wait_for(lambda: p.external_kv_tokens() - before, deadline_s=30,
-                                          what="P's external_kv_transfer counter")
-        a2 = a1 + t1.output_ids + _ids(3, 30)
-        t2 = pd.run_turn(p, d, session="conv-a", turn=2, prompt=a2, cached=t1.d_params, max_tokens=4)
-        chat = [{"role": "user", "content": "turn 0: the agent reads file 3 and calls tool number 21 again. " * 8}]
-        tc = pd.run_turn(p, d, session="conv-c", turn=0, prompt=chat, cached=None, max_tokens=8, chat=True)
-        out.update(t0=t0, t1=t1, t2=t2, tc=tc)
-        try:  # a failure here fails the agent tests only (agent_run), not the turns above
-            out.update(_agent_session(p, d, traces, model))
-        except Exception:
-            out["agent_error"] = traceback.format_exc()
-        d.stop()
-        d2.start()
-        d2.wait_ready()
-        b0 = _ids(7, 300)
-        u0 = pd.run_turn(p, d2, session="conv-b", turn=0, prompt=b0, cached=None, max_tokens=100)
-        pd.wait_for(lambda: _rows(traces, "SELECT outcome FROM kv_retention WHERE request_id = ? AND outcome IS NOT NULL",
-                                  [u0.request_id]), deadline_s=90, what="D2 releasing conversation B's blocks")
-        u1 = pd.run_turn(p, d2, session="conv-b", turn=1, prompt=b0 + u0.output_ids + _ids(8, 122),
-                         cached=u0.d_params, max_tokens=4, p_fails=True, attempts=1)
-        out.update(u0=u0, u1=u1)
-        # vLLM's API server kills its engine process at shutdown: wait until every span the
-        # assertions need has been exported before stopping the servers.
-        for turn in (t1, t2, u1):
-            pd.wait_for(lambda: _rows(traces, "SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
-                                      [turn.request_id, sc.ROLE_PREFILL]), deadline_s=60,
-                        what=f"P's decision span for {turn.request_id}")
-        for turn in (t1, u1):
-            pd.wait_for(lambda: _rows(traces, "SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?",
-                                      [turn.request_id, sc.DIRECTION_D2P]), deadline_s=60,
-                        what=f"P's d2p transfer span for {turn.request_id}")
-    finally:
-        for s in (p, d, d2):
-            s.stop()
-    out["wall_s"] = time.monotonic() - started
-    print(f"\nvLLM P/D e2e wall time: {out['wall_s']:.1f}s")
-    return out
-
-
-def _agent_session(p, d, traces, model) -> dict:
-    """Conversation "agent" through the kvtrace proxy; waits (before D stops) for every span the
-    agent tests read.  Turn 0 pulls nothing, so P's counter delta is turn 1's pull."""
-    from tokenizers import Tokenizer
-
-    started, before = time.monotonic(), p.external_kv_tokens()
-    turns = asyncio.run(pd.run_agent_session(p, d, traces, session=AGENT_SESSION, user_turns=AGENT_TURNS,
-                                             max_tokens=AGENT_MAX_TOKENS))
-    delta = pd.wait_for(lambda: p.external_kv_tokens() - before, deadline_s=30,
-                        what="P's external_kv_transfer counter (agent turn 1)")
-    rid0, rid1 = (_agent_rid(t) for t in turns)
-    waits = [
-        ("SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?", [rid0, sc.ROLE_PREFILL]),
-        ("SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?", [rid1, sc.ROLE_PREFILL]),
-        ("SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?", [rid1, sc.DIRECTION_D2P]),
-        ("SELECT 1 FROM spans WHERE request_id = ? AND name = ?", [rid1, sc.SPAN_ENGINE_PREFILL]),
-        ("SELECT 1 FROM spans WHERE request_id = ? AND name = ?", [rid1, sc.SPAN_ENGINE_DECODE]),
-        ("SELECT 1 FROM kv_retention WHERE request_id = ? AND outcome IS NOT NULL", [rid0]),
-    ]
-    for sql, params in waits:
-        pd.wait_for(lambda: _rows(traces, sql, params), deadline_s=60, what=f"{sql} {params}")
-    new_tokens = len(Tokenizer.from_file(str(model / "tokenizer.json")).encode(AGENT_TURNS[1]).ids)
-    print(f"\nagent session through the kvtrace proxy: {time.monotonic() - started:.1f}s, "
-          f"attempts per turn {[t.attempts for t in turns]}")
-    return {"agent": turns, "agent_metric_delta": delta, "agent_new_tokens": new_tokens}
-
-
-def _agent_rid(turn) -> str | None:
-    return (turn.kv_transfer or {}).get(sc.KVT_REQUEST_ID)
+    return scenario.run(tmp_path_factory.mktemp("pd"))
 
 
 def _decision(run, turn, role=sc.ROLE_PREFILL):
@@ -366,3 +248,28 @@ def test_agent_turn_0_retention_on_decode_ends_read(agent_run):
         sc.RETENTION_READ, agent_run["d"].engine_id, AGENT_SESSION, t0.proxy_turn, t0.result.trace_id, 480)
     assert (ret["blocks"], ret["bytes"]) == (kvt[sc.KVT_RETAINED_BLOCKS], kvt[sc.KVT_RETAINED_BYTES])
     assert ret["bytes"] == ret["blocks"] * rig.BLOCK_BYTES > 0
+
+
+# ---------------------------------------------------------------------------- which process made the spans
+def test_connector_spans_come_from_each_engines_scheduler_process(rig_run):
+    """The connector records in the scheduler role only, i.e. in the EngineCore process; its
+    worker role (inside EngineCore with the uni executor, a VLLM::Worker process with mp) only
+    forwards.  Each server's spans carry its EngineCore's pid, engine id and role."""
+    servers = [rig_run[name] for name in ("p", "d", "d2")]
+    layout = servers[0].layout
+    titles = ["VLLM::EngineCore"] if layout == "uni" else ["VLLM::EngineCore", "VLLM::Worker"]
+    pids = rig_run["pids"]
+    assert {s.name: sorted(pids[s.name]) for s in servers} == {s.name: titles for s in servers}
+    assert all(len(found) == 1 for s in servers for found in pids[s.name].values())
+    got = _rows(rig_run["traces"],
+                "SELECT DISTINCT service_name, engine_id, engine_role, ResourceAttributes[?] AS pid "
+                "FROM spans WHERE substrate = ?", [ResourceAttributes.PROCESS_PID, sc.SUBSTRATE_VLLM])
+    assert {tuple(r.values()) for r in got} == {
+        (s.service_name, s.engine_id, s.role, str(pids[s.name]["VLLM::EngineCore"][0])) for s in servers}
+
+
+def test_every_engine_thread_may_use_every_cpu(rig_run):
+    """vLLM pins its NIXL worker's thread (and what it starts) to the last core; the rig undoes it
+    so the three engines do not queue on one core (docs/troubleshooting.md)."""
+    wide = frozenset(os.sched_getaffinity(0))
+    assert rig_run["affinities"] == {name: {wide} for name in ("p", "d", "d2")}

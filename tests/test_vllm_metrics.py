@@ -66,18 +66,16 @@ def run(tmp_path_factory):
                          fix_vllm_colons={"vllm"})
     proxy = None
     out = {"traces": traces}
+    servers = pd.Rig([p, d])
     try:
-        for s in (p, d):
-            s.start()
-        for s in (p, d):
-            s.wait_ready(deadline_s=600)  # start-up takes minutes when the shared cores are busy
+        servers.start(deadline_s=600)  # start-up takes minutes when the shared cores are busy
         proxy = subprocess.Popen(
             [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(proxy_port), "--prefiller-host", "127.0.0.1",
              "--prefiller-port", str(p.port), "--decoder-host", "127.0.0.1", "--decoder-port", str(d.port),
              "--traces", str(traces), "--read-timeout", "300"],
             stdout=open(base / "proxy.log", "wb"), stderr=subprocess.STDOUT,
             env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"})
-        pd.wait_for(lambda: pc.healthy(f"http://127.0.0.1:{proxy_port}"), deadline_s=60, what="kvtrace proxy")
+        servers.wait_for(lambda: pc.healthy(f"http://127.0.0.1:{proxy_port}"), deadline_s=60, what="kvtrace proxy")
         prom.start()
         prom.wait_up()
         url = f"http://127.0.0.1:{proxy_port}"
@@ -97,23 +95,25 @@ def run(tmp_path_factory):
         got = pc.comparable(pc.prometheus_totals(prom, proxy=True))
         out["got"] = got
         # spans reach Parquet in batches: poll until the store says the same (or the deadline)
-        try:
-            out["want"] = pd.wait_for(lambda: _same(got, traces), deadline_s=90, what="spans equal to counters")
-        except TimeoutError:
-            out["want"] = pc.comparable(pc.span_totals(traces, proxy=True))
+        out["want"] = _wait_same(got, traces, deadline_s=90)
     finally:
         if proxy is not None:
             proxy.terminate()
             proxy.wait(30)
-        for s in (p, d):
-            s.stop()
+        servers.stop()
         prom.stop()
     return out
 
 
-def _same(got: dict, traces) -> dict | None:
-    want = pc.comparable(pc.span_totals(traces, proxy=True))
-    return want if want == got else None
+def _wait_same(got: dict, traces, deadline_s: float) -> dict:
+    """The store's totals once they equal ``got`` (polled until the deadline); else the last ones,
+    which the test then compares and reports."""
+    end = time.monotonic() + deadline_s
+    while True:
+        want = pc.comparable(pc.span_totals(traces, proxy=True))
+        if want == got or time.monotonic() > end:
+            return want
+        time.sleep(0.5)
 
 
 def test_the_turns_did_what_the_metrics_must_show(run):

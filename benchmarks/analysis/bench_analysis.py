@@ -70,6 +70,14 @@ def _maps(keys: list[str], columns: list[np.ndarray], n: int, typ) -> pa.MapArra
                                    pa.array(vals, typ))
 
 
+def empty_lists(n: int) -> tuple[pa.ListArray, pa.ListArray, pa.ListArray]:
+    """``n`` empty lists of timestamps, of strings and of string maps (the event and link columns)."""
+    offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
+    empty_map = pa.MapArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.string()), pa.array([], pa.string()))
+    return (pa.ListArray.from_arrays(offsets, pa.array([], TS)),
+            pa.ListArray.from_arrays(offsets, pa.array([], pa.string())), pa.ListArray.from_arrays(offsets, empty_map))
+
+
 def session_batch(first: int, count: int) -> pa.Table:
     """Spans of sessions ``first .. first+count-1`` (session i starts i seconds after BASE_NS)."""
     tpl = _template()
@@ -88,11 +96,7 @@ def session_batch(first: int, count: int) -> pa.Table:
     span_map = _maps([sc.SESSION_ID], [sid], n, pa.string())
     int_map = _typed(has_turn, sc.TURN_INDEX, turn, pa.int64())
     float_map = _typed(is_llm, sc.LLM_TTFT_MS, ttft, pa.float64())
-    empty_ts = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], TS))
-    empty_str = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()))
-    empty_maps = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)),
-                                          pa.MapArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.string()),
-                                                                  pa.array([], pa.string())))
+    empty_ts, empty_str, empty_maps = empty_lists(n)
     const = lambda v: pa.array(np.full(n, v, dtype=object), pa.string())  # noqa: E731
     no_map = _maps([], [], n, pa.string())
     columns = [

@@ -1,9 +1,8 @@
 """Session drill-down: the turn breakdown and a waterfall of every span of one session."""
 
 import altair as alt
-import pandas as pd
 import streamlit as st
-from common import PART_LABELS, chart, df, fmt_ms, no_data, q, ranked, sidebar
+from common import MIN_BAR, PART_LABELS, chart, df, fmt_ms, no_data, part_colours, q, ranked, sidebar, table, waterfall
 
 from kvtrace.analysis import sessions
 from kvtrace.analysis.filters import Filters
@@ -45,28 +44,25 @@ if not turns.empty:
     parts = list(PART_LABELS.values())
     chart(st, alt.Chart(ranked(long, "part", parts)).mark_bar().encode(
         x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms:Q", stack="zero"),
-        color=alt.Color("part:N", sort=parts), order=alt.Order("rank:Q"),
+        color=alt.Color("part:N", sort=parts, scale=part_colours()), order=alt.Order("rank:Q"),
         tooltip=["turn", "part", alt.Tooltip("ms:Q", format=",.1f")],
     ).properties(height=220))
-    st.dataframe(turns.drop(columns=["session_id", "end_ns"]), hide_index=True, width="stretch")
+    table(st, turns.drop(columns=["session_id", "end_ns"]))
 
 spans = q(sessions.spans_of_session, directory, session_id, limit=MAX_SPANS, clip_ns=info["end_ns"])
 st.subheader(f"Spans ({len(spans)}{'+, first ' + str(MAX_SPANS) if len(spans) >= MAX_SPANS else ''})")
 if spans:
-    frame = pd.DataFrame(spans)
-    frame["label"] = [
-        f"{i:04d} {r['name'].split('.', 1)[-1]}" + (f" [{r['engine_id']}]" if r["engine_id"] else "")
-        for i, r in enumerate(spans)
-    ]
-    frame["shown_ms"] = frame["end_ms"] - frame["start_ms"]
+    frame = waterfall(spans)
     dense = ROW_PX * len(frame) > MAX_PX  # then thin out the labels rather than stack them
     chart(st, alt.Chart(frame).mark_bar().encode(
         x=alt.X("start_ms:Q", title="ms since the session's first span"),
-        x2="end_ms:Q",
+        x2="bar_end_ms:Q",
         y=alt.Y("label:N", sort=None, title=None,
                 axis=alt.Axis(labelLimit=320, labelOverlap="greedy" if dense else False)),
         color=alt.Color("lane:N", title="lane"),
         tooltip=["name", "service_name", "engine_id", "turn", "request_id",
                  alt.Tooltip("duration_ms:Q", format=",.2f"), "status_code", "clipped"],
     ).properties(height=MAX_PX if dense else alt.Step(ROW_PX)))
-    st.caption("Retention spans still held after the session ended are cut at its end (clipped).")
+    st.caption("Retention spans still held after the session ended are cut at its end (clipped). Bars shorter than "
+               f"{MIN_BAR:.1%} of the session (KV transfers, decisions) are drawn at that width so they stay visible; "
+               "their tooltip has the real duration.")

@@ -3,10 +3,10 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar
+from common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar, source_colours, table
 
 from kvtrace import semconv as sc
-from kvtrace.analysis import continuity, reuse
+from kvtrace.analysis import continuity, palette, reuse
 
 directory, filters, facets = sidebar()
 st.title("KV reuse")
@@ -22,10 +22,11 @@ c[0].metric("Pull rate", "–" if s["pull_rate"] is None else f"{s['pull_rate']:
 c[1].metric("Pulled tokens", f"{s['pulled_tokens']:,}", f"of {s['reusable_tokens']:,} reusable",
             delta_color="off", delta_arrow="off")
 c[2].metric("Moved", fmt_bytes(s["bytes"]))
-c[3].metric("Recompute avoided (est.)", fmt_ms(s["saved_ms"]),
-            f"{fmt_ms(s['recompute_est_ms'])} recompute vs {fmt_ms(s['transfer_ms'])} transfer",
-            delta_color="off", delta_arrow="off")
+c[3].metric("Recompute avoided (est.)", fmt_ms(s["saved_ms"]))
 c[4].metric("Break-even", "–" if s["break_even_tokens"] is None else f"{s['break_even_tokens']:,.0f} tokens")
+st.caption(f"Recompute avoided = {fmt_ms(s['recompute_est_ms'])} estimated to recompute the pulled tokens − "
+           f"{fmt_ms(s['transfer_ms'])} measured to transfer them (wall time). Break-even: the pulled-token count "
+           "above which pulling is cheaper than recomputing.")
 
 left, right = st.columns(2)
 mix = df(q(reuse.decision_mix, directory, filters))
@@ -45,11 +46,11 @@ tokens = df(q(reuse.tokens_by_source, directory, filters))
 if not tokens.empty:
     long = tokens.melt(id_vars=["turn"], value_vars=["local_hit_tokens", "pulled_tokens", "computed_tokens"],
                        var_name="source", value_name="tokens")
-    long["source"] = long["source"].str.replace("_tokens", "")
-    sources = ["local_hit", "pulled", "computed"]
+    long["source"] = long["source"].map({col: label for col, (label, _) in palette.SOURCES.items()})
+    sources = palette.labels(palette.SOURCES)
     chart(st, alt.Chart(ranked(long, "source", sources)).mark_bar().encode(
         x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("tokens:Q", stack="zero"),
-        color=alt.Color("source:N", sort=sources), order=alt.Order("rank:Q"),
+        color=alt.Color("source:N", sort=sources, scale=source_colours()), order=alt.Order("rank:Q"),
         tooltip=["turn", "source", alt.Tooltip("tokens:Q", format=",")],
     ).properties(title="P's prompt tokens by source, per turn index", height=260))
 
@@ -67,17 +68,17 @@ if not pulled.empty:
     if s["break_even_tokens"] is not None:
         rule = pd.DataFrame({"tokens": [s["break_even_tokens"]], "label": ["break-even"]})
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 3]).encode(x="tokens:Q", tooltip=["label", "tokens"]))
-    chart(st, alt.layer(*layers).properties(title="Transfer vs recompute per pulled request", height=320))
+    chart(st, alt.layer(*layers).properties(title="Transfer vs recompute per pulled request (wall ms)", height=320))
     st.caption("Recompute estimate = pulled tokens ÷ the P worker's observed prefill rate. The dashed line is "
                "the break-even token count: above it pulling is cheaper than recomputing.")
 
 st.subheader("Per request")
-st.dataframe(reqs.head(1000), hide_index=True, width="stretch")
+table(st, reqs.head(1000))
 st.subheader("Transfer cost and break-even per P engine")
 per_engine = pd.DataFrame(q(reuse.break_even, directory))
 if not per_engine.empty:  # the pooled row (all P engines together) has engine_id NULL
     per_engine["engine_id"] = per_engine["engine_id"].fillna("(all engines)")
-st.dataframe(per_engine, hide_index=True, width="stretch")
+table(st, per_engine)
 
 # continuity (#13): turns whose messages no longer extend what the proxy served to the session
 breaks = df(q(continuity.summary, directory, filters))
@@ -95,7 +96,7 @@ if not breaks.empty:
                  alt.Tooltip("reusable_tokens_lost:Q", format=","), alt.Tooltip("recomputed_tokens:Q", format=","),
                  alt.Tooltip("prefill_ms:Q", format=",.1f")],
     ).properties(title="Turns that broke continuity", height=alt.Step(28)))
-    st.dataframe(breaks.drop(columns=["group"]), hide_index=True, width="stretch")
+    table(st, breaks.drop(columns=["group"]))
     worst = df(q(continuity.breaks, directory, filters, limit=200))
     if not worst.empty:
-        st.dataframe(worst, hide_index=True, width="stretch")
+        table(st, worst)

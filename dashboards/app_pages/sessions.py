@@ -1,9 +1,10 @@
-"""Sessions overview: where agent time goes (input processing, generation, tool waits, app work)."""
+"""Sessions overview: where agent time goes (input processing, generation, tool waits, app work,
+user pauses)."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import PART_LABELS, chart, df, fmt_ms, no_data, q, ranked, sidebar
+from common import PART_LABELS, chart, df, fmt_ms, no_data, part_colours, q, ranked, sidebar, table
 
 from kvtrace.analysis import sessions
 from kvtrace.store.views.breakdown import PRECEDENCE
@@ -11,14 +12,15 @@ from kvtrace.store.views.breakdown import PRECEDENCE
 directory, filters, facets = sidebar()
 st.title("Sessions")
 st.caption(
-    "Each session's wall time split into four parts that add up to it. Overlaps are counted once, "
-    f"by precedence {' > '.join(PRECEDENCE)}; app work includes unattributed time."
+    "Each session's wall time split into five parts that add up to it. Overlaps are counted once, "
+    f"by precedence {' > '.join(PRECEDENCE)}; app work includes unattributed time; user pauses are "
+    "the spans the agent marks as waiting for its user (think time, pause-resume gaps)."
 )
 if no_data(facets, directory):
     st.stop()
 
 tot = q(sessions.totals, directory, filters)
-cols = st.columns(6)
+cols = st.columns(7)
 cols[0].metric("Sessions", f"{tot['sessions']:,}")
 cols[1].metric("Turns", f"{tot['turns']:,}")
 for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
@@ -26,12 +28,13 @@ for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
     col.metric(label.capitalize(), f"{share:.0%}", fmt_ms(tot[key]), delta_color="off", delta_arrow="off")
 
 left, mid, right = st.columns([2, 1, 1])
-order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"))
+order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"),
+                       format_func=lambda column: column.replace("_", " "))
 descending = mid.toggle("Descending", value=True)
 limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, step=100)
-table = df(q(sessions.breakdown, directory, filters, order=order, descending=descending, limit=int(limit)))
+rows = df(q(sessions.breakdown, directory, filters, order=order, descending=descending, limit=int(limit)))
 
-top = table.head(50)
+top = rows.head(50)
 parts = list(PART_LABELS.values())
 if not top.empty:
     long = top.melt(id_vars=["session_id"], value_vars=list(PART_LABELS), var_name="part", value_name="ms")
@@ -39,16 +42,17 @@ if not top.empty:
     chart(st, alt.Chart(ranked(long, "part", parts)).mark_bar().encode(
         y=alt.Y("session_id:N", sort=list(top["session_id"]), title=None, axis=alt.Axis(labelLimit=240)),
         x=alt.X("ms:Q", stack="zero", title="ms"),
-        color=alt.Color("part:N", sort=parts, title="part"),
+        color=alt.Color("part:N", sort=parts, title="part", scale=part_colours()),
         order=alt.Order("rank:Q"),
         tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
-    ).properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order}"))
+    ).properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order.replace('_', ' ')}"))
 
 totals = pd.DataFrame({"part": parts, "ms": [tot[k] for k in PART_LABELS]})
 chart(st, alt.Chart(ranked(totals, "part", parts)).mark_bar().encode(
     x=alt.X("ms:Q", stack="normalize", title="share of all wall time", axis=alt.Axis(format="%")),
-    color=alt.Color("part:N", sort=parts, title="part"),
+    color=alt.Color("part:N", sort=parts, title=None, scale=part_colours(),
+                    legend=alt.Legend(orient="bottom", direction="horizontal")),  # five entries: taller than the bar
     order=alt.Order("rank:Q"),
     tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")],
 ).properties(height=40, title="All sessions"))
-st.dataframe(table.drop(columns=["end_ns"]), hide_index=True, width="stretch")
+table(st, rows.drop(columns=["end_ns"]))

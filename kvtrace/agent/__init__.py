@@ -1,6 +1,6 @@
 """kvtrace.agent: instrumentation for agents, nothing else.
 
-Agent-side spans (session, turn, LLM call, tool call, app work), trace and session propagation
+Agent-side spans (session, turn, LLM call, tool call, app work, user pause), trace and session propagation
 to the proxy, and a traced ``openai`` client.  See :mod:`kvtrace.agent.api` for the API; the
 benchmark that drives agents through it is :mod:`kvtrace.bench`.
 The ``openai`` wrapper is imported lazily (``openai`` is an optional dependency).
@@ -15,6 +15,7 @@ from kvtrace.agent.api import (
     tool_call,
     traced_tool,
     turn,
+    user_pause,
 )
 from kvtrace.agent.context import (
     current_session,
@@ -46,6 +47,7 @@ __all__ = [
     "tool_call",
     "traced_tool",
     "turn",
+    "user_pause",
     *sorted(_LAZY),
 ]
 

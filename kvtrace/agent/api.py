@@ -1,4 +1,4 @@
-"""The agent API: sessions, turns, LLM calls, tool calls and app work as spans.
+"""The agent API: sessions, turns, LLM calls, tool calls, app work and user pauses as spans.
 
 An :class:`Agent` binds a tracer (from the ``tracer_provider`` it is given -- kvtrace never
 relies on the global provider unless you pass none) and hands out scopes::
@@ -10,9 +10,11 @@ relies on the global provider unless you pass none) and hands out scopes::
             await asyncio.gather(run("a"), run("b"))     # tool calls keep the turn as parent
             with agent.llm_call(model="m") as call:      # kvtrace.agent.llm_call (CLIENT, chat)
                 http.post(url, headers=call.headers(), json={**body, **call.extra_body()})
+        async with agent.user_pause("think"):            # kvtrace.agent.user_pause
+            reply = await ask_user()                     # waiting for the user, not app work
 
 The module-level functions (:func:`session`, :func:`turn`, :func:`tool_call`, :func:`app_work`,
-:func:`traced_tool`, :func:`llm_call`) use the agent of the session open in the current task, or
+:func:`user_pause`, :func:`traced_tool`, :func:`llm_call`) use the agent of the session open in the current task, or
 an agent on ``tracer_provider`` / the global provider outside one.  State lives in
 ``contextvars`` (:mod:`kvtrace.agent.context`), so asyncio tasks and threads never mix sessions.
 """
@@ -143,6 +145,16 @@ class Agent:
         """A ``kvtrace.agent.app_work`` span: the agent's own work (parse, plan, I/O)."""
         return SpanScope(self.tracer, sc.SPAN_AGENT_APP_WORK, lambda: {sc.AGENT_WORK_NAME: name, **_where()})
 
+    def user_pause(self, reason: str | None = None) -> SpanScope:
+        """A ``kvtrace.agent.user_pause`` span: the agent waits for its user (think time, an
+        approval, a resumed session's gap).  The breakdown views count it as a part of its own,
+        ``user_pause_ms``, instead of app work; ``reason`` (optional) says what it waits for."""
+
+        def attributes() -> dict:
+            return {**({sc.AGENT_PAUSE_REASON: reason} if reason else {}), **_where()}
+
+        return SpanScope(self.tracer, sc.SPAN_AGENT_USER_PAUSE, attributes)
+
     def traced_tool(self, name: str | None = None) -> Callable[[Callable], Callable]:
         """Decorator: every call of the (sync or async) function is a tool call span."""
 
@@ -181,7 +193,7 @@ class Agent:
 
 
 def _where() -> dict:
-    """session.id / turn index of the current task, for tool and app-work spans."""
+    """session.id / turn index of the current task, for tool, app-work and user-pause spans."""
     attrs: dict[str, Any] = {}
     state, turn_state = actx.current_session(), actx.current_turn()
     if state is not None:
@@ -245,6 +257,11 @@ class _LateScope:
 def app_work(name: str, *, tracer_provider: TracerProvider | None = None) -> _LateScope:
     """Context manager or decorator; the agent is the one of the session open at entry."""
     return _LateScope(lambda: current_agent(tracer_provider).app_work(name))
+
+
+def user_pause(reason: str | None = None, *, tracer_provider: TracerProvider | None = None) -> _LateScope:
+    """Context manager or decorator: a user pause of the session open at entry."""
+    return _LateScope(lambda: current_agent(tracer_provider).user_pause(reason))
 
 
 def traced_tool(name: str | None = None, *, tracer_provider: TracerProvider | None = None):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kvtrace.analysis.filters import Filters, where
+from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
+from kvtrace.analysis.scope import narrowed
 from kvtrace.store.reader import query
 
 
@@ -31,4 +32,6 @@ def filtered(con, sql: str, filters: Filters | None, scope: dict[str, str], **pa
     """``sql`` with its ``{where}`` filled from ``filters`` (the fragments of ``scope``), run with the
     filters' parameters and ``params``."""
     clause, bound = where(filters, scope)
+    if scope is SESSION_SCOPE:
+        con = narrowed(con, filters)
     return table(con, sql.format(where=clause), {**bound, **params})

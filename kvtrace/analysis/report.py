@@ -10,9 +10,15 @@ import base64
 import datetime as dt
 import html
 import io
+import logging
+import re
 
-from kvtrace.analysis import compare, latency, retention, reuse, sessions, text
-from kvtrace.store.views.breakdown import PART_COLUMNS, PRECEDENCE
+from kvtrace.analysis import compare, latency, palette, retention, reuse, sessions, text, whatif_summary
+from kvtrace.store.views.breakdown import PRECEDENCE
+
+
+TIME_NOTE = ("Times are wall-clock as recorded (wall ms). Traces of `kvtrace sim` or `kvtrace demo` replayed with "
+             "`--time-scale S` ran S times faster than the simulated GPUs: multiply by S for model time.")
 
 
 def build(con, directory: str, *, compare_con=None, compare_dir: str | None = None,
@@ -27,18 +33,22 @@ def build(con, directory: str, *, compare_con=None, compare_dir: str | None = No
         f"- traces: `{directory}`", f"- spans: {facets['spans']:,}", f"- time: {when}",
         f"- services: {', '.join(facets['services']) or '–'}",
         f"- substrates: {', '.join(facets['substrates']) or '–'}",
+        "", TIME_NOTE,
     ]))]
-    doc.append(("md", "## Where agent time goes\n\nEach session's wall time split into four parts that sum to "
+    doc.append(("md", "## Where agent time goes\n\nEach session's wall time split into five parts that sum to "
                 f"it; overlaps counted once by precedence {' > '.join(PRECEDENCE)}; app work includes "
-                "unattributed time.\n\n" + text.md_table(*text.breakdown_totals_rows(con)) + "\n\n"
-                + "Longest sessions:\n\n" + text.md_table(*text.breakdown_rows(con, limit=20))))
+                "unattributed time; user pauses are the spans an agent marks as waiting for its user.\n\n"
+                + text.md_table(*text.breakdown_totals_rows(con)) + "\n\n"
+                + "Longest sessions (wall ms):\n\n" + text.md_table(*text.breakdown_rows(con, limit=20))))
     doc.append(("plot", "breakdown"))
     doc.append(("md", "## KV reuse\n\n" + text.md_table(*text.reuse_rows(con)) + "\n\n"
                 + text.md_table(*text.decision_mix_rows(con)) + "\n\nP's prompt tokens by source:\n\n"
                 + text.md_table(*text.tokens_by_source_rows(con))))
     doc.append(("plot", "tokens_by_source"))
-    doc.append(("md", "## Retention on decode workers\n\n" + text.md_table(*text.retention_rows(con))))
+    doc.append(("md", "## Retention on decode workers\n\n" + text.md_table(*text.retention_rows(con))
+                + f"\n\n{text.NEVER_READ_NOTE[0].upper()}{text.NEVER_READ_NOTE[1:]}."))
     doc.append(("plot", "retention"))
+    doc.append(("md", whatif_summary.report_section(con)))
     doc.append(("md", "## Latency by turn index\n\n" + text.md_table(*text.latency_rows(con))))
     doc.append(("plot", "ttft_by_turn"))
     if compare_con is not None:
@@ -72,6 +82,11 @@ def to_html(doc: list[tuple[str, str]], images: dict[str, bytes]) -> str:
             f"</style></head><body>{''.join(body)}</body></html>\n")
 
 
+def _inline(md: str) -> str:
+    """One line of Markdown text as HTML: escaped, with `code` spans."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(md))
+
+
 def _md_to_html(md: str) -> str:
     out, table = [], []
     for line in md.splitlines() + [""]:
@@ -80,22 +95,24 @@ def _md_to_html(md: str) -> str:
             continue
         if table:
             head, rows = table[0], [r for r in table[2:]]
-            out.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
                        + "</table>")
             table = []
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
-            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+            out.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
         elif line.startswith("- "):
-            out.append(f"<li>{html.escape(line[2:])}</li>")
+            out.append(f"<li>{_inline(line[2:])}</li>")
         elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
+            out.append(f"<p>{_inline(line)}</p>")
     return "\n".join(out)
 
 
 def render_plots(con) -> dict[str, bytes]:
     """The plots that have data, as PNG bytes."""
+    # matplotlib logs "generated new fontManager" at INFO the first time it runs on a machine
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,11 +139,11 @@ def _breakdown(con, ax) -> bool:
         return False
     labels = [r["session_id"] for r in rows][::-1]
     left = [0.0] * len(rows)
-    for col, name in zip(PART_COLUMNS, text.PART_NAMES.values()):
+    for col, (name, colour) in palette.PARTS.items():
         vals = [r[col] for r in rows][::-1]
-        ax.barh(labels, vals, left=left, label=name)
+        ax.barh(labels, vals, left=left, label=name, color=colour)
         left = [a + b for a, b in zip(left, vals)]
-    ax.set_xlabel("ms")
+    ax.set_xlabel("wall ms")
     ax.set_title("Where agent time goes (longest sessions)")
     ax.legend(fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
@@ -139,10 +156,9 @@ def _tokens(con, ax) -> bool:
         return False
     turns = [r["turn"] for r in rows]
     bottom = [0] * len(rows)
-    for key, name in (("local_hit_tokens", "local hit"), ("pulled_tokens", "pulled from D"),
-                      ("computed_tokens", "computed")):
+    for key, (name, colour) in palette.SOURCES.items():
         vals = [r[key] for r in rows]
-        ax.bar(turns, vals, bottom=bottom, label=name)
+        ax.bar(turns, vals, bottom=bottom, label=name, color=colour)
         bottom = [a + b for a, b in zip(bottom, vals)]
     ax.set_xlabel("turn index")
     ax.set_ylabel("tokens")
@@ -160,7 +176,7 @@ def _retention(con, ax) -> bool:
         pts = [r for r in rows if r["engine_id"] == engine]
         ax.step([(r["t"] - t0) / 1e9 for r in pts], [r["bytes_held"] / 2**30 for r in pts], where="post",
                 label=str(engine))
-    ax.set_xlabel("s since first retention")
+    ax.set_xlabel("wall s since the first retention")
     ax.set_ylabel("GiB held")
     ax.set_title("KV held on decode workers")
     ax.legend(fontsize=8)
@@ -174,7 +190,7 @@ def _ttft(con, ax) -> bool:
     ax.plot([r["turn"] for r in rows], [r["ttft_p50_ms"] for r in rows], marker="o", label="TTFT p50")
     ax.plot([r["turn"] for r in rows], [r["ttft_p90_ms"] for r in rows], marker="o", label="TTFT p90")
     ax.set_xlabel("turn index")
-    ax.set_ylabel("ms")
+    ax.set_ylabel("wall ms")
     ax.set_title("Time to first token by turn index")
     ax.legend(fontsize=8)
     return True

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
-from kvtrace.store.runs import DEFAULT_TRACES_DIR, traces_dir
+from kvtrace.store import source
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--traces", help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
+    source.add_arguments(parser)
     parser.add_argument("--format", choices=("md", "html"), default="md", help="output format (default md)")
     parser.add_argument("--output", "-o", help="file to write (default: stdout; Markdown to stdout has no plots)")
     parser.add_argument("--compare", help="a baseline run's trace directory: adds the per-turn comparison against it")
@@ -18,29 +18,36 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Write a static report of one run's trace directory: session breakdown, KV reuse, retention,
-    latency by turn index (and, with --compare DIR2, the per-turn comparison against a baseline
-    run: ratios, bootstrap intervals and verdicts).  A directory holding several runs is refused.
+    a what-if replay of other retention TTLs and recompute thresholds, latency by turn index (and,
+    with --compare DIR2, the per-turn comparison against a baseline run: ratios, bootstrap
+    intervals and verdicts).  A directory holding several runs is refused.
 
     --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
     --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:
-    pip install 'kvtrace[report]'.
+    pip install 'kvtrace[report]'.  With --clickhouse URL [--table NAME] the report reads an OTel
+    Collector otel_traces table on ClickHouse instead (docs/clickhouse.md); --compare is still a
+    trace directory.
     """
     from kvtrace.analysis import report
     from kvtrace.errors import CLIError
+    from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError, connect
 
-    directory = traces_dir(args.traces)
     try:
-        con = connect(directory)
+        con = source.open_store(args)
         base = connect(args.compare) if args.compare else None
     except StoreError as exc:
         raise CLIError(str(exc)) from None
     plots = not args.no_plots and (args.format == "html" or bool(args.output))
     if plots and _missing("matplotlib"):
         raise CLIError("plots need matplotlib: pip install 'kvtrace[report]' (or pass --no-plots)")
-    doc, images = report.build(con, directory, compare_con=base, compare_dir=args.compare, plots=plots)
+    try:
+        doc, images = report.build(con, source.describe(args), compare_con=base, compare_dir=args.compare,
+                                   plots=plots)
+    except ClickHouseError as exc:
+        raise CLIError(str(exc)) from None
     if args.format == "html":
-        _write(args.output, report.to_html(doc, images))
+        write_output(args.output, report.to_html(doc, images))
         return 0
     links = {}
     if args.output:
@@ -50,11 +57,12 @@ def run(args) -> int:
             with open(path, "wb") as f:
                 f.write(png)
             links[name] = os.path.basename(path)
-    _write(args.output, report.to_markdown(doc, links))
+    write_output(args.output, report.to_markdown(doc, links))
     return 0
 
 
-def _write(path: str | None, content: str) -> None:
+def write_output(path: str | None, content: str, command: str = "report") -> None:
+    """``content`` to ``path`` (a one-line CLIError when it cannot be written), else to stdout."""
     if not path:
         sys.stdout.write(content)
         return
@@ -65,7 +73,7 @@ def _write(path: str | None, content: str) -> None:
             f.write(content)
     except OSError as exc:
         raise CLIError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"kvtrace report: wrote {path}", file=sys.stderr)
+    print(f"kvtrace {command}: wrote {path}", file=sys.stderr)
 
 
 def _missing(module: str) -> bool:

@@ -39,8 +39,8 @@ s AS (
 ),
 b AS (
     SELECT engine_id, t, bytes_held, blocks_held,
-           CASE WHEN $bucket_ns <= 0 THEN row_number() OVER (PARTITION BY engine_id ORDER BY t)
-                WHEN t = max(t) OVER (PARTITION BY engine_id) THEN 9223372036854775807
+           CASE WHEN $bucket_ns <= 0 THEN (row_number() OVER (PARTITION BY engine_id ORDER BY t))::BIGINT
+                WHEN t = max(t) OVER (PARTITION BY engine_id) THEN 9223372036854775807::BIGINT
                 ELSE (t - min(t) OVER (PARTITION BY engine_id)) // $bucket_ns END AS bucket
     FROM s
 )

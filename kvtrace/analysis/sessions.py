@@ -14,11 +14,12 @@ from kvtrace import semconv as sc
 from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
+from kvtrace.analysis.scope import narrowed
 
 SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s")
 
 BREAKDOWN_SQL = """
-SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, turns,
+SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms, turns,
        unattributed_ms, start_ns, end_ns, kv_gib_s
 FROM session_breakdown {where}
 ORDER BY {order} {direction} NULLS LAST, session_id
@@ -32,13 +33,14 @@ SELECT count(*) AS sessions, coalesce(sum(turns), 0)::BIGINT AS turns,
        coalesce(sum(generation_ms), 0) AS generation_ms,
        coalesce(sum(tool_wait_ms), 0) AS tool_wait_ms,
        coalesce(sum(app_work_ms), 0) AS app_work_ms,
+       coalesce(sum(user_pause_ms), 0) AS user_pause_ms,
        coalesce(sum(unattributed_ms), 0) AS unattributed_ms,
        min(start_ns) AS start_ns, max(end_ns) AS end_ns, coalesce(sum(kv_gib_s), 0) AS kv_gib_s
 FROM session_breakdown {where}
 """
 
 TURNS_SQL = """
-SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms,
+SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms,
        unattributed_ms, start_ns, end_ns, kv_gib_s
 FROM turn_breakdown {where}
 ORDER BY session_id, turn
@@ -56,7 +58,7 @@ WITH t AS (SELECT DISTINCT trace_id FROM spans WHERE session_id = $session_id)
 SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.service_name, s.start_ns, s.end_ns,
        s.duration_ms, s.status_code, s.turn, s.request_id, s.engine_id, s.engine_role, s.substrate
 FROM spans s SEMI JOIN t ON s.trace_id = t.trace_id
-ORDER BY s.start_ns, s.end_ns DESC
+ORDER BY s.start_ns, s.end_ns DESC, s.span_id
 LIMIT $limit
 """
 
@@ -65,12 +67,17 @@ SELECT session_id FROM session_breakdown {where} ORDER BY wall_ms DESC NULLS LAS
 """
 
 FACETS_SQL = """
-SELECT (SELECT list(DISTINCT service_name ORDER BY service_name) FROM spans
+SELECT (SELECT list(DISTINCT service_name ORDER BY service_name) FROM {spans}
         WHERE service_name IS NOT NULL AND service_name <> '') AS services,
-       (SELECT list(DISTINCT substrate ORDER BY substrate) FROM spans WHERE substrate IS NOT NULL) AS substrates,
-       (SELECT min(start_ns) FROM spans) AS start_ns, (SELECT max(end_ns) FROM spans) AS end_ns,
-       (SELECT count(*) FROM spans) AS spans
+       (SELECT list(DISTINCT substrate ORDER BY substrate) FROM {spans} WHERE substrate IS NOT NULL) AS substrates,
+       (SELECT min(start_ns) FROM {spans}) AS start_ns, (SELECT max(end_ns) FROM {spans}) AS end_ns,
+       (SELECT count(*) FROM {spans}) AS spans
 """
+
+# facets of the spans that start in the range (a bound on ``Timestamp`` on ClickHouse)
+FACETS_SCOPE = {"start_ns": "start_ns >= $start_ns", "end_ns": "start_ns <= $end_ns"}
+
+TIME_SPAN_SQL = "SELECT min(start_ns) AS start_ns, max(end_ns) AS end_ns, count(*) AS spans FROM spans"
 
 # waterfall lane per span name (page code colours by lane)
 LANES = {
@@ -79,6 +86,7 @@ LANES = {
     sc.SPAN_AGENT_LLM_CALL: "agent",
     sc.SPAN_AGENT_APP_WORK: "agent",
     sc.SPAN_AGENT_TOOL_CALL: "tool",
+    sc.SPAN_AGENT_USER_PAUSE: "user",
     sc.SPAN_PROXY_REQUEST: "proxy",
     sc.SPAN_PROXY_PREFILL: "proxy",
     sc.SPAN_PROXY_DECODE: "proxy",
@@ -97,35 +105,43 @@ def breakdown(con, filters: Filters | None = None, *, order: str = "wall_ms", de
         raise ValueError(f"cannot sort by {order!r}; choose one of {', '.join(SORTABLE)}")
     clause, params = where(filters, SESSION_SCOPE)
     sql = BREAKDOWN_SQL.format(where=clause, order=order, direction="DESC" if descending else "ASC")
-    return table(con, sql, {**params, "limit": limit})
+    return table(narrowed(con, filters), sql, {**params, "limit": limit})
 
 
 def totals(con, filters: Filters | None = None) -> dict:
-    """The four parts summed over all (filtered) sessions, with session and turn counts."""
+    """The five parts summed over all (filtered) sessions, with session and turn counts."""
     clause, params = where(filters, SESSION_SCOPE)
-    return one(con, TOTALS_SQL.format(where=clause), params)
+    return one(narrowed(con, filters), TOTALS_SQL.format(where=clause), params)
 
 
 def turns(con, filters: Filters | None = None, limit: int = 100_000) -> pa.Table:
     """Rows of ``turn_breakdown`` (use ``Filters(session_id=...)`` for one session)."""
     clause, params = where(filters, SESSION_SCOPE)
-    return table(con, TURNS_SQL.format(where=clause), {**params, "limit": limit})
+    return table(narrowed(con, filters), TURNS_SQL.format(where=clause), {**params, "limit": limit})
 
 
 def session_info(con, session_id: str) -> dict:
-    return one(con, SESSION_INFO_SQL, {"session_id": session_id})
+    return one(narrowed(con, Filters(session_id=session_id)), SESSION_INFO_SQL, {"session_id": session_id})
 
 
 def list_sessions(con, filters: Filters | None = None, limit: int = 500) -> list[str]:
     """Session ids, longest first (the drill-down picker samples the top ``limit``)."""
     clause, params = where(filters, SESSION_SCOPE)
-    return [r["session_id"] for r in rows(con, LIST_SESSIONS_SQL.format(where=clause), {**params, "limit": limit})]
+    sql = LIST_SESSIONS_SQL.format(where=clause)
+    return [r["session_id"] for r in rows(narrowed(con, filters), sql, {**params, "limit": limit})]
+
+
+def time_span(con) -> dict:
+    """First span start, last span end (epoch ns) and span count of the whole store (cheap on
+    ClickHouse: ``Timestamp`` is the partition key)."""
+    return one(con, TIME_SPAN_SQL)
 
 
 def spans_of_session(con, session_id: str, limit: int = 5000, clip_ns: int | None = None) -> list[dict]:
     """Every span of the session's traces, start order, with ``lane`` and offsets from the first
     span in ms (``start_ms``/``end_ms``).  ``clip_ns``: spans ending later (retention held past the
     session) are cut there and marked ``clipped``."""
+    con = narrowed(con, Filters(session_id=session_id))
     out = rows(con, SESSION_SPANS_SQL, {"session_id": session_id, "limit": limit})
     if not out:
         return out
@@ -141,9 +157,14 @@ def spans_of_session(con, session_id: str, limit: int = 5000, clip_ns: int | Non
     return out
 
 
-def facets(con) -> dict:
-    """Values for the filter widgets: services, substrates, overall time range, span count."""
-    out = one(con, FACETS_SQL)
+def facets(con, filters: Filters | None = None) -> dict:
+    """Values for the filter widgets: services, substrates, time range, span count; of the spans
+    that start in ``filters``' time range (its other fields are ignored), else of all."""
+    clause, params = where(filters, FACETS_SCOPE)
+    if params and getattr(con, "is_clickhouse", False):  # the same rows, read by Timestamp bounds
+        con = con.bounded(params.get("start_ns", 0), params.get("end_ns", 2**63 - 1))
+    spans = f"(SELECT * FROM spans {clause}) AS s" if clause else "spans"
+    out = one(con, FACETS_SQL.format(spans=spans), params)
     out["services"] = out.get("services") or []
     out["substrates"] = out.get("substrates") or []
     return out

@@ -7,14 +7,17 @@ functions, so what is printed is exactly what the views hold (ms rounded to 0.1)
 
 from __future__ import annotations
 
+import textwrap
+
 from kvtrace import semconv as sc
 from kvtrace.analysis import compare, latency, retention, reuse, sessions
 from kvtrace.analysis.common import rows as query_rows
-from kvtrace.store.views.breakdown import PART_COLUMNS
 from kvtrace.analysis.filters import Filters
+from kvtrace.analysis.palette import PART_LABELS as PART_NAMES
 from kvtrace.store.sql import literal
+from kvtrace.store.views.breakdown import PART_COLUMNS
 
-PART_NAMES = dict(zip(PART_COLUMNS, ("input processing", "generation", "tool waits", "app work")))
+WIDTH = 120  # console output (kvtrace demo) fits this many columns
 
 
 def ms(value) -> str:
@@ -33,6 +36,11 @@ def gib(value) -> str:
     return "–" if value is None else f"{value / 2**30:,.2f}"
 
 
+def wrap(paragraph: str, width: int = WIDTH) -> str:
+    """A paragraph of console prose wrapped at ``width`` (paths and commands are never split)."""
+    return textwrap.fill(paragraph, width, break_long_words=False, break_on_hyphens=False)
+
+
 def md_table(columns: list[str], rows: list[list[str]]) -> str:
     """A Markdown pipe table, columns padded so it also reads well on a terminal."""
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
@@ -46,11 +54,12 @@ def breakdown_totals_rows(con, filters: Filters | None = None) -> tuple[list[str
     wall = tot["wall_ms"] or 0
     rows = [[name, ms(tot[col]), f"{tot[col] / wall:.1%}" if wall else "–"] for col, name in PART_NAMES.items()]
     rows.append(["wall time", ms(wall), "100.0%" if wall else "–"])
-    return ["part", "ms (all sessions)", "share"], rows
+    return ["part", "wall ms (all sessions)", "share"], rows
 
 
 def breakdown_rows(con, filters: Filters | None = None, limit: int = 20) -> tuple[list[str], list[list[str]]]:
-    cols = ["session", "turns", "wall ms", "input ms", "generation ms", "tool ms", "app ms"]
+    """The longest sessions and their parts, in wall ms."""
+    cols = ["session", "turns", "wall ms", "input", "generation", "tool waits", "app work", "user pauses"]
     rows = [
         [r["session_id"], num(r["turns"]), ms(r["wall_ms"]), *(ms(r[c]) for c in PART_COLUMNS)]
         for r in sessions.breakdown(con, filters, limit=limit).to_pylist()
@@ -69,9 +78,9 @@ def reuse_rows(con, filters: Filters | None = None) -> tuple[list[str], list[lis
         ["pulled tokens", num(s["pulled_tokens"])],
         ["recomputed tokens", num(s["recomputed_tokens"])],
         ["bytes pulled (GiB)", gib(s["bytes"])],
-        ["transfer time of pulls (ms)", ms(s["transfer_ms"])],
-        ["recompute estimate of those tokens (ms)", ms(s["recompute_est_ms"])],
-        ["saved (ms)", ms(s["saved_ms"])],
+        ["transfer time of pulls (wall ms)", ms(s["transfer_ms"])],
+        ["recompute estimate of those tokens (wall ms)", ms(s["recompute_est_ms"])],
+        ["saved (wall ms)", ms(s["saved_ms"])],
         ["break-even (tokens)", "–" if s["break_even_tokens"] is None else f"{s['break_even_tokens']:,.0f}"],
     ]
     return ["reuse", "value"], rows
@@ -93,13 +102,18 @@ def retention_rows(con, filters: Filters | None = None) -> tuple[list[str], list
     rows = [[r["engine_id"] or "–", num(r["retained"]), num(r["read"]), num(r["expired"]), num(r["released"]),
              gib(r["peak_bytes"]), f"{(r['byte_seconds'] or 0) / 2**30:,.1f}", num(r["blocks_never_read"])]
             for r in retention.summary(con, filters)]
-    return ["D engine", "retained", "read", "expired", "released", "peak GiB", "GiB·s", "blocks never read"], rows
+    return ["D engine", "retained", "read", "expired", "released", "peak GiB", "GiB·s (wall)", "blocks never read"], rows
+
+
+NEVER_READ_NOTE = ("'blocks never read' and the bytes behind them add up every turn's retention that no next turn "
+                   "read, over the whole run: a total of what was held in vain, not an amount held at one time "
+                   "(that is the peak)")
 
 
 def latency_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
     rows = [[num(r["turn"]), num(r["calls"]), ms(r["ttft_p50_ms"]), ms(r["ttft_p90_ms"]), ms(r["task_p50_ms"])]
             for r in latency.by_turn(con, filters).to_pylist()]
-    return ["turn", "LLM calls", "TTFT p50 ms", "TTFT p90 ms", "turn p50 ms"], rows
+    return ["turn", "LLM calls", "TTFT p50 wall ms", "TTFT p90 wall ms", "turn p50 wall ms"], rows
 
 
 def ci(r: dict) -> str:
@@ -111,23 +125,28 @@ def compare_rows(rows: list[dict], labels: tuple[str, str] = ("baseline", "candi
     base, cand = labels
     body = [[r["metric"], str(r["turn"]), f"{r['n_a']:,} / {r['n_b']:,}", ms(r["a_mean"]), ms(r["b_mean"]),
              ratio(r["ratio"]), ci(r), r["verdict"]] for r in rows]
-    return ["metric", "turn", f"n ({base} / {cand})", f"{base} mean ms", f"{cand} mean ms", "ratio", "95% CI",
-            "verdict"], body
+    return ["metric", "turn", f"n ({base} / {cand})", f"{base} mean wall ms", f"{cand} mean wall ms", "ratio",
+            "95% CI", "verdict"], body
 
 
-# -- A/B TTFT comparison (``kvtrace demo``) -------------------------------------------------------
-def ttft_rows(rows: list[dict], time_scale: float,
-              labels: tuple[str, str] = ("baseline", "bidir")) -> tuple[list[str], list[list[str]]]:
-    """The ``ttft_ms`` rows of :func:`kvtrace.analysis.compare.compare` (per turn, then turns >= 1
-    pooled): mean TTFT of both runs in wall ms and in model seconds (wall × ``time_scale``), the
+# -- A/B comparison (``kvtrace demo``) -----------------------------------------------------------
+def model_s(value, time_scale: float) -> str:
+    """Wall ms as model seconds (wall × the replay's compression ``time_scale``)."""
+    return "–" if value is None else f"{value * time_scale / 1e3:,.2f}"
+
+
+def ttft_rows(rows: list[dict], time_scale: float, labels: tuple[str, str] = ("baseline", "bidir"),
+              metric: str = "ttft_ms") -> tuple[list[str], list[list[str]]]:
+    """The ``metric`` rows of :func:`kvtrace.analysis.compare.compare` (per turn, then turns >= 1
+    pooled): the mean of both runs in wall ms and in model seconds (wall × ``time_scale``), the
     ratio, its bootstrap interval and the verdict."""
     base, cand = labels
-    model = lambda v: "–" if v is None else f"{v * time_scale / 1e3:,.2f}"  # noqa: E731
-    cols = ["turn", "LLM calls", f"TTFT {base} (wall ms)", f"TTFT {cand} (wall ms)", "ratio", "95% CI",
-            f"{base} (model s)", f"{cand} (model s)", "verdict"]
+    cols = ["turn", "calls" if metric == "ttft_ms" else "turns", f"{base} wall ms", f"{cand} wall ms", "ratio",
+            "95% CI", f"model s: {base} → {cand}", "verdict"]
     body = [[LATER_LABEL if r["turn"] == compare.LATER else str(r["turn"]), num(r["n_b"]), ms(r["a_mean"]),
-             ms(r["b_mean"]), ratio(r["ratio"]), ci(r), model(r["a_mean"]), model(r["b_mean"]), r["verdict"]]
-            for r in rows if r["metric"] == "ttft_ms" and r["turn"] != compare.ALL]
+             ms(r["b_mean"]), ratio(r["ratio"]), ci(r),
+             f"{model_s(r['a_mean'], time_scale)} → {model_s(r['b_mean'], time_scale)}", r["verdict"]]
+            for r in rows if r["metric"] == metric and r["turn"] != compare.ALL]
     return cols, body
 
 
@@ -136,26 +155,23 @@ LATER_LABEL = "turns ≥1"
 
 def prefill_work_rows(baseline_con, candidate_con, rows: list[dict], labels: tuple[str, str] = ("baseline", "bidir"),
                       filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
-    """Per turn: mean prompt tokens per P request, what P computed in each run, what the candidate
-    pulled or hit locally (all means per P request, from :func:`reuse.tokens_by_source`), and
-    the mean completed-turn latency of both runs (wall ms) with its ratio (from ``rows``,
-    :func:`kvtrace.analysis.compare.compare`)."""
+    """Per turn of ``rows`` (:func:`kvtrace.analysis.compare.compare`): mean prompt tokens per P
+    request, what P computed in each run, and what the candidate pulled or hit locally (all means
+    per P request, from :func:`reuse.tokens_by_source`)."""
     base, cand = labels
     b_tok = {r["turn"]: r for r in reuse.tokens_by_source(baseline_con, filters).to_pylist()}
     c_tok = {r["turn"]: r for r in reuse.tokens_by_source(candidate_con, filters).to_pylist()}
-    turns = {r["turn"]: r for r in rows if r["metric"] == "turn_latency_ms"}
     per = lambda r, col: "–" if not r or not r["requests"] else f"{r[col] / r['requests']:,.0f}"  # noqa: E731
     body = []
     for r in rows:
         if r["metric"] != "ttft_ms" or not isinstance(r["turn"], int):
             continue
-        b, c, t = b_tok.get(r["turn"]), c_tok.get(r["turn"]), turns.get(r["turn"], {})
+        b, c = b_tok.get(r["turn"]), c_tok.get(r["turn"])
         prompt = None if not c or not c["requests"] else sum(c[k] for k in _SOURCES) / c["requests"]
         body.append([num(r["turn"]), "–" if prompt is None else f"{prompt:,.0f}", per(b, "computed_tokens"),
-                     per(c, "computed_tokens"), per(c, "pulled_tokens"), per(c, "local_hit_tokens"),
-                     ms(t.get("a_mean")), ms(t.get("b_mean")), ratio(t.get("ratio"))])
+                     per(c, "computed_tokens"), per(c, "pulled_tokens"), per(c, "local_hit_tokens")])
     cols = ["turn", "prompt tokens", f"computed ({base})", f"computed ({cand})", f"pulled ({cand})",
-            f"local hit ({cand})", f"turn mean {base} (wall ms)", f"turn mean {cand} (wall ms)", "ratio"]
+            f"local hit ({cand})"]
     return cols, body
 
 
@@ -203,10 +219,9 @@ def saved_rows(groups: list[dict], time_scale: float,
                labels: tuple[str, str] = ("baseline", "bidir")) -> tuple[list[str], list[list[str]]]:
     """:func:`saved_groups` as a table: mean TTFT in wall ms and model seconds, and the ratio."""
     base, cand = labels
-    model = lambda v: "–" if v is None else f"{v * time_scale / 1e3:,.2f}"  # noqa: E731
-    cols = ["tokens not recomputed", "LLM calls", "mean tokens", f"TTFT {base} (wall ms)", f"TTFT {cand} (wall ms)",
-            "ratio", f"{base} (model s)", f"{cand} (model s)"]
+    cols = ["tokens not recomputed", "calls", "mean tokens", f"{base} wall ms", f"{cand} wall ms", "ratio",
+            f"model s: {base} → {cand}"]
     out = [[g["label"], num(g["calls"]), "–" if g["saved_tokens"] is None else f"{g['saved_tokens']:,.0f}",
-            ms(g["baseline_ms"]), ms(g["candidate_ms"]), ratio(g["ratio"]), model(g["baseline_ms"]),
-            model(g["candidate_ms"])] for g in groups]
+            ms(g["baseline_ms"]), ms(g["candidate_ms"]), ratio(g["ratio"]),
+            f"{model_s(g['baseline_ms'], time_scale)} → {model_s(g['candidate_ms'], time_scale)}"] for g in groups]
     return cols, out

@@ -2,7 +2,7 @@
 
 :class:`SessionRunner` is driven by :mod:`kvtrace.bench.bench`: for each
 :class:`~kvtrace.bench.workload.SessionPlan` it opens a ``kvtrace.agent.session`` span, and per
-turn pauses (outside the turn span), opens a turn span, then runs the planned actions: streamed
+turn pauses (a ``kvtrace.agent.user_pause`` span outside the turn span), opens a turn span, then runs the planned actions: streamed
 chat calls through the traced ``openai`` client (so each is an llm_call span whose traceparent and
 conversation id reach the proxy), tool waits (parallel ones with ``asyncio.gather``) and app
 work.  The endpoint's actual answer is appended to the history, so the next turn's prompt
@@ -25,6 +25,7 @@ from kvtrace.agent.api import Agent
 from kvtrace.bench.workload import LLMAction, SessionPlan, ToolAction, TurnPlan, WorkAction
 
 Sleep = Callable[[float], Awaitable[None]]
+PAUSE_REASON = "think"  # the scenarios' pauses: the user (or CI) thinking before the next turn
 
 
 @dataclass
@@ -144,6 +145,13 @@ class SessionRunner:
         if seconds > 0 and self.opts.time_scale > 0:
             await self.sleep(seconds * self.opts.time_scale)
 
+    async def _pause(self, seconds: float) -> None:
+        """The user's pause before a turn (think time, a resumed session's gap): a user-pause span,
+        so the breakdown shows it as the user's time, not the agent's app work."""
+        if seconds > 0 and self.opts.time_scale > 0:
+            async with self.agent.user_pause(PAUSE_REASON):
+                await self._wait(seconds)
+
     async def run(self, plan: SessionPlan, session_id: str) -> SessionRecord:
         t0, paused, error, calls = time.perf_counter(), 0.0, None, [0]
         history: list[dict] = [{"role": "system", "content": plan.system_text}] if plan.system_text else []
@@ -152,7 +160,7 @@ class SessionRunner:
         async with self.agent.session(session_id, self.opts.agent_name, self.opts.scenario):
             for turn in plan.turns:
                 p0 = time.perf_counter()
-                await self._wait(turn.pause_s)
+                await self._pause(turn.pause_s)
                 paused += time.perf_counter() - p0
                 rec = TurnRecord(session_id, turn.index, turn.label, 0.0, repeat=self.out.repeat)
                 try:

@@ -71,23 +71,37 @@ def run(args) -> int:
     contexts (a ~2k-token system prompt, files, pages and logs of thousands of tokens): coding-agent,
     research-assistant, pause-resume (pauses past D's retention, which the demo shortens to 45 model
     seconds), short-followups (below the recompute threshold).  Both runs execute at once, each in
-    its own local process, on 127.0.0.1; about 30 s with the defaults.
+    its own local process, on 127.0.0.1; about 45 s on 2 cores with the defaults (more when other work
+    shares them).  Ctrl-C or SIGTERM stops both runs.
     """
+    from kvtrace.analysis.text import wrap
+    from kvtrace.demo.processes import RunFailed, Stopped
     from kvtrace.errors import CLIError
 
     if args.sessions < 1 or not args.time_scale > 0:
         raise CLIError("--sessions must be >= 1 and --time-scale > 0")
-    _require_extras(CLIError)
     root = traces_dir(args.traces)
     dirs = {name: os.path.join(root, name) for name in RUNS}
+    _writable(root, CLIError)  # first: an unwritable --traces costs nothing
+    _require_extras(CLIError)
     for d in dirs.values():
         _clear_previous(d, CLIError)
+        _writable(d, CLIError)
     started = time.monotonic()
     _quiet_http_logs()
-    print(f"kvtrace demo: running the workload with bidirectional KV transfer on ({dirs['bidir']}) and off "
-          f"({dirs['baseline']}), in parallel ...", flush=True)
-    run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
-    print(f"kvtrace demo: both runs done in {time.monotonic() - started:.1f} s; traces in {root}\n")
+    print(wrap(f"kvtrace demo: running the workload with bidirectional KV transfer on ({dirs['bidir']}) and off "
+               f"({dirs['baseline']}), in parallel ..."), flush=True)
+    try:
+        run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
+    except Stopped as exc:
+        print(f"kvtrace demo: interrupted ({exc}); both runs stopped, what they recorded is in {root}",
+              file=sys.stderr)
+        return 128 + exc.signum
+    except RunFailed as exc:
+        raise CLIError(str(exc)) from None
+    print(wrap(f"kvtrace demo: both runs done in {time.monotonic() - started:.1f} s; traces in {root}") + "\n")
+    from kvtrace.demo.summary import summarize
+
     print(summarize(dirs["bidir"], dirs["baseline"], args.time_scale, args.sessions))
     command = f"kvtrace dashboard --traces {dirs['bidir']} --compare {dirs['baseline']}"
     if not args.dashboard:
@@ -100,22 +114,20 @@ def run(args) -> int:
 
 
 def run_both(dirs: dict[str, str], **kwargs) -> None:
-    """Both runs at once, one process each (own core, own event loop: the runs do not slow each
-    other down on a 2-core machine)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """Both runs at once, one process each (:mod:`kvtrace.demo.processes`: own core, own event
+    loop; a signal stops both)."""
+    from kvtrace.demo import processes
 
-    with ProcessPoolExecutor(len(dirs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_run_process, dirs[name], bidirectional=name == "bidir", **kwargs) for name in RUNS]
-        for future in futures:
-            future.result()
+    processes.run_all(_run_process, {name: dict(directory=dirs[name], bidirectional=name == "bidir", **kwargs)
+                                     for name in RUNS})
 
 
-def _run_process(directory: str, **kwargs) -> None:
+def _run_process(directory: str, **kwargs):
     """One run's process: import everything first, then freeze the imported objects out of the
     garbage collector's reach and make its collections rare, so that full collections (hundreds
     of ms over openai's and OTel's module objects on a busy machine) do not stall the event loop
-    mid-request and show up as TTFT.  The process lives for one run (~200 MB)."""
+    mid-request and show up as TTFT.  Returns the run's coroutine (:func:`run_once`).  The process
+    lives for one run (~200 MB)."""
     import gc
 
     import kvtrace.bench.bench  # noqa: F401
@@ -125,7 +137,7 @@ def _run_process(directory: str, **kwargs) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    asyncio.run(run_once(directory, **kwargs))
+    return run_once(directory, **kwargs)
 
 
 async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_scale: float, seed: int) -> None:
@@ -243,108 +255,6 @@ def scenarios() -> list:
     return [pause, coding, research, short]
 
 
-def summarize(bidir_dir: str, baseline_dir: str, time_scale: float, sessions: int = 2) -> str:
-    """The printed summary: the setup, breakdown and reuse of the bidirectional run, and the
-    TTFT comparison of the two runs (every number from :mod:`kvtrace.analysis`)."""
-    from kvtrace.analysis import text
-    from kvtrace.store import connect
-
-    bidir, baseline = connect(bidir_dir), connect(baseline_dir)
-    out = [
-        *setup_lines(time_scale, sessions),
-        "",
-        f"== Where agent time goes (bidirectional run, {bidir_dir}; wall ms) ==",
-        text.md_table(*text.breakdown_totals_rows(bidir)),
-        "",
-        text.md_table(*text.breakdown_rows(bidir, limit=12)),
-        "",
-        "== KV reuse (bidirectional run; times in wall ms) ==",
-        text.md_table(*text.reuse_rows(bidir)),
-        "",
-        text.md_table(*text.decision_mix_rows(bidir)),
-        "",
-        f"KV held on D for next turns (GiB·s in wall seconds; 'expired': nobody read them within {TTL_S:g} model s):",
-        "",
-        text.md_table(*text.retention_rows(bidir)),
-        "",
-        *ttft_sections(baseline, bidir, time_scale),
-    ]
-    return "\n".join(out)
-
-
-def ttft_sections(baseline, bidir, time_scale: float) -> list[str]:
-    """TTFT by turn index with the verdict of :mod:`kvtrace.analysis.compare` (turn 0, where
-    neither run has anything to reuse, is the check of the harness's noise), TTFT by the prefill
-    work reuse saved (calls paired across the runs), P's work by turn, and the one-line result."""
-    from kvtrace.analysis import compare, text
-
-    rows = compare.compare_runs(baseline, bidir)
-    groups = text.saved_groups(baseline, bidir)
-    return [
-        "== Mean TTFT by turn index (ratio = bidir / baseline; < 1 = faster with reuse) ==",
-        text.md_table(*text.ttft_rows(rows, time_scale)),
-        "",
-        "95% CI: bootstrap interval of the ratio; the verdict is faster/slower when it excludes 1 (the rule of "
-        "kvtrace bench, kvtrace report and the dashboard). Turn 0 is the check: neither run has anything to "
-        "reuse there, so it should be within noise.",
-        "",
-        "== Mean TTFT by prompt tokens the baseline's P computed and the bidir run's P did not (turns >= 1, each "
-        "call paired with the same call of the other run) ==",
-        text.md_table(*text.saved_rows(groups, time_scale)),
-        "",
-        "A turn routed to the P that computed the conversation's previous turn finds the history in that P's prefix "
-        "cache in both runs (few tokens saved); one routed to the other P recomputes it in the baseline and pulls "
-        f"it from D with bidirectional transfer. With {PREFILL_WORKERS} P workers and round-robin this is about "
-        "half the turns, and a P that served the conversation some turns earlier still holds an older prefix. "
-        "Negative token counts: the bidir run's call landed on a P holding less of the history.",
-        "",
-        "== Prefill work on P per request (mean tokens) and completed-turn latency by turn index ==",
-        text.md_table(*text.prefill_work_rows(baseline, bidir, rows)),
-        "",
-        conclusion(rows, groups, time_scale),
-    ]
-
-
-def setup_lines(time_scale: float, sessions: int) -> list[str]:
-    """What ran and how to read its times."""
-    S = f"{time_scale:g}"
-    return [
-        f"Setup: simulated vLLM P/D cluster (Qwen3-32B preset), {PREFILL_WORKERS} prefill workers + 1 decode worker "
-        "behind the instrumented proxy (round-robin over P).",
-        f"Workload (same seed in both runs): {sessions} session(s) each of {', '.join(SCENARIOS)}; a "
-        f"~{sum(SYSTEM_TOKENS) // 2:,}-token system prompt, files, documents and pages of 3-12k tokens, test logs "
-        "of 1-2k per turn; contexts of 6-25k tokens.",
-        f"KV config (model time): decoder_kv_blocks_ttl {TTL_S:g} s (vLLM's default is 480 s; shortened so "
-        f"pause-resume's {RESUME_PAUSE_S:g} s pause outlasts D's retention within the demo), proxy offers D's "
-        f"blocks for {TTL_S - PROXY_MARGIN_S:g} s, kv_lease_duration {LEASE_S:g} s, kv_recompute_threshold 64.",
-        f"Time: the replay is compressed {S}x. 'wall ms' is measured wall-clock time; 'model s' is wall x {S}, "
-        "the time on the simulated GPUs. Each request also carries the harness's own HTTP/Python overhead "
-        f"(tens of wall ms, not compressed), which 'model s' inflates {S}x: small model times are overstated.",
-    ]
-
-
-def conclusion(rows: list[dict], groups: list[dict], time_scale: float) -> str:
-    """One line: the pooled turns >= 1 TTFT of both runs with its verdict, the calls where reuse
-    saved the most, and turn 0's ratio."""
-    from kvtrace.analysis import compare, text
-
-    later, first = compare.row(rows, "ttft_ms", compare.LATER), compare.row(rows, "ttft_ms", 0)
-    if later is None or later["ratio"] is None:
-        return "Not enough LLM calls in both runs to compare TTFT."
-    model = lambda v: f"{v * time_scale / 1e3:,.2f}"  # noqa: E731
-    line = (f"Result: over {later['n_b']} LLM calls at turns >= 1, mean TTFT {model(later['a_mean'])} model s without "
-            f"bidirectional reuse -> {model(later['b_mean'])} with it (ratio {text.ratio(later['ratio'])}, 95% CI "
-            f"{text.ci(later)}: {later['verdict']})")
-    most = groups[-1] if groups else None
-    if most and most["ratio"] is not None:
-        line += (f"; on the {most['calls']} calls whose baseline recomputed {most['label']} tokens more: "
-                 f"{model(most['baseline_ms'])} -> {model(most['candidate_ms'])} model s (ratio "
-                 f"{text.ratio(most['ratio'])})")
-    if first is not None and first["ratio"] is not None:
-        line += f"; turn 0 (nothing to reuse): ratio {text.ratio(first['ratio'])}, {first['verdict']}"
-    return line + "."
-
-
 def _quiet_http_logs() -> None:
     """The OpenAI client logs every request at INFO; the demo's output is the summary."""
     import logging
@@ -363,6 +273,15 @@ def _missing(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is None
+
+
+def _writable(directory: str, error) -> None:
+    from kvtrace.store.access import NotWritable, ensure_writable
+
+    try:
+        ensure_writable(directory)
+    except NotWritable as exc:
+        raise error(str(exc)) from None
 
 
 def _clear_previous(directory: str, error) -> None:

@@ -24,11 +24,15 @@ _LIMITS = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces", metavar="DIR", help="Parquet trace directory (else KVTRACE_TRACES_DIR)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--prefiller-host", "--prefiller-hosts", dest="prefiller_hosts", nargs="+", default=["localhost"])
-    p.add_argument("--prefiller-port", "--prefiller-ports", dest="prefiller_ports", type=int, nargs="+", default=[8100])
-    p.add_argument("--decoder-host", "--decoder-hosts", dest="decoder_hosts", nargs="+", default=["localhost"])
-    p.add_argument("--decoder-port", "--decoder-ports", dest="decoder_ports", type=int, nargs="+", default=[8200])
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--prefiller-host", "--prefiller-hosts", dest="prefiller_hosts", nargs="+", default=["localhost"],
+                   metavar="HOST", help="prefill (P) workers' hosts, one per worker or one for all (default localhost)")
+    p.add_argument("--prefiller-port", "--prefiller-ports", dest="prefiller_ports", type=int, nargs="+", default=[8100],
+                   metavar="PORT", help="prefill workers' ports, paired with the hosts (default 8100)")
+    p.add_argument("--decoder-host", "--decoder-hosts", dest="decoder_hosts", nargs="+", default=["localhost"],
+                   metavar="HOST", help="decode (D) workers' hosts, one per worker or one for all (default localhost)")
+    p.add_argument("--decoder-port", "--decoder-ports", dest="decoder_ports", type=int, nargs="+", default=[8200],
+                   metavar="PORT", help="decode workers' ports, paired with the hosts (default 8200)")
     p.add_argument(
         "--conversation-ttl",
         type=float,
@@ -47,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-match", action="store_true",
                    help="chat requests without a session id stay session-less, and no turn is checked for "
                    f"continuity (else {settings.PROXY_PREFIX_MATCH.env}, default on)")
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
-    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, metavar="N",
+                   help="largest client request body accepted; larger ones get 413 (default 32 MiB)")
+    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds to connect to a worker before the request fails (default 10)")
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
     for flag, dest, kind, metavar, setting in _LIMITS:
         doc = setting.doc.split("): ", 1)[1]
@@ -103,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     from kvtrace.proxy.server import start
 
     config = build_config(args)
+    try:
+        telemetry.check_traces_dir(args.traces)
+    except OSError as exc:  # NotWritable: one line naming the directory and the reason
+        raise CLIError(str(exc)) from None
     provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces)
 
     async def serve() -> None:

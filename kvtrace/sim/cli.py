@@ -107,10 +107,15 @@ def run(args) -> int:
     """
     import asyncio
 
+    from kvtrace import telemetry
     from kvtrace.errors import CLIError
 
     _check(args)
     kv_config = _kv_config(args.kv_transfer_config)
+    try:
+        telemetry.check_traces_dir(args.traces)
+    except OSError as exc:  # NotWritable: one line naming the directory and the reason
+        raise CLIError(str(exc)) from None
     try:
         asyncio.run(_serve(args, kv_config))
     except OSError as exc:

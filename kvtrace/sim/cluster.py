@@ -26,7 +26,7 @@ API (stable; the proxy, bench, demo and tests use it)::
 
 Every worker gets its own TracerProvider (``kvtrace.configure`` with service
 ``kvtrace-sim-prefill`` / ``kvtrace-sim-decode`` and resource attributes substrate=sim, engine id,
-role, time scale, preset, prefix caching on/off, bidirectional on/off) unless ``tracer_provider`` is given; providers made here are flushed
+role, time scale, preset, prefix caching on/off, bidirectional on/off, KV pool bytes) unless ``tracer_provider`` is given; providers made here are flushed
 and shut down on exit.  With metrics on, each worker serves ``GET /metrics`` like a vLLM server
 (:mod:`kvtrace.sim.metrics`): its recorder counts every KV span it ends.  On exit every retained block is released (retention ends ``released``).
 """
@@ -156,6 +156,7 @@ class SimCluster:
             sc.SIM_PRESET: self.preset,
             sc.ENGINE_PREFIX_CACHING: role not in self.no_prefix_caching,
             sc.KV_BIDIRECTIONAL: self.kv.bidirectional,
+            sc.ENGINE_KV_POOL_BYTES: self.capacity_blocks * self.block_size * PRESETS[self.preset].bytes_per_token,
         }
         if self._factory is not None:
             provider = self._factory(SERVICE[role], attrs)

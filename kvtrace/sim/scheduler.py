@@ -1,4 +1,8 @@
-"""vLLM 0.33 NixlConnector pull rules, as pure functions, plus the ``--kv-transfer-config`` shape.
+"""vLLM 0.33 NixlConnector pull rules for one request, plus the ``--kv-transfer-config`` shape.
+
+The rules themselves live in :mod:`kvtrace.kvrules` (shared with the what-if replay, which
+applies them to arrays of recorded decisions); this module wraps them for one request's
+``kv_transfer_params``.
 
 Source (vLLM 0.33.0 wheel): ``distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py``
 (``get_num_new_matched_tokens``, ``request_finished``), ``base_scheduler.py`` (settings and
@@ -27,9 +31,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtrace import kvrules
 from kvtrace import semconv as sc
 
-EXPIRY_SAFETY_MARGIN_S = 5.0  # pull_worker._KV_BLOCKS_EXPIRY_SAFETY_MARGIN
+EXPIRY_SAFETY_MARGIN_S = kvrules.EXPIRY_SAFETY_MARGIN_S
 REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
 LOAD_FAILURE_POLICIES = ("fail", "recompute")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
@@ -121,27 +126,19 @@ def matched_tokens(params: dict | None, prompt_tokens: int, local_hit: int, thre
         if count > 0:
             return count, True
     if has_remote_blocks(params):
-        count = min(params.get("remote_num_tokens") or 0, prompt_tokens) - local_hit
-        if count > 0:
-            if threshold > 0 and count < threshold:
-                return 0, False
+        count = int(kvrules.pull_count(params.get("remote_num_tokens") or 0, prompt_tokens, local_hit))
+        if kvrules.loads(count, threshold):
             return count, True
     return 0, False
 
 
 def read_expired(now: float, expiry: float | None) -> bool:
-    """``_is_turn2_read_expired``: decline when now + 5 s >= D's deadline (None: never)."""
-    return expiry is not None and now + EXPIRY_SAFETY_MARGIN_S >= expiry
+    """``_is_turn2_read_expired``: decline when D's blocks have at most 5 s left (None: never)."""
+    return expiry is not None and bool(kvrules.read_declined(expiry - now))
 
 
 def outcome(params: dict | None, prompt_tokens: int, local_hit: int, threshold: int) -> str:
     """kvtrace decision outcome for a P-side (d2p) request before any load starts."""
-    if not has_remote_blocks(params):
-        return sc.OUTCOME_NO_REMOTE
-    count, load = matched_tokens(params, prompt_tokens, local_hit, threshold)
-    if load:
-        return sc.OUTCOME_PULLED
-    raw = min(params.get("remote_num_tokens") or 0, prompt_tokens) - local_hit
-    if raw > 0:
-        return sc.OUTCOME_BELOW_THRESHOLD
-    return sc.OUTCOME_LOCAL_HIT if local_hit > 0 else sc.OUTCOME_NO_REMOTE
+    offered = has_remote_blocks(params)
+    count = kvrules.pull_count((params or {}).get("remote_num_tokens") or 0, prompt_tokens, local_hit)
+    return sc.OUTCOMES[int(kvrules.d2p_outcome(offered, count, local_hit, threshold))]

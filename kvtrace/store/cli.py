@@ -1,20 +1,21 @@
-"""``kvtrace query``: ad-hoc SQL over one run of a trace directory with every kvtrace view defined."""
+"""``kvtrace query``: ad-hoc SQL over one run of a trace directory (or an ``otel_traces`` table on
+ClickHouse) with every kvtrace view defined."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from kvtrace.store.runs import DEFAULT_TRACES_DIR
+from kvtrace.store import source
 
 FORMATS = ("table", "csv", "json", "parquet")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", help="SQL to run (views: see docs/query.md)")
-    parser.add_argument("--traces", metavar="DIR",
-                        help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
-    parser.add_argument("--format", choices=FORMATS, default="table")
+    source.add_arguments(parser)
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="table (aligned text, default), csv, json (array of objects) or parquet (needs --output)")
     parser.add_argument("--output", metavar="FILE", help="write here instead of stdout (required for parquet)")
 
 
@@ -45,30 +46,47 @@ def _render(fmt: str, columns: list[str], rows: list[tuple]) -> str:
     return json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1) + "\n"
 
 
+def _empty(sql: str) -> bool:
+    """No statement at all: blank, only ``;`` or only comments (a syntax error is not empty: the
+    query reports it)."""
+    import duckdb
+
+    try:
+        return not duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     """Run SQL over one run of a trace directory with the kvtrace views (spans, requests,
     kv_decisions, kv_transfers, kv_retention, engine_requests, llm_calls, tool_calls, app_work,
-    turns, sessions, vllm_requests, session_breakdown, turn_breakdown; docs/query.md) defined.
-    A directory holding several runs (kvtrace demo's DIR/bidir and DIR/baseline) is refused with
-    their names.  Formats: table (aligned text), csv, json (array of objects), parquet (needs
-    --output).  Example:
+    turns, sessions, vllm_requests, session_breakdown, turn_breakdown, turn_gaps; docs/query.md)
+    defined.  A directory holding several runs (kvtrace demo's DIR/bidir and DIR/baseline) is
+    refused with their names.  With --clickhouse URL the same views read an OTel Collector
+    otel_traces table (--table) on a ClickHouse server (http(s)://...) or in chDB (chdb:PATH); the
+    SQL is kvtrace's dialect (DuckDB's), transpiled to ClickHouse (docs/clickhouse.md).  Formats:
+    table (aligned text), csv, json (array of objects), parquet (needs --output).  Example:
 
         kvtrace query "SELECT outcome, count(*) FROM kv_decisions GROUP BY 1" --traces kvtrace-traces/bidir
     """
     import duckdb
 
     from kvtrace.errors import CLIError
-    from kvtrace.store.reader import StoreError, connect, query
-    from kvtrace.store.runs import traces_dir
+    from kvtrace.store.clickhouse import ClickHouseError
+    from kvtrace.store.reader import StoreError, query
 
     if args.format == "parquet" and not args.output:
         raise CLIError("--format parquet needs --output FILE")
+    if _empty(args.sql):
+        raise CLIError('no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")')
     try:
-        result = query(connect(traces_dir(args.traces)), args.sql)
+        result = query(source.open_store(args), args.sql)
     except StoreError as exc:
         raise CLIError(str(exc)) from None
     except duckdb.Error as exc:
         raise CLIError(str(exc).strip().splitlines()[0]) from None
+    except ClickHouseError as exc:
+        raise CLIError(str(exc)) from None
     if result is None:  # a statement without a result (e.g. CREATE)
         return 0
     if args.format == "parquet":

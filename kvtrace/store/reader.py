@@ -180,7 +180,10 @@ def refresh(con: duckdb.DuckDBPyConnection, directory: str | os.PathLike | None 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> pa.Table | None:
     """Run ``sql`` with bound ``params``; the result as an Arrow table (None for a statement
     without one).  When a listed file has gone meanwhile (a writer swept a superseded batch file),
-    re-list and run it again."""
+    re-list and run it again.  ``con`` may also be a
+    :class:`~kvtrace.store.clickhouse.store.ClickHouseStore` (the same SQL, run on ClickHouse)."""
+    if getattr(con, "is_clickhouse", False):
+        return con.query(sql, params)
     for attempt in range(_RETRIES + 1):
         try:
             rel = con.sql(sql, params=params or None)

@@ -116,6 +116,13 @@ class SpanBuilder:
             attrs[sc.TURN_INDEX] = turn
         return self.span(sc.SPAN_AGENT_APP_WORK, start_ms, end_ms, parent=parent, attrs=attrs)
 
+    def user_pause(self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None,
+                   reason: str | None = "think"):
+        attrs = {sc.SESSION_ID: session_id, **({sc.AGENT_PAUSE_REASON: reason} if reason else {})}
+        if turn is not None:
+            attrs[sc.TURN_INDEX] = turn
+        return self.span(sc.SPAN_AGENT_USER_PAUSE, start_ms, end_ms, parent=parent, attrs=attrs)
+
     # ------------------------------------------------------------------ proxy / engine helpers
     def request(self, session_id: str | None, turn: int | None, request_id: str, start_ms: float,
                 end_ms: float, ttft_ms: float | None, *, parent=None, offered: bool = False,
@@ -251,6 +258,8 @@ def _engine_resource(engine_id: str, role: str) -> dict:
 def write_table(tbl, directory: str | os.PathLike, writer: str = "synth", seq: int = 1) -> list[str]:
     """Write a SCHEMA table into ``directory``, one file per UTC date/hour partition of Timestamp,
     named like the exporter's batch files (so the store's file listing reads them)."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -258,8 +267,12 @@ def write_table(tbl, directory: str | os.PathLike, writer: str = "synth", seq: i
 
     paths = []
     hours = pc.floor_temporal(tbl["Timestamp"], unit="hour")
-    for i, hour in enumerate(pc.unique(hours).to_pylist()):
-        part = tbl.filter(pc.equal(hours, hour))
+    order = pc.sort_indices(hours)  # stable: each partition keeps the table's row order
+    tbl, hours = tbl.take(order), hours.take(order)
+    values, starts = np.unique(hours.cast("int64").to_numpy(), return_index=True)
+    bounds = [*starts.tolist(), tbl.num_rows]
+    for i, hour in enumerate(pa.array(values).cast(hours.type).to_pylist()):
+        part = tbl.slice(bounds[i], bounds[i + 1] - bounds[i])
         sub = os.path.join(os.fspath(directory), f"date={hour:%Y-%m-%d}", f"hour={hour:%H}")
         os.makedirs(sub, exist_ok=True)
         path = os.path.join(sub, batch_name(writer, seq + i))
@@ -268,9 +281,13 @@ def write_table(tbl, directory: str | os.PathLike, writer: str = "synth", seq: i
     return paths
 
 
+SAMPLE_PAUSE_MS = 400.0
+
+
 def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4, *, pull: bool = True) -> int:
-    """A small complete store (agent → proxy → P/D spans, reuse, retention, tool waits) for
-    dashboard and report tests; ``pull=False`` writes the same workload without reuse (baseline)."""
+    """A small complete store (agent → proxy → P/D spans, reuse, retention, tool waits, app work,
+    a user pause before every turn but the first) for dashboard and report tests; ``pull=False``
+    writes the same workload without reuse (baseline)."""
     b = SpanBuilder()
     for i in range(sessions):
         sid = f"session-{i}"
@@ -279,6 +296,8 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
         spans = []
         prompt = 800
         for turn in range(turns):
+            if turn:
+                t += SAMPLE_PAUSE_MS  # the user reads the answer and thinks
             tr_start = t
             reuse_it = pull and turn > 0
             remote = prompt - 200 if turn > 0 else 0
@@ -293,8 +312,10 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
         for k, (turn, tr_start, prompt, remote, pulled, outcome, prefill) in enumerate(spans):
             last = k == len(spans) - 1
             next_start = spans[k + 1][1] if not last else None
-            tr_end = spans[k + 1][1] - 10 if not last else end - 10
+            tr_end = spans[k + 1][1] - SAMPLE_PAUSE_MS if not last else end - 10
             tr = b.turn(sid, turn, tr_start, tr_end, parent=sess)
+            if not last:
+                b.user_pause(sid, None, tr_end, next_start, parent=sess)
             call = b.call(sid, turn, f"{sid}-r{turn}", tr_start + 5, parent=tr, prompt=prompt, remote=remote,
                           pulled=pulled, outcome=outcome, prefill_ms=prefill, xfer_ms=2 + pulled * 0.002,
                           decode_ms=200, retention_end_ms=(next_start + 6) if (pull and not last) else
@@ -308,3 +329,49 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
             b.app_work(sid, turn, t_tool + 125, t_tool + 300, parent=tr)
             del call
     return b.write(directory)
+
+
+TILED_IDS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID, sc.GEN_AI_REQUEST_ID, sc.KV_REMOTE_REQUEST_ID)
+"""Attributes :func:`tile` makes unique per copy (suffix ``-<copy>``)."""
+
+
+def tile(template, copies, offsets_ns):
+    """Copies of a store table (SCHEMA), one per entry of ``copies`` (ints): every time shifted by
+    the copy's ``offsets_ns``, trace and span ids prefixed with the copy number (hex) and the
+    session / request ids of :data:`TILED_IDS` suffixed with it, so copies are distinct sessions
+    of the same shape.  Vectorised: the benchmarks tile :func:`sample_store`'s SDK-made spans to
+    tens of millions."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    copies, offsets_ns = np.asarray(copies, dtype=np.int64), np.asarray(offsets_ns, dtype=np.int64)
+    n, k = template.num_rows, len(copies)
+    row_copy = np.repeat(np.arange(k, dtype=np.int32), n)  # position in ``copies`` of each row
+    big = pa.concat_tables([template] * k).combine_chunks()
+    cols = {name: big[name].chunk(0) if big[name].num_chunks else big[name] for name in big.column_names}
+    shift = pa.array(np.repeat(offsets_ns, n)).cast(pa.duration("ns"))
+    cols["Timestamp"] = pc.add(cols["Timestamp"], shift)
+    ev = cols["Events.Timestamp"]
+    ev_shift = pa.array(np.repeat(offsets_ns[row_copy], np.diff(ev.offsets.to_numpy()))).cast(pa.duration("ns"))
+    cols["Events.Timestamp"] = pa.ListArray.from_arrays(ev.offsets, pc.add(ev.flatten(), ev_shift))
+    for name, width in (("TraceId", 8), ("SpanId", 6), ("ParentSpanId", 6)):
+        prefix = _per_copy([f"{c % 16**width:0{width}x}" for c in copies], row_copy)
+        ids = cols[name]
+        new = pc.binary_join_element_wise(prefix, pc.utf8_slice_codeunits(ids, width), "")
+        cols[name] = pc.if_else(pc.equal(ids, ""), ids, new)
+    m = cols["SpanAttributes"]
+    keys, values = m.keys, m.items
+    hit = pc.is_in(keys, value_set=pa.array(TILED_IDS, pa.string()))
+    entry_copy = np.repeat(row_copy, np.diff(m.offsets.to_numpy()))  # (list_parent_indices crashes on maps)
+    suffix = _per_copy([f"-{c}" for c in copies], entry_copy)
+    values = pc.if_else(hit, pc.binary_join_element_wise(values, suffix, ""), values)
+    cols["SpanAttributes"] = pa.MapArray.from_arrays(m.offsets, keys, values)
+    return pa.table(cols, schema=template.schema)
+
+
+def _per_copy(strings: list[str], index):
+    """``strings[index[i]]`` for every i, as an Arrow string array (dictionary-decoded: no Python loop)."""
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array(index, pa.int32()), pa.array(strings, pa.string())).cast(pa.string())

@@ -4,7 +4,8 @@ The scheduler-side :class:`~kvtrace.vllm.connector.KVTraceNixlConnector` (Engine
 calls :func:`recorder_for` once, at construction.  Settings come from the ``kvtrace`` object in
 ``kv_connector_extra_config`` (``traces_dir``, ``service_name``, ``otlp``, ``role``, ``metrics``), else the
 ``KVTRACE_*`` / ``OTEL_*`` environment (read by :func:`kvtrace.configure`).  One TracerProvider
-per process and engine id; resource attributes ``kvtrace.substrate=vllm``, engine id and role.
+per process and engine id; resource attributes ``kvtrace.substrate=vllm``, engine id, role and the
+KV cache pool's size in bytes.
 """
 
 from __future__ import annotations
@@ -89,21 +90,30 @@ def block_bytes_by_group(kv_cache_config) -> list[int]:
     return out
 
 
-def tracer_provider_for(settings: ConnectorSettings):
-    """One provider per process and (service, traces_dir, otlp, engine id)."""
-    key = (settings.service_name, settings.traces_dir, settings.otlp, settings.engine_id, settings.role)
+def kv_pool_bytes(kv_cache_config) -> int:
+    """Size of the engine's KV cache pool: blocks x bytes one block costs over every group."""
+    return int(kv_cache_config.num_blocks) * sum(block_bytes_by_group(kv_cache_config))
+
+
+def tracer_provider_for(settings: ConnectorSettings, pool_bytes: int | None = None):
+    """One provider per process and (service, traces_dir, otlp, engine id); ``pool_bytes`` (the
+    KV cache pool's size) becomes a resource attribute."""
+    key = (settings.service_name, settings.traces_dir, settings.otlp, settings.engine_id, settings.role, pool_bytes)
     with _lock:
         provider = _providers.get(key)
         if provider is None:
+            resource = {
+                sc.SUBSTRATE: sc.SUBSTRATE_VLLM,
+                sc.ENGINE_ID: settings.engine_id,
+                sc.ENGINE_ROLE: settings.role,
+            }
+            if pool_bytes is not None:
+                resource[sc.ENGINE_KV_POOL_BYTES] = int(pool_bytes)
             provider = configure(
                 settings.service_name,
                 traces_dir=settings.traces_dir,
                 otlp=settings.otlp,
-                resource_attributes={
-                    sc.SUBSTRATE: sc.SUBSTRATE_VLLM,
-                    sc.ENGINE_ID: settings.engine_id,
-                    sc.ENGINE_ROLE: settings.role,
-                },
+                resource_attributes=resource,
             )
             _providers[key] = provider
         return provider
@@ -114,7 +124,9 @@ def recorder_for(
 ) -> KVRecorder:
     """The KVRecorder of one scheduler-side connector (``deferred``: spans are built off the
     scheduler's thread, see :mod:`kvtrace.emit.deferred`)."""
-    provider = tracer_provider if tracer_provider is not None else tracer_provider_for(settings)
+    provider = tracer_provider
+    if provider is None:
+        provider = tracer_provider_for(settings, kv_pool_bytes(kv_cache_config))
     return KVRecorder(
         provider,
         engine_id=settings.engine_id,

@@ -6,13 +6,15 @@ connection has them; :mod:`kvtrace.analysis.sessions` reads them for the dashboa
 and ``kvtrace demo``.
 
 Every session's wall time (from the ``sessions`` view, which spans all of the session's traces)
-is split into four parts that sum to it exactly (in ns; ±1 ms after rounding to ms):
+is split into five parts that sum to it exactly (in ns; ±1 ms after rounding to ms):
 
 - **input processing**: request start → first token (queueing, prefill on P, KV transfers);
 - **generation**: first token → last token;
 - **tool waits**: ``tool_call`` spans;
 - **app work**: ``app_work`` spans plus the session's unattributed time (``unattributed_ms``,
-  an extra column, is that second part on its own).
+  an extra column, is that second part on its own);
+- **user pauses**: ``user_pause`` spans (``Agent.user_pause()``: the agent waits for its user:
+  think time, an approval, a pause-resume gap), time nobody but the user is responsible for.
 
 Memory: ``kv_gib_s`` is the KV D held for the window's next turns (``kv.retention`` spans, bytes ×
 held seconds, wall clock / 2^30): a session's are all of its retentions; a turn's those that started
@@ -26,18 +28,20 @@ processing throughout.
 Overlaps are resolved by an interval union and a fixed precedence, so parallel LLM calls,
 parallel tools and calls made while a tool runs are never double-counted: every instant of the
 wall time belongs to exactly one part, the highest of **generation > input processing > tool
-wait > app work** active at that instant (tokens streaming in are what the user waits for most
-directly; a tool running while the model is busy is hidden behind it).  Intervals are clipped to
+wait > app work > user pause** active at that instant (tokens streaming in are what the user
+waits for most directly; a tool running while the model is busy is hidden behind it; anything
+the agent does while its user thinks is the agent's, not the pause's).  Intervals are clipped to
 the session's (or turn's) window.
 
 The SQL gets the precedence from nested unions instead of a sweep over every boundary point:
 with U(c) the union of the (clipped) intervals of category >= c, generation = |U(gen)|, input
-processing = |U(input)| - |U(gen)|, tool wait = |U(tool)| - |U(input)|, app work = wall -
-|U(tool)| and unattributed = wall - |U(app)|, all in integer ns.  A union's length is one pass
+processing = |U(input)| - |U(gen)|, tool wait = |U(tool)| - |U(input)|, user pause =
+|U(pause)| - |U(app)|, app work = wall - |U(tool)| - user pause and unattributed = wall -
+|U(pause)|, all in integer ns.  A union's length is one pass
 over its intervals in start order (a DuckDB window function): each interval adds the part of it
 that ends after the largest end before it.  U(input) is the union of whole LLM calls (input
 processing up to the first token, generation after it), so only two sorts are needed: the
-generation intervals, and the calls, tools and app work together (three running maxima), both
+generation intervals, and the calls, tools, app work and pauses together (four running maxima), both
 partitioned by the window's keys.  Cost: one Parquet scan, one grouping of the session, turn,
 call and request spans by (session, turn), two sorts of the intervals.  Only the scan (``base``)
 is MATERIALIZED; the rest stays inlinable so that a filter on ``session_id`` (the dashboard's
@@ -51,11 +55,12 @@ from kvtrace.store.sql import float_attr, int_attr, literal, literals
 from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 # category codes, higher wins
-CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4
-PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work")
+CAT_PAUSE, CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4, 5
+PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work", "user_pause")
 
 _SESSION, _TURN, _LLM = (literal(n) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
-_TOOL, _APP, _REQUEST = (literal(n) for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST))
+_TOOL, _APP, _PAUSE, _REQUEST = (literal(n) for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK,
+                                                    sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST))
 _RETENTION = literal(sc.SPAN_KV_RETENTION)
 GIB = 1024 ** 3
 
@@ -68,7 +73,7 @@ GIB = 1024 ** 3
 # ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
 # request counts.)
 SPAN_NAMES = (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL, sc.SPAN_AGENT_TOOL_CALL,
-              sc.SPAN_AGENT_APP_WORK, sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_RETENTION)
+              sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_RETENTION)
 AGENT_SPANS_SQL = f"""
 SELECT name, session_id, turn, start_ns, end_ns,
        CASE name WHEN {_LLM} THEN {float_attr(sc.LLM_TTFT_MS)}
@@ -132,8 +137,8 @@ turn_windows AS (
 # The intervals the unions are taken over; ``turn`` may be NULL.  Each LLM call (or request) gives
 # one CAT_INPUT row for the whole call (start → end: input processing, plus the generation it
 # hides) and one CAT_GEN row from the first token (start + TTFT) to the end when it produced one;
-# tools and app work give one row each.  ``proxy`` marks the request spans' rows: they count only
-# in sessions without agent ``llm_call`` spans (``agent_calls`` of the windows).
+# tools, app work and user pauses give one row each.  ``proxy`` marks the request spans' rows:
+# they count only in sessions without agent ``llm_call`` spans (``agent_calls`` of the windows).
 INTERVALS_CTE = f"""
 split AS (
     SELECT session_id, turn, start_ns AS s, end_ns AS e, name = {_REQUEST} AS proxy,
@@ -146,8 +151,9 @@ intervals AS (
     UNION ALL
     SELECT session_id, turn, ft, e, {CAT_GEN}, proxy FROM split WHERE ft < e
     UNION ALL
-    SELECT session_id, turn, start_ns, end_ns, CASE name WHEN {_TOOL} THEN {CAT_TOOL} ELSE {CAT_APP} END, false
-    FROM base WHERE name IN ({_TOOL}, {_APP})
+    SELECT session_id, turn, start_ns, end_ns,
+           CASE name WHEN {_TOOL} THEN {CAT_TOOL} WHEN {_APP} THEN {CAT_APP} ELSE {CAT_PAUSE} END, false
+    FROM base WHERE name IN ({_TOOL}, {_APP}, {_PAUSE})
 )"""
 
 SESSION_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, start_ns, end_ns, turns FROM session_windows"
@@ -176,7 +182,8 @@ run AS (
     SELECT {k}, s, e, cat,
            max(CASE WHEN cat = {CAT_INPUT} THEN e END) OVER r AS m3,
            max(CASE WHEN cat >= {CAT_TOOL} THEN e END) OVER r AS m2,
-           max(e) OVER r AS m1
+           max(CASE WHEN cat >= {CAT_APP} THEN e END) OVER r AS m1,
+           max(e) OVER r AS m0
     FROM iv WHERE cat < {CAT_GEN}
     WINDOW r AS (PARTITION BY {k} ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ),
@@ -184,22 +191,24 @@ u AS (
     SELECT {k},
            sum(CASE WHEN cat = {CAT_INPUT} THEN greatest(e - greatest(s, m3), 0) ELSE 0 END) AS u3,
            sum(CASE WHEN cat >= {CAT_TOOL} THEN greatest(e - greatest(s, m2), 0) ELSE 0 END) AS u2,
-           sum(greatest(e - greatest(s, m1), 0)) AS u1
+           sum(CASE WHEN cat >= {CAT_APP} THEN greatest(e - greatest(s, m1), 0) ELSE 0 END) AS u1,
+           sum(greatest(e - greatest(s, m0), 0)) AS u0
     FROM run GROUP BY {k}
 ),
 g AS (SELECT {k}, sum(greatest(e - greatest(s, m4), 0)) AS u4 FROM gen GROUP BY {k}),
 h AS ({held})
 SELECT {k},
-       (w.we - w.ws) / 1e6 AS wall_ms,
+       (win.we - win.ws) / 1e6 AS wall_ms,
        (coalesce(u.u3, 0) - coalesce(g.u4, 0)) / 1e6 AS input_processing_ms,
        coalesce(g.u4, 0) / 1e6 AS generation_ms,
        coalesce(u.u2 - u.u3, 0) / 1e6 AS tool_wait_ms,
-       (w.we - w.ws - coalesce(u.u2, 0)) / 1e6 AS app_work_ms,
+       (win.we - win.ws - coalesce(u.u2, 0) - coalesce(u.u0 - u.u1, 0)) / 1e6 AS app_work_ms,
+       coalesce(u.u0 - u.u1, 0) / 1e6 AS user_pause_ms,
        {extra_cols},
-       (w.we - w.ws - coalesce(u.u1, 0)) / 1e6 AS unattributed_ms,
-       w.ws AS start_ns, w.we AS end_ns,
+       (win.we - win.ws - coalesce(u.u0, 0)) / 1e6 AS unattributed_ms,
+       win.ws AS start_ns, win.we AS end_ns,
        coalesce(h.byte_s, 0) / {GIB} AS kv_gib_s
-FROM w LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k}) LEFT JOIN h USING ({k})
+FROM w AS win LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k}) LEFT JOIN h USING ({k})
 """
 
 
@@ -212,7 +221,7 @@ SESSION_BREAKDOWN_SQL = _sweep_sql(
     "WHERE end_ns >= start_ns",
     keys=["session_id"],
     clipped=f"SELECT w.session_id, {_CLIP} FROM intervals i JOIN w ON i.session_id = w.session_id WHERE {_KEEP}",
-    extra_cols="w.turns",
+    extra_cols="win.turns",
     held=f"SELECT session_id, sum(kv_byte_s) AS byte_s FROM base WHERE name = {_RETENTION} GROUP BY session_id",
 )
 
@@ -228,15 +237,17 @@ TURN_BREAKDOWN_SQL = _sweep_sql(
     "FROM intervals i JOIN (SELECT *, turn AS jt FROM w UNION ALL SELECT *, NULL AS jt FROM w) w "
     f"ON i.session_id = w.session_id AND i.turn IS NOT DISTINCT FROM w.jt WHERE {_KEEP}",
     extra_cols="1::BIGINT AS turns",
-    held=f"SELECT w.session_id, w.turn, sum(b.kv_byte_s) AS byte_s FROM w JOIN base b ON b.session_id = w.session_id "
-    f"AND b.name = {_RETENTION} AND b.start_ns BETWEEN w.ws AND w.we GROUP BY w.session_id, w.turn",
+    held=f"SELECT win.session_id, win.turn, sum(b.kv_byte_s) AS byte_s FROM w AS win JOIN base b "
+    f"ON b.session_id = win.session_id WHERE b.name = {_RETENTION} AND b.start_ns BETWEEN win.ws AND win.we "
+    "GROUP BY win.session_id, win.turn",
 )
 
 PRECEDENCE_NOTE = " > ".join(PRECEDENCE)
 BREAKDOWN_COLUMNS = (
-    "session_id", "wall_ms", "input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "turns",
+    "session_id", "wall_ms", "input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "user_pause_ms",
+    "turns",
 )
-PART_COLUMNS = ("input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms")
+PART_COLUMNS = ("input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "user_pause_ms")
 
 
 def _parts(window: str) -> tuple:
@@ -246,10 +257,12 @@ def _parts(window: str) -> tuple:
         col("generation_ms", DOUBLE, "first token → last token, ms"),
         col("tool_wait_ms", DOUBLE, "tool calls, ms"),
         col("app_work_ms", DOUBLE, "app-work spans plus unattributed time, ms"),
+        col("user_pause_ms", DOUBLE, "user-pause spans (the agent waits for its user: think time, approvals), ms"),
     )
 
 
-_TAIL = (col("unattributed_ms", DOUBLE, "the part of `app_work_ms` no span covers (user pauses, untraced work), ms"),
+_TAIL = (col("unattributed_ms", DOUBLE, "the part of `app_work_ms` no span covers (untraced work, pauses the agent "
+             "did not mark as user pauses), ms"),
          col("start_ns", BIGINT, "window start, epoch ns"), col("end_ns", BIGINT, "window end, epoch ns"))
 _KV_HELD = col("kv_gib_s", DOUBLE, "KV D held for the next turns, GiB·s (retention spans: the session's all; a "
                "turn's those that started in its window; wall-clock s)")
@@ -269,14 +282,14 @@ VIEWS: tuple[View, ...] = (
          (*common("session_id", "turn"), col("s", BIGINT, "interval start, epoch ns"),
           col("e", BIGINT, "interval end, epoch ns"),
           col("cat", INTEGER, f"category: {CAT_GEN} generation, {CAT_INPUT} input processing, {CAT_TOOL} tool, "
-              f"{CAT_APP} app work")),
+              f"{CAT_APP} app work, {CAT_PAUSE} user pause")),
          INTERVALS_SQL, helper=True),
     View("kvtrace_turn_windows", _HELPER + " Each turn's window (agent turn span, else the turn's requests).",
          (*common("session_id", "turn"), col("start_ns", BIGINT, "window start, epoch ns"),
           col("end_ns", BIGINT, "window end, epoch ns")),
          TURN_WINDOWS_SQL, helper=True),
     View("session_breakdown",
-         "Where each session's wall time goes: four parts that sum to it, each instant counted once, by "
+         "Where each session's wall time goes: five parts that sum to it, each instant counted once, by "
          f"precedence {PRECEDENCE_NOTE}.",
          (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL, _KV_HELD),
          SESSION_BREAKDOWN_SQL),

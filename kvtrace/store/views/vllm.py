@@ -53,13 +53,16 @@ JOIN spans leg ON leg.trace_id = v.trace_id AND leg.span_id = v.parent_span_id
 JOIN requests r ON r.trace_id = leg.trace_id AND r.span_id = leg.parent_span_id
 """
 
+# vLLM spans not matched by parent: an anti join written as LEFT JOIN ... IS NULL (ClickHouse does
+# not resolve a correlated NOT EXISTS over a CTE)
 BY_REQUEST_ID_SQL = """
 SELECT v.trace_id, v.span_id, r.span_id AS proxy_span_id, r.trace_id AS request_trace_id,
        CAST(NULL AS VARCHAR) AS leg
 FROM vllm_spans v
+LEFT JOIN by_parent p ON p.trace_id = v.trace_id AND p.span_id = v.span_id
 JOIN requests r ON r.request_id IS NOT NULL AND r.request_id <> ''
      AND contains(v.vllm_request_id, r.request_id)
-WHERE NOT EXISTS (SELECT 1 FROM by_parent p WHERE p.trace_id = v.trace_id AND p.span_id = v.span_id)
+WHERE p.span_id IS NULL
 QUALIFY row_number() OVER (PARTITION BY v.trace_id, v.span_id
                            ORDER BY length(r.request_id) DESC, r.start_ns) = 1
 """

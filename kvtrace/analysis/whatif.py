@@ -1,0 +1,314 @@
+"""What-if advisor: replay recorded traffic under other retention TTLs and recompute thresholds.
+
+:func:`run` loads a store (:mod:`.whatif_data`) and replays it on a grid of
+(``decoder_kv_blocks_ttl``, ``kv_recompute_threshold``) settings; :func:`recommend` picks one.
+Pure functions over the recorded spans: no servers, nothing re-executed.
+
+Per setting (TTL ``T``, threshold ``θ``, proxy offer margin ``m``), every recorded d2p decision is
+decided again with vLLM's rules (:mod:`kvtrace.kvrules`, the code the simulator runs):
+
+1. **offer**: the proxy offers the session's previous blocks while its entry is at most ``T - m``
+   old (the recorded entry age; the recorded gap when no proxy recorded one);
+2. **decision**: ``count = min(D's tokens, prompt) - local hit``; pulled, below threshold, local
+   hit or no remote (:func:`kvrules.d2p_outcome`) from the recorded prompt, local-hit and
+   reusable tokens;
+3. **expiry**: a pull whose blocks have at most 5 s left at the recorded gap (``T - gap``; vLLM's
+   own measure ``ttl - expiry_remaining_s`` when it was recorded) is declined ``expired``, which
+   under ``kv_load_failure_policy=fail`` (vLLM's default, recorded on the decision) fails the
+   request: these are the replay's predicted failures.  A recorded ``failed`` load stays failed
+   while the replay still pulls.
+
+D's retention intervals are rebuilt: a turn's blocks are held from its decode end until the
+session's next decision reads them (pull) or releases them (an offered decision that does not
+pull), else until ``T`` passes or the recording ends, whichever is first.  GiB·s and the peak
+per D engine come from those intervals (model seconds).
+
+TTFT per request = the recorded TTFT (proxy span) − the recorded prefill compute and transfer +
+the replay's: recomputed tokens at that P engine's observed prefill rate, pulled tokens at the
+fitted transfer cost (recorded transfer time when the pull is the same).  Requests without a
+recorded TTFT (failed ones) and requests the replay predicts to fail are left out.
+
+With the recorded setting the replay gives back the recorded outcomes, tokens, GiB·s and TTFT
+exactly (the ``recorded`` row); ``tests/test_whatif_replay.py`` checks that, and
+``tests/test_whatif_sim.py`` checks the other rows against the simulator run at those settings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtrace import kvrules
+from kvtrace import semconv as sc
+from kvtrace.analysis.whatif_data import FATE_READ, FATE_RELEASED, FATE_UNCONSUMED, Recorded, WhatIfError, load
+
+DEFAULT_TTLS = (0, 30, 60, 120, 240, 480, 900, 1800)
+DEFAULT_THRESHOLDS = (16, 32, 64, 128, 256, 512)
+COLUMNS = ("ttl_s", "threshold", "decisions", "pulled", "expired", "below_threshold", "no_remote", "local_hit",
+           "failed", "pulled_tokens", "recomputed_tokens", "gib_s_held", "peak_gib_held", "ttft_mean_ms",
+           "ttft_p90_ms", "recorded")
+OUTCOME_COLUMNS = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
+GIB = float(2**30)
+TTFT_TOLERANCE = 0.05  # "within 5 % of the best TTFT"
+
+__all__ = ["COLUMNS", "DEFAULT_THRESHOLDS", "DEFAULT_TTLS", "Replay", "WhatIfError", "load", "recommend", "replay",
+           "run", "settings_grid"]
+
+
+@dataclass
+class Replay:
+    """One setting's result: ``row`` (the :data:`COLUMNS`), per-D-engine peaks and the pieces the
+    dashboard plots (``codes``: outcome per decision, ``ttft_ms``: per request, model ms)."""
+
+    row: dict
+    offer_margin_s: float  # the proxy's offer margin replayed
+    peak_bytes: dict  # D engine id -> peak bytes held
+    failures: int  # requests predicted to fail (expired / failed loads under policy fail)
+    codes: np.ndarray
+    ttft_ms: np.ndarray
+
+
+def settings_grid(rec: Recorded, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS) -> list[tuple[float, int]]:
+    """TTL x threshold, plus the recorded setting when the grid lacks it."""
+    grid = [(float(t), int(h)) for t in ttls for h in thresholds]
+    if (rec.ttl_s, rec.threshold) not in grid:
+        grid.append((rec.ttl_s, rec.threshold))
+    return grid
+
+
+class _Fixed:
+    """What every setting shares, computed once per :class:`Recorded`, and caches of what one TTL
+    or one threshold determines (the grid's 8 TTLs x 6 thresholds need 8 + 6 of those)."""
+
+    def __init__(self, rec: Recorded) -> None:
+        pulled_rec = rec.d_code == kvrules.PULLED
+        self.count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
+        self.pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
+        self.missing = rec.d_prompt - rec.d_local
+        self.failed_rec = rec.d_code == kvrules.FAILED
+        self.xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
+        self.per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
+        # expiry time left at the recorded TTL (vLLM's measure when recorded); + (T - recorded T) at T
+        self.left = np.where(np.isnan(rec.d_remaining_s), rec.ttl_s - rec.d_gap_s, rec.d_remaining_s)
+        self.has_next = rec.r_next >= 0
+        self.at = np.where(self.has_next, rec.r_next, 0)
+        self.t_dec = rec.d_start_ns[self.at]
+        self.read_end = self.t_dec + (self.xfer_pulled[self.at] * 1e6).astype(np.int64)
+        self.cum_bytes = [np.cumsum(rec.r_bytes[part]) for part in rec.r_by_engine]
+        self.bytes_f = rec.r_bytes.astype(float)
+        self.ttls: dict = {}
+        self.thresholds: dict = {}
+
+    def ttl(self, rec: Recorded, ttl_s: float, margin: float) -> dict:
+        key = (ttl_s, margin)
+        if key not in self.ttls:
+            # the proxy's limit, written so that the recorded setting gives the recorded limit exactly
+            limit = rec.offer_ttl_s + (ttl_s - rec.ttl_s) + (rec.offer_margin_s - margin)
+            offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
+            ttl_ns = int(round(ttl_s / rec.time_scale * 1e9))
+            self.ttls[key] = {
+                "offered": offered,
+                "declined": kvrules.read_declined(self.left + (ttl_s - rec.ttl_s)),
+                "expiry": np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns),
+                "off_at": self.has_next & offered[self.at],
+            }
+        return self.ttls[key]
+
+    def threshold(self, rec: Recorded, threshold: int) -> np.ndarray:
+        if threshold not in self.thresholds:
+            self.thresholds[threshold] = kvrules.d2p_outcome(True, self.count, rec.d_local, threshold)
+        return self.thresholds[threshold]
+
+
+def _fixed(rec: Recorded) -> _Fixed:
+    if getattr(rec, "_fixed", None) is None:
+        rec._fixed = _Fixed(rec)
+    return rec._fixed
+
+
+def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float | None = None) -> None:
+    """Compute what the settings of ``grid`` share before replaying them in threads."""
+    fx = _fixed(rec)
+    margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
+    for ttl_s, threshold in grid:
+        fx.ttl(rec, ttl_s, margin)
+        fx.threshold(rec, threshold)
+
+
+def decide(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(outcome codes, offered) of every recorded decision under one setting."""
+    fx = _fixed(rec)
+    t = fx.ttl(rec, ttl_s, offer_margin_s)
+    codes = np.where(t["offered"], fx.threshold(rec, threshold), kvrules.NO_REMOTE).astype(np.int8)
+    pull = codes == kvrules.PULLED
+    expired = pull & t["declined"]
+    codes[expired] = kvrules.EXPIRED
+    codes[pull & ~expired & fx.failed_rec] = kvrules.FAILED
+    return codes, t["offered"]
+
+
+def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | None = None) -> Replay:
+    """Replay every recorded decision and retention under one setting."""
+    margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
+    fx = _fixed(rec)
+    codes, _ = decide(rec, ttl_s, threshold, margin)
+    pulled = codes == kvrules.PULLED
+    failed = codes == kvrules.FAILED
+    lost = (codes == kvrules.EXPIRED) | failed
+    pulled_tokens = np.where(pulled, fx.pull_amount, 0)
+    recomputed = np.maximum(fx.missing - pulled_tokens, 0)
+    xfer = np.where(pulled, fx.xfer_pulled, np.where(failed, rec.d_xfer_ms, 0.0))
+    # recorded TTFT + the change; 0 at the recorded setting, so that row is the recorded TTFT exactly
+    ttft = rec.d_ttft_ms + ((recomputed - rec.d_recomputed) * fx.per_token_ms + (xfer - rec.d_xfer_ms))
+    ttft = np.where(lost & rec.d_fail_policy, np.nan, ttft) * rec.time_scale
+    gib_s, peaks = _held(rec, fx, ttl_s, margin, codes)
+    counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
+    valid = ttft[~np.isnan(ttft)]
+    row = {
+        "ttl_s": float(ttl_s),
+        "threshold": int(threshold),
+        "decisions": int(rec.decisions),
+        **{name: int(counts[kvrules.CODE[name]]) for name in OUTCOME_COLUMNS},
+        "pulled_tokens": int(pulled_tokens.sum()),
+        "recomputed_tokens": int(recomputed.sum()),
+        "gib_s_held": gib_s,
+        "peak_gib_held": max(peaks.values(), default=0) / GIB,
+        "ttft_mean_ms": float(valid.mean()) if valid.size else None,
+        "ttft_p90_ms": float(np.percentile(valid, 90)) if valid.size else None,
+        "recorded": bool(ttl_s == rec.ttl_s and threshold == rec.threshold and margin == rec.offer_margin_s),
+    }
+    return Replay(row, margin, peaks, int(np.count_nonzero(lost & rec.d_fail_policy)), codes, ttft)
+
+
+def _held(rec: Recorded, fx: _Fixed, ttl_s: float, margin: float, codes: np.ndarray) -> tuple:
+    """(GiB·s held on every D, {D engine: peak bytes}) with D's intervals rebuilt under ``ttl_s``:
+    held until the session's next decision reads them (pull) or releases them (offered, not
+    pulled), else until the TTL or the end of the recording."""
+    t = fx.ttl(rec, ttl_s, margin)
+    code = codes[fx.at]
+    read = t["off_at"] & (code == kvrules.PULLED)
+    released = t["off_at"] & (code != kvrules.PULLED) & (code != kvrules.EXPIRED) & (code != kvrules.FAILED)
+    expiry = t["expiry"]
+    end = np.minimum(np.where(read, fx.read_end, np.where(released, fx.t_dec, expiry)), expiry)
+    fate = np.where(read, FATE_READ, np.where(released, FATE_RELEASED, FATE_UNCONSUMED))
+    same = fate == rec.r_fate
+    if ttl_s != rec.ttl_s:  # unconsumed blocks expire at the new TTL
+        same &= fate != FATE_UNCONSUMED
+    end = np.maximum(np.where(same, rec.r_end_ns, end), rec.r_start_ns)
+    gib_s = float(np.dot(fx.bytes_f, (end - rec.r_start_ns).astype(float))) / 1e9 * rec.time_scale / GIB
+    peaks = {}
+    for engine, part, cum in zip(rec.d_engines, rec.r_by_engine, fx.cum_bytes):
+        peaks[engine] = _peak(rec.r_start_ns[part], end[part], rec.r_bytes[part], cum)
+    return gib_s, peaks
+
+
+def _peak(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray, held_by_start: np.ndarray) -> int:
+    """Largest sum of bytes held at once (``start`` sorted, ``held_by_start`` = cumsum of
+    ``nbytes``; an interval ending when another starts does not overlap it)."""
+    if start.size == 0:
+        return 0
+    order = np.argsort(end)
+    released = np.concatenate(([0], np.cumsum(nbytes[order])))
+    gone = np.searchsorted(end[order], start, side="right")
+    return int((held_by_start - released[gone]).max())
+
+
+def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: float | None = None,
+        workers: int | None = None) -> tuple[Recorded, list[Replay]]:
+    """Load the store and replay every setting of the grid (recorded setting included), in
+    TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
+    rec = load(con)
+    grid = sorted(settings_grid(rec, ttls, thresholds))
+    prepare(rec, grid, offer_margin_s)
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda s: replay(rec, s[0], s[1], offer_margin_s), grid))
+    return rec, results
+
+
+def recommend(rec: Recorded, results: list[Replay], budget_gib: float | None = None) -> dict:
+    """The setting to use and why: the threshold of the grid nearest the observed break-even,
+    then (at that threshold, among the settings predicting the fewest failures) the smallest TTL
+    within 5 % of the best mean TTFT, or with ``budget_gib`` the best TTFT whose peak GiB held on a
+    D fits the budget.  Without TTFT data, recomputed tokens rank the settings."""
+    threshold, why_threshold = _threshold(rec, sorted({r.row["threshold"] for r in results}))
+    pool = [r for r in results if r.row["threshold"] == threshold]
+    fewest = min(r.failures for r in pool)
+    pool = [r for r in pool if r.failures == fewest]
+    metric = "ttft_mean_ms" if all(r.row["ttft_mean_ms"] is not None for r in pool) else "recomputed_tokens"
+    best = min(pool, key=lambda r: (r.row[metric], r.row["ttl_s"]))
+    pick, why_ttl = _ttl(pool, best, metric, budget_gib)
+    recorded = next((r for r in results if r.row["recorded"]), None)
+    return {"ttl_s": pick.row["ttl_s"], "threshold": threshold, "row": pick.row, "best": best.row,
+            "recorded": recorded.row if recorded else None, "metric": metric, "why_threshold": why_threshold,
+            "why_ttl": why_ttl, "failures": pick.failures, "peak_bytes": pick.peak_bytes,
+            "offer_margin_s": pick.offer_margin_s}
+
+
+def _threshold(rec: Recorded, thresholds: list[int]) -> tuple[int, str]:
+    be = rec.calibration.break_even_tokens
+    if be is not None:
+        return min(thresholds, key=lambda t: (abs(t - be), t)), f"nearest the observed break-even of {be:,.0f} tokens"
+    if rec.calibration.transfers.get(None):
+        return thresholds[-1], "pulling never beat recomputing at the observed rates: the largest threshold"
+    pick = rec.threshold if rec.threshold in thresholds else thresholds[len(thresholds) // 2]
+    return pick, "no successful d2p transfer to calibrate the break-even: the recorded threshold"
+
+
+def _ttl(pool: list[Replay], best: Replay, metric: str, budget_gib: float | None) -> tuple[Replay, str]:
+    if budget_gib is None:
+        limit = best.row[metric] * (1 + TTFT_TOLERANCE)
+        pick = min((r for r in pool if r.row[metric] <= limit), key=lambda r: r.row["ttl_s"])
+        return pick, f"smallest TTL within {TTFT_TOLERANCE:.0%} of the best {metric}"
+    fits = [r for r in pool if r.row["peak_gib_held"] <= budget_gib]
+    if fits:
+        return min(fits, key=lambda r: (r.row[metric], r.row["ttl_s"])), \
+            f"best {metric} with peak GiB held <= {budget_gib:g}"
+    return min(pool, key=lambda r: (r.row["peak_gib_held"], r.row[metric])), \
+        f"no setting fits {budget_gib:g} GiB: the one holding the least"
+
+
+def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
+    """The recommendation and the numbers behind it, as printed by ``kvtrace whatif``."""
+    row, recd, metric = rc["row"], rc["recorded"], rc["metric"]
+    cal = rec.calibration
+    unit = "ms" if metric == "ttft_mean_ms" else "tokens"
+    out = [f"Recommendation: decoder_kv_blocks_ttl {row['ttl_s']:g} s, kv_recompute_threshold {rc['threshold']} "
+           f"(proxy --conversation-ttl {max(row['ttl_s'] - rc['offer_margin_s'], 0):g} s with the "
+           f"{rc['offer_margin_s']:g} s offer margin)."]
+    out.append(f"- threshold: {rc['why_threshold']}.")
+    out.append(f"- TTL: {rc['why_ttl']} ({_v(rc['best'][metric])} {unit} at TTL {rc['best']['ttl_s']:g} s); this "
+               f"setting: {_v(row[metric])} {unit}, {row['gib_s_held']:,.2f} GiB·s held, peak "
+               f"{row['peak_gib_held']:,.3f} GiB on one D{_share(rec, rc['peak_bytes'])}, {rc['failures']} predicted "
+               "failed requests.")
+    if recd is not None:
+        out.append(f"- recorded (TTL {recd['ttl_s']:g} s, threshold {recd['threshold']}): {_v(recd[metric])} {unit}, "
+                   f"{recd['gib_s_held']:,.2f} GiB·s, peak {recd['peak_gib_held']:,.3f} GiB, "
+                   f"{recd['pulled']:,} pulled / {recd['decisions']:,} decisions.")
+    rate = cal.prefill_tokens_per_ms.get(None)
+    out.append(f"- calibration (from the traces only): prefill {_v(rate and rate * 1000 / rec.time_scale)} tokens/model s "
+               f"from {cal.prefill_requests.get(None, 0):,} {sc.SPAN_ENGINE_PREFILL} spans; d2p transfer "
+               f"{_v(cal.xfer_overhead_ms.get(None))} ms + {_v(cal.xfer_ms_per_token.get(None), 5)} ms/token (wall), "
+               f"{_v(cal.bytes_per_ms and cal.bytes_per_ms / 1e6, 2)} GB/s, from {cal.transfers.get(None, 0):,} "
+               f"{sc.SPAN_KV_TRANSFER} spans; gaps from {cal.samples.get(sc.SPAN_KV_RETENTION, 0):,} "
+               f"{sc.SPAN_KV_RETENTION} and {rec.decisions:,} {sc.SPAN_KV_DECISION} spans; TTFT from "
+               f"{cal.samples.get(sc.SPAN_PROXY_REQUEST, 0):,} {sc.SPAN_PROXY_REQUEST} spans.")
+    if not rec.offer_margin_known:
+        out.append("- the traces do not record the proxy's --conversation-ttl: offer margin assumed "
+                   f"{rec.offer_margin_s:g} s (pass --offer-margin).")
+    return out
+
+
+def _v(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _share(rec: Recorded, peaks: dict) -> str:
+    shares = [peaks[e] / rec.pool_bytes[e] for e in peaks if rec.pool_bytes.get(e)]
+    return f" ({max(shares):.1%} of its KV pool)" if shares else ""

@@ -1,0 +1,344 @@
+"""What the what-if replay reads from a trace store: recorded d2p decisions, D's retentions, and
+the rates they are priced at.  Named queries here; the replay itself is :mod:`.whatif`.
+
+:func:`load` returns a :class:`Recorded`: numpy arrays, one element per recorded d2p decision
+(P's "pull D's blocks or recompute") and per retention (blocks D held after a turn), sorted for
+the replay, plus the recorded setting and the calibration.  Times: ``*_ns`` are epoch ns of the
+trace (wall); ``*_s`` are model seconds (wall x the simulator's ``kvtrace.sim.time_scale``, 1 on
+vLLM); ``ttft_ms`` / ``xfer_ms`` are wall ms, converted by :data:`Recorded.time_scale`.
+
+Where each number comes from:
+
+- decision inputs (prompt, local hit, reusable tokens D offered, outcome, pulled / recomputed
+  tokens, threshold, expiry time left): ``kvtrace.kv.decision`` spans, direction d2p;
+- the gap to the previous turn, what D held and the offer: the ``turn_gaps`` pairing
+  (``kvtrace.kv.retention`` spans, the proxy's ``kvtrace.proxy.request`` span: entry age and
+  ``--conversation-ttl``);
+- TTFT: the proxy's request span; transfer time: the d2p ``kvtrace.kv.transfer`` span(s);
+- prefill rate per P engine and the transfer cost fit: :func:`kvtrace.analysis.reuse.break_even`
+  (``kvtrace.engine.prefill`` spans and successful d2p transfers);
+- D's KV pool size: the ``kvtrace.engine.kv_pool_bytes`` resource attribute.
+
+The store is read once: :data:`kvtrace.store.views.gaps.BASE_SQL_HASHED_IDS` copies those spans,
+attributes as columns, into a temporary table ``base`` of a private cursor; every query here, the
+``turn_gaps`` pairing (the view's own SQL) and :mod:`.reuse`'s calibration (over temporary
+``engine_requests`` / ``kv_transfers`` views of ``base`` with the store views' columns) run on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvtrace import kvrules
+from kvtrace import semconv as sc
+from kvtrace.analysis import reuse
+from kvtrace.analysis.common import rows, table
+from kvtrace.store.reader import query
+from kvtrace.store.views import gaps as gv
+
+FATE_UNCONSUMED, FATE_READ, FATE_RELEASED = 0, 1, 2
+DEFAULT_OFFER_MARGIN_S = 30.0  # the proxy's default: --conversation-ttl 450 s for decoder_kv_blocks_ttl 480 s
+
+
+def _q(name: str) -> str:
+    assert "'" not in name
+    return f"'{name}'"
+
+
+DEC, XFER, RET, REQ, PRE = (_q(n) for n in (gv.DEC, gv.XFER, gv.RET, gv.REQ, gv.PRE))
+
+# the store views reuse.break_even reads, over ``base`` (temporary views of the cursor)
+CALIBRATION_VIEWS = (
+    f"""CREATE TEMP VIEW engine_requests AS
+SELECT trace_id, span_id, request_id, session_id, turn, engine_id, '{sc.ROLE_PREFILL}' AS phase, prompt_tokens,
+       cached_tokens, start_ns, end_ns, duration_ms
+FROM base WHERE name = {PRE}""",
+    f"""CREATE TEMP VIEW kv_transfers AS
+SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_id, direction, xfer_tokens AS tokens,
+       xfer_bytes AS bytes, xfer_status AS status, CAST(NULL AS DOUBLE) AS xfer_ms, duration_ms, start_ns, end_ns
+FROM base WHERE name = {XFER}""",
+)
+
+DECISIONS_SQL = f"""
+WITH {gv.TURN_GAPS_CTES},
+x AS (SELECT trace_id, parent_span_id, sum(duration_ms) AS xfer_ms FROM base WHERE name = {XFER} GROUP BY ALL)
+SELECT d.span_id, d.engine_id, d.start_ns, d.prompt_tokens, d.local_hit_tokens, d.remote_tokens, d.pulled_tokens,
+       d.recomputed_tokens, d.threshold, d.outcome, d.policy, d.peer_engine_id IS NOT NULL AS offered, d.remaining_s,
+       coalesce(x.xfer_ms, 0.0) AS xfer_ms, q.ttft_ms, q.entry_age_s * coalesce(d.time_scale, 1.0) AS entry_age_s
+FROM d LEFT JOIN x ON x.trace_id = d.trace_id AND x.parent_span_id = d.span_id
+LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
+ORDER BY d.start_ns, d.span_id
+"""
+
+RETENTIONS_SQL = f"""
+WITH {gv.TURN_GAPS_CTES}
+SELECT engine_id, start_ns, end_ns, bytes, retention_outcome AS outcome, next_span_id, tokens AS next_tokens, gap_s,
+       expiry_gap_s
+FROM ({gv.TURN_GAPS_SELECT})
+ORDER BY engine_id, start_ns
+"""
+
+RUN_SQL = f"""
+SELECT max(end_ns) AS window_end_ns, min(time_scale) AS scale_min, max(time_scale) AS scale_max,
+       list(DISTINCT ttl_s) FILTER (WHERE name = {RET} AND ttl_s IS NOT NULL) AS ttls,
+       list(DISTINCT threshold) FILTER (WHERE name = {DEC} AND threshold IS NOT NULL) AS thresholds,
+       list(DISTINCT conversation_ttl_s) FILTER (WHERE name = {REQ} AND conversation_ttl_s IS NOT NULL) AS proxy_ttls
+FROM base
+"""
+
+POOLS_SQL = f"""
+SELECT engine_id, max(pool_bytes) AS pool_bytes FROM base WHERE name = {RET} GROUP BY engine_id
+"""
+
+BANDWIDTH_SQL = f"""
+SELECT sum(bytes) AS b, sum(duration_ms) AS ms, count(*) AS n FROM kv_transfers
+WHERE direction = '{sc.DIRECTION_D2P}' AND status = '{sc.TRANSFER_OK}' AND bytes > 0
+"""
+
+
+class WhatIfError(ValueError):
+    """The traces cannot be replayed (one line)."""
+
+
+@dataclass
+class Calibration:
+    """Rates the replay prices tokens at, all from the traces (wall ms)."""
+
+    prefill_tokens_per_ms: dict  # P engine id -> tokens computed per ms (None: pooled)
+    prefill_requests: dict  # P engine id -> prefill spans the rate came from
+    xfer_overhead_ms: dict  # P engine id -> fitted fixed cost of one d2p transfer
+    xfer_ms_per_token: dict
+    transfers: dict  # P engine id -> successful d2p transfers the fit came from
+    break_even_tokens: float | None  # pooled
+    bytes_per_ms: float | None  # observed d2p bandwidth (bytes / ms of transfer span)
+    samples: dict = field(default_factory=dict)  # what else the replay used: span -> count
+
+    def rate(self, engine: str) -> float | None:
+        return self.prefill_tokens_per_ms.get(engine) or self.prefill_tokens_per_ms.get(None)
+
+    def xfer(self, engine: str) -> tuple[float, float]:
+        """(overhead ms, ms per token) for ``engine``, else pooled, else (0, 0) when nothing was pulled."""
+        key = engine if engine in self.xfer_ms_per_token else None
+        return float(self.xfer_overhead_ms.get(key) or 0.0), float(self.xfer_ms_per_token.get(key) or 0.0)
+
+
+@dataclass
+class Recorded:
+    """The recorded decisions (``d_*``, sorted by start) and retentions (``r_*``, sorted by D engine
+    and start), the recorded setting and the calibration."""
+
+    # decisions
+    d_engine: np.ndarray  # index into p_engines
+    d_start_ns: np.ndarray
+    d_prompt: np.ndarray
+    d_local: np.ndarray
+    d_remote: np.ndarray  # tokens D offered (recorded), else what D held for the session
+    d_has_entry: np.ndarray  # the proxy had the session's previous blocks (offered or not)
+    d_offered: np.ndarray  # recorded: P got D's blocks
+    d_age_s: np.ndarray  # age of the proxy's entry (model s), NaN unknown
+    d_remaining_s: np.ndarray  # expiry time left P saw (model s), NaN unknown
+    d_gap_s: np.ndarray  # decode end -> decision (model s), NaN unknown
+    d_code: np.ndarray  # recorded outcome code (kvrules), -1 unknown
+    d_pulled: np.ndarray
+    d_recomputed: np.ndarray
+    d_fail_policy: np.ndarray  # kv_load_failure_policy = fail: an expired / failed load fails the request
+    d_xfer_ms: np.ndarray  # recorded d2p transfer span time (wall ms), 0 none
+    d_ttft_ms: np.ndarray  # recorded TTFT at the proxy (wall ms), NaN unknown
+    d_rate: np.ndarray  # prefill tokens per wall ms of the decision's P engine, NaN unknown
+    d_xfer_a: np.ndarray  # fitted transfer overhead (wall ms) of that engine
+    d_xfer_b: np.ndarray  # fitted transfer ms per token of that engine
+    # retentions
+    r_engine: np.ndarray  # index into d_engines
+    r_start_ns: np.ndarray
+    r_end_ns: np.ndarray
+    r_bytes: np.ndarray
+    r_next: np.ndarray  # index of the session's next decision, -1 none
+    r_fate: np.ndarray  # FATE_* as recorded
+    # the run
+    p_engines: list
+    d_engines: list
+    pool_bytes: dict  # D engine id -> KV pool bytes (known ones)
+    ttl_s: float  # decoder_kv_blocks_ttl in force
+    threshold: int  # kv_recompute_threshold in force
+    offer_ttl_s: float  # the proxy's --conversation-ttl, model s
+    offer_margin_s: float  # ttl_s - offer_ttl_s
+    offer_margin_known: bool
+    time_scale: float
+    window_end_ns: int
+    calibration: Calibration
+    r_by_engine: list = field(default_factory=list)  # per D engine: slice into r_* arrays
+
+    @property
+    def decisions(self) -> int:
+        return len(self.d_start_ns)
+
+    @property
+    def retentions(self) -> int:
+        return len(self.r_start_ns)
+
+
+def _np(tbl: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
+    col = tbl.column(name)
+    if fill is not None:
+        col = pc.fill_null(col, fill)
+    out = col.to_numpy(zero_copy_only=False)
+    return out.astype(dtype) if dtype is not None else out
+
+
+def _codes(tbl: pa.Table, name: str) -> tuple[list, np.ndarray]:
+    """(sorted distinct values, index of each row's value) of a string column (NULL as '')."""
+    enc = pc.dictionary_encode(pc.fill_null(tbl.column(name), "")).combine_chunks()
+    names = enc.dictionary.to_pylist()
+    order = sorted(range(len(names)), key=names.__getitem__)
+    rank = np.empty(len(names), dtype=np.int32)
+    rank[order] = np.arange(len(names), dtype=np.int32)
+    return [names[i] for i in order], rank[enc.indices.to_numpy(zero_copy_only=False)]
+
+
+def _lookup(tbl: pa.Table, name: str, values, missing: int = -1) -> np.ndarray:
+    """Index of each row's ``name`` in ``values`` (``missing`` where absent or NULL)."""
+    found = pc.index_in(tbl.column(name), value_set=pa.array(values))
+    return pc.fill_null(found, missing).to_numpy(zero_copy_only=False)
+
+
+def _single(values, what: str, default=None):
+    vals = sorted({v for v in values or () if v is not None and not (isinstance(v, float) and math.isnan(v))})
+    if not vals:
+        return default
+    if len(vals) > 1:
+        raise WhatIfError(f"the traces mix several {what} ({', '.join(f'{v:g}' for v in vals)}); replay one run "
+                          "at a time (kvtrace whatif --traces DIR of one run)")
+    return vals[0]
+
+
+def load(con) -> Recorded:
+    """Read a store for :func:`kvtrace.analysis.whatif.replay` (one pass over its spans).  Raises
+    :class:`WhatIfError` when there is nothing to replay or the store mixes runs with different
+    settings."""
+    cur = con.cursor()
+    try:
+        query(cur, f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
+        for sql in CALIBRATION_VIEWS:
+            cur.execute(sql)
+        return _load(cur)
+    finally:
+        cur.close()
+
+
+def _load(cur) -> Recorded:
+    dec = table(cur, DECISIONS_SQL)
+    if dec.num_rows == 0:
+        raise WhatIfError("no d2p decisions (kvtrace.kv.decision spans on P) in these traces: nothing to replay")
+    run = rows(cur, RUN_SQL)[0]
+    if run["scale_min"] != run["scale_max"]:
+        raise WhatIfError("the traces mix simulator time scales; replay one run at a time")
+    scale = float(run["scale_max"] or 1.0)
+    ttl = _single(run["ttls"], "decoder_kv_blocks_ttl values", None)
+    if ttl is None:
+        raise WhatIfError("no kvtrace.kv.retention spans: D did not retain blocks (bidirectional_kv_xfer off?)")
+    threshold = int(_single(run["thresholds"], "kv_recompute_threshold values", 64))
+    proxy_ttl = _single(run["proxy_ttls"], "proxy --conversation-ttl values", None)
+    margin_known = proxy_ttl is not None
+    offer_ttl = proxy_ttl * scale if margin_known else ttl - DEFAULT_OFFER_MARGIN_S
+    calib = calibrate(cur)
+    rec = _decisions(dec, calib)
+    _retentions(rec, table(cur, RETENTIONS_SQL), dec.column("span_id"))
+    p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
+    pools = {r["engine_id"]: r["pool_bytes"] for r in rows(cur, POOLS_SQL) if r["pool_bytes"]}
+    out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl),
+                   threshold=threshold, offer_ttl_s=float(offer_ttl), offer_margin_s=float(ttl - offer_ttl),
+                   offer_margin_known=margin_known, time_scale=scale, window_end_ns=int(run["window_end_ns"]),
+                   calibration=calib)
+    bounds = np.searchsorted(out.r_engine, np.arange(len(d_engines) + 1))
+    out.r_by_engine = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    calib.samples.update({sc.SPAN_KV_DECISION: out.decisions, sc.SPAN_KV_RETENTION: out.retentions,
+                          sc.SPAN_PROXY_REQUEST: int(np.count_nonzero(~np.isnan(out.d_ttft_ms)))})
+    return out
+
+
+def _decisions(dec: pa.Table, calib: Calibration) -> dict:
+    p_engines, d_engine = _codes(dec, "engine_id")
+    code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
+    rates = np.array([calib.rate(e) or np.nan for e in p_engines], dtype=float)
+    fits = np.array([calib.xfer(e) for e in p_engines], dtype=float).reshape(-1, 2)
+    return dict(
+        p_engines=p_engines, d_engine=d_engine, d_start_ns=_np(dec, "start_ns", 0, np.int64),
+        d_prompt=_np(dec, "prompt_tokens", 0, np.int64), d_local=_np(dec, "local_hit_tokens", 0, np.int64),
+        d_remote=_np(dec, "remote_tokens", 0, np.int64), d_offered=_np(dec, "offered", False, bool),
+        d_age_s=_np(dec, "entry_age_s", math.nan, float), d_remaining_s=_np(dec, "remaining_s", math.nan, float),
+        d_code=code, d_pulled=_np(dec, "pulled_tokens", 0, np.int64),
+        d_recomputed=_np(dec, "recomputed_tokens", 0, np.int64),
+        d_fail_policy=_lookup(dec, "policy", ["recompute"]) != 0, d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
+        d_ttft_ms=_np(dec, "ttft_ms", math.nan, float), d_rate=rates[d_engine],
+        d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1],
+        d_has_entry=None, d_gap_s=None,
+    )
+
+
+def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
+    """Retention arrays, and what each decision knows of the session's previous blocks."""
+    d_engines, r_engine = _codes(ret, "engine_id")
+    n = len(rec["d_start_ns"])
+    nxt = pc.index_in(ret.column("next_span_id"), value_set=span_ids.combine_chunks() if span_ids.num_chunks
+                      else pa.array([], span_ids.type))
+    r_next = _np(ret.append_column("_next", nxt), "_next", -1, np.int64)
+    has = r_next >= 0
+    paired = r_next[has]
+    gap = np.full(n, np.nan)
+    gap[paired] = _np(ret, "gap_s", math.nan, float)[has]
+    exp_gap = np.full(n, np.nan)
+    exp_gap[paired] = _np(ret, "expiry_gap_s", math.nan, float)[has]
+    held = np.zeros(n, dtype=np.int64)
+    held[paired] = _np(ret, "next_tokens", 0, np.int64)[has]
+    has_entry = rec["d_offered"].copy()
+    has_entry[paired] = True
+    remote = np.where(rec["d_offered"], rec["d_remote"], held)
+    # the proxy's entry age, else the gap (vLLM's, else the timestamps')
+    age = rec["d_age_s"]
+    age = np.where(np.isnan(age), np.where(np.isnan(exp_gap), gap, exp_gap), age)
+    age = np.where(np.isnan(age) & rec["d_offered"], 0.0, age)
+    outcome = _lookup(ret, "outcome", sc.RETENTION_OUTCOMES)
+    fate = np.full(len(outcome), FATE_UNCONSUMED, dtype=np.int8)
+    fate[(outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_READ)) & has] = FATE_READ
+    nxt_code = np.where(has, rec["d_code"][np.where(has, r_next, 0)], -1)
+    nxt_offered = np.where(has, rec["d_offered"][np.where(has, r_next, 0)], False)
+    declined = np.isin(nxt_code, (kvrules.BELOW_THRESHOLD, kvrules.LOCAL_HIT, kvrules.NO_REMOTE))
+    released = outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_RELEASED)
+    fate[released & has & nxt_offered & declined] = FATE_RELEASED
+    start = _np(ret, "start_ns", 0, np.int64)
+    # by D engine, then start (the replay sweeps each engine's holds); the query sorts them already
+    step = np.diff(r_engine)
+    in_order = bool(np.all((step > 0) | ((step == 0) & (np.diff(start) >= 0))))
+    order = slice(None) if in_order else np.lexsort((start, r_engine))
+    rec.update(
+        d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap,
+        r_engine=r_engine[order], r_start_ns=start[order], r_end_ns=_np(ret, "end_ns", 0, np.int64)[order],
+        r_bytes=_np(ret, "bytes", 0, np.int64)[order], r_next=r_next[order], r_fate=fate[order],
+    )
+
+
+def calibrate(con) -> Calibration:
+    """Prefill rate and transfer cost per P engine (and pooled), from :func:`reuse.break_even`
+    (on the store's views, or on :data:`CALIBRATION_VIEWS` during :func:`load`)."""
+    fits = reuse.break_even(con)
+    rates = reuse.prefill_rates(con)
+    bw = rows(con, BANDWIDTH_SQL)[0]
+    pooled = [f for f in fits if f["engine_id"] is None]
+
+    def clean(v):
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+    return Calibration(
+        prefill_tokens_per_ms={r["engine_id"]: clean(r["tokens_per_ms"]) for r in rates},
+        prefill_requests={r["engine_id"]: r["requests"] for r in rates},
+        xfer_overhead_ms={f["engine_id"]: clean(f["overhead_ms"]) for f in fits},
+        xfer_ms_per_token={f["engine_id"]: clean(f["xfer_ms_per_token"]) for f in fits},
+        transfers={f["engine_id"]: f["transfers"] for f in fits},
+        break_even_tokens=clean(pooled[0]["break_even_tokens"]) if pooled else None,
+        bytes_per_ms=(float(bw["b"]) / bw["ms"]) if bw["n"] and bw["ms"] else None,
+    )

@@ -1,0 +1,189 @@
+"""Where ClickHouse SQL runs: a ClickHouse server (clickhouse-connect, HTTP) or chDB in process.
+
+:func:`open_backend` takes the ``--clickhouse`` value:
+
+- ``http://[user[:password]@]host[:port][/database]`` or ``https://...``: a ClickHouse server
+  through clickhouse-connect (its HTTP interface; port 8123 / 8443 by default).  Parameters are
+  bound server-side (``{name:Type}``), never formatted into the SQL;
+- ``chdb:PATH``: chDB, ClickHouse embedded in this process, on the database directory ``PATH``
+  (what ``kvtrace.store.clickhouse.load`` or any chDB session wrote there).  chDB opens one
+  directory per process: a second, different ``PATH`` is refused.
+
+Both return Arrow tables and run every query with :data:`.dialect.SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import urllib.parse
+
+import pyarrow as pa
+
+from kvtrace.store.clickhouse import CHDB_PREFIX, ClickHouseError
+from kvtrace.store.clickhouse.dialect import SETTINGS
+
+
+class BackendError(ClickHouseError):
+    """ClickHouse could not be reached or refused a statement (one line)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's first line, without the statement ClickHouse quotes after ``In scope``."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0]
+    return re.sub(r" In scope .*?(?=( \([A-Z_]+\))?$)", "", line, count=1)
+
+
+def normalise(table: pa.Table) -> pa.Table:
+    """ClickHouse's unsigned counters as BIGINT and dictionary strings decoded, like DuckDB's results."""
+    cols, changed = [], False
+    for col in table.columns:
+        t = col.type
+        if pa.types.is_dictionary(t):
+            col, changed = col.cast(t.value_type), True
+        elif pa.types.is_unsigned_integer(t):
+            col, changed = col.cast(pa.int64()), True
+        cols.append(col)
+    return pa.Table.from_arrays(cols, names=table.column_names) if changed else table
+
+
+_NULL = "\\N"  # a NULL query parameter, as ClickHouse's parameter syntax spells it
+
+
+class ChdbBackend:
+    """chDB (in-process ClickHouse) on one database directory; queries are serialised."""
+
+    _lock = threading.Lock()
+    _path: str | None = None
+    _conn = None
+
+    def __init__(self, path: str) -> None:
+        try:
+            import chdb
+        except ImportError:
+            raise BackendError("chDB is not installed: pip install 'kvtrace[clickhouse]'") from None
+        path = os.path.abspath(path)
+        with ChdbBackend._lock:
+            if ChdbBackend._path is None:
+                try:
+                    ChdbBackend._conn = chdb.connect(path)
+                except Exception as exc:  # noqa: BLE001 - chDB raises plain RuntimeErrors
+                    raise BackendError(f"chDB cannot open {path}: {_one_line(exc)}") from None
+                ChdbBackend._path = path
+                for name, value in SETTINGS.items():  # per connection, as SET
+                    ChdbBackend._conn.query(f"SET {_settings_sql({name: value})}", "CSV")
+            elif ChdbBackend._path != path:
+                raise BackendError(f"chDB is already open on {ChdbBackend._path} in this process; "
+                                   f"it opens one database directory per process (asked: {path})")
+        self.path = path
+        self.description = f"chdb:{path}"
+
+    rows_read = bytes_read = 0
+    """Rows and bytes chDB read from storage for this backend's queries so far (tests and
+    benchmarks check filter push-down with them)."""
+
+    def query(self, sql: str, params: dict | None = None) -> pa.Table:
+        result = _has_result(sql)
+        params = {k: _NULL if v is None else v for k, v in (params or {}).items()}
+        with ChdbBackend._lock:
+            try:
+                out = ChdbBackend._conn.query(sql, "Arrow" if result else "CSV", params=params or None)
+            except Exception as exc:  # noqa: BLE001
+                raise BackendError(_one_line(exc)) from None
+        self.rows_read += out.storage_rows_read()
+        self.bytes_read += out.storage_bytes_read()
+        if not result:
+            return pa.table({})
+        return normalise(pa.ipc.open_file(pa.py_buffer(out.bytes())).read_all())
+
+    def command(self, sql: str) -> None:
+        with ChdbBackend._lock:
+            try:
+                ChdbBackend._conn.query(sql, "CSV")
+            except Exception as exc:  # noqa: BLE001
+                raise BackendError(_one_line(exc)) from None
+
+    def close(self) -> None:
+        """Nothing: every backend of the process shares chDB's one connection (:meth:`shutdown`)."""
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """Close chDB's connection; the process may then open another directory (backends made
+        before stop working).  Tests call it between modules."""
+        with cls._lock:
+            if cls._conn is not None:
+                cls._conn.close()
+            cls._conn, cls._path = None, None
+
+
+class ServerBackend:
+    """A ClickHouse server through clickhouse-connect (HTTP)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            import clickhouse_connect
+        except ImportError:
+            raise BackendError("clickhouse-connect is not installed: pip install 'kvtrace[clickhouse]'") from None
+        u = urllib.parse.urlsplit(url)
+        secure = u.scheme == "https"
+        kwargs = dict(host=u.hostname or "127.0.0.1", port=u.port or (8443 if secure else 8123), secure=secure,
+                      username=urllib.parse.unquote(u.username or "default"),
+                      password=urllib.parse.unquote(u.password or ""), settings=dict(SETTINGS),
+                      autogenerate_session_id=False, connect_timeout=10)
+        database = u.path.strip("/")
+        if database:
+            kwargs["database"] = database
+        try:
+            self.client = clickhouse_connect.get_client(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - clickhouse-connect raises several kinds
+            raise BackendError(f"cannot connect to ClickHouse at {redact(url)}: {_one_line(exc)}") from None
+        self.description = redact(url)
+
+    def query(self, sql: str, params: dict | None = None) -> pa.Table:
+        try:
+            if not _has_result(sql):
+                self.client.command(sql, parameters=params or None)
+                return pa.table({})
+            return normalise(self.client.query_arrow(sql, parameters=params or None, use_strings=True))
+        except Exception as exc:  # noqa: BLE001
+            raise BackendError(_one_line(exc)) from None
+
+    def command(self, sql: str) -> None:
+        self.query(sql)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _has_result(sql: str) -> bool:
+    head = sql.lstrip().lstrip("(").split(None, 1)
+    return bool(head) and head[0].upper() in ("SELECT", "WITH", "DESCRIBE", "SHOW", "EXPLAIN")
+
+
+def _settings_sql(settings: dict) -> str:
+    return ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in settings.items())
+
+
+def redact(url: str) -> str:
+    u = urllib.parse.urlsplit(url)
+    if u.password is None:
+        return url
+    netloc = f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else "")
+    return urllib.parse.urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+
+
+def open_backend(url: str):
+    """A backend for ``url`` (module doc)."""
+    if url.startswith(CHDB_PREFIX):
+        path = url[len(CHDB_PREFIX):]
+        if not path:
+            raise BackendError("chdb: needs a database directory, e.g. --clickhouse chdb:./kvtrace-chdb")
+        return ChdbBackend(path)
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme in ("http", "https"):
+        return ServerBackend(url)
+    raise BackendError(f"--clickhouse {redact(url)}: expected http://HOST:PORT, https://HOST:PORT or chdb:PATH")

@@ -1,0 +1,236 @@
+"""kvtrace's views over an ``otel_traces`` table: :class:`ClickHouseStore`, the ClickHouse twin of
+:func:`kvtrace.store.connect`.
+
+A query (DuckDB SQL, the language of every kvtrace view and named query) runs as:
+
+1. transpiled to ClickHouse (:mod:`.dialect`);
+2. given, as CTEs in front of it, the views it reads and the views those read (in
+   :data:`kvtrace.store.views.VIEWS` order), each transpiled the same way, and ``kvtrace_raw``:
+   the table's columns as kvtrace's Parquet files have them (``Duration`` as Int64, the ``date`` /
+   ``hour`` partition columns; ``SpanAttributesInt`` / ``SpanAttributesFloat`` rebuilt from the
+   string map: the values that read as integers, as other numbers; ClickHouse computes them only
+   when a query selects them).  Nothing is created on the server: a read-only user suffices;
+3. run on the backend (:mod:`.backend`) with its parameters bound.
+
+**Time bounds.**  :meth:`ClickHouseStore.bounded` gives a store whose ``kvtrace_raw`` reads only
+spans starting in ``[lo_ns, hi_ns]`` (a ``WHERE`` on ``Timestamp``, the table's partition key and
+part of its sort key, so ClickHouse skips other days' parts and granules), bound as the
+parameters ``kvtrace_lo_ns`` / ``kvtrace_hi_ns``.  :mod:`kvtrace.analysis.scope` uses it to push the
+dashboard's filters down exactly (see there).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from kvtrace.store.clickhouse import ddl
+from kvtrace.store.clickhouse.backend import BackendError, open_backend
+from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
+from kvtrace import semconv as sc
+from kvtrace.store.sql import CLICKHOUSE, ident, literal
+from kvtrace.store.views import VIEWS
+from kvtrace.store.views.spans import RAW
+
+LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
+_WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
+
+# the Parquet layout's columns, from the exporter's table (module doc, step 2)
+_NESTED = ("Events.Timestamp", "Events.Name", "Events.Attributes", "Links.TraceId", "Links.SpanId",
+           "Links.TraceState", "Links.Attributes")
+_PLAIN = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
+          "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes")
+_TYPED = (
+    "CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, toInt64OrNull(v)), SpanAttributes)) "
+    "AS Map(String, Int64)) AS SpanAttributesInt",
+    "CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, if(toInt64OrNull(v) IS NULL, "
+    "toFloat64OrNull(v), NULL)), SpanAttributes)) AS Map(String, Float64)) AS SpanAttributesFloat",
+)
+
+
+_MIN_MAX = ("minOrNull(toUnixTimestamp64Nano(Timestamp)) AS lo, "
+            "maxOrNull(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS hi")
+_ATTR_SID = f"SpanAttributes[{literal(sc.SESSION_ID, CLICKHOUSE)}]"
+_ATTR_CID = f"SpanAttributes[{literal(sc.GEN_AI_CONVERSATION_ID, CLICKHOUSE)}]"
+# the spans that define a session's window (the ``sessions`` view: agent session spans, else requests)
+_WINDOW_SPANS = ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
+
+
+def raw_sql(table: str, bounded: bool) -> str:
+    """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL)."""
+    cols = [*_PLAIN, "toInt64(Duration) AS Duration", "StatusCode", "StatusMessage",
+            *(ident(c) for c in _NESTED), *_TYPED, "toDate(Timestamp) AS date", "toInt32(toHour(Timestamp)) AS hour"]
+    where = (f" WHERE Timestamp >= fromUnixTimestamp64Nano({{{LO}:Int64}}) "
+             f"AND Timestamp <= fromUnixTimestamp64Nano({{{HI}:Int64}})") if bounded else ""
+    return f"SELECT {', '.join(cols)} FROM {ident(table)}{where}"
+
+
+@functools.lru_cache(maxsize=None)
+def _view_sql() -> dict[str, str]:
+    """View name -> its SELECT in ClickHouse."""
+    return {v.name: to_clickhouse(v.select) for v in VIEWS}
+
+
+@functools.lru_cache(maxsize=None)
+def _view_deps() -> dict[str, frozenset[str]]:
+    names = {v.name for v in VIEWS} | {RAW}
+    out = {}
+    for v in VIEWS:
+        tree = sqlglot.parse_one(v.select, read="duckdb")
+        out[v.name] = frozenset(t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names)
+    return out
+
+
+def _needed(referenced: set[str]) -> list[str]:
+    """The views (and ``kvtrace_raw``) ``referenced`` reads, dependencies first."""
+    deps, seen, stack = _view_deps(), set(), list(referenced)
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(deps.get(name, ()))
+    order = [RAW] + [v.name for v in VIEWS]
+    return [n for n in order if n in seen]
+
+
+@functools.lru_cache(maxsize=1024)
+def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: bool,
+             temps: tuple[tuple[str, str, bool], ...] = ()) -> str:
+    """``sql`` (DuckDB) as one ClickHouse statement over ``table``: transpiled, with the views it
+    reads as CTEs in front (module doc), and a cursor's temporary tables and views (``temps``:
+    (name, DuckDB SELECT, materialized), in creation order; they hide views of the same name)."""
+    tree = transpile(sql, types)
+    text = tree.sql("clickhouse")
+    if not isinstance(tree, exp.Query):
+        return text
+    temp_trees = [(name, transpile(body, types), mat) for name, body, mat in temps]
+    temp_names = {name for name, _, _ in temps}
+    names = ({v.name for v in VIEWS} | {RAW}) - temp_names
+    defined = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    referenced = {t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names | temp_names} - defined
+    if not referenced:
+        return text
+    needed = referenced & temp_names
+    if needed:  # a temporary object is read: all of them come along (they may read each other)
+        referenced |= {t.name for _, body, _ in temp_trees for t in body.find_all(exp.Table)
+                       if not t.db and t.name in names}
+    views = _view_sql()
+    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})"
+            for n in _needed(referenced - temp_names)]
+    if needed:
+        ctes += [f"{n} AS {'MATERIALIZED ' if mat else ''}({body.sql('clickhouse')})" for n, body, mat in temp_trees]
+    own = tree.args.get(_WITH)
+    if own is not None:
+        if own.args.get("recursive"):
+            raise TranspileError("WITH RECURSIVE over kvtrace views is not supported on ClickHouse")
+        ctes += [cte.sql("clickhouse") for cte in own.expressions]
+        tree.set(_WITH, None)
+    return f"WITH {', '.join(ctes)}\n{tree.sql('clickhouse')}"
+
+
+def _temporary(sql: str) -> tuple[str, str, bool] | None:
+    """(name, SELECT, is a table) of ``CREATE TEMP TABLE|VIEW name AS SELECT ...``, else None."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return None
+    if not isinstance(tree, exp.Create) or tree.kind not in ("TABLE", "VIEW") or not isinstance(
+            tree.expression, exp.Query):
+        return None
+    props = tree.args.get("properties")
+    if not (props and any(isinstance(p, exp.TemporaryProperty) for p in props.expressions)):
+        return None
+    return tree.this.name, tree.expression.sql("duckdb"), tree.kind == "TABLE"
+
+
+class ClickHouseStore:
+    """Every kvtrace view over one ``otel_traces`` table (module doc).  Use :meth:`query`, or
+    :func:`kvtrace.store.reader.query` / the :mod:`kvtrace.analysis` functions, which accept it in
+    place of a DuckDB connection."""
+
+    is_clickhouse = True
+
+    def __init__(self, backend, table: str = ddl.TABLE, bounds: tuple[int, int] | None = None,
+                 temps: tuple[tuple[str, str, bool], ...] = ()) -> None:
+        self.backend, self.table, self.bounds, self.temps = backend, table, bounds, temps
+
+    @property
+    def description(self) -> str:
+        return f"{self.backend.description} table {self.table}"
+
+    def query(self, sql: str, params: dict | None = None) -> pa.Table | None:
+        """Run ``sql`` (DuckDB SQL over kvtrace's views) with bound ``params``; an Arrow table.
+        ``CREATE TEMP TABLE|VIEW name AS SELECT ...`` defines ``name`` for this store's later
+        queries (a CTE in front of them, ``AS MATERIALIZED`` for a table: nothing is created on
+        the server) and returns None."""
+        temporary = _temporary(sql) if sql.lstrip()[:6].upper() == "CREATE" else None
+        if temporary is not None:
+            self.temps = tuple(t for t in self.temps if t[0] != temporary[0]) + (temporary,)
+            return None
+        params = dict(params or {})
+        if self.bounds is not None:
+            params[LO], params[HI] = self.bounds
+        text = assemble(sql, param_types(params), self.table, self.bounds is not None, self.temps)
+        used = {k: v for k, v in params.items() if "{" + k + ":" in text}
+        return self.backend.query(text, used)
+
+    def session_bounds(self, session_id: str) -> tuple[int, int] | None:
+        """``[first start, last end]`` (epoch ns) of the spans carrying ``session_id`` (None: no
+        such spans).  Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`),
+        else the attribute map, whose bloom filter index skips most granules."""
+        where = (f"{ddl.SESSION_ID_COLUMN} = {{sid:String}}" if self._has_session_column()
+                 else f"({_ATTR_SID} = {{sid:String}} OR {_ATTR_CID} = {{sid:String}})")
+        return self._bounds(f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE {where}", {"sid": session_id})
+
+    def window_bounds(self, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+        """``[first start, last end]`` (epoch ns) of every session whose session or request spans
+        overlap ``[start_ns, end_ns]`` (either may be None: unbounded), from those spans only."""
+        sid = ddl.SESSION_ID_COLUMN if self._has_session_column() else ddl.SESSION_ID_EXPR
+        having = " AND ".join(c for c in (
+            "max(toUnixTimestamp64Nano(Timestamp) + Duration) >= {lo:Int64}" if start_ns is not None else "",
+            "min(toUnixTimestamp64Nano(Timestamp)) <= {hi:Int64}" if end_ns is not None else "") if c)
+        sql = (f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
+               f"AND ({sid}) IN (SELECT {sid} AS s FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
+               f"AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "") + ")")
+        params = {k: v for k, v in (("lo", start_ns), ("hi", end_ns)) if v is not None}
+        return self._bounds(sql, params)
+
+    def _bounds(self, sql: str, params: dict) -> tuple[int, int] | None:
+        row = self.backend.query(sql, params).to_pylist()[0]
+        return None if row["lo"] is None else (row["lo"], row["hi"])
+
+    @functools.cached_property
+    def _columns(self) -> frozenset[str]:
+        return frozenset(self.backend.query(f"SELECT * FROM {ident(self.table)} LIMIT 0").column_names)
+
+    def _has_session_column(self) -> bool:
+        return ddl.SESSION_ID_COLUMN in self._columns
+
+    execute = query
+
+    def bounded(self, lo_ns: int, hi_ns: int) -> "ClickHouseStore":
+        """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
+        return ClickHouseStore(self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps)
+
+    def cursor(self) -> "ClickHouseStore":
+        """A store on the same backend with its own temporary tables and views (like a DuckDB
+        cursor's)."""
+        return ClickHouseStore(self.backend, self.table, self.bounds, self.temps)
+
+    def close(self) -> None:
+        """Forget this store's temporary objects (the backend stays open for other stores)."""
+        self.temps = ()
+
+
+def connect(url: str, table: str = ddl.TABLE) -> ClickHouseStore:
+    """A :class:`ClickHouseStore` on ``url`` (``http(s)://...`` or ``chdb:PATH``, see
+    :mod:`.backend`) and ``table`` (``name`` or ``database.name``), checked to exist."""
+    store = ClickHouseStore(open_backend(url), table)
+    try:
+        store.backend.query(f"SELECT 1 FROM {ident(table)} LIMIT 0")
+    except BackendError as exc:
+        raise BackendError(f"{store.description}: {exc}") from None
+    return store
