@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from vllm_pd import wait_for  # stdlib-only helpers; no vLLM import
 
 from kvtrace import semconv as sc
 from kvtrace import settings
@@ -40,6 +40,19 @@ GRAFANA_VARS = {"$__rate_interval": "1m", "$model_name": ".*"}
 # samples (prometheus/client_python#1177); this scrape rule puts the colon back (README, "Metrics")
 VLLM_COLON_FIX = {"source_labels": ["__name__"], "regex": "vllm_(.+)", "target_label": "__name__",
                   "replacement": "vllm:${1}"}
+
+
+def wait_for(fn, *, deadline_s: float, what: str, interval: float = 0.5):
+    """Poll ``fn`` until it returns a truthy value (a deadline wait, not a sleep-as-sync);
+    TimeoutError when the deadline passes."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {deadline_s}s waiting for {what} (last: {last!r})")
 
 
 def free_port() -> int:
@@ -153,7 +166,7 @@ class Prometheus:
         return self.api("targets", state="active")["activeTargets"]
 
     def wait_for(self, fn, deadline_s: float, what: str, interval: float = 0.2):
-        """:func:`vllm_pd.wait_for` (deadline-bounded poll); a timeout carries Prometheus's log tail."""
+        """:func:`wait_for` (deadline-bounded poll); a timeout carries Prometheus's log tail."""
         try:
             return wait_for(fn, deadline_s=deadline_s, what=what, interval=interval)
         except TimeoutError as exc:

@@ -105,3 +105,18 @@ def test_dashboard_passes_the_source_on(loaded, tmp_path):
                                   port=8501, host="127.0.0.1")
     with pytest.raises(CLIError, match="no such chDB database directory"):
         cli.run(args)
+
+
+def test_whatif_is_the_same(tmp_path, capsys):
+    """The what-if replay reads the same inputs from ClickHouse (hashed ids wrap to BIGINT there,
+    booleans come back as UInt8): every row and the recommendation equal DuckDB's, on a store whose
+    two Ds ran different TTLs."""
+    from test_whatif_replay import build
+
+    build(tmp_path / "traces", b_ttl=10.0)
+    store = clickhouse_check.load_dir(tmp_path / "traces")
+    argv = ["whatif", "--ttl", "15,60,480", "--threshold", "32,64,256", "--format", "json"]
+    rc, on_duck, advice = run(capsys, *argv, "--traces", str(tmp_path / "traces"))
+    assert rc == 0 and on_duck.count('"recorded": true') == 1 and "Recommendation:" in advice
+    on_ch = run(capsys, *argv, "--clickhouse", f"chdb:{store.backend.path}", "--table", store.table)
+    assert on_ch == (0, on_duck, advice)

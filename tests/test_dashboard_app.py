@@ -120,7 +120,7 @@ def test_a_directory_with_several_runs_is_refused_not_blended(monkeypatch, runs)
 
 
 URLS = {"sessions": "Sessions", "drilldown": "Session drill-down", "reuse": "KV reuse", "retention": "Retention",
-        "latency": "Latency by turn", "compare": "Run comparison"}
+        "latency": "Latency by turn", "whatif": "What-if", "compare": "Run comparison"}
 
 
 def test_every_page_has_its_own_url_and_the_root_opens_sessions(monkeypatch, runs):
@@ -151,7 +151,8 @@ def test_tables_show_times_gib_and_sensible_precision(monkeypatch, runs, page):
         for name in frame.columns:
             if pd.api.types.is_datetime64_any_dtype(frame[name]):
                 assert str(frame[name].dt.tz) == "UTC" and formats[name] == (f"{name} (UTC)", "YYYY-MM-DD HH:mm:ss")
-            elif pd.api.types.is_numeric_dtype(frame[name]):  # every number has a chosen format
+            elif pd.api.types.is_numeric_dtype(frame[name]) and not pd.api.types.is_bool_dtype(frame[name]):
+                # every number has a chosen format (booleans show as checkboxes)
                 assert formats[name][1] in ("%,.1f", "%,.2f", "%.2f", "%,d", "%d", "%.4g"), (page, name, formats[name])
                 if name.endswith("_ms"):
                     assert formats[name] == (name.replace("_", " "), "%,.1f")

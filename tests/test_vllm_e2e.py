@@ -273,3 +273,22 @@ def test_every_engine_thread_may_use_every_cpu(rig_run):
     so the three engines do not queue on one core (docs/troubleshooting.md)."""
     wide = frozenset(os.sched_getaffinity(0))
     assert rig_run["affinities"] == {name: {wide} for name in ("p", "d", "d2")}
+
+
+# ---------------------------------------------------------------------------- what-if on real traces
+def test_whatif_recorded_row_equals_the_run(rig_run):
+    """``kvtrace whatif`` on this run's traces: its recorded row (D at TTL 480 s and D2 at 10 s,
+    each its own) gives back, exactly, the d2p outcomes, tokens, GiB·s held and mean TTFT vLLM
+    recorded; the 480 s row applies 480 s to both Ds, so D2's expired turn is pulled there."""
+    from whatif_check import check_recorded_row, recorded_outcomes
+
+    row = check_recorded_row(rig_run["traces"])
+    assert row["ttl_s"] is None and row["expired"] == 1 and row["pulled"] >= 2
+    from kvtrace.analysis.whatif import load, replay
+    from kvtrace.store import connect
+
+    rec = load(connect(rig_run["traces"]))
+    assert rec.ttls == [10.0, 480.0]
+    at_480 = replay(rec, 480.0, 64).row
+    recorded = recorded_outcomes(rig_run["traces"])
+    assert (at_480["expired"], at_480["pulled"]) == (0, recorded["pulled"] + 1)

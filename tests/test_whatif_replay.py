@@ -48,13 +48,18 @@ TURNS = [
 ]
 
 
-def build(directory, time_scale: float = 1.0) -> None:
+def build(directory, time_scale: float = 1.0, b_ttl: float | None = None) -> None:
+    """The store above; with ``b_ttl`` session B ran on a second D, ``d1``, whose
+    decoder_kv_blocks_ttl is ``b_ttl``: its last blocks expire ``b_ttl`` s after they were retained."""
     b = SpanBuilder()
     res = {**RESOURCE, sc.SIM_TIME_SCALE: time_scale}
     p_res = {**res, sc.ENGINE_ID: "p0", sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.ENGINE_KV_POOL_BYTES: POOL}
-    d_res = {**res, sc.ENGINE_ID: "d0", sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: POOL}
     prev_ret = {}
     for sess, turn, at, prompt, hit, remote, outcome, pulled, xfer, ttft, age, r0, tokens, r1, r_out in TURNS:
+        d_id, ttl = ("d1", b_ttl) if sess == "B" and b_ttl is not None else ("d0", 480.0)
+        d_res = {**res, sc.ENGINE_ID: d_id, sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: POOL}
+        if r1 == END_S and ttl < END_S - r0:
+            r1, r_out = r0 + ttl, sc.RETENTION_EXPIRED
         rid = f"{sess}-{turn}"
         ident = {sc.GEN_AI_REQUEST_ID: rid, sc.SESSION_ID: sess, sc.TURN_INDEX: turn}
         t = at * S - 1.0  # the proxy's request starts 1 ms before P decides
@@ -75,7 +80,7 @@ def build(directory, time_scale: float = 1.0) -> None:
                    sc.KV_LOAD_FAILURE_POLICY: "fail"}
         if offered:
             gap = (at - prev_ret[sess]) * time_scale  # model s
-            d_attrs.update({sc.KV_PEER_ENGINE_ID: "d0", sc.KV_EXPIRY_REMAINING_S: 480.0 - gap})
+            d_attrs.update({sc.KV_PEER_ENGINE_ID: d_id, sc.KV_EXPIRY_REMAINING_S: ttl - gap})
         dec = b.span(sc.SPAN_KV_DECISION, at * S, at * S + xfer, parent=p_span, service=SIM_P, resource=p_res,
                      attrs=d_attrs)
         if pulled:
@@ -87,7 +92,7 @@ def build(directory, time_scale: float = 1.0) -> None:
                         attrs={**ident, sc.KV_PROMPT_TOKENS: prompt})
         b.span(sc.SPAN_KV_RETENTION, r0 * S, r1 * S, parent=d_span, service=SIM_D, resource=d_res,
                attrs={**ident, sc.KV_RETENTION_BLOCKS: tokens // BS, sc.KV_RETENTION_TOKENS: tokens,
-                      sc.KV_RETENTION_BYTES: tokens * BPT, sc.KV_RETENTION_TTL_S: 480.0,
+                      sc.KV_RETENTION_BYTES: tokens * BPT, sc.KV_RETENTION_TTL_S: ttl,
                       sc.KV_RETENTION_OUTCOME: r_out})
         prev_ret[sess] = r0
     b.write(directory)
@@ -199,6 +204,32 @@ def test_offer_of_dropped_blocks_is_an_expired_failure(store):
     assert r.row["gib_s_held"] == pytest.approx(gib_s, rel=1e-9)
     # 6 s left: the read goes ahead
     assert replay(rec, 106.0, 64, offer_margin_s=0.0).row["pulled"] == 2
+
+
+def test_decode_workers_with_different_ttls(store, tmp_path, capsys):
+    """Session B on a second D whose TTL is 10 s: the recorded setting keeps each D's own TTL (its
+    row, ttl_s None, gives back the recorded run); a row at one TTL applies it to both Ds, so at
+    480 s it is the single-D store's row (B's last blocks are then held to the end, not 10 s) but
+    for the peak, which is per D."""
+    build(tmp_path / "mixed", b_ttl=10.0)
+    rec = load(open_store(tmp_path / "mixed"))
+    assert (rec.ttls, rec.ttl_s, rec.mixed, rec.d_engines) == ([10.0, 480.0], 480.0, True, ["d0", "d1"])
+    mine = replay(rec, None, 64)
+    gib_s, peak = _held([(1.0, 11.005, 1104), (12.0, 112.004, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544),
+                         (9.0, 19.0, 576)])
+    assert mine.row["recorded"] and mine.row["ttl_s"] is None
+    assert (mine.row["gib_s_held"], mine.row["pulled"], mine.row["below_threshold"]) == (
+        pytest.approx(gib_s, rel=1e-12), 2, 1)
+    assert mine.peak_bytes == {"d0": 1600 * BPT, "d1": 576 * BPT}
+    check_recorded_row(tmp_path / "mixed")
+    single = replay(load(open_store(store)), 480.0, 64).row
+    at_480 = replay(rec, 480.0, 64)
+    assert at_480.row == {**single, "recorded": False, "peak_gib_held": 1600 * BPT / 2**30}  # B's blocks on d1
+    assert at_480.peak_bytes == {"d0": 1600 * BPT, "d1": 576 * BPT}
+    assert main(["whatif", "--traces", str(tmp_path / "mixed"), "--ttl", "480", "--threshold", "64"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\| each D's own +\| 64 ", out, re.M), out
+    assert "recorded (TTL each D its own: 10, 480 s, threshold 64)" in out
 
 
 def test_time_scale_converts_to_model_seconds(tmp_path):

@@ -3,7 +3,7 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import chart, df, fmt_ms, no_data, q, sidebar
+from common import chart, df, fmt_ms, no_data, q, sidebar, table
 
 from kvtrace.analysis import whatif_summary
 
@@ -24,7 +24,7 @@ rows = pd.DataFrame(whatif_summary.pareto(a["rows"]))
 recorded = rows[rows["recorded"]].iloc[0]
 rc = a["recommendation"]
 
-ttls = sorted(float(v) for v in rows["ttl_s"].unique())
+ttls = sorted(float(v) for v in rows["ttl_s"].dropna().unique())  # NaN: each D's own recorded TTL
 thresholds = sorted(int(v) for v in rows["threshold"].unique())
 left, right = st.columns(2)
 ttl = left.select_slider("decoder_kv_blocks_ttl (s)", options=ttls, value=rc["ttl_s"], format_func=lambda v: f"{v:g}")
@@ -51,7 +51,8 @@ c[4].metric("Predicted failures", f"{sel['failures']:,}", f"{sel['expired']:,} o
 st.markdown("\n".join(a["lines"]))
 
 points = rows.assign(
-    setting=rows.apply(lambda r: f"TTL {r['ttl_s']:g} s, threshold {r['threshold']}", axis=1),
+    setting=rows.apply(lambda r: f"TTL {'each D its own' if pd.isna(r['ttl_s']) else format(r['ttl_s'], 'g') + ' s'}, "
+                       f"threshold {r['threshold']}", axis=1),
     marker=rows.apply(lambda r: "recorded" if r["recorded"] else ("selected" if r["ttl_s"] == ttl and
                                                                  r["threshold"] == threshold else "other"), axis=1),
 ).dropna(subset=["ttft_mean_ms"])
@@ -85,4 +86,4 @@ else:
     chart(st, alt.layer(bars, rules).properties(title="Turn gaps by scenario, with the TTL in force", height=260))
 
 st.subheader("Every setting")
-st.dataframe(rows.drop(columns=["offer_margin_s"]), hide_index=True, width="stretch")
+table(st, rows.drop(columns=["offer_margin_s"]))

@@ -72,12 +72,14 @@ class Replay:
     ttft_ms: np.ndarray
 
 
-def settings_grid(rec: Recorded, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS) -> list[tuple[float, int]]:
-    """TTL x threshold, plus the recorded setting when the grid lacks it."""
+def settings_grid(rec: Recorded, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS) -> list[tuple[float | None, int]]:
+    """TTL x threshold, plus the recorded setting when the grid lacks it: ``(None, threshold)``
+    when the decode workers ran different TTLs (each keeps its own); that one sorts first."""
     grid = [(float(t), int(h)) for t in ttls for h in thresholds]
-    if (rec.ttl_s, rec.threshold) not in grid:
-        grid.append((rec.ttl_s, rec.threshold))
-    return grid
+    recorded = (None if rec.mixed else rec.ttl_s, rec.threshold)
+    if recorded not in grid:
+        grid.append(recorded)
+    return sorted(grid, key=lambda s: (s[0] is not None, s[0] or 0.0, s[1]))
 
 
 class _Fixed:
@@ -93,7 +95,7 @@ class _Fixed:
         self.xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
         self.per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
         # expiry time left at the recorded TTL (vLLM's measure when recorded); + (T - recorded T) at T
-        self.left = np.where(np.isnan(rec.d_remaining_s), rec.ttl_s - rec.d_gap_s, rec.d_remaining_s)
+        self.left = np.where(np.isnan(rec.d_remaining_s), rec.d_ttl_s - rec.d_gap_s, rec.d_remaining_s)
         self.has_next = rec.r_next >= 0
         self.at = np.where(self.has_next, rec.r_next, 0)
         self.t_dec = rec.d_start_ns[self.at]
@@ -103,18 +105,21 @@ class _Fixed:
         self.ttls: dict = {}
         self.thresholds: dict = {}
 
-    def ttl(self, rec: Recorded, ttl_s: float, margin: float) -> dict:
+    def ttl(self, rec: Recorded, ttl_s: float | None, margin: float) -> dict:
+        """What one TTL decides (``None``: every D its recorded TTL)."""
         key = (ttl_s, margin)
         if key not in self.ttls:
             # the proxy's limit, written so that the recorded setting gives the recorded limit exactly
-            limit = rec.offer_ttl_s + (ttl_s - rec.ttl_s) + (rec.offer_margin_s - margin)
+            limit = rec.offer_ttl_s + ((ttl_s if ttl_s is not None else rec.ttl_s) - rec.ttl_s) + (rec.offer_margin_s - margin)
             offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
-            ttl_ns = int(round(ttl_s / rec.time_scale * 1e9))
+            d_ttl, r_ttl = (rec.d_ttl_s, rec.r_ttl_s) if ttl_s is None else (ttl_s, np.full(rec.retentions, ttl_s))
+            ttl_ns = np.round(r_ttl / rec.time_scale * 1e9).astype(np.int64)
             self.ttls[key] = {
                 "offered": offered,
-                "declined": kvrules.read_declined(self.left + (ttl_s - rec.ttl_s)),
+                "declined": kvrules.read_declined(self.left + (d_ttl - rec.d_ttl_s)),
                 "expiry": np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns),
                 "off_at": self.has_next & offered[self.at],
+                "same_ttl": r_ttl == rec.r_ttl_s,  # retentions whose TTL is the recorded one
             }
         return self.ttls[key]
 
@@ -139,7 +144,7 @@ def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float 
         fx.threshold(rec, threshold)
 
 
-def decide(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, np.ndarray]:
+def decide(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, np.ndarray]:
     """(outcome codes, offered) of every recorded decision under one setting."""
     fx = _fixed(rec)
     t = fx.ttl(rec, ttl_s, offer_margin_s)
@@ -151,8 +156,10 @@ def decide(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float) -
     return codes, t["offered"]
 
 
-def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | None = None) -> Replay:
-    """Replay every recorded decision and retention under one setting."""
+def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: float | None = None) -> Replay:
+    """Replay every recorded decision and retention under one setting (``ttl_s`` None: each D
+    keeps the TTL it recorded, the recorded setting of a run whose Ds ran different TTLs; its
+    row's ``ttl_s`` is then None)."""
     margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
     fx = _fixed(rec)
     codes, _ = decide(rec, ttl_s, threshold, margin)
@@ -169,7 +176,7 @@ def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | 
     counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
     valid = ttft[~np.isnan(ttft)]
     row = {
-        "ttl_s": float(ttl_s),
+        "ttl_s": None if ttl_s is None else float(ttl_s),
         "threshold": int(threshold),
         "decisions": int(rec.decisions),
         **{name: int(counts[kvrules.CODE[name]]) for name in OUTCOME_COLUMNS},
@@ -179,12 +186,13 @@ def replay(rec: Recorded, ttl_s: float, threshold: int, offer_margin_s: float | 
         "peak_gib_held": max(peaks.values(), default=0) / GIB,
         "ttft_mean_ms": float(valid.mean()) if valid.size else None,
         "ttft_p90_ms": float(np.percentile(valid, 90)) if valid.size else None,
-        "recorded": bool(ttl_s == rec.ttl_s and threshold == rec.threshold and margin == rec.offer_margin_s),
+        "recorded": bool(ttl_s == (None if rec.mixed else rec.ttl_s) and threshold == rec.threshold
+                         and margin == rec.offer_margin_s),
     }
     return Replay(row, margin, peaks, int(np.count_nonzero(lost & rec.d_fail_policy)), codes, ttft)
 
 
-def _held(rec: Recorded, fx: _Fixed, ttl_s: float, margin: float, codes: np.ndarray) -> tuple:
+def _held(rec: Recorded, fx: _Fixed, ttl_s: float | None, margin: float, codes: np.ndarray) -> tuple:
     """(GiB·s held on every D, {D engine: peak bytes}) with D's intervals rebuilt under ``ttl_s``:
     held until the session's next decision reads them (pull) or releases them (offered, not
     pulled), else until the TTL or the end of the recording."""
@@ -196,8 +204,7 @@ def _held(rec: Recorded, fx: _Fixed, ttl_s: float, margin: float, codes: np.ndar
     end = np.minimum(np.where(read, fx.read_end, np.where(released, fx.t_dec, expiry)), expiry)
     fate = np.where(read, FATE_READ, np.where(released, FATE_RELEASED, FATE_UNCONSUMED))
     same = fate == rec.r_fate
-    if ttl_s != rec.ttl_s:  # unconsumed blocks expire at the new TTL
-        same &= fate != FATE_UNCONSUMED
+    same &= (fate != FATE_UNCONSUMED) | t["same_ttl"]  # unconsumed blocks expire at a new TTL
     end = np.maximum(np.where(same, rec.r_end_ns, end), rec.r_start_ns)
     gib_s = float(np.dot(fx.bytes_f, (end - rec.r_start_ns).astype(float))) / 1e9 * rec.time_scale / GIB
     peaks = {}
@@ -222,7 +229,7 @@ def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: f
     """Load the store and replay every setting of the grid (recorded setting included), in
     TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
     rec = load(con)
-    grid = sorted(settings_grid(rec, ttls, thresholds))
+    grid = settings_grid(rec, ttls, thresholds)
     prepare(rec, grid, offer_margin_s)
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
@@ -236,7 +243,7 @@ def recommend(rec: Recorded, results: list[Replay], budget_gib: float | None = N
     within 5 % of the best mean TTFT, or with ``budget_gib`` the best TTFT whose peak GiB held on a
     D fits the budget.  Without TTFT data, recomputed tokens rank the settings."""
     threshold, why_threshold = _threshold(rec, sorted({r.row["threshold"] for r in results}))
-    pool = [r for r in results if r.row["threshold"] == threshold]
+    pool = [r for r in results if r.row["threshold"] == threshold and r.row["ttl_s"] is not None]
     fewest = min(r.failures for r in pool)
     pool = [r for r in pool if r.failures == fewest]
     metric = "ttft_mean_ms" if all(r.row["ttft_mean_ms"] is not None for r in pool) else "recomputed_tokens"
@@ -286,7 +293,8 @@ def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
                f"{row['peak_gib_held']:,.3f} GiB on one D{_share(rec, rc['peak_bytes'])}, {rc['failures']} predicted "
                "failed requests.")
     if recd is not None:
-        out.append(f"- recorded (TTL {recd['ttl_s']:g} s, threshold {recd['threshold']}): {_v(recd[metric])} {unit}, "
+        out.append(f"- recorded (TTL {_ttl_text(rec, recd['ttl_s'])}, threshold {recd['threshold']}): "
+                   f"{_v(recd[metric])} {unit}, "
                    f"{recd['gib_s_held']:,.2f} GiB·s, peak {recd['peak_gib_held']:,.3f} GiB, "
                    f"{recd['pulled']:,} pulled / {recd['decisions']:,} decisions.")
     rate = cal.prefill_tokens_per_ms.get(None)
@@ -301,6 +309,12 @@ def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
         out.append("- the traces do not record the proxy's --conversation-ttl: offer margin assumed "
                    f"{rec.offer_margin_s:g} s (pass --offer-margin).")
     return out
+
+
+def _ttl_text(rec: Recorded, ttl_s: float | None) -> str:
+    if ttl_s is not None:
+        return f"{ttl_s:g} s"
+    return "each D its own: " + ", ".join(f"{t:g}" for t in rec.ttls) + " s"
 
 
 def _v(value, digits: int = 1) -> str:

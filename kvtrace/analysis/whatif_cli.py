@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from kvtrace.analysis.report_cli import write_output
-from kvtrace.store.runs import traces_dir
+from kvtrace.store import source
 
 FORMATS = ("table", "json", "csv")
 
@@ -27,7 +27,7 @@ def _numbers(kind):
 def add_arguments(parser) -> None:
     from kvtrace.analysis.whatif import DEFAULT_THRESHOLDS, DEFAULT_TTLS
 
-    parser.add_argument("--traces", help="trace directory of one run (default: KVTRACE_TRACES_DIR or ./kvtrace-traces)")
+    source.add_arguments(parser)
     parser.add_argument("--ttl", type=_numbers(float), default=list(DEFAULT_TTLS), metavar="S,S,...",
                         help="decoder_kv_blocks_ttl values to replay, model seconds (default "
                         f"{','.join(map(str, DEFAULT_TTLS))})")
@@ -55,7 +55,9 @@ def run(args) -> int:
     One row per setting; JSON (array of objects) and CSV have exactly these keys:
 
       ttl_s               decoder_kv_blocks_ttl replayed (s); the proxy offers D's blocks while
-                          younger than ttl_s minus the offer margin
+                          younger than ttl_s minus the offer margin.  Empty (null) in the
+                          recorded row when the decode workers ran different TTLs: each D
+                          keeps its own there (every other row applies ttl_s to every D)
       threshold           kv_recompute_threshold replayed (tokens)
       decisions           recorded d2p decisions (the same in every row)
       pulled              P pulled D's blocks
@@ -80,11 +82,14 @@ def run(args) -> int:
     break-even, and the smallest TTL within 5 % of the best mean TTFT (or, with --budget-gib G, the
     best TTFT whose peak held on one D fits G GiB), with the numbers and the spans behind them.
 
+    With --clickhouse URL (and --table) the spans come from an OTel Collector otel_traces table on
+    a ClickHouse server or in chDB instead of a trace directory (docs/clickhouse.md).
+
     Example:  kvtrace whatif --traces kvtrace-traces/bidir --ttl 30,120,480 --threshold 64,256
     """
-    from kvtrace.store.reader import connect
     from kvtrace.analysis.whatif import WhatIfError, recommend, recommendation_lines, run as replay_all
     from kvtrace.errors import CLIError
+    from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError
 
     if args.offer_margin is not None and args.offer_margin < 0:
@@ -92,9 +97,9 @@ def run(args) -> int:
     if args.budget_gib is not None and not args.budget_gib > 0:
         raise CLIError("--budget-gib must be > 0")
     try:
-        con = connect(traces_dir(args.traces))
+        con = source.open_store(args)
         rec, results = replay_all(con, args.ttl, args.threshold, args.offer_margin)
-    except (StoreError, WhatIfError) as exc:
+    except (StoreError, WhatIfError, ClickHouseError) as exc:
         raise CLIError(str(exc)) from None
     rows = [r.row for r in results]
     advice = "\n".join(recommendation_lines(rec, recommend(rec, results, args.budget_gib))) + "\n"

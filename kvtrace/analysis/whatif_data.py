@@ -79,7 +79,7 @@ ORDER BY d.start_ns, d.span_id
 RETENTIONS_SQL = f"""
 WITH {gv.TURN_GAPS_CTES}
 SELECT engine_id, start_ns, end_ns, bytes, retention_outcome AS outcome, next_span_id, tokens AS next_tokens, gap_s,
-       expiry_gap_s
+       expiry_gap_s, ttl_s
 FROM ({gv.TURN_GAPS_SELECT})
 ORDER BY engine_id, start_ns
 """
@@ -153,6 +153,7 @@ class Recorded:
     d_rate: np.ndarray  # prefill tokens per wall ms of the decision's P engine, NaN unknown
     d_xfer_a: np.ndarray  # fitted transfer overhead (wall ms) of that engine
     d_xfer_b: np.ndarray  # fitted transfer ms per token of that engine
+    d_ttl_s: np.ndarray  # decoder_kv_blocks_ttl of the D holding the session's previous blocks (s)
     # retentions
     r_engine: np.ndarray  # index into d_engines
     r_start_ns: np.ndarray
@@ -160,11 +161,13 @@ class Recorded:
     r_bytes: np.ndarray
     r_next: np.ndarray  # index of the session's next decision, -1 none
     r_fate: np.ndarray  # FATE_* as recorded
+    r_ttl_s: np.ndarray  # decoder_kv_blocks_ttl of the holding D (s)
     # the run
     p_engines: list
     d_engines: list
     pool_bytes: dict  # D engine id -> KV pool bytes (known ones)
-    ttl_s: float  # decoder_kv_blocks_ttl in force
+    ttl_s: float  # decoder_kv_blocks_ttl in force (the largest, when the Ds ran different ones)
+    ttls: list  # every decoder_kv_blocks_ttl the Ds recorded (several: :attr:`mixed`)
     threshold: int  # kv_recompute_threshold in force
     offer_ttl_s: float  # the proxy's --conversation-ttl, model s
     offer_margin_s: float  # ttl_s - offer_ttl_s
@@ -173,6 +176,12 @@ class Recorded:
     window_end_ns: int
     calibration: Calibration
     r_by_engine: list = field(default_factory=list)  # per D engine: slice into r_* arrays
+
+    @property
+    def mixed(self) -> bool:
+        """The decode workers ran different TTLs: the recorded setting is each D's own TTL, a
+        replay with ``ttl_s=None`` (see :func:`kvtrace.analysis.whatif.replay`)."""
+        return len(self.ttls) > 1
 
     @property
     def decisions(self) -> int:
@@ -185,6 +194,8 @@ class Recorded:
 
 def _np(tbl: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     col = tbl.column(name)
+    if isinstance(fill, bool) and not pa.types.is_boolean(col.type):  # ClickHouse's booleans are UInt8
+        col = col.cast(pa.bool_())
     if fill is not None:
         col = pc.fill_null(col, fill)
     out = col.to_numpy(zero_copy_only=False)
@@ -239,19 +250,20 @@ def _load(cur) -> Recorded:
     if run["scale_min"] != run["scale_max"]:
         raise WhatIfError("the traces mix simulator time scales; replay one run at a time")
     scale = float(run["scale_max"] or 1.0)
-    ttl = _single(run["ttls"], "decoder_kv_blocks_ttl values", None)
-    if ttl is None:
+    ttls = sorted({float(v) for v in run["ttls"] or () if v is not None and not math.isnan(v)})
+    if not ttls:
         raise WhatIfError("no kvtrace.kv.retention spans: D did not retain blocks (bidirectional_kv_xfer off?)")
+    ttl = ttls[-1]
     threshold = int(_single(run["thresholds"], "kv_recompute_threshold values", 64))
     proxy_ttl = _single(run["proxy_ttls"], "proxy --conversation-ttl values", None)
     margin_known = proxy_ttl is not None
     offer_ttl = proxy_ttl * scale if margin_known else ttl - DEFAULT_OFFER_MARGIN_S
     calib = calibrate(cur)
     rec = _decisions(dec, calib)
-    _retentions(rec, table(cur, RETENTIONS_SQL), dec.column("span_id"))
+    _retentions(rec, table(cur, RETENTIONS_SQL), dec.column("span_id"), ttl)
     p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
     pools = {r["engine_id"]: r["pool_bytes"] for r in rows(cur, POOLS_SQL) if r["pool_bytes"]}
-    out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl),
+    out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl), ttls=ttls,
                    threshold=threshold, offer_ttl_s=float(offer_ttl), offer_margin_s=float(ttl - offer_ttl),
                    offer_margin_known=margin_known, time_scale=scale, window_end_ns=int(run["window_end_ns"]),
                    calibration=calib)
@@ -281,8 +293,9 @@ def _decisions(dec: pa.Table, calib: Calibration) -> dict:
     )
 
 
-def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
-    """Retention arrays, and what each decision knows of the session's previous blocks."""
+def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float) -> None:
+    """Retention arrays, and what each decision knows of the session's previous blocks (``ttl``:
+    the TTL of a retention that did not record one, and of a decision with no previous blocks)."""
     d_engines, r_engine = _codes(ret, "engine_id")
     n = len(rec["d_start_ns"])
     nxt = pc.index_in(ret.column("next_span_id"), value_set=span_ids.combine_chunks() if span_ids.num_chunks
@@ -296,6 +309,9 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
     exp_gap[paired] = _np(ret, "expiry_gap_s", math.nan, float)[has]
     held = np.zeros(n, dtype=np.int64)
     held[paired] = _np(ret, "next_tokens", 0, np.int64)[has]
+    r_ttl = _np(ret, "ttl_s", ttl, float)
+    d_ttl = np.full(n, ttl)
+    d_ttl[paired] = r_ttl[has]
     has_entry = rec["d_offered"].copy()
     has_entry[paired] = True
     has_entry &= ~rec.pop("d_diverged")  # a turn that diverged is never offered D's blocks, at any TTL
@@ -306,19 +322,23 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray) -> None:
     age = np.where(np.isnan(age) & rec["d_offered"], 0.0, age)
     outcome = _lookup(ret, "outcome", sc.RETENTION_OUTCOMES)
     fate = np.full(len(outcome), FATE_UNCONSUMED, dtype=np.int8)
-    fate[(outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_READ)) & has] = FATE_READ
+    read = outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_READ)
+    fate[read & has] = FATE_READ
     nxt_code = np.where(has, rec["d_code"][np.where(has, r_next, 0)], -1)
     nxt_offered = np.where(has, rec["d_offered"][np.where(has, r_next, 0)], False)
     declined = np.isin(nxt_code, (kvrules.BELOW_THRESHOLD, kvrules.LOCAL_HIT, kvrules.NO_REMOTE))
     released = outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_RELEASED)
-    fate[released & has & nxt_offered & declined] = FATE_RELEASED
+    # P frees offered blocks it does not pull with an empty notification, which vLLM's D cannot
+    # tell from a read (its retention span ends "read"); the simulator records "released"
+    fate[(released | read) & has & nxt_offered & declined] = FATE_RELEASED
     start = _np(ret, "start_ns", 0, np.int64)
     # by D engine, then start (the replay sweeps each engine's holds); the query sorts them already
     step = np.diff(r_engine)
     in_order = bool(np.all((step > 0) | ((step == 0) & (np.diff(start) >= 0))))
     order = slice(None) if in_order else np.lexsort((start, r_engine))
     rec.update(
-        d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap,
+        d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap, d_ttl_s=d_ttl,
+        r_ttl_s=r_ttl[order],
         r_engine=r_engine[order], r_start_ns=start[order], r_end_ns=_np(ret, "end_ns", 0, np.int64)[order],
         r_bytes=_np(ret, "bytes", 0, np.int64)[order], r_next=r_next[order], r_fate=fate[order],
     )

@@ -48,7 +48,7 @@ def advice(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s
     return {
         "error": None, "rows": rows, "lines": recommendation_lines(rec, rc),
         "recommendation": {k: rc[k] for k in ("ttl_s", "threshold", "metric", "why_ttl", "why_threshold")},
-        "recorded": {"ttl_s": rec.ttl_s, "threshold": rec.threshold, "offer_margin_s": rec.offer_margin_s,
+        "recorded": {"ttl_s": rec.ttl_s, "ttls": rec.ttls, "threshold": rec.threshold, "offer_margin_s": rec.offer_margin_s,
                      "offer_margin_known": rec.offer_margin_known, "time_scale": rec.time_scale},
         "pool_bytes": dict(rec.pool_bytes), "break_even_tokens": rec.calibration.break_even_tokens,
     }
@@ -91,6 +91,8 @@ def report_section(con) -> str:
 
 def cell(key: str, value) -> str:
     """One value of a what-if row for a text table."""
+    if value is None and key == "ttl_s":  # the recorded setting of Ds that ran different TTLs
+        return "each D's own"
     if value is None:
         return "–"
     if isinstance(value, bool):

@@ -45,8 +45,8 @@ def normalise(table: pa.Table) -> pa.Table:
         t = col.type
         if pa.types.is_dictionary(t):
             col, changed = col.cast(t.value_type), True
-        elif pa.types.is_unsigned_integer(t):
-            col, changed = col.cast(pa.int64()), True
+        elif pa.types.is_unsigned_integer(t):  # a 64-bit hash past 2**63 wraps, as a join key may
+            col, changed = col.cast(pa.int64(), safe=False), True
         cols.append(col)
     return pa.Table.from_arrays(cols, names=table.column_names) if changed else table
 
