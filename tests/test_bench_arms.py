@@ -45,7 +45,7 @@ def armed(tmp_path_factory):
     return traces, done.stdout, json.loads((root / "arms.json").read_text())
 
 
-def _decisions(run: str) -> list[dict]:
+def _decisions(run: str) -> list[tuple]:
     con = connect(run)
     return con.execute(
         "SELECT turn, outcome, local_hit_tokens, pulled_tokens FROM kv_decisions WHERE engine_role = ? "

@@ -253,14 +253,19 @@ async def main() -> int:
         if "kvtrace_nometrics" in urls:
             report_metrics(results, args.concurrency)
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
     return 0
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process (last started first), then wait for each; kill one that hangs."""
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 if __name__ == "__main__":

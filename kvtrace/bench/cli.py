@@ -89,13 +89,7 @@ def run(args: argparse.Namespace) -> int:
             result = bench.run_bench(args.url, **common, **config)
     except bench.BenchError as exc:
         raise CLIError(str(exc)) from None
-    print(result.format())
-    if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(result.to_dict(), f, indent=1, default=str)
-        except OSError as exc:
-            raise CLIError(f"cannot write {args.json}: {exc.strerror or exc}") from None
+    _report(result, args.json)
     failed = result.a.sessions + result.b.sessions if args.ab_url else result.sessions
     return 1 if failed and all(s.error for s in failed) else 0
 
@@ -115,11 +109,18 @@ def _arms(args: argparse.Namespace, config: dict) -> int:
                                progress=not args.no_progress, repeat=repeat, **config)
     except (bench.BenchError, ValueError) as exc:
         raise CLIError(str(exc)) from None
+    _report(result, args.json)
+    return 0
+
+
+def _report(result, json_path: str | None) -> None:
+    """Print ``result``'s tables; with ``--json``, write its ``to_dict()`` there too."""
+    from kvtrace.errors import CLIError
+
     print(result.format())
-    if args.json:
+    if json_path:
         try:
-            with open(args.json, "w") as f:
+            with open(json_path, "w") as f:
                 json.dump(result.to_dict(), f, indent=1, default=str)
         except OSError as exc:
-            raise CLIError(f"cannot write {args.json}: {exc.strerror or exc}") from None
-    return 0
+            raise CLIError(f"cannot write {json_path}: {exc.strerror or exc}") from None
