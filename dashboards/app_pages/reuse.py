@@ -95,7 +95,7 @@ if not breaks.empty:
         tooltip=["agent_name", "scenario", "turns_checked", "diverged", alt.Tooltip("broken_share:Q", format=".1%"),
                  alt.Tooltip("reusable_tokens_lost:Q", format=","), alt.Tooltip("recomputed_tokens:Q", format=","),
                  alt.Tooltip("prefill_ms:Q", format=",.1f")],
-    ).properties(title="Turns that broke continuity", height=alt.Step(28)))
+    ).properties(title="Turns that broke continuity", height=max(60, 28 * len(breaks))))  # one bar: not collapsed
     table(st, breaks.drop(columns=["group"]))
     worst = df(q(continuity.breaks, directory, filters, limit=200))
     if not worst.empty:
