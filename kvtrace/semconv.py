@@ -2,7 +2,8 @@
 
 Nothing else in kvtrace types one of these strings.  OpenTelemetry names are reused where one
 exists (``gen_ai.*`` GenAI semantic conventions, ``session.id``, ``error.type``, ``server.*``,
-``http.*``); everything else lives under the ``kvtrace.`` namespace.
+``http.*``); everything else lives under the ``kvtrace.`` namespace.  The ``gen_ai.*`` names follow
+the GenAI conventions of :data:`GENAI_SEMCONV_VERSION` (docs/semconv.md says more).
 
 ``docs/semconv.md`` is generated from :data:`SPANS`, :data:`RESOURCE`, :data:`EVENTS` and
 :data:`KV_TRANSFER_FIELDS` with ``python -m kvtrace.semconv``; a test fails when a constant
@@ -52,6 +53,7 @@ GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # included in input_tokens
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
@@ -69,6 +71,19 @@ URL_PATH = "url.path"
 SERVICE_NAME = "service.name"
 SERVICE_INSTANCE_ID = "service.instance.id"
 HOST_NAME = "host.name"
+
+# Which GenAI conventions the gen_ai.* names above follow (docs/semconv.md states it; a test checks
+# every one against the installed opentelemetry-semantic-conventions package)
+GENAI_SEMCONV_VERSION = "1.44.0"
+_genai_semconv_note = (
+    "The `gen_ai.*` names follow the OpenTelemetry GenAI semantic conventions as released in "
+    f"semantic-conventions `{GENAI_SEMCONV_VERSION}` (schema https://opentelemetry.io/schemas/{GENAI_SEMCONV_VERSION}, "
+    "Python package opentelemetry-semantic-conventions 0.66b2), status Development; they have since moved, "
+    "unchanged and still unreleased, to the open-telemetry/semantic-conventions-genai repository. "
+    "`gen_ai.usage.cache_read.input_tokens` is included in `gen_ai.usage.input_tokens` (the total), as the "
+    "conventions specify. vLLM's own `llm_request` span still uses the older `gen_ai.usage.prompt_tokens` / "
+    "`gen_ai.usage.completion_tokens`."
+)
 
 # vLLM's own llm_request span attributes (vllm/tracing; latencies in seconds, float)
 GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
@@ -109,12 +124,20 @@ PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: 2 when P was a
 PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
 PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 
+# session identification and continuity (proxy request span, chat requests)
+SESSION_SOURCE = "kvtrace.session.source"  # how the request's session was found
+SESSION_CONTINUITY = "kvtrace.session.continuity"  # extends | diverged | new
+SESSION_DIVERGED_AT = "kvtrace.session.diverged_at"  # int: index of the first message that differs
+SESSION_REUSABLE_TOKENS_LOST = "kvtrace.session.reusable_tokens_lost"  # int: D's tokens a diverged turn could not use
+
 # engine / connector identity (also resource attributes of connector processes)
 ENGINE_ID = "kvtrace.engine.id"
 ENGINE_ROLE = "kvtrace.engine.role"
 SUBSTRATE = "kvtrace.substrate"
 SIM_TIME_SCALE = "kvtrace.sim.time_scale"
 SIM_PRESET = "kvtrace.sim.preset"
+ENGINE_PREFIX_CACHING = "kvtrace.engine.prefix_caching"  # bool resource attribute: vLLM's enable_prefix_caching
+KV_BIDIRECTIONAL = "kvtrace.kv.bidirectional"  # bool resource attribute: bidirectional_kv_xfer
 ENGINE_KV_POOL_BYTES = "kvtrace.engine.kv_pool_bytes"
 
 # decision
@@ -208,13 +231,29 @@ OFFER_NO_CONVERSATION_ID = "no_conversation_id"
 OFFER_NO_ENTRY = "no_entry"
 OFFER_ENTRY_TOO_OLD = "entry_too_old"
 OFFER_DISABLED = "disabled"
+OFFER_DIVERGED = "diverged"  # the prompt no longer extends what D holds: its blocks would be wrong KV
 OFFER_REASONS = (
     OFFER_OFFERED,
     OFFER_NO_CONVERSATION_ID,
     OFFER_NO_ENTRY,
     OFFER_ENTRY_TOO_OLD,
     OFFER_DISABLED,
+    OFFER_DIVERGED,
 )
+
+SOURCE_CONVERSATION_ID = "conversation_id"  # body field (vLLM's multi-turn proxy / benchmark)
+SOURCE_HEADER = "header"  # X-Session-ID
+SOURCE_BAGGAGE = "baggage"  # W3C baggage session.id
+SOURCE_PROMPT_CACHE_KEY = "prompt_cache_key"  # the OpenAI API's routing hint for prompt caching
+SOURCE_PREFIX = "prefix"  # the proxy's prefix table: continues a served chain, or a session it named
+SOURCE_NONE = "none"  # no session (prefix matching off, or not a chat request)
+SESSION_SOURCES = (SOURCE_CONVERSATION_ID, SOURCE_HEADER, SOURCE_BAGGAGE, SOURCE_PROMPT_CACHE_KEY, SOURCE_PREFIX,
+                   SOURCE_NONE)
+
+CONTINUITY_EXTENDS = "extends"  # the messages start with the session's last served turn (reply included)
+CONTINUITY_DIVERGED = "diverged"  # a message of the last served turn differs (or is missing)
+CONTINUITY_NEW = "new"  # nothing known of the session yet (first turn, or its record was evicted)
+CONTINUITIES = (CONTINUITY_EXTENDS, CONTINUITY_DIVERGED, CONTINUITY_NEW)
 
 # error.type values kvtrace itself sets (otherwise: the exception class or the worker's error type)
 ERROR_STREAM_INTERRUPTED = "stream_interrupted"  # agent: the stream was closed before its end
@@ -242,6 +281,8 @@ HEADER_TRACE_ID = "x-kvtrace-trace-id"
 HEADER_SESSION_ID = "X-Session-ID"
 HEADER_REQUEST_ID = "X-Request-Id"
 BODY_CONVERSATION_ID = "conversation_id"
+BODY_PROMPT_CACHE_KEY = "prompt_cache_key"
+PREFIX_SESSION_PREFIX = "prefix-"  # session ids the proxy names for prefix-tracked sessions start with this
 BAGGAGE_SESSION_ID = SESSION_ID
 
 # fields of the ``kvtrace`` entry the proxy puts into kv_transfer_params (request direction)
@@ -468,9 +509,21 @@ SPANS: dict[str, dict] = {
             GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
             GEN_AI_REQUEST_MODEL: "Model named by the client.",
             GEN_AI_REQUEST_MAX_TOKENS: "max_tokens asked by the client (int).",
-            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (from D's usage).",
+            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (from D's usage), cached ones included.",
+            GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: "Prompt tokens P did not compute: its local prefix-cache hit "
+            "plus the tokens it pulled from D (int; from P's kvtrace object, else P's usage cached_tokens).",
             GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (from D's usage).",
             GEN_AI_RESPONSE_FINISH_REASONS: "Finish reasons (string array).",
+            SESSION_SOURCE: f"How the session was found: {', '.join(SESSION_SOURCES)} (body `{BODY_CONVERSATION_ID}`, "
+            f"`{HEADER_SESSION_ID}`, baggage `{BAGGAGE_SESSION_ID}`, body `{BODY_PROMPT_CACHE_KEY}`, the proxy's "
+            f"prefix table, none). `{SOURCE_PREFIX}` sessions are named `{PREFIX_SESSION_PREFIX}<hex>` by the proxy.",
+            SESSION_CONTINUITY: f"Chat requests with prefix matching on: {', '.join(CONTINUITIES)} against the "
+            "session's last served turn (its messages plus the reply the proxy streamed).",
+            SESSION_DIVERGED_AT: "When diverged: index of the first message that differs from the last served "
+            "turn (int).",
+            SESSION_REUSABLE_TOKENS_LOST: "When diverged and D held blocks for the session: the tokens P would have "
+            "pulled had the prompt extended them, min(D's tokens, prompt tokens) - P's local hit (int; needs P's "
+            "report).",
             HTTP_REQUEST_METHOD: "HTTP method.",
             URL_PATH: "Route, e.g. /v1/chat/completions.",
             HTTP_RESPONSE_STATUS_CODE: "Status returned to the client (int).",
@@ -634,7 +687,9 @@ SPANS: dict[str, dict] = {
             **_ID,
             GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
             GEN_AI_REQUEST_MODEL: "Model.",
-            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (int).",
+            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (int), cached ones included.",
+            GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: "Cached prompt tokens (int): local hit + pulled from the "
+            "kv_transfer metadata, else usage.prompt_tokens_details.cached_tokens.",
             GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (int).",
             LLM_TTFT_MS: "Time to first token, ms (float).",
             LLM_TPOT_MS: "Time per output token after the first, ms (float).",
@@ -731,6 +786,9 @@ RESOURCE: dict[str, str] = {
     ENGINE_ROLE: f"{', '.join(ROLES)} (connector / simulator processes).",
     SIM_TIME_SCALE: "Simulator time compression factor (float; 1.0 = real time).",
     SIM_PRESET: "Simulator cost-model preset.",
+    ENGINE_PREFIX_CACHING: "The worker's prefix cache is on (bool; vLLM's --enable-prefix-caching / "
+    "--no-enable-prefix-caching).",
+    KV_BIDIRECTIONAL: "bidirectional_kv_xfer is on (bool).",
     ENGINE_KV_POOL_BYTES: "Size of the engine's KV cache pool, bytes: blocks x bytes per block (int as a string; "
     "simulator: capacity_blocks, vLLM: KVCacheConfig.num_blocks).",
 }
@@ -772,6 +830,7 @@ CONTEXT_FIELDS: dict[str, str] = {
 def render_markdown() -> str:
     """docs/semconv.md, generated from the tables above."""
     out = ["# kvtrace span contract", "", "Generated by `python -m kvtrace.semconv`; do not edit.", ""]
+    out += ["## GenAI conventions version", "", _genai_semconv_note, ""]
     out += ["## Resource attributes", "", "| attribute | meaning |", "|---|---|"]
     out += [f"| `{k}` | {v} |" for k, v in RESOURCE.items()]
     for name, spec in SPANS.items():
@@ -805,6 +864,8 @@ def render_markdown() -> str:
         ("engine role", ROLES),
         ("substrate", SUBSTRATES),
         ("proxy offer reason", OFFER_REASONS),
+        ("session source", SESSION_SOURCES),
+        ("session continuity", CONTINUITIES),
         ("proxy fallback", FALLBACKS),
         ("error.type set by kvtrace", ERROR_VALUES),
         ("gen_ai.operation.name", (OP_CHAT, OP_TEXT_COMPLETION, OP_EXECUTE_TOOL, OP_INVOKE_AGENT)),
@@ -812,7 +873,8 @@ def render_markdown() -> str:
         out.append(f"| {label} | {', '.join(f'`{v}`' for v in values)} |")
     out += ["", "## Wire names", "", "| name | value |", "|---|---|"]
     for const in ("KV_PARAMS_KEY", "RESPONSE_KV_TRANSFER", "HEADER_TRACE_ID", "HEADER_SESSION_ID",
-                  "HEADER_REQUEST_ID", "BODY_CONVERSATION_ID", "BAGGAGE_SESSION_ID"):
+                  "HEADER_REQUEST_ID", "BODY_CONVERSATION_ID", "BODY_PROMPT_CACHE_KEY", "BAGGAGE_SESSION_ID",
+                  "PREFIX_SESSION_PREFIX"):
         out.append(f"| {const} | `{globals()[const]}` |")
     return "\n".join(out) + "\n"
 

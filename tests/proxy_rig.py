@@ -47,6 +47,7 @@ async def make_rig(tracer_provider, exporter, p_status=200, d_kwargs=None, p_kwa
     p_worker = Worker("127.0.0.1", p.port)
     if p_down:
         await p.close()  # nothing listens there any more
+    cfg.setdefault("prefix_match", False)  # id-less requests stay session-less unless a test asks
     config = ProxyConfig(prefill=[p_worker], decode=[Worker("127.0.0.1", d.port)], **cfg)
     proxy = await start(config, tracer_provider, port=0)
     return Rig(p, d, proxy, exporter)

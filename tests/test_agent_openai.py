@@ -367,3 +367,35 @@ def test_broken_tracer_never_breaks_the_call(caplog):
     headers, body = endpoint.requests[0]
     assert "traceparent" not in headers and sc.BODY_CONVERSATION_ID not in body
     assert "calling untraced" in caplog.text
+
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cached_prompt_tokens_follow_genai_conventions(tracer_provider, span_exporter, stream):
+    """gen_ai.usage.cache_read.input_tokens: the proxy's local hit + pulled; else the usage's
+    prompt_tokens_details.cached_tokens; gen_ai.usage.input_tokens stays the total."""
+    usage = {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44, "prompt_tokens_details": {"cached_tokens": 32}}
+    for kvt, want in (({**KVT, sc.KVT_LOCAL_HIT_TOKENS: 16}, 16 + 128), (KVT, 32)):
+        def answer(request, kvt=kvt):
+            if json.loads(request.content).get("stream"):
+                events = [_chunk({"content": "a "}), _chunk({}, "length"), _chunk(None, usage=usage, kv_transfer=kvt)]
+                data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+                return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=data)
+            return httpx2.Response(200, json={**completion_body({"messages": []}), "usage": usage,
+                                              sc.RESPONSE_KV_TRANSFER: kvt})
+
+        span_exporter.clear()
+        http = httpx2.Client(transport=httpx2.MockTransport(answer))
+        client = TracedOpenAI(base_url="http://127.0.0.1:8123/v1", api_key="k", http_client=http, max_retries=0,
+                              tracer_provider=tracer_provider)
+        msgs = [{"role": "user", "content": "x"}]
+        if stream:
+            s = client.chat.completions.create(model="m", messages=msgs, stream=True)
+            list(s)
+            result = s.result
+        else:
+            client.chat.completions.create(model="m", messages=msgs)
+            result = last_result()
+        attrs = llm_span(span_exporter).attributes
+        assert (attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS], attrs[sc.GEN_AI_USAGE_INPUT_TOKENS]) == (want, 40)
+        assert result.cached_tokens == want

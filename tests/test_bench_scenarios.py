@@ -297,4 +297,38 @@ async def test_cli_json_and_summary(tracer_provider, span_exporter, tmp_path, ca
 def test_scenario_names_are_the_documented_ones():
     assert list(scenarios.SCENARIOS) == [
         "coding-agent", "research-assistant", "pause-resume", "short-followups", "no-reuse", "interrupted", "parallel-tools",
+        "reasoning-strip",
     ]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_reasoning_strip_diverges_at_the_previous_assistant_message(tracer_provider, span_exporter, keep):
+    """The client drops each answer's reasoning: every later call diverges at the assistant message
+    before it (history = system, then user/assistant pairs: call c diverges at index 2c), D's blocks
+    are not offered and P recomputes what it does not hold.  Keeping the reasoning, every later call pulls."""
+    clock = FakeTime()
+    scenario = scenarios.get("reasoning-strip").with_(keep_reasoning=keep)
+    async with stack(tracer_provider, clock) as url:
+        result = await run(tracer_provider, clock, url, scenario, clients=2)
+    assert [r.error for r in result.requests] == [None] * 12
+    check_tree(span_exporter, result)
+    proxy = sorted((s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_PROXY_REQUEST),
+                   key=lambda s: (s.attributes[sc.SESSION_ID], s.attributes[sc.TURN_INDEX]))
+    got = [(s.attributes[sc.TURN_INDEX], s.attributes[sc.SESSION_CONTINUITY], s.attributes.get(sc.SESSION_DIVERGED_AT),
+            s.attributes[sc.KV_OUTCOME]) for s in proxy]
+    if keep:
+        want = [(0, sc.CONTINUITY_NEW, None, sc.OUTCOME_NO_REMOTE)] + [
+            (c, sc.CONTINUITY_EXTENDS, None, sc.OUTCOME_PULLED) for c in range(1, 6)]
+    else:
+        want = [(0, sc.CONTINUITY_NEW, None, sc.OUTCOME_NO_REMOTE)] + [
+            (c, sc.CONTINUITY_DIVERGED, 2 * c, sc.OUTCOME_NO_REMOTE) for c in range(1, 6)]
+    assert got == want * 2
+    summary = result.summary()["requests"]
+    if keep:
+        assert summary["diverged"] == 0
+        return
+    lost = [s.attributes[sc.SESSION_REUSABLE_TOKENS_LOST] for s in proxy if s.attributes[sc.TURN_INDEX]]
+    assert len(lost) == 10 and all(n >= 64 for n in lost)  # at least the reasoning and answer D held
+    later = [r for r in result.requests if r.call]
+    assert summary["diverged"] == 10 and summary["diverged_recomputed_tokens"] == sum(r.recomputed_tokens for r in later)
+    assert "continuity breaks 10" in result.format()

@@ -35,7 +35,7 @@ PAGES = {"sessions": "Sessions", "drilldown": "Session drill-down", "reuse": "KV
          "compare": "Run comparison"}
 MIN_CHART_PX, MIN_PLOT_PX = 80, 30  # a chart's drawing / its data rectangle; collapsed ones measured 120 / 1
 MIN_BAR_PX = 3  # the waterfall's narrowest bar (hair-thin ones measured under 1 px)
-CHARTS = {"sessions": 2, "drilldown": 2, "reuse": 4, "retention": 1, "latency": 2, "compare": 1}
+CHARTS = {"sessions": 2, "drilldown": 2, "reuse": 5, "retention": 1, "latency": 2, "compare": 1}
 
 
 @pytest.fixture(scope="module")

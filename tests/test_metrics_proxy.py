@@ -26,8 +26,9 @@ def _worker(url: str) -> Worker:
 @pytest.fixture
 async def stack(tracer_provider):
     async with SimCluster(1, 1, cost=False, tracer_provider=tracer_provider, model="m") as cluster:
+        # prefix matching off: these "turns" replace the message instead of extending the conversation
         config = ProxyConfig(prefill=[_worker(u) for u in cluster.prefill_urls],
-                             decode=[_worker(u) for u in cluster.decode_urls])
+                             decode=[_worker(u) for u in cluster.decode_urls], prefix_match=False)
         proxy = await start(config, tracer_provider, port=0)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             try:

@@ -32,6 +32,7 @@ def _base_attrs(rid, stream=True, **extra):
         sc.PROXY_OFFER: False,
         sc.PROXY_OFFER_REASON: sc.OFFER_NO_CONVERSATION_ID,
         sc.PROXY_CONVERSATION_TTL_S: 450.0,  # the default: decoder_kv_blocks_ttl 480 s minus 30 s
+        sc.SESSION_SOURCE: sc.SOURCE_NONE,  # the rig turns prefix matching off
         **extra,
     }
 

@@ -156,6 +156,9 @@ async def test_multi_turn_reuse_and_metadata_equals_spans(make_stack):
             sc.HTTP_RESPONSE_STATUS_CODE: 200,
             sc.KV_OUTCOME: outcome,
             sc.KV_PULLED_TOKENS: d[sc.KV_PULLED_TOKENS],
+            sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: d[sc.KV_LOCAL_HIT_TOKENS] + d[sc.KV_PULLED_TOKENS],
+            sc.SESSION_SOURCE: sc.SOURCE_CONVERSATION_ID,
+            sc.SESSION_CONTINUITY: sc.CONTINUITY_EXTENDS if turn else sc.CONTINUITY_NEW,
         }
         assert d[sc.KV_OUTCOME] == outcome and d[sc.KV_DIRECTION] == sc.DIRECTION_D2P
         assert {k: v for k, v in kv.items() if k not in (sc.KVT_PREFILL, sc.KVT_DECODE)} == {
@@ -261,9 +264,27 @@ async def test_session_from_header_and_baggage(make_stack):
     assert chunks[-1][sc.RESPONSE_KV_TRANSFER][sc.KVT_SESSION_ID] == "hdr"
     _, chunks, _ = await stack.chat(msgs, conv=None, headers={"baggage": "session.id=bag,other=1"})
     assert chunks[-1][sc.RESPONSE_KV_TRANSFER][sc.KVT_SESSION_ID] == "bag"
-    _, chunks, _ = await stack.chat(msgs, conv=None)
+    _, chunks, _ = await stack.chat(msgs, conv=None, prompt_cache_key="pck")
+    assert chunks[-1][sc.RESPONSE_KV_TRANSFER][sc.KVT_SESSION_ID] == "pck"
+    _, chunks, _ = await stack.chat(msgs, conv=None, headers={sc.HEADER_SESSION_ID: "hdr2"}, prompt_cache_key="pck")
+    assert chunks[-1][sc.RESPONSE_KV_TRANSFER][sc.KVT_SESSION_ID] == "hdr2"  # the header comes first
+    _, chunks, _ = await stack.chat(msgs, conv=None)  # no id at all: the proxy names a prefix session
+    kv = chunks[-1][sc.RESPONSE_KV_TRANSFER]
+    assert kv[sc.KVT_SESSION_ID].startswith(sc.PREFIX_SESSION_PREFIX)
+    assert (kv[sc.KVT_TURN], kv[sc.KVT_OFFER_REASON]) == (0, sc.OFFER_NO_ENTRY)
+    servers = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 5)
+    assert [s.attributes[sc.SESSION_SOURCE] for s in servers] == [
+        sc.SOURCE_HEADER, sc.SOURCE_BAGGAGE, sc.SOURCE_PROMPT_CACHE_KEY, sc.SOURCE_HEADER, sc.SOURCE_PREFIX]
+
+
+async def test_without_prefix_matching_an_id_less_request_has_no_session(make_stack):
+    stack = await make_stack(prefix_match=False)
+    _, chunks, _ = await stack.chat([{"role": "user", "content": "hi"}], conv=None)
     kv = chunks[-1][sc.RESPONSE_KV_TRANSFER]
     assert (kv[sc.KVT_SESSION_ID], kv[sc.KVT_TURN], kv[sc.KVT_OFFER_REASON]) == (None, None, sc.OFFER_NO_CONVERSATION_ID)
+    (server,) = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 1)
+    assert server.attributes[sc.SESSION_SOURCE] == sc.SOURCE_NONE
+    assert sc.SESSION_CONTINUITY not in server.attributes
 
 
 async def test_incoming_traceparent_is_continued(make_stack):

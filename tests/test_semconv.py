@@ -60,3 +60,17 @@ def test_settings_docs_are_generated():
 
     assert (ROOT / "docs" / "settings.md").read_text() == settings.render_markdown()
     assert all(s.env.startswith("KVTRACE_") and s.doc for s in settings.ALL)
+
+
+def test_genai_names_follow_the_stated_conventions_version():
+    """Every gen_ai.* name kvtrace defines (vLLM's own span names aside) is in the installed
+    opentelemetry-semantic-conventions, whose schema list has the version docs/semconv.md states."""
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes
+    from opentelemetry.semconv.schemas import Schemas
+
+    known = {v for k, v in vars(gen_ai_attributes).items() if k.isupper() and isinstance(v, str)}
+    vllm_own = {sc.GEN_AI_REQUEST_ID} | {v for k, v in vars(sc).items() if k.startswith("VLLM_LATENCY_")}
+    ours = {v for k, v in vars(sc).items() if k.startswith("GEN_AI_") and isinstance(v, str)} - vllm_own
+    assert sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS in ours and ours <= known, ours - known
+    assert f"https://opentelemetry.io/schemas/{sc.GENAI_SEMCONV_VERSION}" in {s.value for s in Schemas}
+    assert f"`{sc.GENAI_SEMCONV_VERSION}`" in (ROOT / "docs" / "semconv.md").read_text()

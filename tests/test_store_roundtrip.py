@@ -38,7 +38,11 @@ EXPECTED_COLUMNS = {
     "duration_ms status_code",
     "app_work": "trace_id span_id session_id turn work_name start_ns end_ns duration_ms",
     "turns": "trace_id span_id session_id turn start_time end_time start_ns end_ns duration_ms",
-    "sessions": "trace_id session_id agent_name scenario start_time end_time start_ns end_ns wall_ms turns traces requests",
+    "sessions": "trace_id session_id agent_name scenario start_time end_time start_ns end_ns wall_ms turns traces requests "
+    "kv_gib_s",
+    "continuity": "trace_id span_id request_id session_id turn start_ns agent_name scenario source continuity "
+    "diverged_at reusable_tokens_lost offer_reason outcome prompt_tokens local_hit_tokens pulled_tokens "
+    "recomputed_tokens prefill_ms ttft_ms",
     "vllm_requests": "trace_id span_id parent_span_id vllm_request_id request_id session_id turn leg proxy_span_id "
     "request_trace_id matched_by service_name model prompt_tokens completion_tokens queue_ms ttft_ms e2e_ms "
     "prefill_ms decode_ms inference_ms start_time end_time start_ns end_ns duration_ms status_code",

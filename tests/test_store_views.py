@@ -45,10 +45,12 @@ SPAN_OF_VIEW = {
     "kv_transfers": sc.SPAN_KV_TRANSFER, "kv_retention": sc.SPAN_KV_RETENTION,
     "engine_requests": sc.SPAN_ENGINE_PREFILL, "llm_calls": sc.SPAN_AGENT_LLM_CALL,
     "tool_calls": sc.SPAN_AGENT_TOOL_CALL, "vllm_requests": sc.SPAN_VLLM_LLM_REQUEST,
+    "continuity": sc.SPAN_PROXY_REQUEST,
 }
 ATTRIBUTE_OF_COLUMN = {
     "direction": sc.KV_DIRECTION, "status": sc.KV_TRANSFER_STATUS, "offer_reason": sc.PROXY_OFFER_REASON,
     "fallback": sc.PROXY_FALLBACK, "engine_role": sc.ENGINE_ROLE, "substrate": sc.SUBSTRATE,
+    "source": sc.SESSION_SOURCE, "continuity": sc.SESSION_CONTINUITY,
 }
 
 
@@ -62,6 +64,8 @@ def _one_span_per_value(b: SpanBuilder) -> None:
             for value in column.values:
                 t += 10
                 kw: dict = {"attrs": {sc.SESSION_ID: "enum"}}
+                if view.name == "continuity":  # its rows are the checked turns
+                    kw["attrs"][sc.SESSION_CONTINUITY] = sc.CONTINUITY_EXTENDS
                 span_name = name
                 if column.name in ("kind", "SpanKind"):
                     if value == SPAN_KIND_UNSPECIFIED:

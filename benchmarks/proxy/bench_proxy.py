@@ -436,14 +436,19 @@ async def main() -> int:
             report_metrics(results, args.concurrency)
         report_targets(results, lag, args.concurrency)
     finally:
-        for proc in reversed(procs.values()):
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(list(procs.values()))
     return 0
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process (last started first), then wait for each; kill one that hangs."""
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""KV reuse: decision mix, tokens by source, transfer time against recompute time."""
+"""KV reuse: decision mix, tokens by source, transfer time against recompute time, continuity breaks."""
 
 import altair as alt
 import pandas as pd
@@ -6,7 +6,7 @@ import streamlit as st
 from common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar, source_colours, table
 
 from kvtrace import semconv as sc
-from kvtrace.analysis import palette, reuse
+from kvtrace.analysis import continuity, palette, reuse
 
 directory, filters, facets = sidebar()
 st.title("KV reuse")
@@ -79,3 +79,24 @@ per_engine = pd.DataFrame(q(reuse.break_even, directory))
 if not per_engine.empty:  # the pooled row (all P engines together) has engine_id NULL
     per_engine["engine_id"] = per_engine["engine_id"].fillna("(all engines)")
 table(st, per_engine)
+
+# continuity (#13): turns whose messages no longer extend what the proxy served to the session
+breaks = df(q(continuity.summary, directory, filters))
+if not breaks.empty:
+    st.subheader("Continuity breaks")
+    st.caption("A turn breaks continuity when its messages no longer extend the session's last served turn "
+               "(reasoning dropped, history rewritten or cut, system prompt re-rendered): D's blocks cannot be "
+               "used and P recomputes. Share of checked turns per agent / scenario, and what the breaks cost.")
+    breaks["group"] = breaks["agent_name"].fillna("–") + " / " + breaks["scenario"].fillna("–")
+    chart(st, alt.Chart(breaks).mark_bar().encode(
+        x=alt.X("broken_share:Q", title="share of turns that broke continuity", axis=alt.Axis(format="%"),
+                scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("group:N", title=None, sort="-x"),
+        tooltip=["agent_name", "scenario", "turns_checked", "diverged", alt.Tooltip("broken_share:Q", format=".1%"),
+                 alt.Tooltip("reusable_tokens_lost:Q", format=","), alt.Tooltip("recomputed_tokens:Q", format=","),
+                 alt.Tooltip("prefill_ms:Q", format=",.1f")],
+    ).properties(title="Turns that broke continuity", height=max(60, 28 * len(breaks))))  # one bar: not collapsed
+    table(st, breaks.drop(columns=["group"]))
+    worst = df(q(continuity.breaks, directory, filters, limit=200))
+    if not worst.empty:
+        table(st, worst)

@@ -44,6 +44,7 @@ class LLMResult:
     tpot_ms: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cached_tokens: int | None = None  # gen_ai.usage.cache_read.input_tokens (part of input_tokens)
     chunks: int = 0
     finish_reasons: list[str] = field(default_factory=list)
     kv_transfer: dict | None = None
@@ -199,13 +200,17 @@ class LLMCall:
         finish_reasons: list[str] | None = None,
         output_text: str | None = None,
         interrupted: bool = False,
+        cached_tokens: int | None = None,
     ) -> LLMResult | None:
-        """End the span with what was measured.  ``interrupted``: the caller stopped reading."""
+        """End the span with what was measured.  ``interrupted``: the caller stopped reading.
+        ``cached_tokens``: the usage's ``prompt_tokens_details.cached_tokens``; the ``kv_transfer``
+        object's local hit + pulled tokens take precedence (P's view, where D's usage is not)."""
         if self._ended:
             return self.result
         self._ended = True
         try:
-            return self._finish(input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted)
+            return self._finish(input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted,
+                                cached_tokens)
         except Exception:
             log.exception("kvtrace: finishing an llm_call span failed")
             return self.result
@@ -223,7 +228,8 @@ class LLMCall:
             self.result.error = type(exc).__qualname__
         return self.finish(**measured)
 
-    def _finish(self, input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted):
+    def _finish(self, input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted,
+                cached_tokens=None):
         result, span = self.result, self.span
         if result is None or span is None:
             return None
@@ -249,11 +255,14 @@ class LLMCall:
         if finish_reasons:
             result.finish_reasons = [str(r) for r in finish_reasons]
             attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = result.finish_reasons
+        if isinstance(cached_tokens, int) and not isinstance(cached_tokens, bool):
+            attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = int(cached_tokens)
         if isinstance(kv_transfer, dict):
             result.kv_transfer = kv_transfer
             attrs.update(kv_attributes(kv_transfer))
             if self.session is not None:
                 self.session.last_kv_transfer = kv_transfer
+        result.cached_tokens = attrs.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
         if self.agent.capture_content and text:
             attrs[sc.GEN_AI_OUTPUT_MESSAGES] = _to_json([{"role": "assistant", "content": text}])
         if interrupted and result.error is None:
@@ -281,7 +290,14 @@ def kv_attributes(kvt: dict) -> dict[str, Any]:
     request_id = kvt.get(sc.KVT_REQUEST_ID)
     if isinstance(request_id, str) and request_id:
         out[sc.GEN_AI_REQUEST_ID] = request_id
+    local = kvt.get(sc.KVT_LOCAL_HIT_TOKENS)
+    if _count(local) is not None and _count(pulled) is not None:  # P's view: local prefix hit + pulled from D
+        out[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = _count(local) + _count(pulled)
     return out
+
+
+def _count(v: object) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _to_json(value: Any) -> str:

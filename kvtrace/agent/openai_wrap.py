@@ -8,8 +8,10 @@ call becomes a ``kvtrace.agent.llm_call`` span that
 - sends ``traceparent`` / ``baggage`` / ``X-Session-ID`` headers and, inside a session, the body
   field ``conversation_id`` (what the kvtrace proxy and vLLM's multi-turn proxy key on);
 - asks streams for ``stream_options.include_usage`` (unless the caller set it) to get tokens;
-- records TTFT (first content chunk), TPOT, tokens and the proxy's ``kv_transfer`` object (a
-  top-level field of non-streaming responses, the final chunk of streams);
+- records TTFT (first content chunk), TPOT, tokens (cached prompt tokens as
+  ``gen_ai.usage.cache_read.input_tokens``: the proxy's local hit + pulled, else the usage's
+  ``prompt_tokens_details.cached_tokens``) and the proxy's ``kv_transfer`` object (a top-level field
+  of non-streaming responses, the final chunk of streams);
 - ends when the stream is exhausted, closed (``close()`` / ``with``) or garbage-collected; a
   stream abandoned before its end is recorded as ``error.type=stream_interrupted``.
 
@@ -167,6 +169,12 @@ def _usage(obj: Any) -> tuple[int | None, int | None]:
     return getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
 
 
+def _cached(obj: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` (OpenAI's cached prompt tokens), if given."""
+    details = getattr(getattr(obj, "usage", None), "prompt_tokens_details", None)
+    return getattr(details, "cached_tokens", None) if details is not None else None
+
+
 def _finish_response(call: LLMCall, response: Any) -> None:
     try:
         texts, reasons = [], []
@@ -179,6 +187,7 @@ def _finish_response(call: LLMCall, response: Any) -> None:
         call.finish(
             input_tokens=inp,
             output_tokens=out,
+            cached_tokens=_cached(response),
             kv_transfer=kv_transfer_of(response),
             finish_reasons=reasons,
             output_text="".join(texts),
@@ -195,6 +204,7 @@ class _StreamState:
         self.call = call
         self.kv_transfer: dict | None = None
         self.usage: tuple[int | None, int | None] = (None, None)
+        self.cached: int | None = None
         self.reasons: list[str] = []
 
     def chunk(self, chunk: Any) -> None:
@@ -205,6 +215,7 @@ class _StreamState:
             inp, out = _usage(chunk)
             if inp is not None or out is not None:
                 self.usage = (inp, out)
+                self.cached = _cached(chunk)
             text, has_content = _chunk_text(chunk, self.reasons)
             self.call.observe(text, content=has_content)
         except Exception:
@@ -216,6 +227,7 @@ class _StreamState:
             output_tokens=self.usage[1],
             kv_transfer=self.kv_transfer,
             finish_reasons=self.reasons,
+            cached_tokens=self.cached,
         )
         if exc is not None:
             self.call.fail(exc, **measured)

@@ -20,7 +20,9 @@ def run(args) -> int:
     """Write a static report of one run's trace directory: session breakdown, KV reuse, retention,
     a what-if replay of other retention TTLs and recompute thresholds, latency by turn index (and,
     with --compare DIR2, the per-turn comparison against a baseline run: ratios, bootstrap
-    intervals and verdicts).  A directory holding several runs is refused.
+    intervals and verdicts).  A directory holding several runs is refused, unless they are the
+    runs of `kvtrace bench --arms` (P prefix cache off/on x bidirectional off/on, per preset): then
+    the report is their table per preset, the published gain beside the incremental gain.
 
     --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
     --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:
@@ -37,7 +39,11 @@ def run(args) -> int:
         con = source.open_store(args)
         base = connect(args.compare) if args.compare else None
     except StoreError as exc:
-        raise CLIError(str(exc)) from None
+        arms = None if args.compare or source.clickhouse_url(args) else _arms(source.describe(args))
+        if arms is None:
+            raise CLIError(str(exc)) from None
+        write_output(args.output, arms if args.format == "md" else report.to_html([("md", arms)], {}))
+        return 0
     plots = not args.no_plots and (args.format == "html" or bool(args.output))
     if plots and _missing("matplotlib"):
         raise CLIError("plots need matplotlib: pip install 'kvtrace[report]' (or pass --no-plots)")
@@ -59,6 +65,17 @@ def run(args) -> int:
             links[name] = os.path.basename(path)
     write_output(args.output, report.to_markdown(doc, links))
     return 0
+
+
+def _arms(directory: str) -> str | None:
+    """The four-arm report of a directory holding the runs of ``kvtrace bench --arms``, else None."""
+    from kvtrace.analysis import arms
+
+    try:
+        tables = arms.tables(arms.from_directory(directory))
+    except (ValueError, OSError):
+        return None
+    return "# kvtrace report: published vs production configuration\n\n" + arms.markdown(tables)
 
 
 def write_output(path: str | None, content: str, command: str = "report") -> None:

@@ -16,11 +16,11 @@ from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 from kvtrace.analysis.scope import narrowed
 
-SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns")
+SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s")
 
 BREAKDOWN_SQL = """
 SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms, turns,
-       unattributed_ms, start_ns, end_ns
+       unattributed_ms, start_ns, end_ns, kv_gib_s
 FROM session_breakdown {where}
 ORDER BY {order} {direction} NULLS LAST, session_id
 LIMIT $limit
@@ -35,20 +35,20 @@ SELECT count(*) AS sessions, coalesce(sum(turns), 0)::BIGINT AS turns,
        coalesce(sum(app_work_ms), 0) AS app_work_ms,
        coalesce(sum(user_pause_ms), 0) AS user_pause_ms,
        coalesce(sum(unattributed_ms), 0) AS unattributed_ms,
-       min(start_ns) AS start_ns, max(end_ns) AS end_ns
+       min(start_ns) AS start_ns, max(end_ns) AS end_ns, coalesce(sum(kv_gib_s), 0) AS kv_gib_s
 FROM session_breakdown {where}
 """
 
 TURNS_SQL = """
 SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms,
-       unattributed_ms, start_ns, end_ns
+       unattributed_ms, start_ns, end_ns, kv_gib_s
 FROM turn_breakdown {where}
 ORDER BY session_id, turn
 LIMIT $limit
 """
 
 SESSION_INFO_SQL = """
-SELECT session_id, agent_name, scenario, start_ns, end_ns, wall_ms, turns, traces, requests
+SELECT session_id, agent_name, scenario, start_ns, end_ns, wall_ms, turns, traces, requests, kv_gib_s
 FROM sessions WHERE session_id = $session_id
 """
 

@@ -69,7 +69,8 @@ WITH {gv.TURN_GAPS_CTES},
 x AS (SELECT trace_id, parent_span_id, sum(duration_ms) AS xfer_ms FROM base WHERE name = {XFER} GROUP BY ALL)
 SELECT d.span_id, d.engine_id, d.start_ns, d.prompt_tokens, d.local_hit_tokens, d.remote_tokens, d.pulled_tokens,
        d.recomputed_tokens, d.threshold, d.outcome, d.policy, d.peer_engine_id IS NOT NULL AS offered, d.remaining_s,
-       coalesce(x.xfer_ms, 0.0) AS xfer_ms, q.ttft_ms, q.entry_age_s * coalesce(d.time_scale, 1.0) AS entry_age_s
+       coalesce(x.xfer_ms, 0.0) AS xfer_ms, q.ttft_ms, q.entry_age_s * coalesce(d.time_scale, 1.0) AS entry_age_s,
+       coalesce(q.offer_reason = {_q(sc.OFFER_DIVERGED)}, false) AS diverged
 FROM d LEFT JOIN x ON x.trace_id = d.trace_id AND x.parent_span_id = d.span_id
 LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
 ORDER BY d.start_ns, d.span_id
@@ -288,7 +289,7 @@ def _decisions(dec: pa.Table, calib: Calibration) -> dict:
         d_fail_policy=_lookup(dec, "policy", ["recompute"]) != 0, d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
         d_ttft_ms=_np(dec, "ttft_ms", math.nan, float), d_rate=rates[d_engine],
         d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1],
-        d_has_entry=None, d_gap_s=None,
+        d_has_entry=None, d_gap_s=None, d_diverged=_np(dec, "diverged", False, bool),
     )
 
 
@@ -313,6 +314,7 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
     d_ttl[paired] = r_ttl[has]
     has_entry = rec["d_offered"].copy()
     has_entry[paired] = True
+    has_entry &= ~rec.pop("d_diverged")  # a turn that diverged is never offered D's blocks, at any TTL
     remote = np.where(rec["d_offered"], rec["d_remote"], held)
     # the proxy's entry age, else the gap (vLLM's, else the timestamps')
     age = rec["d_age_s"]

@@ -220,7 +220,8 @@ class _Side:
     async def _execute(self, workload: Workload, out: Collector, prefix: str, label: str) -> None:
         cfg = self.cfg
         opts = RunOptions(model=self.result.model, time_scale=cfg.time_scale, ignore_eos=cfg.ignore_eos,
-                          request_timeout_s=cfg.request_timeout_s, scenario=workload.name)
+                          request_timeout_s=cfg.request_timeout_s, scenario=workload.name,
+                          thinking=workload.thinking, keep_reasoning=workload.keep_reasoning)
         bar = Progress(self.progress, workload.n_llm_calls, label)
         out.on_request = bar
         runner = SessionRunner(self.client, self.agent, opts, out, slots=asyncio.Semaphore(cfg.clients),

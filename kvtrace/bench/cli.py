@@ -10,7 +10,8 @@ import math
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvtrace.bench.scenarios import SCENARIOS
 
-    p.add_argument("--url", required=True, help="OpenAI-compatible endpoint (A), e.g. the kvtrace proxy: http://127.0.0.1:8000")
+    p.add_argument("--url", help="OpenAI-compatible endpoint (A), e.g. the kvtrace proxy: http://127.0.0.1:8000 "
+                   "(not with --arms)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--scenario", choices=list(SCENARIOS), help="built-in agent scenario")
     src.add_argument("--input", metavar="FILE", help="vLLM multi-turn conversations JSON, generate_conversations "
@@ -32,16 +33,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ab-url", metavar="URL2", help="A/B: run the same workload against URL2 (B) and compare")
     p.add_argument("--repeat", type=int, default=1, help="run the workload N times (A/B: interleaved) for a noise estimate")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    arms = p.add_argument_group("published vs production (--arms)")
+    arms.add_argument("--arms", action="store_true",
+                      help="run the workload on simulated 1P+1D clusters in four arms, P prefix cache off/on x "
+                      "bidirectional off/on, per preset, over the EFA link; each run's traces go to "
+                      "--traces DIR/<preset>/<arm>/r<k> (--repeat N: N runs per arm, interleaved); prints each "
+                      "preset's table with the published gain (cache off) beside the incremental gain (cache on)")
+    arms.add_argument("--presets", nargs="+", default=None, metavar="PRESET",
+                      help="cost presets for --arms (default: qwen3-32b glm5-fp8)")
+    arms.add_argument("--sim-time-scale", type=float, default=None,
+                      help="--arms: simulated time compression (default per preset: qwen3-32b 5, glm5-fp8 1); "
+                      "times are reported in simulated ms")
 
 
 def run(args: argparse.Namespace) -> int:
     """Multi-turn agent benchmark against an OpenAI-compatible endpoint (e.g. the kvtrace proxy).
 
     Runs kvtrace agent scenarios (coding-agent, research-assistant, pause-resume, short-followups,
-    no-reuse, interrupted, parallel-tools) or vLLM multi-turn inputs as traced sessions, and prints
-    per-turn TTFT / TPOT / latency / reuse outcome tables.  With --ab-url the same seeded workload
-    also runs against a second endpoint and the summary gives B/A ratios per turn index, marking
-    differences beyond run-to-run noise.
+    no-reuse, interrupted, parallel-tools, reasoning-strip) or vLLM multi-turn inputs as traced
+    sessions, and prints per-turn TTFT / TPOT / latency / reuse outcome tables.  With --ab-url the
+    same seeded workload also runs against a second endpoint and the summary gives B/A ratios per
+    turn index, marking differences beyond run-to-run noise.  With --arms (no --url) the workload
+    runs on in-process simulated clusters in four arms (P prefix cache off/on x bidirectional
+    off/on) per cost preset and the table shows the published gain beside the incremental one.
     """
     import logging
 
@@ -62,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         config["input"] = args.input
     common = dict(traces_dir=args.traces, progress=not args.no_progress)
+    if args.arms:
+        return _arms(args, config)
+    if args.presets or args.sim_time_scale is not None:
+        raise CLIError("--presets and --sim-time-scale only go with --arms")
+    if not args.url:
+        raise CLIError("--url is required (or --arms)")
     try:
         if args.ab_url:
             result = bench.run_ab(args.url, args.ab_url, **common, **config)
@@ -69,12 +89,38 @@ def run(args: argparse.Namespace) -> int:
             result = bench.run_bench(args.url, **common, **config)
     except bench.BenchError as exc:
         raise CLIError(str(exc)) from None
-    print(result.format())
-    if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(result.to_dict(), f, indent=1, default=str)
-        except OSError as exc:
-            raise CLIError(f"cannot write {args.json}: {exc.strerror or exc}") from None
+    _report(result, args.json)
     failed = result.a.sessions + result.b.sessions if args.ab_url else result.sessions
     return 1 if failed and all(s.error for s in failed) else 0
+
+
+def _arms(args: argparse.Namespace, config: dict) -> int:
+    from kvtrace.bench import arms, bench
+    from kvtrace.errors import CLIError
+
+    if args.url or args.ab_url:
+        raise CLIError("--arms starts its own simulated clusters: no --url or --ab-url")
+    if not args.traces:
+        raise CLIError("--arms needs --traces DIR (one run per arm goes under it)")
+    presets = tuple(args.presets or arms.PRESETS)
+    repeat = config.pop("repeat")  # N runs of each arm, interleaved (not N passes inside one run)
+    try:
+        result = arms.run_arms(args.traces, presets=presets, sim_time_scale=args.sim_time_scale,
+                               progress=not args.no_progress, repeat=repeat, **config)
+    except (bench.BenchError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    _report(result, args.json)
+    return 0
+
+
+def _report(result, json_path: str | None) -> None:
+    """Print ``result``'s tables; with ``--json``, write its ``to_dict()`` there too."""
+    from kvtrace.errors import CLIError
+
+    print(result.format())
+    if json_path:
+        try:
+            with open(json_path, "w") as f:
+                json.dump(result.to_dict(), f, indent=1, default=str)
+        except OSError as exc:
+            raise CLIError(f"cannot write {json_path}: {exc.strerror or exc}") from None

@@ -6,7 +6,8 @@ turn pauses (a ``kvtrace.agent.user_pause`` span outside the turn span), opens a
 chat calls through the traced ``openai`` client (so each is an llm_call span whose traceparent and
 conversation id reach the proxy), tool waits (parallel ones with ``asyncio.gather``) and app
 work.  The endpoint's actual answer is appended to the history, so the next turn's prompt
-extends what D holds.  It returns plain records for :mod:`kvtrace.bench.stats`.
+extends what D holds (with its reasoning, unless the workload drops it: then it does not).  It
+returns plain records for :mod:`kvtrace.bench.stats`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class RequestRecord:
     pulled_tokens: int | None = None
     offered: bool | None = None
     offer_reason: str | None = None
+    recomputed_tokens: int | None = None  # prompt tokens P computed (the proxy's kv_transfer object)
     error: str | None = None
     interrupted: bool = False
     trace_id: str | None = None
@@ -88,6 +90,8 @@ class RunOptions:
     request_timeout_s: float = 600.0
     agent_name: str = "kvtrace-bench"
     scenario: str | None = None
+    thinking: bool = False  # ask for reasoning first (chat_template_kwargs.enable_thinking)
+    keep_reasoning: bool = True  # send each answer's reasoning back with it
 
 
 class Pacer:
@@ -184,8 +188,11 @@ class SessionRunner:
                         history.append({"role": "user", "content": "\n\n".join(pending) or "continue"})
                         pending.clear()
                         rec.requests += 1
-                        answer = await self._llm(history, action, sid, turn, calls)
-                        history.append({"role": "assistant", "content": answer})
+                        answer, reasoning = await self._llm(history, action, sid, turn, calls)
+                        message = {"role": "assistant", "content": answer}
+                        if reasoning and self.opts.keep_reasoning:
+                            message["reasoning"] = reasoning
+                        history.append(message)
                         rec.llm_ms += (time.perf_counter() - a0) * 1e3
                     elif isinstance(action, ToolAction):
                         ids = [f"call_{turn.index}_{k}_{j}" for j in range(len(action.calls))]
@@ -203,21 +210,23 @@ class SessionRunner:
             await self._wait(call.wait_s)
         return f"[{call.name} output] {call.output}"
 
-    async def _llm(self, history: list, action: LLMAction, sid: str, turn: TurnPlan, calls: list) -> str:
+    async def _llm(self, history: list, action: LLMAction, sid: str, turn: TurnPlan, calls: list) -> tuple[str, str]:
         q0 = time.perf_counter()
         await self.pacer.wait()
         async with self.slots:
             rec = RequestRecord(sid, turn.index, calls[0], turn.label, time.perf_counter() - self.out.t0,
                                 max_tokens=action.max_tokens, wait_ms=(time.perf_counter() - q0) * 1e3)
             calls[0] += 1
-            extra = {"ignore_eos": True} if self.opts.ignore_eos else None
+            extra = {"ignore_eos": True} if self.opts.ignore_eos else {}
+            if self.opts.thinking:
+                extra["chat_template_kwargs"] = {"enable_thinking": True}
             stream = None
             try:
                 stream = await self.client.chat.completions.create(
                     model=self.opts.model, messages=list(history), max_tokens=action.max_tokens, stream=True,
-                    extra_body=extra, timeout=self.opts.request_timeout_s,
+                    extra_body=extra or None, timeout=self.opts.request_timeout_s,
                 )
-                text = await _read(stream, action.interrupt_after)
+                answer = await _read(stream, action.interrupt_after)
             except (openai.APIError, asyncio.TimeoutError, OSError) as exc:
                 rec.error = type(exc).__name__
                 raise _Abort(f"llm call {rec.call} failed: {rec.error}") from None
@@ -226,11 +235,13 @@ class SessionRunner:
                     await stream.close()
                     _fill(rec, stream.result)
                 self.out.add_request(rec)
-        return text
+        return answer
 
 
-async def _read(stream, interrupt_after: int | None) -> str:
+async def _read(stream, interrupt_after: int | None) -> tuple[str, str]:
+    """(content, reasoning) read from the stream (vLLM's reasoning parser: ``reasoning`` deltas)."""
     parts: list[str] = []
+    thoughts: list[str] = []
     n = 0
     async for chunk in stream:
         for choice in chunk.choices or ():
@@ -238,9 +249,13 @@ async def _read(stream, interrupt_after: int | None) -> str:
             if piece:
                 parts.append(piece)
                 n += 1
+            thought = getattr(choice.delta, "reasoning", None) or getattr(choice.delta, "reasoning_content", None)
+            if thought:
+                thoughts.append(thought)
+                n += 1
         if interrupt_after is not None and n >= interrupt_after:
             break
-    return "".join(parts)
+    return "".join(parts), "".join(thoughts)
 
 
 def _fill(rec: RequestRecord, result) -> None:
@@ -255,4 +270,5 @@ def _fill(rec: RequestRecord, result) -> None:
     rec.outcome, rec.pulled_tokens = result.outcome, result.pulled_tokens
     rec.offered = kvt.get(sc.KVT_OFFERED)
     rec.offer_reason = kvt.get(sc.KVT_OFFER_REASON)
+    rec.recomputed_tokens = kvt.get(sc.KVT_RECOMPUTED_TOKENS)
     rec.request_id = kvt.get(sc.KVT_REQUEST_ID)

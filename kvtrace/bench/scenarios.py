@@ -12,6 +12,10 @@ The built-in scenarios (:data:`SCENARIOS`, kebab-case names) each exercise one r
 on (``kv_recompute_threshold`` 64, ``decoder_kv_blocks_ttl`` 480 s), indexed by turn.  The same
 structure loads from JSON (``{"filetype": "kvtrace_scenario", ...}``, see :func:`from_dict`) with
 vLLM's distribution objects, and :meth:`Scenario.to_dict` writes it back.
+
+``thinking`` asks for reasoning first (``chat_template_kwargs.enable_thinking``, Qwen3's switch; the
+simulator honours it); ``keep_reasoning`` False makes the client drop each answer's reasoning
+before the next call, as most agent clients do, so the next prompt no longer extends what D holds.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class Scenario:
     system_tokens: Dist = Constant(0)
     sessions: int = 4
     expect: dict = field(default_factory=dict)  # turn index -> allowed outcomes of its LLM calls
+    thinking: bool = False  # send chat_template_kwargs.enable_thinking: the model reasons first
+    keep_reasoning: bool = True  # send the answers' reasoning back in the history
 
     def with_(self, **changes) -> "Scenario":
         return replace(self, **changes)
@@ -80,6 +86,8 @@ class Scenario:
             "description": self.description,
             "sessions": self.sessions,
             "system_tokens": self.system_tokens.to_dict(),
+            "thinking": self.thinking,
+            "keep_reasoning": self.keep_reasoning,
             "turns": [_turn_dict(t) for t in self.turns],
         }
 
@@ -110,12 +118,16 @@ def from_dict(conf: dict) -> Scenario:
     sessions = conf.get("sessions", 4)
     if not isinstance(sessions, int) or sessions < 1:
         raise DistributionError("scenario: 'sessions' must be a positive integer")
+    flags = {k: conf.get(k, default) for k, default in (("thinking", False), ("keep_reasoning", True))}
+    if not all(isinstance(v, bool) for v in flags.values()):
+        raise DistributionError("scenario: 'thinking' and 'keep_reasoning' must be booleans")
     return Scenario(
         name=str(conf.get("name") or "custom"),
         description=str(conf.get("description") or ""),
         turns=turns,
         system_tokens=dist_from_dict(conf.get("system_tokens", 0), "scenario.system_tokens"),
         sessions=sessions,
+        **flags,
     )
 
 
@@ -270,9 +282,30 @@ PARALLEL_TOOLS = Scenario(
     expect={0: _FIRST + _REUSE, 1: _REUSE, 2: _REUSE},
 )
 
+REASONING_STRIP = Scenario(
+    name="reasoning-strip",
+    description="a thinking model behind a client that drops each answer's reasoning before the next call "
+    "(as most agent clients do): every later call diverges at the previous assistant message, so D's "
+    "blocks cannot be used and P recomputes (offer reason diverged)",
+    system_tokens=U(300, 500),
+    thinking=True,
+    keep_reasoning=False,
+    turns=(
+        TurnSpec(
+            "fix",
+            user_tokens=U(80, 200),
+            pause_s=_THINK,
+            repeat=3,
+            steps=(LLM(U(96, 192)), Tool(("run_tests",), U(1.0, 4.0), U(120, 300)), LLM(U(80, 160))),
+        ),
+    ),
+    expect={i: _FIRST for i in range(3)},
+)
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
-    for s in (CODING_AGENT, RESEARCH_ASSISTANT, PAUSE_RESUME, SHORT_FOLLOWUPS, NO_REUSE, INTERRUPTED, PARALLEL_TOOLS)
+    for s in (CODING_AGENT, RESEARCH_ASSISTANT, PAUSE_RESUME, SHORT_FOLLOWUPS, NO_REUSE, INTERRUPTED, PARALLEL_TOOLS,
+              REASONING_STRIP)
 }
 
 

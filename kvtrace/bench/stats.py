@@ -16,6 +16,8 @@ import math
 from collections import Counter, defaultdict
 from statistics import mean
 
+from kvtrace import semconv as sc
+
 PCTS = (50, 90, 99)
 
 
@@ -51,6 +53,9 @@ def _requests(requests) -> dict:
         "output_tokens": describe(r.output_tokens for r in ok),
         "outcomes": dict(Counter(r.outcome or "none" for r in requests)),
         "pulled_tokens": sum(r.pulled_tokens or 0 for r in requests),
+        # continuity breaks: the proxy saw the prompt diverge from what D held and did not offer it
+        "diverged": sum(1 for r in requests if r.offer_reason == sc.OFFER_DIVERGED),
+        "diverged_recomputed_tokens": sum(r.recomputed_tokens or 0 for r in requests if r.offer_reason == sc.OFFER_DIVERGED),
     }
 
 
@@ -124,6 +129,9 @@ def format_summary(summary: dict, title: str = "") -> str:
         f"requests {req['count']}  errors {req['errors']}  interrupted {req['interrupted']}  "
         f"pulled tokens {req['pulled_tokens']}  outcomes {_outcomes(req['outcomes'])}"
     )
+    if req.get("diverged"):
+        out.append(f"continuity breaks {req['diverged']} (prompt diverged from what D held; P recomputed "
+                   f"{req['diverged_recomputed_tokens']} tokens on them)")
     header = ["turn", "reqs", "ttft p50", "ttft p90", "tpot p50", "lat p50", "turn p50", "turn p90", "outcomes"]
     rows = [
         [str(t["turn"]), str(t["requests"]), _f(_p(t["ttft_ms"])), _f(_p(t["ttft_ms"], "p90")), _f(_p(t["tpot_ms"]), 2),

@@ -79,6 +79,8 @@ class Workload:
     sessions: list[SessionPlan]
     seed: int
     source: str = "scenario"  # scenario | conversations | generate_conversations
+    thinking: bool = False  # the scenario's: reasoning first
+    keep_reasoning: bool = True  # the scenario's: reasoning sent back in the history
 
     @property
     def n_llm_calls(self) -> int:
@@ -113,7 +115,7 @@ def from_scenario(scenario: Scenario, sessions: int | None = None, seed: int = 0
         _session(scenario, i, system, random.Random(rng.getrandbits(64)), nonce)
         for i in range(sessions or scenario.sessions)
     ]
-    return Workload(scenario.name, plans, seed)
+    return Workload(scenario.name, plans, seed, thinking=scenario.thinking, keep_reasoning=scenario.keep_reasoning)
 
 
 def _session(scenario: Scenario, index: int, system: str, rng: random.Random, nonce: str) -> SessionPlan:

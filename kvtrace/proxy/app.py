@@ -6,6 +6,13 @@ the D leg back through :class:`.stream.StreamPatcher` (or aggregates it for non-
 caches D's final ``kv_transfer_params`` for the next turn and attaches the merged ``kv_transfer``
 object (:mod:`.metadata`).  Request state and endings: :mod:`.call`; spans: :mod:`.spans`.
 
+Sessions: the body's ``conversation_id``, else ``X-Session-ID``, else W3C baggage ``session.id``,
+else the body's ``prompt_cache_key``; with prefix matching on (default), a chat request without any
+of them continues the session whose served turn its messages extend, or starts one the proxy names
+(:mod:`.chains`), and every chat turn is checked for continuity: a turn that diverged from what D
+holds is not offered D's blocks (their KV belongs to other tokens).  The span records how the
+session was found (``kvtrace.session.source``) and the continuity.
+
 Faults: when P answers 5xx to a turn that offered D's blocks (vLLM under
 ``kv_load_failure_policy=fail`` when the blocks expired or the read failed), P is asked once more
 without them (a fresh prefill) and the decision is recorded as ``expired`` (the entry was older than
@@ -27,7 +34,7 @@ from aiohttp import web
 
 from kvtrace import semconv as sc
 from kvtrace import settings
-from kvtrace.proxy import legs
+from kvtrace.proxy import chains, legs
 from kvtrace.proxy.call import Call, Done, json_response
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
 from kvtrace.proxy.metrics import ProxyMetrics
@@ -62,13 +69,15 @@ class Proxy:
         self.table = ConversationTable(config.conversation_ttl_s, config.max_conversations, clock,
                                        config.max_table_bytes)
         self.pool = Pool(config)
+        self.chains = chains.PrefixTable(config.max_conversations, config.max_chain_bytes) if config.prefix_match else None
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
         on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
         self.metrics = ProxyMetrics(self.table) if on else None
 
     # ------------------------------------------------------------------ routes
     def health_body(self) -> dict:
-        return {"status": "ok", **self.table.health()}
+        prefix = self.chains.health() if self.chains is not None else {}
+        return {"status": "ok", **self.table.health(), **prefix}
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(self.health_body())
@@ -133,30 +142,60 @@ class Proxy:
             raise RequestError(408, msg, "body_timeout") from None
         return parse_request(raw, request.path, self.config.max_id_bytes)
 
+    def _identify(self, hdrs, req: ClientRequest, rt: RequestTrace) -> tuple[str | None, str]:
+        """The session a request names and where it was found (``sc.SOURCE_*``)."""
+        if req.conversation_id:
+            return req.conversation_id, sc.SOURCE_CONVERSATION_ID
+        max_id = self.config.max_id_bytes
+        session = hdrs.get(sc.HEADER_SESSION_ID)
+        if session:
+            return check_id(session, "session id (X-Session-ID / baggage session.id)", max_id), sc.SOURCE_HEADER
+        session = rt.baggage_session()
+        if session:
+            return check_id(session, "session id (X-Session-ID / baggage session.id)", max_id), sc.SOURCE_BAGGAGE
+        if req.prompt_cache_key:
+            return req.prompt_cache_key, sc.SOURCE_PROMPT_CACHE_KEY
+        return None, sc.SOURCE_NONE
+
     def _begin(self, request: web.Request, req: ClientRequest, rt: RequestTrace, deadline: float) -> Call:
         hdrs, max_id = request.headers, self.config.max_id_bytes
-        session = req.conversation_id
-        if not session:
-            session = hdrs.get(sc.HEADER_SESSION_ID) or rt.baggage_session()
-            if session:
-                check_id(session, "session id (X-Session-ID / baggage session.id)", max_id)
+        session, source = self._identify(hdrs, req, rt)
         request_id = hdrs.get(sc.HEADER_REQUEST_ID)
         request_id = check_id(request_id, sc.HEADER_REQUEST_ID, max_id) if request_id else uuid.uuid4().hex
-        turn = self.table.begin(session)
         attrs = {
             sc.GEN_AI_OPERATION_NAME: req.operation,
             sc.REQUEST_STREAM: req.stream,
-            sc.PROXY_OFFER: turn.offered,
-            sc.PROXY_OFFER_REASON: turn.reason,
             sc.PROXY_CONVERSATION_TTL_S: self.config.conversation_ttl_s,
         }
+        hashes = None
+        if self.chains is not None and req.one_chat:
+            hashes = chains.chain(req.body["messages"])
+            if session is None:
+                session, source = self.chains.find(hashes) or chains.new_session_id(), sc.SOURCE_PREFIX
+            continuity, diverged_at = self.chains.check(session, hashes)
+            attrs[sc.SESSION_CONTINUITY] = continuity
+            if diverged_at is not None:
+                attrs[sc.SESSION_DIVERGED_AT] = diverged_at
+        attrs[sc.SESSION_SOURCE] = source
+        turn = self.table.begin(session, diverged=attrs.get(sc.SESSION_CONTINUITY) == sc.CONTINUITY_DIVERGED)
+        attrs[sc.PROXY_OFFER] = turn.offered
+        attrs[sc.PROXY_OFFER_REASON] = turn.reason
         if req.model:
             attrs[sc.GEN_AI_REQUEST_MODEL] = req.model
         if turn.entry_age_s is not None:
             attrs[sc.PROXY_ENTRY_AGE_S] = round(turn.entry_age_s, 3)
         rt.set_identity(request_id, session, turn.index, attrs)
         auth = hdrs.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
-        return Call(req, rt, request_id, session, turn, auth, deadline, self.config.patch_responses)
+        call = Call(req, rt, request_id, session, turn, auth, deadline, self.config.patch_responses)
+        if hashes is not None:
+            call.hashes, call.reply = hashes, chains.Reply() if req.stream else None
+        return call
+
+    def _served(self, call: Call, reply: dict | None) -> None:
+        """D finished the turn: the prefix table records its messages and the reply."""
+        if call.hashes is not None and self.chains is not None and not call.recorded:
+            call.recorded = True
+            self.chains.served(call.session_id, call.hashes, reply)
 
     # ------------------------------------------------------------------ P leg
     async def _prefill(self, call: Call) -> None:
@@ -288,6 +327,8 @@ class Proxy:
             drop_usage=not call.req.include_usage,
             make_kv=call.kv_object if call.patch else None,
             on_params=lambda p: self._on_params(call, p),
+            reply=call.reply,
+            on_finish=None if call.reply is None else lambda: self._served(call, call.reply.message()),
         )
 
         async def forward(chunk: bytes) -> None:
@@ -397,6 +438,9 @@ class Proxy:
             self._on_params(call, agg.kv_params)
         call.usage, call.finish_reasons = agg.usage, agg.finish_reasons
         body = agg.body()
+        if call.hashes is not None and agg.finish_reasons:
+            choices = body["choices"]
+            self._served(call, choices[0].get("message") if len(choices) == 1 else None)
         if call.patch:
             body[sc.RESPONSE_KV_TRANSFER] = call.kv_object()
         call.finish(200, None)

@@ -53,6 +53,9 @@ class Call:
     prefill_attempts: int = 1
     read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
     decoder_ttl_s: float | None = None
+    hashes: list | None = None  # chain hashes of the messages (prefix matching on, one-choice chat)
+    reply: object = None  # kvtrace.proxy.chains.Reply rebuilding a streamed answer, or None
+    recorded: bool = False  # the prefix table has this turn
 
     def kv_object(self) -> dict:
         if self.kv is None:
@@ -82,6 +85,11 @@ class Call:
             end_leg(span, None, error_type or "unfinished")
         kv = self.kv_object()
         usage = self.usage or {}
+        local, pulled, prompt = (_count(kv[k]) for k in (sc.KVT_LOCAL_HIT_TOKENS, sc.KVT_PULLED_TOKENS,
+                                                          sc.KVT_PROMPT_TOKENS))
+        lost = None
+        if self.turn.dropped_tokens is not None and local is not None and prompt is not None:
+            lost = max(0, min(self.turn.dropped_tokens, prompt) - local)
         self.rt.finish(
             status,
             error_type,
@@ -92,6 +100,8 @@ class Call:
                 sc.PROXY_PREFILL_ATTEMPTS: self.prefill_attempts if self.prefill_attempts > 1 else None,
                 sc.PROXY_DECODER_KV_TTL_S: self.decoder_ttl_s,
                 sc.GEN_AI_USAGE_INPUT_TOKENS: usage.get("prompt_tokens"),
+                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: local + pulled if local is not None and pulled is not None else None,
+                sc.SESSION_REUSABLE_TOKENS_LOST: lost,
                 sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.get("completion_tokens"),
                 sc.GEN_AI_RESPONSE_FINISH_REASONS: tuple(self.finish_reasons) or None,
                 sc.KV_OUTCOME: kv[sc.KVT_DECISION],
@@ -124,6 +134,10 @@ class Call:
         for span in self.legs:
             end_leg(span, None, sc.ERROR_CLIENT_DISCONNECT)
         rt.finish(STATUS_CLIENT_CLOSED, sc.ERROR_CLIENT_DISCONNECT, **{sc.PROXY_FALLBACK: self.fallback})
+
+
+def _count(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def json_response(rt: RequestTrace, patch: bool, body: dict, status: int) -> web.Response:

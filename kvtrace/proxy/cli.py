@@ -18,6 +18,7 @@ _LIMITS = (
     ("--max-table-bytes", "max_table_bytes", int, "N", settings.PROXY_MAX_TABLE_BYTES),
     ("--max-id-bytes", "max_id_bytes", int, "N", settings.PROXY_MAX_ID_BYTES),
     ("--decoder-kv-ttl", "decoder_kv_ttl_s", float, "S", settings.PROXY_DECODER_KV_TTL),
+    ("--max-chain-bytes", "max_chain_bytes", int, "N", settings.PROXY_MAX_CHAIN_BYTES),
 )
 
 
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="P unreachable or 5xx: answer 502 (error) or let D prefill locally (decode_only)",
     )
     p.add_argument("--no-patch", action="store_true", help="do not add kv_transfer / x-kvtrace-trace-id to responses")
+    p.add_argument("--no-prefix-match", action="store_true",
+                   help="chat requests without a session id stay session-less, and no turn is checked for "
+                   f"continuity (else {settings.PROXY_PREFIX_MATCH.env}, default on)")
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, metavar="N",
                    help="largest client request body accepted; larger ones get 413 (default 32 MiB)")
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
@@ -81,6 +85,7 @@ def build_config(args: argparse.Namespace):
             max_body_bytes=args.max_body_bytes,
             **{dest: getattr(args, dest) for _, dest, *_ in _LIMITS if getattr(args, dest) is not None},
             **({"patch_responses": False} if args.no_patch else {}),
+            **({"prefix_match": False} if args.no_prefix_match else {}),
         )
     except ValueError as exc:  # also a KVTRACE_PROXY_* setting that is not a number
         raise CLIError(str(exc)) from None
@@ -92,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
     Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models, and
     GET /metrics (Prometheus; KVTRACE_METRICS=0 turns it off).
     Conversation key: body `conversation_id`, else the X-Session-ID header, else W3C baggage
-    `session.id` (at most --max-id-bytes).  Responses carry a `kv_transfer` object (streaming: on
+    `session.id`, else the OpenAI `prompt_cache_key` (at most --max-id-bytes); else, for chat
+    requests, the session whose served messages (and the reply the proxy streamed) the request
+    extends, or a new one the proxy names (prefix matching; --no-prefix-match turns it off).  Each
+    chat turn is checked against the session's last served turn: a turn whose messages diverged
+    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a `kv_transfer` object (streaming: on
     the final chunk) and an x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
     When P fails to read the blocks offered from D (expired), P is asked again without them.
     """

@@ -4,8 +4,9 @@ Built by :mod:`kvtrace.proxy.cli` from flags (or by tests directly) and read by
 :mod:`kvtrace.proxy.app`.  Defaults follow vLLM's upstream ``disagg_proxy_multiturn.py``
 (conversation TTL 450 s = ``decoder_kv_blocks_ttl`` 480 s minus a 30 s margin), except that the
 proxy binds 127.0.0.1 unless told otherwise.  The hardening limits (request deadline, upstream
-size cap, client read timeouts, table bytes, id length, D's TTL) default to their ``KVTRACE_PROXY_*``
-settings (:mod:`kvtrace.settings`); explicit values beat them.
+size cap, client read timeouts, table bytes, id length, D's TTL) and prefix matching (on, and the
+prefix table's bytes) default to their ``KVTRACE_PROXY_*`` settings (:mod:`kvtrace.settings`);
+explicit values beat them.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class ProxyConfig:
     max_table_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_TABLE_BYTES.get()))
     max_id_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_ID_BYTES.get()))
     decoder_kv_ttl_s: float | None = field(default_factory=lambda: settings.PROXY_DECODER_KV_TTL.get())
+    prefix_match: bool = field(default_factory=lambda: bool(settings.PROXY_PREFIX_MATCH.get()))
+    max_chain_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_CHAIN_BYTES.get()))
     patch_responses: bool = field(default_factory=lambda: bool(settings.PATCH_RESPONSES.get()))
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY") or None)
 
@@ -72,7 +75,8 @@ class ProxyConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.decoder_kv_ttl_s is not None and not self.decoder_kv_ttl_s > 0:
             raise ValueError("decoder_kv_ttl_s must be > 0")
-        for name in ("max_conversations", "max_body_bytes", "max_upstream_bytes", "max_table_bytes", "max_id_bytes"):
+        for name in ("max_conversations", "max_body_bytes", "max_upstream_bytes", "max_table_bytes", "max_id_bytes",
+                     "max_chain_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 

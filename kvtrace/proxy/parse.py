@@ -5,7 +5,9 @@
 proxy itself reads or rewrites; everything else is left for the workers to judge, except text that
 is not text: a body with an unpaired UTF-16 surrogate anywhere is a 400 (``invalid_unicode``), as
 UTF-8 cannot carry it to the workers or into a span.  :func:`check_id` bounds the conversation,
-session and request ids (``max_id_bytes``, default 256 UTF-8 bytes; ``id_too_long``).
+session and request ids and the OpenAI ``prompt_cache_key`` (``max_id_bytes``, default 256 UTF-8
+bytes; ``id_too_long``).  ``conversation_id`` is removed from the body (vLLM's proxy does the same);
+``prompt_cache_key`` stays (vLLM ignores it).
 """
 
 from __future__ import annotations
@@ -45,10 +47,16 @@ class ClientRequest:
     stream: bool
     include_usage: bool
     model: str | None
+    prompt_cache_key: str | None = None
 
     @property
     def operation(self) -> str:
         return sc.OP_CHAT if self.path == CHAT_PATH else sc.OP_TEXT_COMPLETION
+
+    @property
+    def one_chat(self) -> bool:
+        """A chat request asking for one choice (the ones prefix matching follows)."""
+        return self.path == CHAT_PATH and (self.body.get("n") or 1) == 1
 
 
 def _int_or_none(body: dict, name: str) -> None:
@@ -109,6 +117,11 @@ def parse_request(raw: bytes, path: str, max_id_bytes: int = MAX_ID_BYTES) -> Cl
         raise RequestError(400, f"'{sc.BODY_CONVERSATION_ID}' must be a string")
     if conv:
         check_id(conv, f"'{sc.BODY_CONVERSATION_ID}'", max_id_bytes)
+    key = body.get(sc.BODY_PROMPT_CACHE_KEY)
+    if key is not None and not isinstance(key, str):
+        raise RequestError(400, f"'{sc.BODY_PROMPT_CACHE_KEY}' must be a string")
+    if key:
+        check_id(key, f"'{sc.BODY_PROMPT_CACHE_KEY}'", max_id_bytes)
     opts = body.get("stream_options") or {}
     return ClientRequest(
         path=path,
@@ -117,4 +130,5 @@ def parse_request(raw: bytes, path: str, max_id_bytes: int = MAX_ID_BYTES) -> Cl
         stream=bool(body.get("stream")),
         include_usage=bool(opts.get("include_usage")),
         model=body.get("model"),
+        prompt_cache_key=key or None,
     )

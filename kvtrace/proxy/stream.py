@@ -8,6 +8,9 @@ the bytes between them pass through as slices.  Only those lines are JSON-decode
 ``kv_transfer_params`` (handed to ``on_params`` so the conversation table learns where D's blocks
 live), the usage chunk yields token counts, and the target chunk gets the ``kv_transfer`` object.
 When the proxy asked D for usage the client did not ask for, that usage-only chunk is dropped.
+With prefix matching on, a :class:`~kvtrace.proxy.chains.Reply` also sees each chunk's complete
+lines (one more regex scan) and ``on_finish`` runs once, at the first ``finish_reason``, before
+the bytes holding it go to the client (so a next turn cannot arrive before the proxy recorded it).
 A line the proxy must read that is not an OpenAI chunk (not a JSON object, ``choices`` not a list,
 a ``finish_reason`` that is not a string, ``usage`` or ``kv_transfer_params`` not an object) raises
 :class:`InvalidChunk`: the handler then ends the client's stream with an SSE error event.
@@ -124,11 +127,15 @@ class StreamPatcher:
         drop_usage: bool,
         make_kv: Callable[[], dict] | None,
         on_params: Callable[[dict], None],
+        reply=None,
+        on_finish: Callable[[], None] | None = None,
     ) -> None:
         self.patch_usage_chunk = patch_usage_chunk
         self.drop_usage = drop_usage
         self.make_kv = make_kv
         self.on_params = on_params
+        self.reply = reply  # kvtrace.proxy.chains.Reply, or None (prefix matching off)
+        self.on_finish = on_finish
         self.lines = _Lines()
         self.usage: dict | None = None
         self.finish_reasons: list[str] = []
@@ -142,6 +149,8 @@ class StreamPatcher:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to send on for ``chunk``: its complete lines, with the candidate lines handled."""
         out = self.lines.complete(chunk)
+        if self.reply is not None:
+            self.reply.feed(out)
         pos = self._after_blank(out, 0) if self._skip_blank and out else 0
         m = _CANDIDATE.search(out, pos)
         if m is None:
@@ -183,12 +192,15 @@ class StreamPatcher:
         patch = False
         reasons = _finish_reasons(obj)
         if reasons:
+            first = not self.finish_reasons
             self.finish_reasons.extend(reasons)
             params = obj.get("kv_transfer_params")
             if isinstance(params, dict):
                 self.on_params(params)
             elif params is not None:
                 raise InvalidChunk("kv_transfer_params is not an object")
+            if first and self.on_finish is not None:
+                self.on_finish()
             patch = not self.patch_usage_chunk
         usage = obj.get("usage")
         if usage is not None and not isinstance(usage, dict):

@@ -1,7 +1,8 @@
 """The conversation table: conversation id -> where D's blocks from the last turn live.
 
 The request handler (:mod:`kvtrace.proxy.app`) calls :meth:`ConversationTable.begin` when a turn
-arrives, which assigns the turn index and takes (removes) the cached entry, and then exactly one
+arrives, which assigns the turn index and takes (removes) the cached entry (a turn whose prompt
+diverged from what D holds is not offered it and the entry is dropped: :mod:`.chains`), and then exactly one
 of :meth:`Turn.consumed` (P answered: it used or declined the blocks) or :meth:`Turn.restore`
 (P never got to use them: unreachable, 5xx, 4xx, the client left) — so a failed turn does not
 forget the location.  When D's leg finishes, :meth:`ConversationTable.store` records D's new
@@ -75,6 +76,7 @@ class Turn:
     entry: Entry | None = None
     entry_age_s: float | None = None
     params: dict | None = None
+    dropped_tokens: int | None = None  # diverged: the tokens D held (remote_num_tokens of the dropped entry)
     _settled: bool = False
 
     def consumed(self) -> None:
@@ -126,8 +128,10 @@ class ConversationTable:
             "evicted_lru": self.evicted_lru,
         }
 
-    def begin(self, key: str | None) -> Turn:
-        """A turn of conversation ``key`` arrived: assign its index, take the entry if usable."""
+    def begin(self, key: str | None, diverged: bool = False) -> Turn:
+        """A turn of conversation ``key`` arrived: assign its index, take the entry if usable.
+        ``diverged``: the turn's prompt no longer extends what D holds; a usable entry is dropped,
+        not offered (P would read KV of other tokens)."""
         if not key:
             return Turn(self, None, None, False, sc.OFFER_NO_CONVERSATION_ID)
         conv = self._touch(key)
@@ -139,6 +143,10 @@ class ConversationTable:
         age = self.clock() - entry.stored_at
         if age > self.ttl_s:
             return Turn(self, key, index, False, sc.OFFER_ENTRY_TOO_OLD, entry_age_s=age)
+        if diverged:
+            held = entry.params.get("remote_num_tokens")
+            held = held if isinstance(held, int) and not isinstance(held, bool) else None
+            return Turn(self, key, index, False, sc.OFFER_DIVERGED, entry_age_s=age, dropped_tokens=held)
         return Turn(self, key, index, True, sc.OFFER_OFFERED, entry=entry, entry_age_s=age, params=entry.params)
 
     def store(self, key: str | None, turn: int | None, params: dict, decode_endpoint: str) -> bool:

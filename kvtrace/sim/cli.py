@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--capacity-blocks", type=int, default=65536, help="KV blocks per worker")
     parser.add_argument("--model", help="served model name (default: accept any, list the preset)")
+    parser.add_argument("--no-enable-prefix-caching", nargs="*", choices=("prefill", "decode"), metavar="ROLE",
+                        help="vLLM's --no-enable-prefix-caching, per role: on the prefill and/or decode workers "
+                        "(no ROLE = both), as the published bidirectional benchmark ran P")
 
 
 def _kv_config(raw: str | None) -> dict | None:
@@ -43,6 +46,13 @@ def _kv_config(raw: str | None) -> dict | None:
     except ConfigError as exc:
         raise CLIError(f"--kv-transfer-config: {exc}") from None
     return cfg
+
+
+def _no_prefix_caching(args) -> tuple[str, ...]:
+    roles = args.no_enable_prefix_caching
+    if roles is None:
+        return ()
+    return tuple(roles) or ("prefill", "decode")
 
 
 def _check(args) -> None:
@@ -73,10 +83,11 @@ async def _serve(args, kv_config) -> None:
         args.prefill, args.decode, preset=args.preset, kv_config=kv_config, time_scale=args.time_scale,
         cost=not args.no_cost, traces_dir=args.traces, host=args.host, prefill_port=args.prefill_port,
         decode_port=args.decode_port, block_size=args.block_size, capacity_blocks=args.capacity_blocks,
-        link=args.link, model=args.model,
+        link=args.link, model=args.model, no_prefix_caching=_no_prefix_caching(args),
     ) as cluster:
+        off = ", prefix caching off on " + "+".join(sorted(cluster.no_prefix_caching)) if cluster.no_prefix_caching else ""
         print(f"kvtrace sim: preset {args.preset}, bidirectional={cluster.kv.bidirectional}, "
-              f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}", flush=True)
+              f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}{off}", flush=True)
         for url in cluster.prefill_urls:
             print(f"  prefill {url}", flush=True)
         for url in cluster.decode_urls:

@@ -16,6 +16,7 @@ API (stable; the proxy, bench, demo and tests use it)::
         host="127.0.0.1", prefill_port=0, decode_port=0,  # 0 = ephemeral; N>1 use port, port+1, ...
         block_size=16, capacity_blocks=65536, link="efa-3200",
         model=None,                  # served model name; None = accept any, list the preset name
+        no_prefix_caching=(),        # roles run with vLLM's --no-enable-prefix-caching: "prefill", "decode"
         clock=None,                  # simulated clock () -> seconds (tests inject one)
         metrics=None,                # GET /metrics per worker (None: KVTRACE_METRICS, default on)
     ) as c:
@@ -25,7 +26,7 @@ API (stable; the proxy, bench, demo and tests use it)::
 
 Every worker gets its own TracerProvider (``kvtrace.configure`` with service
 ``kvtrace-sim-prefill`` / ``kvtrace-sim-decode`` and resource attributes substrate=sim, engine id,
-role, time scale, preset, KV pool bytes) unless ``tracer_provider`` is given; providers made here are flushed
+role, time scale, preset, prefix caching on/off, bidirectional on/off, KV pool bytes) unless ``tracer_provider`` is given; providers made here are flushed
 and shut down on exit.  With metrics on, each worker serves ``GET /metrics`` like a vLLM server
 (:mod:`kvtrace.sim.metrics`): its recorder counts every KV span it ends.  On exit every retained block is released (retention ends ``released``).
 """
@@ -70,9 +71,14 @@ class SimCluster:
         model: str | None = None,
         clock: Callable[[], float] | None = None,
         metrics: bool | None = None,
+        no_prefix_caching: tuple[str, ...] | list[str] = (),
     ) -> None:
         if n_prefill < 0 or n_decode < 0 or n_prefill + n_decode == 0:
             raise ValueError("need at least one worker")
+        bad = set(no_prefix_caching) - {sc.ROLE_PREFILL, sc.ROLE_DECODE}
+        if bad:
+            raise ValueError(f"no_prefix_caching: unknown role(s) {sorted(bad)}; use prefill, decode")
+        self.no_prefix_caching = frozenset(no_prefix_caching)
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
         self.n_prefill, self.n_decode = n_prefill, n_decode
@@ -148,6 +154,8 @@ class SimCluster:
             sc.ENGINE_ROLE: role,
             sc.SIM_TIME_SCALE: self.time_scale,
             sc.SIM_PRESET: self.preset,
+            sc.ENGINE_PREFIX_CACHING: role not in self.no_prefix_caching,
+            sc.KV_BIDIRECTIONAL: self.kv.bidirectional,
             sc.ENGINE_KV_POOL_BYTES: self.capacity_blocks * self.block_size * PRESETS[self.preset].bytes_per_token,
         }
         if self._factory is not None:
@@ -177,7 +185,7 @@ class SimCluster:
         )
         engine = Engine(engine_id=engine_id, role=role, host=self.host, port=0, kv=self.kv,
                         cache=KVCache(self.capacity_blocks, self.block_size), cost=cost, recorder=recorder,
-                        registry=self.registry, clock=self.clock)
+                        registry=self.registry, clock=self.clock, prefix_caching=role not in self.no_prefix_caching)
         model = self.model or self.preset
         worker = SimWorker(engine, model=model, max_model_len=self.capacity_blocks * self.block_size,
                            strict_model=self.model is not None,

@@ -11,6 +11,9 @@ without reading (``released``), the TTL passes (``expired``) or the engine stops
 
 Engines find each other through a :class:`Registry` (in-process stand-in for NIXL's side
 channel): a pull asks the source engine for the held request's blocks, which frees them there.
+
+``prefix_caching=False`` is vLLM's ``--no-enable-prefix-caching``: no lookup (local hit 0) and no
+block is published for later requests; blocks a peer reads (P's lease, D's retention) are still held.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Generation:
     output: list[int] = field(default_factory=list)
     done: bool = False
     arrival: float = field(default_factory=time.perf_counter)  # wall clock, for vLLM's TTFT metric
+    thinking: bool = False  # reasoning first (chat_template_kwargs.enable_thinking)
 
     @property
     def cached_tokens(self) -> int:
@@ -105,8 +109,10 @@ class Engine:
         recorder: KVRecorder,
         registry: Registry,
         clock: Callable[[], float] | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         self.engine_id = engine_id
+        self.prefix_caching = prefix_caching
         self.role = role
         self.host = host
         self.port = port
@@ -128,7 +134,8 @@ class Engine:
 
     # ------------------------------------------------------------------ entry points
     def submit(self, prompt: list[int], *, max_tokens: int, params: dict | None, request_id: str,
-               internal_id: str, seed: int | None = None, headers: dict | None = None) -> Generation:
+               internal_id: str, seed: int | None = None, headers: dict | None = None,
+               thinking: bool = False) -> Generation:
         need = self.blocks_needed(len(prompt), max_tokens)
         if need > self.cache.capacity:
             raise EngineError(f"This request needs {need} KV blocks ({len(prompt)} prompt tokens + "
@@ -143,7 +150,7 @@ class Engine:
         # keyed by the unique internal id, recorded under the X-Request-Id (the join key), as the
         # real connector does
         gen = Generation(self, internal_id, internal_id, prompt, max_tokens, params, phase,
-                         tokenizer.seed_for(prompt, seed))
+                         tokenizer.seed_for(prompt, seed), thinking=thinking)
         self.recorder.request_started(internal_id, phase=phase, prompt_tokens=len(prompt), kv_params=params,
                                       headers=headers, public_id=request_id)
         return gen
@@ -174,12 +181,13 @@ class Engine:
         if new > 0 and self.cost.enabled:
             async with self._prefill_lock:
                 await asyncio.sleep(self.cost.wall(self.cost.prefill_s(new, n)))
-        self.cache.commit(gen.blocks[: len(hashes)], hashes)
+        if self.prefix_caching:
+            self.cache.commit(gen.blocks[: len(hashes)], hashes)
 
     async def _admit(self, gen: Generation, hashes: list[int], total_blocks: int) -> list[int]:
         """Prefix lookup + block allocation, waiting (like vLLM's waiting queue) for space."""
         while True:
-            hit = self.cache.lookup(hashes, len(gen.prompt))
+            hit = self.cache.lookup(hashes, len(gen.prompt)) if self.prefix_caching else []
             self.cache.touch(hit)
             try:
                 gen.blocks = hit + self.cache.allocate(total_blocks - len(hit))
@@ -275,7 +283,7 @@ class Engine:
 
     # ------------------------------------------------------------------ decode side
     async def _decode(self, gen: Generation):
-        ids, pieces = tokenizer.generate(gen.seed, gen.max_tokens)
+        ids, pieces = tokenizer.generate(gen.seed, gen.max_tokens, gen.thinking)
         ctx = len(gen.prompt)
         self._decode_ctx += ctx
         try:
@@ -299,9 +307,10 @@ class Engine:
         keep = math.ceil(computed / self.cache.block_size)
         tail, gen.blocks = gen.blocks[keep:], gen.blocks[:keep]
         self._free(tail)
-        tokens = gen.prompt + gen.output[:-1]
-        hashes = block_hashes(tokens, self.cache.block_size)
-        self.cache.commit(gen.blocks[: len(hashes)], hashes)
+        if self.prefix_caching:
+            tokens = gen.prompt + gen.output[:-1]
+            hashes = block_hashes(tokens, self.cache.block_size)
+            self.cache.commit(gen.blocks[: len(hashes)], hashes)
         params = self._finished_params(gen, computed)
         summary = self.recorder.request_finished(gen.record_id, output_tokens=len(gen.output),
                                                  cached_tokens=gen.cached_tokens)

@@ -11,6 +11,14 @@ relies on:
 - generated pieces are ``"word "`` (trailing space), so a completion pasted back into the next
   prompt re-tokenises to exactly the generated ids.
 
+Reasoning (a Qwen3-style thinking model behind vLLM's reasoning parser): with
+``chat_template_kwargs.enable_thinking`` true, :func:`generate` starts the output with
+``<|think|>``, :func:`reasoning_words` words of reasoning (:data:`REASONING_SHARE` of the output,
+the share agent traces show) and ``<|end_think|>``; the worker streams the words as ``reasoning``
+deltas and the tags as empty deltas.  :func:`render_chat` renders an assistant message's
+``reasoning`` (else ``reasoning_content``, as vLLM passes both to the template) between the same
+tags, so a client that sends the reasoning back extends what D holds and one that strips it does not.
+
 A piece is a special token ``<|name|>``, a run of non-space characters with its trailing
 whitespace, or leading whitespace.
 """
@@ -32,6 +40,9 @@ _GEN_PIECES = tuple(w + " " for w in _WORDS)
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
+THINK = "<|think|>"
+END_THINK = "<|end_think|>"
+REASONING_SHARE = 0.4  # of a thinking answer's tokens (agent traces: ~40 % of output is reasoning)
 
 
 def piece_id(piece: str) -> int:
@@ -56,17 +67,50 @@ def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str
         content = m.get("content")
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        out.append(f"{IM_START}{m.get('role', 'user')}\n{content or ''}{IM_END}\n")
+        reasoning = m.get("reasoning") or m.get("reasoning_content")
+        think = f"{THINK}{reasoning}{END_THINK}" if isinstance(reasoning, str) and reasoning else ""
+        out.append(f"{IM_START}{m.get('role', 'user')}\n{think}{content or ''}{IM_END}\n")
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
     return "".join(out)
 
 
-def generate(seed: int, n: int) -> tuple[list[int], list[str]]:
-    """``n`` output token ids and their text pieces, a deterministic function of ``seed``."""
+def reasoning_words(n: int, thinking: bool) -> int:
+    """Reasoning words of an ``n``-token answer (0 unless thinking and n >= 4: the tags and one
+    content token must fit)."""
+    if not thinking or n < 4:
+        return 0
+    return max(1, min(n - 3, round(REASONING_SHARE * n)))
+
+
+def generate(seed: int, n: int, thinking: bool = False) -> tuple[list[int], list[str]]:
+    """``n`` output token ids and their text pieces, a deterministic function of ``seed``;
+    ``thinking``: ``<|think|>``, :func:`reasoning_words` words, ``<|end_think|>``, then the answer."""
     k = len(_GEN_PIECES)
     pieces = [_GEN_PIECES[(seed + i * 7919) % k] for i in range(n)]
+    r = reasoning_words(n, thinking)
+    if r:
+        pieces = [THINK, *pieces[:r], END_THINK, *pieces[r:n - 2]]
     return [piece_id(p) for p in pieces], pieces
+
+
+def delta(i: int, piece: str, reasoning: int) -> tuple[str, str]:
+    """The streamed delta of output piece ``i`` of an answer with ``reasoning`` reasoning words:
+    (``reasoning`` or ``content``, its text); the think tags stream as empty deltas (vLLM's
+    reasoning parser hides them)."""
+    if not reasoning or i > reasoning + 1:
+        return "content", piece
+    if i == reasoning + 1:
+        return "content", ""
+    return "reasoning", piece if i else ""
+
+
+def split(pieces: list[str]) -> tuple[str, str | None]:
+    """(content, reasoning or None) of a whole answer."""
+    if pieces and pieces[0] == THINK and END_THINK in pieces:
+        end = pieces.index(END_THINK)
+        return "".join(pieces[end + 1:]), "".join(pieces[1:end])
+    return "".join(pieces), None
 
 
 def seed_for(prompt_ids: list[int], seed: int | None) -> int:

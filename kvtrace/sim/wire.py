@@ -49,6 +49,7 @@ class ParsedRequest:
     seed: int | None
     kv_transfer_params: dict | None
     model: str | None
+    thinking: bool = False  # chat_template_kwargs.enable_thinking (Qwen3's switch): reasoning first
 
 
 def _int_field(body: dict, name: str, default: int | None, minimum: int) -> int | None:
@@ -111,6 +112,10 @@ def parse_request(body: object, chat: bool, served_model: str | None) -> ParsedR
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise WireError("seed must be an integer", param="seed")
+    kwargs = body.get("chat_template_kwargs")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, dict):
+        raise WireError("chat_template_kwargs must be an object", param="chat_template_kwargs")
     return ParsedRequest(
         chat=chat,
         prompt_ids=_prompt_ids(body, chat),
@@ -121,6 +126,7 @@ def parse_request(body: object, chat: bool, served_model: str | None) -> ParsedR
         seed=seed,
         kv_transfer_params=kvp,
         model=model,
+        thinking=chat and kwargs.get("enable_thinking") is True,
     )
 
 
@@ -142,9 +148,9 @@ def completion_body(rid: str, created: int, model: str, text: str, finish: str, 
 
 
 def chat_body(rid: str, created: int, model: str, text: str, finish: str, prompt_n: int, out_n: int,
-              kvp: dict | None) -> dict:
+              kvp: dict | None, reasoning: str | None = None) -> dict:
     message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-               "function_call": None, "reasoning": None}
+               "function_call": None, "reasoning": reasoning}
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": None,
               "token_ids": None, "routed_experts": None, "weight_versions": None}
     return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
@@ -174,8 +180,9 @@ def chat_role_chunk(rid: str, created: int, model: str, cont_usage: dict | None 
 
 
 def chat_chunk(rid: str, created: int, model: str, text: str, finish: str | None, kvp: dict | None,
-               cont_usage: dict | None = None) -> dict:
-    choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+               cont_usage: dict | None = None, field: str = "content") -> dict:
+    """``field``: ``content``, or ``reasoning`` for a reasoning delta (vLLM's reasoning parser)."""
+    choice = {"index": 0, "delta": {field: text}, "logprobs": None, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = None
     choice["token_ids"] = None

@@ -21,7 +21,7 @@ import uuid
 from aiohttp import web
 
 from kvtrace import semconv as sc
-from kvtrace.sim import wire
+from kvtrace.sim import tokenizer, wire
 from kvtrace.sim.engine import Engine, EngineError, FINISH_LENGTH
 from kvtrace.sim.metrics import WorkerMetrics
 
@@ -111,7 +111,7 @@ class SimWorker:
         try:
             gen = self.engine.submit(req.prompt_ids, max_tokens=req.max_tokens, params=req.kv_transfer_params,
                                      request_id=base, internal_id=internal, seed=req.seed,
-                                     headers=dict(request.headers))
+                                     headers=dict(request.headers), thinking=req.thinking)
         except EngineError as exc:
             return _error(str(exc), exc.status, exc.err_type)
         model = req.model or self.model
@@ -126,9 +126,12 @@ class SimWorker:
             gen.abort("client_disconnect")
             raise
         kvp = gen.finish(FINISH_LENGTH)
-        make = wire.chat_body if chat else wire.completion_body
-        return _json(make(rid, int(time.time()), model, "".join(pieces), FINISH_LENGTH, len(req.prompt_ids),
-                          len(pieces), kvp))
+        if not chat:
+            return _json(wire.completion_body(rid, int(time.time()), model, "".join(pieces), FINISH_LENGTH,
+                                              len(req.prompt_ids), len(pieces), kvp))
+        content, reasoning = tokenizer.split(pieces)
+        return _json(wire.chat_body(rid, int(time.time()), model, content, FINISH_LENGTH, len(req.prompt_ids),
+                                    len(pieces), kvp, reasoning))
 
     async def _stream(self, request, req: wire.ParsedRequest, gen, rid: str, model: str) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
@@ -161,13 +164,18 @@ class SimWorker:
         """One chunk per token; the last carries finish_reason and kv_transfer_params."""
         make = wire.chat_chunk if req.chat else wire.completion_chunk
         n_prompt, max_tokens = len(req.prompt_ids), req.max_tokens
+        reasoning = tokenizer.reasoning_words(max_tokens, gen.thinking)
         buf: list[bytes] = []
         async for _, piece in gen.decode():
             n_out = len(gen.output)
             last = n_out >= max_tokens
             kvp = gen.finish(FINISH_LENGTH) if last else None
             usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
-            chunk = make(rid, created, model, piece, FINISH_LENGTH if last else None, kvp, usage)
+            if req.chat:
+                field, text = tokenizer.delta(n_out - 1, piece, reasoning)
+                chunk = make(rid, created, model, text, FINISH_LENGTH if last else None, kvp, usage, field)
+            else:
+                chunk = make(rid, created, model, piece, FINISH_LENGTH if last else None, kvp, usage)
             buf.append(f"data: {_dumps(chunk)}\n\n".encode())
             if not self.engine.cost.enabled and not last:
                 continue  # zero-cost: no time passes between tokens, write in one go

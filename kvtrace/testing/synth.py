@@ -127,7 +127,7 @@ class SpanBuilder:
     def request(self, session_id: str | None, turn: int | None, request_id: str, start_ms: float,
                 end_ms: float, ttft_ms: float | None, *, parent=None, offered: bool = False,
                 offer_reason: str = sc.OFFER_NO_ENTRY, outcome: str | None = None, pulled: int = 0,
-                input_tokens: int = 100, output_tokens: int = 10):
+                input_tokens: int = 100, output_tokens: int = 10, extra: dict | None = None):
         attrs = {sc.GEN_AI_REQUEST_ID: request_id, sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
                  sc.GEN_AI_REQUEST_MODEL: "qwen3-32b", sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
                  sc.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens, sc.HTTP_RESPONSE_STATUS_CODE: 200,
@@ -145,6 +145,7 @@ class SpanBuilder:
             events = {sc.EVENT_FIRST_TOKEN: start_ms + ttft_ms, sc.EVENT_LAST_TOKEN: end_ms}
         if outcome:
             attrs[sc.KV_OUTCOME] = outcome
+        attrs.update(extra or {})
         return self.span(sc.SPAN_PROXY_REQUEST, start_ms, end_ms, parent=parent, service=PROXY,
                          kind="SERVER", attrs=attrs, events=events)
 
@@ -199,7 +200,7 @@ class SpanBuilder:
              prompt: int = 1000, local_hit: int = 0, remote: int = 0, pulled: int = 0, outcome: str | None = None,
              prefill_ms: float = 100.0, xfer_ms: float = 0.0, decode_ms: float = 200.0, output_tokens: int = 20,
              retention_end_ms: float | None = None, retention_outcome: str = sc.RETENTION_READ,
-             p_engine: str = "sim-p0", d_engine: str = "sim-d0") -> Call:
+             p_engine: str = "sim-p0", d_engine: str = "sim-d0", request_attrs: dict | None = None) -> Call:
         """One LLM call's full tree.  Times: P's prefill (including ``xfer_ms`` of pulling) takes
         ``prefill_ms``, then D pulls P's blocks (5 ms), first token, decode for ``decode_ms``."""
         ttft = prefill_ms + 10.0
@@ -208,7 +209,8 @@ class SpanBuilder:
                             input_tokens=prompt, output_tokens=output_tokens, outcome=outcome)
         req = self.request(session_id, turn, request_id, start_ms + 0.5, end + 0.5, ttft, parent=llm,
                            offered=remote > 0, offer_reason=sc.OFFER_OFFERED if remote else sc.OFFER_NO_ENTRY,
-                           outcome=outcome, pulled=pulled, input_tokens=prompt, output_tokens=output_tokens)
+                           outcome=outcome, pulled=pulled, input_tokens=prompt, output_tokens=output_tokens,
+                           extra=request_attrs)
         ident = {sc.GEN_AI_REQUEST_ID: request_id, sc.SESSION_ID: session_id, sc.TURN_INDEX: turn}
         t = start_ms + 1
         pleg = self.span(sc.SPAN_PROXY_PREFILL, t, t + prefill_ms, parent=req, service=PROXY, kind="CLIENT",
@@ -319,7 +321,9 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
                           decode_ms=200, retention_end_ms=(next_start + 6) if (pull and not last) else
                           (end + (480_000 if pull else 30)),
                           retention_outcome=sc.RETENTION_READ if (pull and not last) else
-                          (sc.RETENTION_EXPIRED if pull else sc.RETENTION_RELEASED))
+                          (sc.RETENTION_EXPIRED if pull else sc.RETENTION_RELEASED),
+                          request_attrs={sc.SESSION_SOURCE: sc.SOURCE_CONVERSATION_ID, sc.SESSION_CONTINUITY:
+                                         sc.CONTINUITY_EXTENDS if turn else sc.CONTINUITY_NEW})
             t_tool = tr_start + 5 + prefill + 10 + 200 + 5
             b.tool(sid, turn, t_tool, t_tool + 120, parent=tr)
             b.app_work(sid, turn, t_tool + 125, t_tool + 300, parent=tr)

@@ -16,6 +16,10 @@ is split into five parts that sum to it exactly (in ns; ±1 ms after rounding to
 - **user pauses**: ``user_pause`` spans (``Agent.user_pause()``: the agent waits for its user:
   think time, an approval, a pause-resume gap), time nobody but the user is responsible for.
 
+Memory: ``kv_gib_s`` is the KV D held for the window's next turns (``kv.retention`` spans, bytes ×
+held seconds, wall clock / 2^30): a session's are all of its retentions; a turn's those that started
+in its window (the turn whose answer D kept).
+
 LLM intervals come from the agent's ``llm_call`` spans (start → start + TTFT → end).  A session
 without any ``llm_call`` span (an agent that is not instrumented) uses the proxy's request spans
 instead (start → first-token event → end).  A call that never produced a token counts as input
@@ -47,7 +51,7 @@ drill-down) reaches the grouping and the sorts, and one session costs little mor
 from __future__ import annotations
 
 from kvtrace import semconv as sc
-from kvtrace.store.sql import float_attr, literal, literals
+from kvtrace.store.sql import float_attr, int_attr, literal, literals
 from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 # category codes, higher wins
@@ -57,6 +61,8 @@ PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work", "user_p
 _SESSION, _TURN, _LLM = (literal(n) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
 _TOOL, _APP, _PAUSE, _REQUEST = (literal(n) for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK,
                                                     sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST))
+_RETENTION = literal(sc.SPAN_KV_RETENTION)
+GIB = 1024 ** 3
 
 # One scan of the store feeds everything: the agent and proxy spans the breakdown needs, with TTFT
 # by the ``llm_calls`` / ``requests`` views' rules.  DuckDB applies the span-name filter (through
@@ -67,11 +73,13 @@ _TOOL, _APP, _PAUSE, _REQUEST = (literal(n) for n in (sc.SPAN_AGENT_TOOL_CALL, s
 # ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
 # request counts.)
 SPAN_NAMES = (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL, sc.SPAN_AGENT_TOOL_CALL,
-              sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST)
+              sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_RETENTION)
 AGENT_SPANS_SQL = f"""
 SELECT name, session_id, turn, start_ns, end_ns,
        CASE name WHEN {_LLM} THEN {float_attr(sc.LLM_TTFT_MS)}
-                 WHEN {_REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms
+                 WHEN {_REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms,
+       CASE name WHEN {_RETENTION} THEN {int_attr(sc.KV_RETENTION_BYTES)} * ((end_ns - start_ns) / 1e9) END
+           AS kv_byte_s
 FROM spans
 WHERE name IN ({literals(SPAN_NAMES)}) AND session_id IS NOT NULL
 """
@@ -155,7 +163,7 @@ INTERVALS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE} " \
 TURN_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, turn, start_ns, end_ns FROM turn_windows"
 
 
-def _sweep_sql(windows: str, keys: list[str], clipped: str, extra_cols: str) -> str:
+def _sweep_sql(windows: str, keys: list[str], clipped: str, extra_cols: str, held: str) -> str:
     """The nested unions over ``clipped`` intervals (columns keys..., s, e, cat) inside ``windows``
     (keys..., ws, we, agent_calls); output one row per window with the four parts in ms.  Rows of
     each window in start order: ``m<c>`` is the largest end among the earlier rows counted in
@@ -187,7 +195,8 @@ u AS (
            sum(greatest(e - greatest(s, m0), 0)) AS u0
     FROM run GROUP BY {k}
 ),
-g AS (SELECT {k}, sum(greatest(e - greatest(s, m4), 0)) AS u4 FROM gen GROUP BY {k})
+g AS (SELECT {k}, sum(greatest(e - greatest(s, m4), 0)) AS u4 FROM gen GROUP BY {k}),
+h AS ({held})
 SELECT {k},
        (win.we - win.ws) / 1e6 AS wall_ms,
        (coalesce(u.u3, 0) - coalesce(g.u4, 0)) / 1e6 AS input_processing_ms,
@@ -197,8 +206,9 @@ SELECT {k},
        coalesce(u.u0 - u.u1, 0) / 1e6 AS user_pause_ms,
        {extra_cols},
        (win.we - win.ws - coalesce(u.u0, 0)) / 1e6 AS unattributed_ms,
-       win.ws AS start_ns, win.we AS end_ns
-FROM w AS win LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k})
+       win.ws AS start_ns, win.we AS end_ns,
+       coalesce(h.byte_s, 0) / {GIB} AS kv_gib_s
+FROM w AS win LEFT JOIN u USING ({k}) LEFT JOIN g USING ({k}) LEFT JOIN h USING ({k})
 """
 
 
@@ -212,6 +222,7 @@ SESSION_BREAKDOWN_SQL = _sweep_sql(
     keys=["session_id"],
     clipped=f"SELECT w.session_id, {_CLIP} FROM intervals i JOIN w ON i.session_id = w.session_id WHERE {_KEEP}",
     extra_cols="win.turns",
+    held=f"SELECT session_id, sum(kv_byte_s) AS byte_s FROM base WHERE name = {_RETENTION} GROUP BY session_id",
 )
 
 # Intervals join their turn by the turn attribute; intervals without one join every turn window
@@ -226,6 +237,9 @@ TURN_BREAKDOWN_SQL = _sweep_sql(
     "FROM intervals i JOIN (SELECT *, turn AS jt FROM w UNION ALL SELECT *, NULL AS jt FROM w) w "
     f"ON i.session_id = w.session_id AND i.turn IS NOT DISTINCT FROM w.jt WHERE {_KEEP}",
     extra_cols="1::BIGINT AS turns",
+    held=f"SELECT win.session_id, win.turn, sum(b.kv_byte_s) AS byte_s FROM w AS win JOIN base b "
+    f"ON b.session_id = win.session_id WHERE b.name = {_RETENTION} AND b.start_ns BETWEEN win.ws AND win.we "
+    "GROUP BY win.session_id, win.turn",
 )
 
 PRECEDENCE_NOTE = " > ".join(PRECEDENCE)
@@ -250,12 +264,15 @@ def _parts(window: str) -> tuple:
 _TAIL = (col("unattributed_ms", DOUBLE, "the part of `app_work_ms` no span covers (untraced work, pauses the agent "
              "did not mark as user pauses), ms"),
          col("start_ns", BIGINT, "window start, epoch ns"), col("end_ns", BIGINT, "window end, epoch ns"))
+_KV_HELD = col("kv_gib_s", DOUBLE, "KV D held for the next turns, GiB·s (retention spans: the session's all; a "
+               "turn's those that started in its window; wall-clock s)")
 _HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may change)."
 
 VIEWS: tuple[View, ...] = (
     View("kvtrace_agent_spans", _HELPER + " The agent and proxy spans the breakdown reads, with their TTFT.",
          (col("name", VARCHAR, "span name"), *common("session_id", "turn", "start_ns", "end_ns"),
-          col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms")),
+          col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms"),
+          col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds")),
          AGENT_SPANS_SQL, helper=True),
     View("kvtrace_session_windows", _HELPER + " Each session's window and turn count.",
          (*common("session_id"), col("start_ns", BIGINT, "window start, epoch ns"),
@@ -274,10 +291,10 @@ VIEWS: tuple[View, ...] = (
     View("session_breakdown",
          "Where each session's wall time goes: five parts that sum to it, each instant counted once, by "
          f"precedence {PRECEDENCE_NOTE}.",
-         (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL),
+         (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL, _KV_HELD),
          SESSION_BREAKDOWN_SQL),
     View("turn_breakdown",
          "The same split per turn (window: the agent turn span, else the turn's requests).",
-         (*common("session_id", "turn"), *_parts("turn"), col("turns", BIGINT, "1"), *_TAIL),
+         (*common("session_id", "turn"), *_parts("turn"), col("turns", BIGINT, "1"), *_TAIL, _KV_HELD),
          TURN_BREAKDOWN_SQL),
 )

@@ -273,7 +273,9 @@ SESSIONS = View(
      col("wall_ms", DOUBLE, "`end_ns - start_ns`, ms"),
      col("turns", BIGINT, "distinct turns (turn spans, else requests)"),
      col("traces", BIGINT, "distinct traces carrying the session id"),
-     col("requests", BIGINT, "proxy requests, else LLM calls")),
+     col("requests", BIGINT, "proxy requests, else LLM calls"),
+     col("kv_gib_s", DOUBLE, "KV D held for the session's next turns, GiB·s (its retention spans: bytes x held "
+         "seconds / 2^30, wall clock)")),
     f"""
 WITH sess AS (
   SELECT session_id, min(trace_id) AS trace_id, min({_s(sc.GEN_AI_AGENT_NAME)}) AS agent_name,
@@ -286,6 +288,7 @@ req AS (
 llm AS (SELECT session_id, count(*) AS calls FROM llm_calls WHERE session_id IS NOT NULL GROUP BY session_id),
 trn AS (SELECT session_id, count(DISTINCT turn) AS turns FROM turns WHERE session_id IS NOT NULL GROUP BY session_id),
 trc AS (SELECT session_id, count(DISTINCT trace_id) AS traces FROM spans WHERE session_id IS NOT NULL GROUP BY session_id),
+ret AS (SELECT session_id, sum(byte_seconds) AS byte_s FROM kv_retention WHERE session_id IS NOT NULL GROUP BY session_id),
 ids AS (SELECT session_id FROM sess UNION SELECT session_id FROM req)
 SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.agent_name, sess.scenario,
   make_timestamp(COALESCE(sess.start_ns, req.start_ns) // 1000)::TIMESTAMPTZ AS start_time,
@@ -293,9 +296,9 @@ SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.a
   COALESCE(sess.start_ns, req.start_ns) AS start_ns, COALESCE(sess.end_ns, req.end_ns) AS end_ns,
   (COALESCE(sess.end_ns, req.end_ns) - COALESCE(sess.start_ns, req.start_ns)) / 1e6 AS wall_ms,
   COALESCE(trn.turns, req.turns, 0) AS turns, COALESCE(trc.traces, 0) AS traces,
-  COALESCE(req.requests, llm.calls, 0) AS requests
+  COALESCE(req.requests, llm.calls, 0) AS requests, COALESCE(ret.byte_s, 0) / 1073741824.0 AS kv_gib_s
 FROM ids LEFT JOIN sess USING (session_id) LEFT JOIN req USING (session_id) LEFT JOIN llm USING (session_id)
-  LEFT JOIN trn USING (session_id) LEFT JOIN trc USING (session_id)
+  LEFT JOIN trn USING (session_id) LEFT JOIN trc USING (session_id) LEFT JOIN ret USING (session_id)
 """)
 
 VIEWS: tuple[View, ...] = (SPANS, REQUESTS, KV_DECISIONS, KV_TRANSFERS, KV_RETENTION, ENGINE_REQUESTS, LLM_CALLS,

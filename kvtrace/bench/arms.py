@@ -1,0 +1,180 @@
+"""``kvtrace bench --arms``: the published configuration beside a production one.
+
+One workload (scenario or input file, seed, sessions) runs against a fresh simulated 1 P + 1 D
+cluster (``kvtrace sim``) behind a fresh ``kvtrace proxy`` in each of four arms — P prefix cache
+{off, on} x bidirectional transfer {off, on} — for each cost preset (default: both) over the EFA
+link.  Simulator and proxy run as subprocesses (the workers' token pacing then does not share an
+event loop with the proxy and the client); each run of an arm is written to
+``DIR/<preset>/<arm>/r<k>`` (simulator, proxy and bench spans together; process logs beside it as
+``r<k>.log``).  With ``repeat`` > 1 the arms run interleaved (arm 1..4, arm 1..4, ...), so a drift
+of the machine's load hits every arm alike, and the repeats' spread is the noise the verdicts use.
+:mod:`kvtrace.analysis.arms` reads the runs back and builds each preset's table (``kvtrace report
+--traces DIR`` shows the same).
+
+Time: the simulator compresses model time by the time scale (:data:`TIME_SCALES` per preset,
+chosen so one simulated decode step lasts at least ~1 ms of wall time and Python's per-token work
+stays small beside it); the bench's waits (tools, app work, pauses) are compressed by the same
+factor so the workload keeps its simulated timing, and every reported time is simulated (wall x
+the time scale).  The same ``nonce`` is used in every arm, so every arm sends the same prompts and
+gets the same answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from kvtrace.analysis import arms as arms_analysis
+from kvtrace.bench import bench
+
+PRESETS = ("qwen3-32b", "glm5-fp8")
+TIME_SCALES = {"qwen3-32b": 5.0, "glm5-fp8": 1.0}  # decode step 13.7 ms / 1.0 ms simulated
+LINK = "efa-3200"
+NONCE = "arms"
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 120.0
+
+
+def arm_dir(prefix_caching: bool, bidirectional: bool) -> str:
+    return f"pcache-{'on' if prefix_caching else 'off'}_bidir-{'on' if bidirectional else 'off'}"
+
+
+@dataclass
+class ArmsResult:
+    tables: list  # kvtrace.analysis.arms.PresetTable
+    results: dict  # (preset, prefix caching, bidirectional, repeat) -> bench.BenchResult
+    traces_dir: str
+
+    def format(self) -> str:
+        head = f"kvtrace bench --arms: runs in {self.traces_dir} (kvtrace report --traces {self.traces_dir})"
+        return head + "\n\n" + arms_analysis.markdown(self.tables)
+
+    def to_dict(self) -> dict:
+        return {"traces_dir": self.traces_dir,
+                "runs": {f"{p}/{arm_dir(c, b)}/r{k}": r.to_dict() for (p, c, b, k), r in self.results.items()}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+async def _ready(url: str, proc: subprocess.Popen, log: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise bench.BenchError(f"kvtrace {proc.args[3]} exited ({proc.returncode}): {_last_line(log)} "
+                                       f"(log: {log})")
+            try:
+                async with http.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)  # polling a process that is starting, bounded by the deadline
+    raise bench.BenchError(f"{url} not ready within {READY_TIMEOUT_S:g} s (log: {log})")
+
+
+def _last_line(log: str) -> str:
+    with open(log, errors="replace") as f:
+        lines = [line.strip() for line in f.read()[-4000:].splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def check_presets(presets: tuple[str, ...]) -> None:
+    """BenchError (one line) unless ``kvtrace sim`` knows every preset: its own parser decides
+    (``--preset P --help`` exits 0 after a valid preset, 2 at an unknown one), so the arms never
+    start on a name the simulator refuses halfway through the runs."""
+    if not presets:
+        raise bench.BenchError("--presets needs at least one preset")
+    for preset in presets:
+        cmd = [sys.executable, "-m", "kvtrace.cli", "sim", "--preset", preset, "--help"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            raise bench.BenchError(lines[-1].split("error: ", 1)[-1] if lines else f"unknown preset {preset!r}")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM: both flush their traces before exiting
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _one(run_dir: str, preset: str, prefix_caching: bool, bidirectional: bool, scale: float, link: str,
+               cfg: dict, progress: bool) -> bench.BenchResult:
+    p_port, d_port, proxy_port = _free_port(), _free_port(), _free_port()
+    kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
+    cli = [sys.executable, "-m", "kvtrace.cli"]
+    sim = [*cli, "sim", "--preset", preset, "--link", link, "--time-scale", f"{scale:g}", "--host", HOST,
+           "--prefill-port", str(p_port), "--decode-port", str(d_port), "--traces", run_dir,
+           "--kv-transfer-config", json.dumps(kv)] + ([] if prefix_caching else ["--no-enable-prefix-caching", "prefill"])
+    proxy = [*cli, "proxy", "--host", HOST, "--port", str(proxy_port), "--prefiller-host", HOST, "--prefiller-port",
+             str(p_port), "--decoder-host", HOST, "--decoder-port", str(d_port), "--traces", run_dir]
+    log = run_dir + ".log"
+    os.makedirs(run_dir, exist_ok=True)
+    env = {**os.environ, "KVTRACE_METRICS": "0"}
+    procs: list[subprocess.Popen] = []
+    with open(log, "ab") as out:
+        try:
+            for cmd in (sim, proxy):
+                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
+            for url, proc in ((f"http://{HOST}:{p_port}", procs[0]), (f"http://{HOST}:{d_port}", procs[0]),
+                              (f"http://{HOST}:{proxy_port}", procs[1])):
+                await _ready(url, proc, log)
+            label = arms_analysis.arm_label(prefix_caching, bidirectional)
+            return await bench.arun_bench(f"http://{HOST}:{proxy_port}", traces_dir=run_dir, progress=progress,
+                                          label=label, **cfg)
+        finally:
+            _stop(procs[::-1])
+
+
+async def arun_arms(traces_dir: str, *, presets: tuple[str, ...] = PRESETS, sim_time_scale: float | None = None,
+                    link: str = LINK, progress: bool = False, repeat: int = 1, **config: Any) -> ArmsResult:
+    """Run the workload (``config`` = :class:`~kvtrace.bench.bench.BenchConfig` fields) in the four
+    arms of each preset; ``traces_dir`` must be empty or missing.  ``sim_time_scale`` None: the
+    preset's :data:`TIME_SCALES` entry."""
+    if sim_time_scale is not None and not sim_time_scale > 0:
+        raise bench.BenchError("sim_time_scale must be positive")
+    if repeat < 1:
+        raise bench.BenchError("repeat must be >= 1")
+    if os.path.isdir(traces_dir) and os.listdir(traces_dir):
+        raise bench.BenchError(f"{traces_dir} is not empty: the arms' runs need a directory of their own")
+    bench._config(dict(config)).validate()  # bad workload arguments fail before any cluster starts
+    check_presets(presets)
+    results = {}
+    for preset in presets:
+        scale = sim_time_scale or TIME_SCALES.get(preset, 1.0)
+        cfg = dict(config)
+        cfg["time_scale"] = cfg.get("time_scale", 1.0) / scale  # the workload's waits, in simulated time
+        cfg.setdefault("nonce", NONCE)
+        cfg["repeat"] = 1  # repeats are separate runs of each arm (fresh cluster), interleaved below
+        for rep in range(repeat):
+            for prefix_caching, bidirectional in arms_analysis.ARMS:
+                run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
+                results[(preset, prefix_caching, bidirectional, rep)] = await _one(
+                    run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress)
+    found = arms_analysis.from_directory(traces_dir)
+    return ArmsResult(arms_analysis.tables(found), results, traces_dir)  # the bootstrap seed kvtrace report uses
+
+
+def run_arms(traces_dir: str, **kwargs: Any) -> ArmsResult:
+    """Synchronous :func:`arun_arms`."""
+    return asyncio.run(arun_arms(traces_dir, **kwargs))
