@@ -18,7 +18,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -27,10 +26,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from vllm_pd import wait_for  # stdlib-only helpers; no vLLM import
 
 from kvtrace import semconv as sc
 from kvtrace import settings
+from kvtrace.testing.wait import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "dashboards" / "grafana" / "kvtrace.json"
@@ -40,12 +39,6 @@ GRAFANA_VARS = {"$__rate_interval": "1m", "$model_name": ".*"}
 # samples (prometheus/client_python#1177); this scrape rule puts the colon back (README, "Metrics")
 VLLM_COLON_FIX = {"source_labels": ["__name__"], "regex": "vllm_(.+)", "target_label": "__name__",
                   "replacement": "vllm:${1}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthy(url: str) -> bool:

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from test_collect_workload import read_rows, run_workload
 
 from kvtrace import semconv as sc
 from kvtrace import settings
+from kvtrace.testing.wait import free_port
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 120.0
@@ -41,12 +41,6 @@ def _require_phoenix() -> str:
     exe = shutil.which("phoenix", path=os.path.dirname(sys.executable)) or shutil.which("phoenix")
     assert exe, "phoenix is importable but its 'phoenix' command is missing"
     return exe
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(base: str, path: str):
@@ -76,7 +70,7 @@ def _wait(predicate, deadline_s: float, what: str):
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory):
     exe = _require_phoenix()
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     env = {
         **os.environ,
         "PHOENIX_HOST": "127.0.0.1",

@@ -11,30 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from kvtrace.testing.synth import sample_store
+from kvtrace.testing.wait import free_port, wait_for
 
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.timeout(240)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _poll(predicate, deadline_s: float, what: str):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)  # polling interval of a deadline-bounded wait
-    raise AssertionError(f"timed out after {deadline_s:g} s waiting for {what}")
 
 
 def _start(tmp_path, *argv: str) -> subprocess.Popen:
@@ -67,7 +51,7 @@ def _stop(proc: subprocess.Popen, how: str, children: list) -> tuple[int, str, s
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError(f"still running 60 s after {how}")
     try:
-        _poll(lambda: not _alive(children), 20, f"no descendant left after {how}")
+        wait_for(lambda: not _alive(children), 20, f"no descendant left after {how}")
     finally:
         for p in _alive(children):
             p.kill()
@@ -77,11 +61,11 @@ def _stop(proc: subprocess.Popen, how: str, children: list) -> tuple[int, str, s
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
 def test_dashboard_stops_with_its_streamlit_server(tmp_path, how):
     sample_store(tmp_path / "run")
-    port = _free_port()
+    port = free_port()
     proc = _start(tmp_path, "dashboard", "--traces", str(tmp_path / "run"), "--port", str(port))
     try:
         # up and serving (a signal during Streamlit's own start-up makes it print a traceback)
-        children = _poll(lambda: _descendants(proc) if _healthy(port) else None, 90, "the Streamlit server")
+        children = wait_for(lambda: _descendants(proc) if _healthy(port) else None, 90, "the Streamlit server")
         assert any("streamlit" in " ".join(c.cmdline()) for c in children), [c.cmdline() for c in children]
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -113,7 +97,7 @@ def test_demo_stops_both_runs_and_says_so(tmp_path, how, status):
     proc = _start(tmp_path, "demo", "--traces", str(traces), "--sessions", "1")
     try:
         # both run processes are up and the workload is under way: spans reach both directories
-        _poll(lambda: all(list((traces / run).rglob("*.parquet")) for run in ("bidir", "baseline")), 120,
+        wait_for(lambda: all(list((traces / run).rglob("*.parquet")) for run in ("bidir", "baseline")), 120,
               "both runs to write traces")
         children = _descendants(proc)
         assert len([c for c in children if "multiprocessing" in " ".join(c.cmdline())]) >= 2, children

@@ -9,7 +9,6 @@ import asyncio
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from kvtrace.store.handoff import HEADER, SLICE_SPANS, TAG_SPANS, WriterProcessE
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.spancols import span_columns
 from kvtrace.testing.proxy import CHAT, FakeWorker
+from kvtrace.testing.wait import free_port
 
 
 def _spans(n: int, tag: str = "s") -> list:
@@ -157,18 +157,12 @@ def test_sigkill_loses_at_most_the_batch_in_flight(tmp_path):
     assert not [n for _, _, names in os.walk(tmp_path) for n in names if n.endswith(".tmp")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_sigterm_of_the_proxy_loses_nothing(tmp_path):
     """Every span of every answered request reaches the store when the proxy gets SIGTERM, though
     none was exported before (a 10-minute batch delay): the proxy flushes them through its writer,
     which rolls them into one segment and exits before the proxy does."""
     p, d = await FakeWorker("p0").start(), await FakeWorker("d0").start()
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "KVTRACE_BATCH_DELAY_MS": "600000"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(port), "--prefiller-port", str(p.port),

@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 import vllm_diag as diag
 
 from kvtrace import semconv as sc
+from kvtrace.testing.wait import free_port, wait_for
 
 MODEL = "tiny"
 PROXY_SERVICE = "kvtrace-proxy"
@@ -53,23 +53,6 @@ class LegFailed(Exception):
     """D answered without a finished completion (e.g. its KV load failed: NIXL handshake timeout)."""
 
 
-def wait_for(fn, *, deadline_s: float, what: str, interval: float = 0.5):
-    """Poll ``fn`` until it returns a truthy value (a deadline wait, not a sleep-as-sync);
-    TimeoutError when the deadline passes."""
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {deadline_s}s waiting for {what} (last: {last!r})")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def plugins_without_kvtrace() -> str:

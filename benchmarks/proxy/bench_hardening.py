@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import time
 import aiohttp
 
 from kvtrace.testing.proxy import FakeWorker, http_head, raw_request
+from kvtrace.testing.wait import free_port
 
 HOST = "127.0.0.1"
 CHAT = "/v1/chat/completions"
@@ -47,12 +47,6 @@ LIMITS = {"--request-timeout": "5", "--client-header-timeout": "3", "--client-bo
 
 def body(**kw) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True, **kw}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def mem(pid: int) -> dict:

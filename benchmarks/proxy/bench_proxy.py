@@ -45,7 +45,6 @@ import argparse
 import asyncio
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,16 +54,12 @@ from pathlib import Path
 
 import aiohttp
 
+from kvtrace.testing.wait import free_port
+
 HOST = "127.0.0.1"
 HERE = Path(__file__).resolve().parent
 MESSAGES = [{"role": "user", "content": "summarise the plot of a short story about a lighthouse keeper"}]
 TRACED = ("kvtrace", "kv_inproc", "kv_sdk", "kv_nometric", "kv_asyncio", "kv_uvloop")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -14,12 +14,13 @@ import base64
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from kvtrace.testing.wait import free_port, wait_for  # noqa: F401  (free_port: callers use b.free_port)
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -93,23 +94,6 @@ STATE_JS = """JSON.stringify({
 def chromium() -> str | None:
     """The Chromium (or Chrome) executable, if installed."""
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, deadline_s: float, what: str):
-    """Poll ``predicate`` until it returns something true, at most ``deadline_s``."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)  # polling interval of a deadline-bounded wait
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def healthy(url: str) -> bool:
