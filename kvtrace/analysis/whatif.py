@@ -84,24 +84,51 @@ def settings_grid(rec: Recorded, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLD
 
 class _Fixed:
     """What every setting shares, computed once per :class:`Recorded`, and caches of what one TTL
-    or one threshold determines (the grid's 8 TTLs x 6 thresholds need 8 + 6 of those)."""
+    or one threshold determines (the grid's 8 TTLs x 6 thresholds need 8 + 6 of those).
+
+    A decision ends up pulled, failed, expired or otherwise (not pulled); its TTFT in each case
+    does not depend on the setting (:attr:`ttft`).  A retention ends up read, released or
+    unconsumed; under one TTL its end in each case is fixed, so its GiB·s (bytes x time held)
+    and where its end falls among its D's starts (for the peak) are too (:meth:`ttl`)."""
 
     def __init__(self, rec: Recorded) -> None:
         pulled_rec = rec.d_code == kvrules.PULLED
         self.count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
-        self.pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
-        self.missing = rec.d_prompt - rec.d_local
+        pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
+        missing = rec.d_prompt - rec.d_local
         self.failed_rec = rec.d_code == kvrules.FAILED
-        self.xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
-        self.per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
+        xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
+        per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
+        self.pull_amount = pull_amount
+        self.recomputed_pulled = np.maximum(missing - pull_amount, 0)
+        self.recomputed_not = np.maximum(missing, 0)
+        self.extra_recomputed = self.recomputed_not - self.recomputed_pulled  # what not pulling adds
+
+        def ttft(recomputed, xfer, lost):
+            # recorded TTFT + the change; 0 at the recorded setting, so that row is the recorded TTFT exactly
+            out = rec.d_ttft_ms + ((recomputed - rec.d_recomputed) * per_token_ms + (xfer - rec.d_xfer_ms))
+            return np.where(lost & rec.d_fail_policy, np.nan, out) * rec.time_scale
+
+        # TTFT (model ms; NaN: unknown, or the request fails) by outcome: FAILED, EXPIRED, PULLED, other
+        self.ttft = np.concatenate([ttft(self.recomputed_not, rec.d_xfer_ms, True), ttft(self.recomputed_not, 0.0, True),
+                                    ttft(self.recomputed_pulled, xfer_pulled, False), ttft(self.recomputed_not, 0.0, False)])
+        n = rec.decisions
+        self.ttft_at = np.full(len(kvrules.CODE), 3 * n, dtype=np.intp)  # outcome code -> offset in ttft
+        self.ttft_at[[kvrules.FAILED, kvrules.EXPIRED, kvrules.PULLED]] = [0, n, 2 * n]
+        self.d_index = np.arange(n, dtype=np.intp)
+        self.n_r, self.r_index = rec.retentions, np.arange(rec.retentions, dtype=np.intp)
         # expiry time left at the recorded TTL (vLLM's measure when recorded); + (T - recorded T) at T
         self.left = np.where(np.isnan(rec.d_remaining_s), rec.d_ttl_s - rec.d_gap_s, rec.d_remaining_s)
         self.has_next = rec.r_next >= 0
         self.at = np.where(self.has_next, rec.r_next, 0)
         self.t_dec = rec.d_start_ns[self.at]
-        self.read_end = self.t_dec + (self.xfer_pulled[self.at] * 1e6).astype(np.int64)
+        self.read_end = self.t_dec + (xfer_pulled[self.at] * 1e6).astype(np.int64)
         self.cum_bytes = [np.cumsum(rec.r_bytes[part]) for part in rec.r_by_engine]
         self.bytes_f = rec.r_bytes.astype(float)
+        # where each candidate end falls among its D's starts (:func:`_first_start_at`; monotone
+        # in the time, so it commutes with the min / max / where that pick the end)
+        self.k_start, self.k_rec_end, self.k_read_end, self.k_t_dec = (
+            _first_start_at(rec, t) for t in (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec))
         self.ttls: dict = {}
         self.thresholds: dict = {}
 
@@ -114,12 +141,27 @@ class _Fixed:
             offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
             d_ttl, r_ttl = (rec.d_ttl_s, rec.r_ttl_s) if ttl_s is None else (ttl_s, np.full(rec.retentions, ttl_s))
             ttl_ns = np.round(r_ttl / rec.time_scale * 1e9).astype(np.int64)
+            expiry = np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns)
+            # a retention's end when read, released or unconsumed: held until the session's next
+            # decision reads it (+ the transfer) or releases it, at most until it expires; the
+            # recorded end where the fate is the recorded one (unconsumed: at the recorded TTL)
+            r_fate, r_end, start = rec.r_fate, rec.r_end_ns, rec.r_start_ns
+            same = (r_fate == FATE_READ, r_fate == FATE_RELEASED, (r_fate == FATE_UNCONSUMED) & (r_ttl == rec.r_ttl_s))
+            ends = [np.maximum(np.where(same[0], r_end, np.minimum(self.read_end, expiry)), start),
+                    np.maximum(np.where(same[1], r_end, np.minimum(self.t_dec, expiry)), start),
+                    np.maximum(np.where(same[2], r_end, expiry), start)]
+            k_exp = _first_start_at(rec, expiry)
+            k_ends = [np.maximum(np.where(same[0], self.k_rec_end, np.minimum(self.k_read_end, k_exp)), self.k_start),
+                      np.maximum(np.where(same[1], self.k_rec_end, np.minimum(self.k_t_dec, k_exp)), self.k_start),
+                      np.maximum(np.where(same[2], self.k_rec_end, k_exp), self.k_start)]
             self.ttls[key] = {
                 "offered": offered,
                 "declined": kvrules.read_declined(self.left + (d_ttl - rec.d_ttl_s)),
-                "expiry": np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns),
                 "off_at": self.has_next & offered[self.at],
-                "same_ttl": r_ttl == rec.r_ttl_s,  # retentions whose TTL is the recorded one
+                # by fate (read, released, unconsumed), one after the other: bytes x ns held, and
+                # the index of the first start at or after the end
+                "held": np.concatenate([self.bytes_f * (e - start) for e in ends]),
+                "k_end": np.concatenate(k_ends),
             }
         return self.ttls[key]
 
@@ -135,13 +177,16 @@ def _fixed(rec: Recorded) -> _Fixed:
     return rec._fixed
 
 
-def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float | None = None) -> None:
-    """Compute what the settings of ``grid`` share before replaying them in threads."""
+def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float | None = None,
+            workers: int | None = None) -> None:
+    """Compute what the settings of ``grid`` share before replaying them in threads (``workers``
+    threads, default: CPU count, at most 4)."""
     fx = _fixed(rec)
     margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
-    for ttl_s, threshold in grid:
-        fx.ttl(rec, ttl_s, margin)
+    for threshold in sorted({h for _, h in grid}):
         fx.threshold(rec, threshold)
+    with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
+        list(pool.map(lambda t: fx.ttl(rec, t, margin), sorted({t for t, _ in grid}, key=lambda t: (t is not None, t))))
 
 
 def decide(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -164,24 +209,19 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
     fx = _fixed(rec)
     codes, _ = decide(rec, ttl_s, threshold, margin)
     pulled = codes == kvrules.PULLED
-    failed = codes == kvrules.FAILED
-    lost = (codes == kvrules.EXPIRED) | failed
-    pulled_tokens = np.where(pulled, fx.pull_amount, 0)
-    recomputed = np.maximum(fx.missing - pulled_tokens, 0)
-    xfer = np.where(pulled, fx.xfer_pulled, np.where(failed, rec.d_xfer_ms, 0.0))
-    # recorded TTFT + the change; 0 at the recorded setting, so that row is the recorded TTFT exactly
-    ttft = rec.d_ttft_ms + ((recomputed - rec.d_recomputed) * fx.per_token_ms + (xfer - rec.d_xfer_ms))
-    ttft = np.where(lost & rec.d_fail_policy, np.nan, ttft) * rec.time_scale
+    at = fx.ttft_at[codes]
+    ttft = fx.ttft.take(at + fx.d_index)
     gib_s, peaks = _held(rec, fx, ttl_s, margin, codes)
     counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
     valid = ttft[~np.isnan(ttft)]
+    not_pulled = int(np.add.reduce(fx.extra_recomputed, where=~pulled))
     row = {
         "ttl_s": None if ttl_s is None else float(ttl_s),
         "threshold": int(threshold),
         "decisions": int(rec.decisions),
         **{name: int(counts[kvrules.CODE[name]]) for name in OUTCOME_COLUMNS},
-        "pulled_tokens": int(pulled_tokens.sum()),
-        "recomputed_tokens": int(recomputed.sum()),
+        "pulled_tokens": int(np.add.reduce(fx.pull_amount, where=pulled)),
+        "recomputed_tokens": int(fx.recomputed_pulled.sum()) + not_pulled,
         "gib_s_held": gib_s,
         "peak_gib_held": max(peaks.values(), default=0) / GIB,
         "ttft_mean_ms": float(valid.mean()) if valid.size else None,
@@ -189,7 +229,8 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
         "recorded": bool(ttl_s == (None if rec.mixed else rec.ttl_s) and threshold == rec.threshold
                          and margin == rec.offer_margin_s),
     }
-    return Replay(row, margin, peaks, int(np.count_nonzero(lost & rec.d_fail_policy)), codes, ttft)
+    failures = int(np.count_nonzero(at[rec.d_fail_policy] < 2 * rec.decisions))  # expired / failed, policy fail
+    return Replay(row, margin, peaks, failures, codes, ttft)
 
 
 def _held(rec: Recorded, fx: _Fixed, ttl_s: float | None, margin: float, codes: np.ndarray) -> tuple:
@@ -200,28 +241,40 @@ def _held(rec: Recorded, fx: _Fixed, ttl_s: float | None, margin: float, codes: 
     code = codes[fx.at]
     read = t["off_at"] & (code == kvrules.PULLED)
     released = t["off_at"] & (code != kvrules.PULLED) & (code != kvrules.EXPIRED) & (code != kvrules.FAILED)
-    expiry = t["expiry"]
-    end = np.minimum(np.where(read, fx.read_end, np.where(released, fx.t_dec, expiry)), expiry)
-    fate = np.where(read, FATE_READ, np.where(released, FATE_RELEASED, FATE_UNCONSUMED))
-    same = fate == rec.r_fate
-    same &= (fate != FATE_UNCONSUMED) | t["same_ttl"]  # unconsumed blocks expire at a new TTL
-    end = np.maximum(np.where(same, rec.r_end_ns, end), rec.r_start_ns)
-    gib_s = float(np.dot(fx.bytes_f, (end - rec.r_start_ns).astype(float))) / 1e9 * rec.time_scale / GIB
+    fate = 2 - 2 * read.view(np.int8) - released.view(np.int8)  # 0 read, 1 released, 2 unconsumed
+    at = fate.astype(np.intp) * fx.n_r + fx.r_index
+    # a plain pairwise sum, not np.dot: BLAS threads would spin on the cores the replay workers use
+    gib_s = float(np.add.reduce(t["held"].take(at))) / 1e9 * rec.time_scale / GIB
+    k_end = t["k_end"].take(at)
     peaks = {}
     for engine, part, cum in zip(rec.d_engines, rec.r_by_engine, fx.cum_bytes):
-        peaks[engine] = _peak(rec.r_start_ns[part], end[part], rec.r_bytes[part], cum)
+        peaks[engine] = _peak(k_end[part], rec.r_bytes[part], cum)
     return gib_s, peaks
 
 
-def _peak(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray, held_by_start: np.ndarray) -> int:
-    """Largest sum of bytes held at once (``start`` sorted, ``held_by_start`` = cumsum of
-    ``nbytes``; an interval ending when another starts does not overlap it)."""
-    if start.size == 0:
+def _first_start_at(rec: Recorded, times: np.ndarray) -> np.ndarray:
+    """Per retention: the index (within its D engine's retentions, sorted by start) of the first
+    one starting at or after ``times``; an interval ending at ``times`` no longer counts there."""
+    out = np.empty(len(times), dtype=np.int64)
+    for part in rec.r_by_engine:
+        out[part] = np.searchsorted(rec.r_start_ns[part], times[part], side="left")
+    return out
+
+
+def _peak(k_end: np.ndarray, nbytes: np.ndarray, held_by_start: np.ndarray) -> int:
+    """Largest sum of bytes held at once on one D: at the start of interval ``i`` (intervals
+    sorted by start, ``held_by_start`` = cumsum of ``nbytes``), minus the bytes of every interval
+    whose end is at or before that start (``k_end`` <= ``i``, see :func:`_first_start_at`)."""
+    if k_end.size == 0:
         return 0
-    order = np.argsort(end)
-    released = np.concatenate(([0], np.cumsum(nbytes[order])))
-    gone = np.searchsorted(end[order], start, side="right")
-    return int((held_by_start - released[gone]).max())
+    n = k_end.size
+    if held_by_start[-1] < 2**53:  # float sums of integers are exact below 2**53
+        gone = np.bincount(k_end, weights=nbytes, minlength=n + 1)[:n].astype(np.int64)
+    else:
+        gone = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(gone, k_end, nbytes)
+        gone = gone[:n]
+    return int((held_by_start - np.cumsum(gone)).max())
 
 
 def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: float | None = None,

@@ -64,8 +64,13 @@ SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_i
 FROM base WHERE name = {XFER}""",
 )
 
+# the pairing of retentions and decisions and the proxy's request spans, computed once (temporary
+# tables of the cursor) for both queries below
+PAIRING_TABLES = {"latest": "whatif_latest", "q": "whatif_requests"}
+_CTES = gv.turn_gaps_ctes(**PAIRING_TABLES)
+
 DECISIONS_SQL = f"""
-WITH {gv.TURN_GAPS_CTES},
+WITH {_CTES},
 x AS (SELECT trace_id, parent_span_id, sum(duration_ms) AS xfer_ms FROM base WHERE name = {XFER} GROUP BY ALL)
 SELECT d.span_id, d.engine_id, d.start_ns, d.prompt_tokens, d.local_hit_tokens, d.remote_tokens, d.pulled_tokens,
        d.recomputed_tokens, d.threshold, d.outcome, d.policy, d.peer_engine_id IS NOT NULL AS offered, d.remaining_s,
@@ -77,7 +82,7 @@ ORDER BY d.start_ns, d.span_id
 """
 
 RETENTIONS_SQL = f"""
-WITH {gv.TURN_GAPS_CTES}
+WITH {_CTES}
 SELECT engine_id, start_ns, end_ns, bytes, retention_outcome AS outcome, next_span_id, tokens AS next_tokens, gap_s,
        expiry_gap_s, ttl_s
 FROM ({gv.TURN_GAPS_SELECT})
@@ -235,6 +240,8 @@ def load(con) -> Recorded:
     cur = con.cursor()
     try:
         query(cur, f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
+        for cte, name in PAIRING_TABLES.items():
+            cur.execute(f"CREATE TEMP TABLE {name} AS WITH {gv.TURN_GAPS_CTES} SELECT * FROM {cte}")
         for sql in CALIBRATION_VIEWS:
             cur.execute(sql)
         return _load(cur)

@@ -16,8 +16,9 @@ the next request was offered these blocks.
 The SQL is in two parts so the what-if replay (:mod:`kvtrace.analysis.whatif_data`) can run the
 same pairing over a table it read once: :data:`BASE_SQL` reads, in one pass over ``spans``, the
 spans involved (with their attributes as columns; :data:`BASE_SQL_HASHED_IDS` has 64-bit hashes
-of the trace and span ids, for faster joins), and :data:`TURN_GAPS_CTES` + :data:`TURN_GAPS_SELECT`
-compute the view from a relation named ``base`` of those columns.
+of the trace, span, session and request ids, for faster joins), and :data:`TURN_GAPS_CTES` +
+:data:`TURN_GAPS_SELECT` compute the view from a relation named ``base`` of those columns
+(:func:`turn_gaps_ctes` lets a caller put tables it computed once in place of some of them).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ ENGINE_SPANS = (DEC, XFER, RET, PRE)
 # One pass over the spans the what-if needs: d2p decisions and transfers, retentions, the proxy's
 # request spans, P's engine spans and agent session spans, attributes as columns.
 _BASE_SQL = f"""
-SELECT name, {{ids}}, session_id, turn, request_id, engine_id, start_ns, end_ns,
+SELECT name, {{ids}}, turn, engine_id, start_ns, end_ns,
   duration_ms,
   {_when(ENGINE_SPANS, f"TRY_CAST(ResourceAttributes[{_q(sc.SIM_TIME_SCALE)}] AS DOUBLE)")} AS time_scale,
   {_when((RET,), f"TRY_CAST(ResourceAttributes[{_q(sc.ENGINE_KV_POOL_BYTES)}] AS BIGINT)")} AS pool_bytes,
@@ -75,31 +76,47 @@ FROM spans
 WHERE name IN ({', '.join(map(_q, (DEC, XFER, RET, REQ, PRE, SESS)))})
   AND (name NOT IN ({_q(DEC)}, {_q(XFER)}) OR {_s(sc.KV_DIRECTION)} = {_q(sc.DIRECTION_D2P)})
 """
-BASE_SQL = _BASE_SQL.format(ids="trace_id, span_id, parent_span_id")
-# the same with the ids as 64-bit hashes: joins on integers (the what-if replay never shows ids)
+BASE_SQL = _BASE_SQL.format(ids="trace_id, span_id, parent_span_id, session_id, request_id")
+# the same with the ids as 64-bit hashes: joins on integers (the what-if replay never shows ids);
+# session and request ids may be NULL, and stay NULL (a NULL never joins)
 BASE_SQL_HASHED_IDS = _BASE_SQL.format(
-    ids="hash(trace_id) AS trace_id, hash(span_id) AS span_id, hash(parent_span_id) AS parent_span_id")
+    ids="hash(trace_id) AS trace_id, hash(span_id) AS span_id, hash(parent_span_id) AS parent_span_id, "
+        "CASE WHEN session_id IS NOT NULL THEN hash(session_id) END AS session_id, "
+        "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id")
 
 # over ``base``: retentions, d2p decisions, each decision's latest retention of its session (then
 # each retention's first such decision), the proxy's request span of a decision, agent sessions
-TURN_GAPS_CTES = f"""
-r AS (SELECT *, COALESCE(time_scale, 1.0) AS scale FROM base WHERE name = {_q(RET)}),
-d AS (SELECT * FROM base WHERE name = {_q(DEC)}),
-latest AS (
+_CTES = {
+    "r": f"SELECT *, COALESCE(time_scale, 1.0) AS scale FROM base WHERE name = {_q(RET)}",
+    "d": f"SELECT * FROM base WHERE name = {_q(DEC)}",
+    "latest": """
   SELECT d.trace_id AS d_trace, d.span_id AS d_span, r.trace_id AS r_trace, r.span_id AS r_span
   FROM d ASOF JOIN r ON d.session_id = r.session_id AND d.start_ns >= r.start_ns
   QUALIFY row_number() OVER (PARTITION BY r.trace_id, r.span_id ORDER BY d.start_ns, d.span_id) = 1
-),
-q AS (
+""",
+    "q": f"""
   SELECT trace_id, request_id, arg_min(entry_age_s, start_ns) AS entry_age_s,
          arg_min(conversation_ttl_s, start_ns) AS conversation_ttl_s, arg_min(offered, start_ns) AS offered,
          arg_min(offer_reason, start_ns) AS offer_reason, arg_min(ttft_ms, start_ns) AS ttft_ms
   FROM base WHERE name = {_q(REQ)} AND request_id IS NOT NULL GROUP BY trace_id, request_id
-),
-a AS (
+""",
+    "a": f"""
   SELECT session_id, min(agent_name) AS agent_name, min(scenario) AS scenario
   FROM base WHERE name = {_q(SESS)} AND session_id IS NOT NULL GROUP BY session_id
-)"""
+""",
+}
+
+
+def turn_gaps_ctes(**tables: str) -> str:
+    """The view's CTEs over ``base``: retentions ``r``, d2p decisions ``d``, each decision's latest
+    retention of its session (then each retention's first such decision) ``latest``, the proxy's
+    request span of a decision ``q``, agent sessions ``a``; ``name=table`` reads ``table`` (the
+    same CTE computed once, e.g. a temporary table) instead."""
+    parts = {name: f"SELECT * FROM {tables[name]}" if name in tables else sql for name, sql in _CTES.items()}
+    return ",\n".join(f"{name} AS ({sql.strip()})" for name, sql in parts.items())
+
+
+TURN_GAPS_CTES = turn_gaps_ctes()
 
 TURN_GAPS_SELECT = """
 SELECT r.trace_id, r.span_id, r.session_id, r.turn, r.request_id, r.engine_id, a.agent_name, a.scenario,
