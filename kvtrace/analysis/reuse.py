@@ -28,7 +28,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import ROW_SCOPE, ROW_SCOPE_NO_SERVICE, Filters, where
-from kvtrace.store.sql import literal
+from kvtrace.store.sql import ident, literal
 
 D2P = literal(sc.DIRECTION_D2P)
 PREFILL = literal(sc.ROLE_PREFILL)
@@ -67,8 +67,9 @@ FROM (
 ) AS rates
 """
 
-BREAK_EVEN_SQL = f"""
-WITH rate AS ({PREFILL_RATE_SQL}),
+def _break_even_sql(rates: str) -> str:
+    return f"""
+WITH rate AS ({rates}),
 t AS (
     SELECT engine_id, tokens, duration_ms FROM kv_transfers
     WHERE direction = {D2P} AND status = {literal(sc.TRANSFER_OK)} AND tokens > 0
@@ -92,6 +93,9 @@ SELECT engine_id, transfers, overhead_ms, xfer_ms_per_token, recompute_ms_per_to
             THEN ceil(overhead_ms / (recompute_ms_per_token - xfer_ms_per_token)) END AS break_even_tokens
 FROM m ORDER BY engine_id NULLS FIRST
 """
+
+
+BREAK_EVEN_SQL = _break_even_sql(PREFILL_RATE_SQL)
 
 REQUESTS_SQL = f"""
 WITH x AS ({_D2P_XFER}),
@@ -200,6 +204,7 @@ def prefill_rates(con) -> list[dict]:
     return rows(con, PREFILL_RATE_SQL + " ORDER BY engine_id NULLS FIRST")
 
 
-def break_even(con) -> list[dict]:
-    """Transfer cost fit, recompute cost and break-even tokens per engine (and pooled)."""
-    return rows(con, BREAK_EVEN_SQL)
+def break_even(con, rates_table: str | None = None) -> list[dict]:
+    """Transfer cost fit, recompute cost and break-even tokens per engine (and pooled);
+    ``rates_table``: a table of :data:`PREFILL_RATE_SQL`'s result, read instead of computing it."""
+    return rows(con, BREAK_EVEN_SQL if rates_table is None else _break_even_sql(f"SELECT * FROM {ident(rates_table)}"))

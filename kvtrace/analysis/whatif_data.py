@@ -81,12 +81,13 @@ LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
 ORDER BY d.start_ns, d.span_id
 """
 
+# in no particular order (:func:`_retentions` sorts them)
 RETENTIONS_SQL = f"""
 WITH {_CTES}
-SELECT engine_id, start_ns, end_ns, bytes, retention_outcome AS outcome, next_span_id, tokens AS next_tokens, gap_s,
-       expiry_gap_s, ttl_s
-FROM ({gv.TURN_GAPS_SELECT})
-ORDER BY engine_id, start_ns
+SELECT r.engine_id, r.start_ns, r.end_ns, r.held_bytes AS bytes, r.retention_outcome AS outcome,
+       d.span_id AS next_span_id, r.held_tokens AS next_tokens, {gv.GAP_S} AS gap_s, {gv.EXPIRY_GAP_S} AS expiry_gap_s,
+       r.ttl_s
+{gv.PAIRED_FROM}
 """
 
 RUN_SQL = f"""
@@ -105,6 +106,9 @@ BANDWIDTH_SQL = f"""
 SELECT sum(bytes) AS b, sum(duration_ms) AS ms, count(*) AS n FROM kv_transfers
 WHERE direction = '{sc.DIRECTION_D2P}' AND status = '{sc.TRANSFER_OK}' AND bytes > 0
 """
+
+
+RATES_TABLE = "whatif_prefill_rates"
 
 
 class WhatIfError(ValueError):
@@ -339,10 +343,7 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
     # tell from a read (its retention span ends "read"); the simulator records "released"
     fate[(released | read) & has & nxt_offered & declined] = FATE_RELEASED
     start = _np(ret, "start_ns", 0, np.int64)
-    # by D engine, then start (the replay sweeps each engine's holds); the query sorts them already
-    step = np.diff(r_engine)
-    in_order = bool(np.all((step > 0) | ((step == 0) & (np.diff(start) >= 0))))
-    order = slice(None) if in_order else np.lexsort((start, r_engine))
+    order = np.lexsort((start, r_engine))  # by D engine, then start (the replay sweeps each engine's holds)
     rec.update(
         d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap, d_ttl_s=d_ttl,
         r_ttl_s=r_ttl[order],
@@ -354,8 +355,9 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
 def calibrate(con) -> Calibration:
     """Prefill rate and transfer cost per P engine (and pooled), from :func:`reuse.break_even`
     (on the store's views, or on :data:`CALIBRATION_VIEWS` during :func:`load`)."""
-    fits = reuse.break_even(con)
-    rates = reuse.prefill_rates(con)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {RATES_TABLE} AS {reuse.PREFILL_RATE_SQL}")  # computed once
+    rates = rows(con, f"SELECT * FROM {RATES_TABLE} ORDER BY engine_id NULLS FIRST")
+    fits = reuse.break_even(con, RATES_TABLE)
     bw = rows(con, BANDWIDTH_SQL)[0]
     pooled = [f for f in fits if f["engine_id"] is None]
 

@@ -118,20 +118,25 @@ def turn_gaps_ctes(**tables: str) -> str:
 
 TURN_GAPS_CTES = turn_gaps_ctes()
 
-TURN_GAPS_SELECT = """
+# each retention with its next decision (``d`` NULL: none), and the gap between them as the view
+# and the what-if replay compute it
+PAIRED_FROM = """FROM r
+LEFT JOIN latest l ON l.r_trace = r.trace_id AND l.r_span = r.span_id
+LEFT JOIN d ON d.trace_id = l.d_trace AND d.span_id = l.d_span"""
+GAP_S = "(d.start_ns - r.start_ns) / 1e9 * r.scale"
+EXPIRY_GAP_S = "CASE WHEN d.peer_engine_id = r.engine_id THEN r.ttl_s - d.remaining_s END"
+
+TURN_GAPS_SELECT = f"""
 SELECT r.trace_id, r.span_id, r.session_id, r.turn, r.request_id, r.engine_id, a.agent_name, a.scenario,
        r.start_ns, r.end_ns, (r.end_ns - r.start_ns) / 1e9 * r.scale AS held_s,
        r.held_blocks AS blocks, r.held_tokens AS tokens, r.held_bytes AS bytes, r.ttl_s, r.retention_outcome,
        r.scale AS time_scale,
        d.trace_id AS next_trace_id, d.span_id AS next_span_id, d.request_id AS next_request_id,
        d.turn AS next_turn, d.engine_id AS next_engine_id, d.start_ns AS next_start_ns,
-       (d.start_ns - r.start_ns) / 1e9 * r.scale AS gap_s,
-       CASE WHEN d.peer_engine_id = r.engine_id THEN r.ttl_s - d.remaining_s END AS expiry_gap_s,
+       {GAP_S} AS gap_s, {EXPIRY_GAP_S} AS expiry_gap_s,
        q.entry_age_s * r.scale AS entry_age_s, q.conversation_ttl_s * r.scale AS offer_ttl_s,
        q.offered, q.offer_reason, d.outcome, d.pulled_tokens, d.recomputed_tokens
-FROM r
-LEFT JOIN latest l ON l.r_trace = r.trace_id AND l.r_span = r.span_id
-LEFT JOIN d ON d.trace_id = l.d_trace AND d.span_id = l.d_span
+{PAIRED_FROM}
 LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
 LEFT JOIN a ON a.session_id = r.session_id
 """
