@@ -127,8 +127,11 @@ class _Fixed:
         self.bytes_f = rec.r_bytes.astype(float)
         # where each candidate end falls among its D's starts (:func:`_first_start_at`; monotone
         # in the time, so it commutes with the min / max / where that pick the end)
-        self.k_start, self.k_rec_end, self.k_read_end, self.k_t_dec = (
-            _first_start_at(rec, t) for t in (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec))
+        with ThreadPoolExecutor(2) as pool:
+            self.k_start, self.k_rec_end, self.k_read_end, self.k_t_dec = pool.map(
+                lambda t: _first_start_at(rec, t), (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec))
+        self.same_read, self.same_released, self.same_unconsumed = (
+            rec.r_fate == f for f in (FATE_READ, FATE_RELEASED, FATE_UNCONSUMED))
         self.ttls: dict = {}
         self.thresholds: dict = {}
 
@@ -139,31 +142,39 @@ class _Fixed:
             # the proxy's limit, written so that the recorded setting gives the recorded limit exactly
             limit = rec.offer_ttl_s + ((ttl_s if ttl_s is not None else rec.ttl_s) - rec.ttl_s) + (rec.offer_margin_s - margin)
             offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
-            d_ttl, r_ttl = (rec.d_ttl_s, rec.r_ttl_s) if ttl_s is None else (ttl_s, np.full(rec.retentions, ttl_s))
+            d_ttl, r_ttl = (rec.d_ttl_s, rec.r_ttl_s) if ttl_s is None else (ttl_s, np.float64(ttl_s))
             ttl_ns = np.round(r_ttl / rec.time_scale * 1e9).astype(np.int64)
-            expiry = np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns)
-            # a retention's end when read, released or unconsumed: held until the session's next
-            # decision reads it (+ the transfer) or releases it, at most until it expires; the
-            # recorded end where the fate is the recorded one (unconsumed: at the recorded TTL)
-            r_fate, r_end, start = rec.r_fate, rec.r_end_ns, rec.r_start_ns
-            same = (r_fate == FATE_READ, r_fate == FATE_RELEASED, (r_fate == FATE_UNCONSUMED) & (r_ttl == rec.r_ttl_s))
-            ends = [np.maximum(np.where(same[0], r_end, np.minimum(self.read_end, expiry)), start),
-                    np.maximum(np.where(same[1], r_end, np.minimum(self.t_dec, expiry)), start),
-                    np.maximum(np.where(same[2], r_end, expiry), start)]
-            k_exp = _first_start_at(rec, expiry)
-            k_ends = [np.maximum(np.where(same[0], self.k_rec_end, np.minimum(self.k_read_end, k_exp)), self.k_start),
-                      np.maximum(np.where(same[1], self.k_rec_end, np.minimum(self.k_t_dec, k_exp)), self.k_start),
-                      np.maximum(np.where(same[2], self.k_rec_end, k_exp), self.k_start)]
+            held, k_end = self.ends(rec, np.minimum(rec.r_start_ns + ttl_ns, rec.window_end_ns), r_ttl == rec.r_ttl_s)
             self.ttls[key] = {
                 "offered": offered,
                 "declined": kvrules.read_declined(self.left + (d_ttl - rec.d_ttl_s)),
                 "off_at": self.has_next & offered[self.at],
-                # by fate (read, released, unconsumed), one after the other: bytes x ns held, and
-                # the index of the first start at or after the end
-                "held": np.concatenate([self.bytes_f * (e - start) for e in ends]),
-                "k_end": np.concatenate(k_ends),
+                "held": held,
+                "k_end": k_end,
             }
         return self.ttls[key]
+
+    def ends(self, rec: Recorded, expiry: np.ndarray, same_ttl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A retention's end when read, released or unconsumed (one after the other in the arrays
+        returned): held until the session's next decision reads it (+ the transfer) or releases
+        it, at most until it ``expiry``; the recorded end where the fate is the recorded one
+        (unconsumed: at the recorded TTL, ``same_ttl``).  Returned as bytes x ns held, and as the
+        index of the first start at or after the end (int32)."""
+        n, start = rec.retentions, rec.r_start_ns
+        k_exp = _first_start_at(rec, expiry)
+        held, k_end = np.empty(3 * n), np.empty(3 * n, dtype=np.int32)
+        cases = ((self.read_end, self.k_read_end, self.same_read), (self.t_dec, self.k_t_dec, self.same_released),
+                 (None, None, self.same_unconsumed & same_ttl))
+        for i, (end, k, same) in enumerate(cases):
+            e = np.minimum(end, expiry) if end is not None else expiry.copy()
+            np.copyto(e, rec.r_end_ns, where=same)
+            np.maximum(e, start, out=e)
+            np.subtract(e, start, out=e)
+            np.multiply(self.bytes_f, e, out=held[i * n:(i + 1) * n])
+            ke = np.minimum(k, k_exp) if k is not None else k_exp.copy()
+            np.copyto(ke, self.k_rec_end, where=same)
+            np.maximum(ke, self.k_start, out=k_end[i * n:(i + 1) * n], casting="unsafe")
+        return held, k_end
 
     def threshold(self, rec: Recorded, threshold: int) -> np.ndarray:
         if threshold not in self.thresholds:
@@ -214,13 +225,13 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
     gib_s, peaks = _held(rec, fx, ttl_s, margin, codes)
     counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
     valid = ttft[~np.isnan(ttft)]
-    not_pulled = int(np.add.reduce(fx.extra_recomputed, where=~pulled))
+    not_pulled = int((fx.extra_recomputed * ~pulled).sum())
     row = {
         "ttl_s": None if ttl_s is None else float(ttl_s),
         "threshold": int(threshold),
         "decisions": int(rec.decisions),
         **{name: int(counts[kvrules.CODE[name]]) for name in OUTCOME_COLUMNS},
-        "pulled_tokens": int(np.add.reduce(fx.pull_amount, where=pulled)),
+        "pulled_tokens": int((fx.pull_amount * pulled).sum()),
         "recomputed_tokens": int(fx.recomputed_pulled.sum()) + not_pulled,
         "gib_s_held": gib_s,
         "peak_gib_held": max(peaks.values(), default=0) / GIB,
