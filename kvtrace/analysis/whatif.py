@@ -94,13 +94,31 @@ class _Fixed:
     def __init__(self, rec: Recorded) -> None:
         pulled_rec = rec.d_code == kvrules.PULLED
         self.count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
-        pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
+        xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
+        self.has_next = rec.r_next >= 0
+        self.at = np.where(self.has_next, rec.r_next, 0)
+        self.t_dec = rec.d_start_ns[self.at]
+        self.read_end = self.t_dec + (xfer_pulled[self.at] * 1e6).astype(np.int64)
+        # where each candidate end falls among its D's starts (:func:`_first_start_at`; monotone
+        # in the time, so it commutes with the min / max / where that pick the end), in threads
+        with ThreadPoolExecutor(2) as pool:
+            places = pool.map(lambda t: _first_start_at(rec, t), (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec))
+            self._decisions(rec, pulled_rec, xfer_pulled)
+            self.k_start, self.k_rec_end, self.k_read_end, self.k_t_dec = places
+        self.same_read, self.same_released, self.same_unconsumed = (
+            rec.r_fate == f for f in (FATE_READ, FATE_RELEASED, FATE_UNCONSUMED))
+        self.n_r, self.r_index = rec.retentions, np.arange(rec.retentions, dtype=np.intp)
+        self.cum_bytes = [np.cumsum(rec.r_bytes[part]) for part in rec.r_by_engine]
+        self.bytes_f = rec.r_bytes.astype(float)
+        self.ttls: dict = {}
+        self.thresholds: dict = {}
+
+    def _decisions(self, rec: Recorded, pulled_rec: np.ndarray, xfer_pulled: np.ndarray) -> None:
+        self.pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
         missing = rec.d_prompt - rec.d_local
         self.failed_rec = rec.d_code == kvrules.FAILED
-        xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
         per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
-        self.pull_amount = pull_amount
-        self.recomputed_pulled = np.maximum(missing - pull_amount, 0)
+        self.recomputed_pulled = np.maximum(missing - self.pull_amount, 0)
         self.recomputed_not = np.maximum(missing, 0)
         self.extra_recomputed = self.recomputed_not - self.recomputed_pulled  # what not pulling adds
 
@@ -116,24 +134,8 @@ class _Fixed:
         self.ttft_at = np.full(len(kvrules.CODE), 3 * n, dtype=np.intp)  # outcome code -> offset in ttft
         self.ttft_at[[kvrules.FAILED, kvrules.EXPIRED, kvrules.PULLED]] = [0, n, 2 * n]
         self.d_index = np.arange(n, dtype=np.intp)
-        self.n_r, self.r_index = rec.retentions, np.arange(rec.retentions, dtype=np.intp)
         # expiry time left at the recorded TTL (vLLM's measure when recorded); + (T - recorded T) at T
         self.left = np.where(np.isnan(rec.d_remaining_s), rec.d_ttl_s - rec.d_gap_s, rec.d_remaining_s)
-        self.has_next = rec.r_next >= 0
-        self.at = np.where(self.has_next, rec.r_next, 0)
-        self.t_dec = rec.d_start_ns[self.at]
-        self.read_end = self.t_dec + (xfer_pulled[self.at] * 1e6).astype(np.int64)
-        self.cum_bytes = [np.cumsum(rec.r_bytes[part]) for part in rec.r_by_engine]
-        self.bytes_f = rec.r_bytes.astype(float)
-        # where each candidate end falls among its D's starts (:func:`_first_start_at`; monotone
-        # in the time, so it commutes with the min / max / where that pick the end)
-        with ThreadPoolExecutor(2) as pool:
-            self.k_start, self.k_rec_end, self.k_read_end, self.k_t_dec = pool.map(
-                lambda t: _first_start_at(rec, t), (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec))
-        self.same_read, self.same_released, self.same_unconsumed = (
-            rec.r_fate == f for f in (FATE_READ, FATE_RELEASED, FATE_UNCONSUMED))
-        self.ttls: dict = {}
-        self.thresholds: dict = {}
 
     def ttl(self, rec: Recorded, ttl_s: float | None, margin: float) -> dict:
         """What one TTL decides (``None``: every D its recorded TTL)."""

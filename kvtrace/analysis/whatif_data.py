@@ -205,10 +205,10 @@ def _np(tbl: pa.Table, name: str, fill=None, dtype=None) -> np.ndarray:
     col = tbl.column(name)
     if isinstance(fill, bool) and not pa.types.is_boolean(col.type):  # ClickHouse's booleans are UInt8
         col = col.cast(pa.bool_())
-    if fill is not None:
+    if fill is not None and col.null_count:
         col = pc.fill_null(col, fill)
-    out = col.to_numpy(zero_copy_only=False)
-    return out.astype(dtype) if dtype is not None else out
+    out = col.to_numpy(zero_copy_only=False)  # read-only where it shares Arrow's buffer
+    return out.astype(dtype, copy=False) if dtype is not None else out
 
 
 def _codes(tbl: pa.Table, name: str) -> tuple[list, np.ndarray]:
