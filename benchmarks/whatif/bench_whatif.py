@@ -203,7 +203,7 @@ def bench(directory: Path, threads: int) -> None:
 
     from kvtrace.store import connect as open_store
     from kvtrace.analysis.whatif import prepare, recommend, replay, settings_grid
-    from kvtrace.analysis.whatif_data import load
+    from kvtrace.analysis.whatif_data import Phases, load
 
     con = open_store(directory)
     con.execute(f"SET threads = {threads}")
@@ -211,7 +211,8 @@ def bench(directory: Path, threads: int) -> None:
     base = con.sql(f"SELECT count(*), sum(SpanAttributesInt['{sc.KV_PROMPT_TOKENS}']) FROM spans "
                    f"WHERE name = '{sc.SPAN_KV_DECISION}'").fetchall()[0]
     baseline = clock.lap()
-    rec = load(con)
+    phases = Phases()
+    rec = load(con, phases)
     loaded = clock.lap()
     grid = sorted(settings_grid(rec))
     prepare(rec, grid)
@@ -234,6 +235,8 @@ def bench(directory: Path, threads: int) -> None:
     print(f"  baseline: scan of the decision spans' int map  {_ws(baseline)}")
     print(f"  load (one pass over the spans -> numpy)        {_ws(loaded)}  ({loaded[0] / baseline[0]:.1f}x the "
           "baseline's wall time)")
+    for name, took in phases.items():
+        print(f"    {name:44s} {_ws(took)}")
     print(f"  shared per-TTL / per-threshold arrays          {_ws(prepared)}")
     print(f"  replay, {len(grid)} settings on {threads} workers         {_ws(replayed)}  (per setting, one worker: "
           f"mean {per.mean() * 1e3:.0f} ms, p99 {np.percentile(per, 99) * 1e3:.0f} ms, max {per.max() * 1e3:.0f} ms)")

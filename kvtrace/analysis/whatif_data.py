@@ -28,6 +28,7 @@ attributes as columns, into a temporary table ``base`` of a private cursor; ever
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -237,24 +238,41 @@ def _single(values, what: str, default=None):
     return vals[0]
 
 
-def load(con) -> Recorded:
+class Phases(dict):
+    """(wall s, CPU s of the process) per phase of :func:`load`, for benchmarks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._t = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        t = (time.perf_counter(), time.process_time())
+        self[name] = (t[0] - self._t[0], t[1] - self._t[1])
+        self._t = t
+
+
+def load(con, phases: Phases | None = None) -> Recorded:
     """Read a store for :func:`kvtrace.analysis.whatif.replay` (one pass over its spans).  Raises
     :class:`WhatIfError` when there is nothing to replay or the store mixes runs with different
-    settings."""
+    settings.  ``phases``: filled with the time each step took."""
+    lap = phases.lap if phases is not None else (lambda name: None)
     cur = con.cursor()
     try:
         query(cur, f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
+        lap("base: the spans' attributes as columns")
         for cte, name in PAIRING_TABLES.items():
             cur.execute(f"CREATE TEMP TABLE {name} AS WITH {gv.TURN_GAPS_CTES} SELECT * FROM {cte}")
         for sql in CALIBRATION_VIEWS:
             cur.execute(sql)
-        return _load(cur)
+        lap("pairing: retentions and decisions, request spans")
+        return _load(cur, lap)
     finally:
         cur.close()
 
 
-def _load(cur) -> Recorded:
+def _load(cur, lap) -> Recorded:
     dec = table(cur, DECISIONS_SQL)
+    lap("decisions query")
     if dec.num_rows == 0:
         raise WhatIfError("no d2p decisions (kvtrace.kv.decision spans on P) in these traces: nothing to replay")
     run = rows(cur, RUN_SQL)[0]
@@ -270,8 +288,13 @@ def _load(cur) -> Recorded:
     margin_known = proxy_ttl is not None
     offer_ttl = proxy_ttl * scale if margin_known else ttl - DEFAULT_OFFER_MARGIN_S
     calib = calibrate(cur)
+    lap("recorded setting, calibration")
     rec = _decisions(dec, calib)
-    _retentions(rec, table(cur, RETENTIONS_SQL), dec.column("span_id"), ttl)
+    lap("decisions -> numpy")
+    ret = table(cur, RETENTIONS_SQL)
+    lap("retentions query")
+    _retentions(rec, ret, dec.column("span_id"), ttl)
+    lap("retentions -> numpy")
     p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
     pools = {r["engine_id"]: r["pool_bytes"] for r in rows(cur, POOLS_SQL) if r["pool_bytes"]}
     out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl), ttls=ttls,
@@ -282,6 +305,7 @@ def _load(cur) -> Recorded:
     out.r_by_engine = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     calib.samples.update({sc.SPAN_KV_DECISION: out.decisions, sc.SPAN_KV_RETENTION: out.retentions,
                           sc.SPAN_PROXY_REQUEST: int(np.count_nonzero(~np.isnan(out.d_ttft_ms)))})
+    lap("pools, the rest")
     return out
 
 
