@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -287,16 +288,23 @@ def _load(cur, lap) -> Recorded:
     proxy_ttl = _single(run["proxy_ttls"], "proxy --conversation-ttl values", None)
     margin_known = proxy_ttl is not None
     offer_ttl = proxy_ttl * scale if margin_known else ttl - DEFAULT_OFFER_MARGIN_S
-    calib = calibrate(cur)
-    lap("recorded setting, calibration")
-    rec = _decisions(dec, calib)
-    lap("decisions -> numpy")
-    ret = table(cur, RETENTIONS_SQL)
-    lap("retentions query")
+    lap("recorded setting")
+
+    def queries():
+        return calibrate(cur), table(cur, RETENTIONS_SQL), rows(cur, POOLS_SQL)
+
+    # DuckDB runs the cursor's other queries while numpy takes the decisions (ClickHouse: in turn)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(queries) if not getattr(cur, "is_clickhouse", False) else None
+        rec = _decisions(dec)
+        lap("decisions -> numpy (calibration, retentions query meanwhile)")
+        calib, ret, pool_rows = pending.result() if pending is not None else queries()
+    lap("calibration, retentions query (the rest)")
+    _priced(rec, calib)
     _retentions(rec, ret, dec.column("span_id"), ttl)
     lap("retentions -> numpy")
     p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
-    pools = {r["engine_id"]: r["pool_bytes"] for r in rows(cur, POOLS_SQL) if r["pool_bytes"]}
+    pools = {r["engine_id"]: r["pool_bytes"] for r in pool_rows if r["pool_bytes"]}
     out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl), ttls=ttls,
                    threshold=threshold, offer_ttl_s=float(offer_ttl), offer_margin_s=float(ttl - offer_ttl),
                    offer_margin_known=margin_known, time_scale=scale, window_end_ns=int(run["window_end_ns"]),
@@ -309,11 +317,17 @@ def _load(cur, lap) -> Recorded:
     return out
 
 
-def _decisions(dec: pa.Table, calib: Calibration) -> dict:
-    p_engines, d_engine = _codes(dec, "engine_id")
-    code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
+def _priced(rec: dict, calib: Calibration) -> None:
+    """Each decision's P engine's prefill rate and transfer cost fit."""
+    p_engines, d_engine = rec["p_engines"], rec["d_engine"]
     rates = np.array([calib.rate(e) or np.nan for e in p_engines], dtype=float)
     fits = np.array([calib.xfer(e) for e in p_engines], dtype=float).reshape(-1, 2)
+    rec.update(d_rate=rates[d_engine], d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1])
+
+
+def _decisions(dec: pa.Table) -> dict:
+    p_engines, d_engine = _codes(dec, "engine_id")
+    code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
     return dict(
         p_engines=p_engines, d_engine=d_engine, d_start_ns=_np(dec, "start_ns", 0, np.int64),
         d_prompt=_np(dec, "prompt_tokens", 0, np.int64), d_local=_np(dec, "local_hit_tokens", 0, np.int64),
@@ -322,9 +336,7 @@ def _decisions(dec: pa.Table, calib: Calibration) -> dict:
         d_code=code, d_pulled=_np(dec, "pulled_tokens", 0, np.int64),
         d_recomputed=_np(dec, "recomputed_tokens", 0, np.int64),
         d_fail_policy=_lookup(dec, "policy", ["recompute"]) != 0, d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
-        d_ttft_ms=_np(dec, "ttft_ms", math.nan, float), d_rate=rates[d_engine],
-        d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1],
-        d_has_entry=None, d_gap_s=None, d_diverged=_np(dec, "diverged", False, bool),
+        d_ttft_ms=_np(dec, "ttft_ms", math.nan, float), d_has_entry=None, d_gap_s=None, d_diverged=_np(dec, "diverged", False, bool),
     )
 
 
