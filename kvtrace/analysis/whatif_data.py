@@ -71,6 +71,7 @@ FROM base WHERE name = {XFER}""",
 PAIRING_TABLES = {"latest": "whatif_latest", "q": "whatif_requests"}
 _CTES = gv.turn_gaps_ctes(**PAIRING_TABLES)
 
+# in no particular order (:func:`_decisions` sorts them by start, then span id)
 DECISIONS_SQL = f"""
 WITH {_CTES},
 x AS (SELECT trace_id, parent_span_id, sum(duration_ms) AS xfer_ms FROM base WHERE name = {XFER} GROUP BY ALL)
@@ -80,7 +81,6 @@ SELECT d.span_id, d.engine_id, d.start_ns, d.prompt_tokens, d.local_hit_tokens, 
        coalesce(q.offer_reason = {_q(sc.OFFER_DIVERGED)}, false) AS diverged
 FROM d LEFT JOIN x ON x.trace_id = d.trace_id AND x.parent_span_id = d.span_id
 LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
-ORDER BY d.start_ns, d.span_id
 """
 
 # in no particular order (:func:`_retentions` sorts them)
@@ -296,7 +296,7 @@ def _load(cur, lap) -> Recorded:
     # DuckDB runs the cursor's other queries while numpy takes the decisions (ClickHouse: in turn)
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(queries) if not getattr(cur, "is_clickhouse", False) else None
-        rec = _decisions(dec)
+        dec, rec = _decisions(dec)
         lap("decisions -> numpy (calibration, retentions query meanwhile)")
         calib, ret, pool_rows = pending.result() if pending is not None else queries()
     lap("calibration, retentions query (the rest)")
@@ -325,10 +325,13 @@ def _priced(rec: dict, calib: Calibration) -> None:
     rec.update(d_rate=rates[d_engine], d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1])
 
 
-def _decisions(dec: pa.Table) -> dict:
+def _decisions(dec: pa.Table) -> tuple[pa.Table, dict]:
+    """The decisions (sorted by start, then span id) and their arrays."""
+    span = _np(dec, "span_id", 0, np.int64).view(np.uint64)  # a hash (ClickHouse's UInt64 comes wrapped)
+    dec = dec.take(np.lexsort((span, _np(dec, "start_ns", 0, np.int64))))
     p_engines, d_engine = _codes(dec, "engine_id")
     code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
-    return dict(
+    return dec, dict(
         p_engines=p_engines, d_engine=d_engine, d_start_ns=_np(dec, "start_ns", 0, np.int64),
         d_prompt=_np(dec, "prompt_tokens", 0, np.int64), d_local=_np(dec, "local_hit_tokens", 0, np.int64),
         d_remote=_np(dec, "remote_tokens", 0, np.int64), d_offered=_np(dec, "offered", False, bool),
