@@ -346,11 +346,15 @@ def _decisions(dec: pa.Table) -> tuple[pa.Table, dict]:
 def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float) -> None:
     """Retention arrays, and what each decision knows of the session's previous blocks (``ttl``:
     the TTL of a retention that did not record one, and of a decision with no previous blocks)."""
-    d_engines, r_engine = _codes(ret, "engine_id")
+    with ThreadPoolExecutor(1) as pool:  # the next decision's index (a hash lookup) in a thread
+        found = pool.submit(pc.index_in, ret.column("next_span_id"),
+                            value_set=span_ids.combine_chunks() if span_ids.num_chunks else pa.array([], span_ids.type))
+        d_engines, r_engine = _codes(ret, "engine_id")
+        start = _np(ret, "start_ns", 0, np.int64)
+        order = np.lexsort((start, r_engine))  # by D engine, then start (the replay sweeps each engine's holds)
+        outcome = _lookup(ret, "outcome", sc.RETENTION_OUTCOMES)
+        r_next = _np(ret.append_column("_next", found.result()), "_next", -1, np.int64)
     n = len(rec["d_start_ns"])
-    nxt = pc.index_in(ret.column("next_span_id"), value_set=span_ids.combine_chunks() if span_ids.num_chunks
-                      else pa.array([], span_ids.type))
-    r_next = _np(ret.append_column("_next", nxt), "_next", -1, np.int64)
     has = r_next >= 0
     paired = r_next[has]
     gap = np.full(n, np.nan)
@@ -370,7 +374,6 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
     age = rec["d_age_s"]
     age = np.where(np.isnan(age), np.where(np.isnan(exp_gap), gap, exp_gap), age)
     age = np.where(np.isnan(age) & rec["d_offered"], 0.0, age)
-    outcome = _lookup(ret, "outcome", sc.RETENTION_OUTCOMES)
     fate = np.full(len(outcome), FATE_UNCONSUMED, dtype=np.int8)
     read = outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_READ)
     fate[read & has] = FATE_READ
@@ -381,8 +384,6 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
     # P frees offered blocks it does not pull with an empty notification, which vLLM's D cannot
     # tell from a read (its retention span ends "read"); the simulator records "released"
     fate[(released | read) & has & nxt_offered & declined] = FATE_RELEASED
-    start = _np(ret, "start_ns", 0, np.int64)
-    order = np.lexsort((start, r_engine))  # by D engine, then start (the replay sweeps each engine's holds)
     rec.update(
         d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap, d_ttl_s=d_ttl,
         r_ttl_s=r_ttl[order],
