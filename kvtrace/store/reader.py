@@ -8,9 +8,10 @@ dashboard, ``kvtrace demo`` and Python code (``kvtrace.store.connect(DIR)``).  I
 2. skips, with a warning naming it, any ``.parquet`` file that is not Parquet (no ``PAR1`` magic
    at both ends; checked once per file version), so one stray file cannot fail every query;
 3. refuses a directory that holds several runs (:mod:`kvtrace.store.runs`), naming them;
-4. binds the list to ``read_parquet`` as a parameter, each path glob-escaped (DuckDB expands
-   ``*``, ``?`` and ``[`` even inside a list, so a file named ``x*.parquet`` would otherwise read
-   every ``x...`` file too);
+4. binds the list to ``read_parquet`` as a parameter, largest file first (a parallel scan then
+   ends with small files on every thread), each path glob-escaped (DuckDB expands ``*``, ``?``
+   and ``[`` even inside a list, so a file named ``x*.parquet`` would otherwise read every
+   ``x...`` file too);
 5. creates every view of :data:`kvtrace.store.views.VIEWS`.
 
 The file list is fixed until :func:`refresh`.  Writers delete superseded batch files a few
@@ -96,6 +97,11 @@ def trace_files(directory: str | os.PathLike) -> list[str]:
     return out
 
 
+def _size(path: str) -> int:
+    seen = _checked.get(path)
+    return seen[0] if seen is not None else 0
+
+
 def glob_escape(path: str) -> str:
     """``path`` as a DuckDB glob that matches only itself."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in path)
@@ -131,7 +137,10 @@ def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> 
     if not files and not allow_empty:
         raise StoreError(f"no trace files in {directory}")
     if files:
-        con.sql(READ_FILES, params={"files": [glob_escape(f) for f in files]}).create_view(RAW, replace=True)
+        # largest first: DuckDB scans a file's row group on one thread, and a large one started
+        # last would leave the other threads idle while it finishes
+        by_size = sorted(files, key=lambda f: (-_size(f), f))
+        con.sql(READ_FILES, params={"files": [glob_escape(f) for f in by_size]}).create_view(RAW, replace=True)
     else:
         con.from_arrow(_empty_raw()).create_view(RAW, replace=True)
     con.execute(f"CREATE OR REPLACE TABLE {SOURCE} AS SELECT {literal(directory)} AS directory, "
