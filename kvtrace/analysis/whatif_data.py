@@ -280,7 +280,18 @@ def _load(cur, lap) -> Recorded:
     lap("decisions query")
     if dec.num_rows == 0:
         raise WhatIfError("no d2p decisions (kvtrace.kv.decision spans on P) in these traces: nothing to replay")
-    run = rows(cur, RUN_SQL)[0]
+
+    def queries():  # and what of the retentions needs no decision
+        run, calib, ret = rows(cur, RUN_SQL)[0], calibrate(cur), table(cur, RETENTIONS_SQL)
+        return run, calib, rows(cur, POOLS_SQL), _retention_arrays(ret, dec.column("span_id"))
+
+    # DuckDB runs the cursor's other queries while numpy takes the decisions (ClickHouse: in turn)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(queries) if not getattr(cur, "is_clickhouse", False) else None
+        order, rec = _decisions(dec)
+        lap("decisions -> numpy (recorded setting, calibration, retentions meanwhile)")
+        run, calib, pool_rows, ret = pending.result() if pending is not None else queries()
+    lap("recorded setting, calibration, retentions (the rest)")
     if run["scale_min"] != run["scale_max"]:
         raise WhatIfError("the traces mix simulator time scales; replay one run at a time")
     scale = float(run["scale_max"] or 1.0)
@@ -292,20 +303,8 @@ def _load(cur, lap) -> Recorded:
     proxy_ttl = _single(run["proxy_ttls"], "proxy --conversation-ttl values", None)
     margin_known = proxy_ttl is not None
     offer_ttl = proxy_ttl * scale if margin_known else ttl - DEFAULT_OFFER_MARGIN_S
-    lap("recorded setting")
-
-    def queries():
-        return calibrate(cur), table(cur, RETENTIONS_SQL), rows(cur, POOLS_SQL)
-
-    # DuckDB runs the cursor's other queries while numpy takes the decisions (ClickHouse: in turn)
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(queries) if not getattr(cur, "is_clickhouse", False) else None
-        dec, rec = _decisions(dec)
-        lap("decisions -> numpy (calibration, retentions query meanwhile)")
-        calib, ret, pool_rows = pending.result() if pending is not None else queries()
-    lap("calibration, retentions query (the rest)")
     _priced(rec, calib)
-    _retentions(rec, ret, dec.column("span_id"), ttl)
+    _retentions(rec, ret, order, ttl)
     lap("retentions -> numpy")
     p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
     pools = {r["engine_id"]: r["pool_bytes"] for r in pool_rows if r["pool_bytes"]}
@@ -329,13 +328,14 @@ def _priced(rec: dict, calib: Calibration) -> None:
     rec.update(d_rate=rates[d_engine], d_xfer_a=fits[d_engine, 0], d_xfer_b=fits[d_engine, 1])
 
 
-def _decisions(dec: pa.Table) -> tuple[pa.Table, dict]:
-    """The decisions (sorted by start, then span id) and their arrays."""
+def _decisions(dec: pa.Table) -> tuple[np.ndarray, dict]:
+    """(the order of the rows by start, then span id; the decisions' arrays in that order)."""
     span = _np(dec, "span_id", 0, np.int64).view(np.uint64)  # a hash (ClickHouse's UInt64 comes wrapped)
-    dec = dec.take(np.lexsort((span, _np(dec, "start_ns", 0, np.int64))))
+    order = np.lexsort((span, _np(dec, "start_ns", 0, np.int64)))
+    dec = dec.take(order)
     p_engines, d_engine = _codes(dec, "engine_id")
     code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
-    return dec, dict(
+    return order, dict(
         p_engines=p_engines, d_engine=d_engine, d_start_ns=_np(dec, "start_ns", 0, np.int64),
         d_prompt=_np(dec, "prompt_tokens", 0, np.int64), d_local=_np(dec, "local_hit_tokens", 0, np.int64),
         d_remote=_np(dec, "remote_tokens", 0, np.int64), d_offered=_np(dec, "offered", False, bool),
@@ -347,27 +347,40 @@ def _decisions(dec: pa.Table) -> tuple[pa.Table, dict]:
     )
 
 
-def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float) -> None:
+def _retention_arrays(ret: pa.Table, span_ids: pa.ChunkedArray) -> dict:
+    """What of the retentions needs no decision: their columns, D engine codes, their order (by
+    D engine, then start: the replay sweeps each engine's holds), the next decision's row in
+    ``span_ids`` (-1: none)."""
+    d_engines, r_engine = _codes(ret, "engine_id")
+    start = _np(ret, "start_ns", 0, np.int64)
+    nxt = pc.index_in(ret.column("next_span_id"),
+                      value_set=span_ids.combine_chunks() if span_ids.num_chunks else pa.array([], span_ids.type))
+    out = {name: _np(ret, name, fill, dtype) for name, fill, dtype in (
+        ("gap_s", math.nan, float), ("expiry_gap_s", math.nan, float), ("next_tokens", 0, np.int64),
+        ("ttl_s", None, float), ("end_ns", 0, np.int64), ("bytes", 0, np.int64))}
+    return dict(out, d_engines=d_engines, r_engine=r_engine, start_ns=start, order=np.lexsort((start, r_engine)),
+                ttl_null=pc.is_null(ret.column("ttl_s")).to_numpy(zero_copy_only=False),
+                outcome=_lookup(ret, "outcome", sc.RETENTION_OUTCOMES),
+                next=_np(ret.append_column("_next", nxt), "_next", -1, np.int64))
+
+
+def _retentions(rec: dict, ret: dict, d_order: np.ndarray, ttl: float) -> None:
     """Retention arrays, and what each decision knows of the session's previous blocks (``ttl``:
-    the TTL of a retention that did not record one, and of a decision with no previous blocks)."""
-    with ThreadPoolExecutor(1) as pool:  # the next decision's index (a hash lookup) in a thread
-        found = pool.submit(pc.index_in, ret.column("next_span_id"),
-                            value_set=span_ids.combine_chunks() if span_ids.num_chunks else pa.array([], span_ids.type))
-        d_engines, r_engine = _codes(ret, "engine_id")
-        start = _np(ret, "start_ns", 0, np.int64)
-        order = np.lexsort((start, r_engine))  # by D engine, then start (the replay sweeps each engine's holds)
-        outcome = _lookup(ret, "outcome", sc.RETENTION_OUTCOMES)
-        r_next = _np(ret.append_column("_next", found.result()), "_next", -1, np.int64)
+    the TTL of a retention that did not record one, and of a decision with no previous blocks;
+    ``d_order``: the decisions' rows in their sorted order)."""
+    d_row = np.empty(len(d_order), dtype=np.int64)
+    d_row[d_order] = np.arange(len(d_order))
+    r_next = np.where(ret["next"] >= 0, d_row[np.maximum(ret["next"], 0)], -1)
     n = len(rec["d_start_ns"])
     has = r_next >= 0
     paired = r_next[has]
     gap = np.full(n, np.nan)
-    gap[paired] = _np(ret, "gap_s", math.nan, float)[has]
+    gap[paired] = ret["gap_s"][has]
     exp_gap = np.full(n, np.nan)
-    exp_gap[paired] = _np(ret, "expiry_gap_s", math.nan, float)[has]
+    exp_gap[paired] = ret["expiry_gap_s"][has]
     held = np.zeros(n, dtype=np.int64)
-    held[paired] = _np(ret, "next_tokens", 0, np.int64)[has]
-    r_ttl = _np(ret, "ttl_s", ttl, float)
+    held[paired] = ret["next_tokens"][has]
+    r_ttl = np.where(ret["ttl_null"], ttl, ret["ttl_s"])
     d_ttl = np.full(n, ttl)
     d_ttl[paired] = r_ttl[has]
     has_entry = rec["d_offered"].copy()
@@ -378,6 +391,7 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
     age = rec["d_age_s"]
     age = np.where(np.isnan(age), np.where(np.isnan(exp_gap), gap, exp_gap), age)
     age = np.where(np.isnan(age) & rec["d_offered"], 0.0, age)
+    outcome, order = ret["outcome"], ret["order"]
     fate = np.full(len(outcome), FATE_UNCONSUMED, dtype=np.int8)
     read = outcome == sc.RETENTION_OUTCOMES.index(sc.RETENTION_READ)
     fate[read & has] = FATE_READ
@@ -389,10 +403,10 @@ def _retentions(rec: dict, ret: pa.Table, span_ids: pa.ChunkedArray, ttl: float)
     # tell from a read (its retention span ends "read"); the simulator records "released"
     fate[(released | read) & has & nxt_offered & declined] = FATE_RELEASED
     rec.update(
-        d_engines=d_engines, d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap, d_ttl_s=d_ttl,
+        d_engines=ret["d_engines"], d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap, d_ttl_s=d_ttl,
         r_ttl_s=r_ttl[order],
-        r_engine=r_engine[order], r_start_ns=start[order], r_end_ns=_np(ret, "end_ns", 0, np.int64)[order],
-        r_bytes=_np(ret, "bytes", 0, np.int64)[order], r_next=r_next[order], r_fate=fate[order],
+        r_engine=ret["r_engine"][order], r_start_ns=ret["start_ns"][order], r_end_ns=ret["end_ns"][order],
+        r_bytes=ret["bytes"][order], r_next=r_next[order], r_fate=fate[order],
     )
 
 
