@@ -281,17 +281,24 @@ def _load(cur, lap) -> Recorded:
     if dec.num_rows == 0:
         raise WhatIfError("no d2p decisions (kvtrace.kv.decision spans on P) in these traces: nothing to replay")
 
-    def queries():  # and what of the retentions needs no decision
-        run, calib, ret = rows(cur, RUN_SQL)[0], calibrate(cur), table(cur, RETENTIONS_SQL)
-        return run, calib, rows(cur, POOLS_SQL), _retention_arrays(ret, dec.column("span_id"))
+    def queries():
+        return rows(cur, RUN_SQL)[0], calibrate(cur), table(cur, RETENTIONS_SQL), rows(cur, POOLS_SQL)
 
-    # DuckDB runs the cursor's other queries while numpy takes the decisions (ClickHouse: in turn)
+    def next_decisions(ret):  # each retention's next decision: its row in ``dec`` (-1: none)
+        found = pc.index_in(ret.column("next_span_id"), value_set=dec.column("span_id").combine_chunks())
+        return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    # DuckDB runs the cursor's other queries while numpy takes the decisions (ClickHouse: in turn),
+    # then the next decisions are looked up while numpy takes the retentions
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(queries) if not getattr(cur, "is_clickhouse", False) else None
         order, rec = _decisions(dec)
-        lap("decisions -> numpy (recorded setting, calibration, retentions meanwhile)")
-        run, calib, pool_rows, ret = pending.result() if pending is not None else queries()
-    lap("recorded setting, calibration, retentions (the rest)")
+        lap("decisions -> numpy (recorded setting, calibration, retentions query meanwhile)")
+        run, calib, ret, pool_rows = pending.result() if pending is not None else queries()
+        lap("recorded setting, calibration, retentions query (the rest)")
+        nxt = pool.submit(next_decisions, ret)
+        ret = _retention_arrays(ret)
+        ret["next"] = nxt.result()
     if run["scale_min"] != run["scale_max"]:
         raise WhatIfError("the traces mix simulator time scales; replay one run at a time")
     scale = float(run["scale_max"] or 1.0)
@@ -347,21 +354,17 @@ def _decisions(dec: pa.Table) -> tuple[np.ndarray, dict]:
     )
 
 
-def _retention_arrays(ret: pa.Table, span_ids: pa.ChunkedArray) -> dict:
+def _retention_arrays(ret: pa.Table) -> dict:
     """What of the retentions needs no decision: their columns, D engine codes, their order (by
-    D engine, then start: the replay sweeps each engine's holds), the next decision's row in
-    ``span_ids`` (-1: none)."""
+    D engine, then start: the replay sweeps each engine's holds)."""
     d_engines, r_engine = _codes(ret, "engine_id")
     start = _np(ret, "start_ns", 0, np.int64)
-    nxt = pc.index_in(ret.column("next_span_id"),
-                      value_set=span_ids.combine_chunks() if span_ids.num_chunks else pa.array([], span_ids.type))
     out = {name: _np(ret, name, fill, dtype) for name, fill, dtype in (
         ("gap_s", math.nan, float), ("expiry_gap_s", math.nan, float), ("next_tokens", 0, np.int64),
         ("ttl_s", None, float), ("end_ns", 0, np.int64), ("bytes", 0, np.int64))}
     return dict(out, d_engines=d_engines, r_engine=r_engine, start_ns=start, order=np.lexsort((start, r_engine)),
                 ttl_null=pc.is_null(ret.column("ttl_s")).to_numpy(zero_copy_only=False),
-                outcome=_lookup(ret, "outcome", sc.RETENTION_OUTCOMES),
-                next=_np(ret.append_column("_next", nxt), "_next", -1, np.int64))
+                outcome=_lookup(ret, "outcome", sc.RETENTION_OUTCOMES))
 
 
 def _retentions(rec: dict, ret: dict, d_order: np.ndarray, ttl: float) -> None:
