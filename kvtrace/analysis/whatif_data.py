@@ -73,6 +73,7 @@ FROM base WHERE name = {XFER}""",
 # the pairing of retentions and decisions and the proxy's request spans, computed once (temporary
 # tables of the cursor) for both queries below
 PAIRING_TABLES = {"latest": "whatif_latest", "q": "whatif_requests"}
+REQUEST_COLUMNS = ("entry_age_s", "offer_reason", "ttft_ms")  # what the queries below read of ``q``
 _CTES = gv.turn_gaps_ctes(**PAIRING_TABLES)
 
 # in no particular order (:func:`_decisions` sorts them by start, then span id)
@@ -265,8 +266,8 @@ def load(con, phases: Phases | None = None) -> Recorded:
     try:
         query(cur, f"CREATE TEMP TABLE base AS {gv.BASE_SQL_HASHED_IDS}")
         lap("base: the spans' attributes as columns")
-        for cte, name in PAIRING_TABLES.items():
-            cur.execute(f"CREATE TEMP TABLE {name} AS WITH {gv.TURN_GAPS_CTES} SELECT * FROM {cte}")
+        cur.execute(f"CREATE TEMP TABLE {PAIRING_TABLES['latest']} AS WITH {gv.TURN_GAPS_CTES} SELECT * FROM latest")
+        cur.execute(f"CREATE TEMP TABLE {PAIRING_TABLES['q']} AS {gv.requests_sql(REQUEST_COLUMNS)}")
         for sql in CALIBRATION_VIEWS:
             cur.execute(sql)
         lap("pairing: retentions and decisions, request spans")

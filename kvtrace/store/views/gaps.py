@@ -84,6 +84,13 @@ BASE_SQL_HASHED_IDS = _BASE_SQL.format(
         "CASE WHEN session_id IS NOT NULL THEN hash(session_id) END AS session_id, "
         "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id")
 
+def requests_sql(columns: tuple[str, ...]) -> str:
+    """The proxy's request span of each (trace, request id) in ``base``: ``columns`` of its first."""
+    first = ", ".join(f"arg_min({c}, start_ns) AS {c}" for c in columns)
+    return (f"SELECT trace_id, request_id, {first} FROM base WHERE name = {_q(REQ)} AND request_id IS NOT NULL "
+            "GROUP BY trace_id, request_id")
+
+
 # over ``base``: retentions, d2p decisions, each decision's latest retention of its session (then
 # each retention's first such decision), the proxy's request span of a decision, agent sessions
 _CTES = {
@@ -94,12 +101,7 @@ _CTES = {
   FROM d ASOF JOIN r ON d.session_id = r.session_id AND d.start_ns >= r.start_ns
   QUALIFY row_number() OVER (PARTITION BY r.trace_id, r.span_id ORDER BY d.start_ns, d.span_id) = 1
 """,
-    "q": f"""
-  SELECT trace_id, request_id, arg_min(entry_age_s, start_ns) AS entry_age_s,
-         arg_min(conversation_ttl_s, start_ns) AS conversation_ttl_s, arg_min(offered, start_ns) AS offered,
-         arg_min(offer_reason, start_ns) AS offer_reason, arg_min(ttft_ms, start_ns) AS ttft_ms
-  FROM base WHERE name = {_q(REQ)} AND request_id IS NOT NULL GROUP BY trace_id, request_id
-""",
+    "q": requests_sql(("entry_age_s", "conversation_ttl_s", "offered", "offer_reason", "ttft_ms")),
     "a": f"""
   SELECT session_id, min(agent_name) AS agent_name, min(scenario) AS scenario
   FROM base WHERE name = {_q(SESS)} AND session_id IS NOT NULL GROUP BY session_id
