@@ -19,6 +19,7 @@ server starts; caches cleared).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -203,13 +204,19 @@ def _served_first_render(app: Path) -> float:
     (``kvtrace.dashboards.serve``) does before its server starts, with every Streamlit cache
     cleared (a new connection, nothing computed)."""
     import streamlit as st
+    from streamlit import logger as st_logger
     from streamlit.testing.v1 import AppTest
 
     from kvtrace.dashboards import serve
 
     serve.preload()
-    st.cache_data.clear()
-    st.cache_resource.clear()
+    level = logging.getLogger("streamlit").getEffectiveLevel()  # clearing outside a script run logs that
+    st_logger.set_log_level(logging.ERROR)  # there is none
+    try:
+        st.cache_data.clear()
+        st.cache_resource.clear()
+    finally:
+        st_logger.set_log_level(level)
     t = time.perf_counter()
     at = AppTest.from_file(str(app), default_timeout=600).run()
     took = time.perf_counter() - t
