@@ -102,10 +102,14 @@ LANES = {
 def breakdown(con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True,
               limit: int = 1000) -> pa.Table:
     """Rows of ``session_breakdown`` sorted by ``order`` (one of :data:`SORTABLE`)."""
+    return _sorted(con, BREAKDOWN_SQL, filters, order, descending, limit)
+
+
+def _sorted(con, sql: str, filters: Filters | None, order: str, descending: bool, limit: int) -> pa.Table:
     if order not in SORTABLE:
         raise ValueError(f"cannot sort by {order!r}; choose one of {', '.join(SORTABLE)}")
     clause, params = where(filters, SESSION_SCOPE)
-    sql = BREAKDOWN_SQL.format(where=clause, order=order, direction="DESC" if descending else "ASC")
+    sql = sql.format(where=clause, order=order, direction="DESC" if descending else "ASC")
     return table(narrowed(con, filters), sql, {**params, "limit": limit})
 
 
@@ -119,11 +123,7 @@ def overview(con, filters: Filters | None = None, *, order: str = "wall_ms", des
              limit: int = 1000) -> dict:
     """``{"totals": totals(...), "rows": breakdown(...)}`` from one computation of the view (the
     sessions page shows both)."""
-    if order not in SORTABLE:
-        raise ValueError(f"cannot sort by {order!r}; choose one of {', '.join(SORTABLE)}")
-    clause, params = where(filters, SESSION_SCOPE)
-    sql = OVERVIEW_SQL.format(where=clause, order=order, direction="DESC" if descending else "ASC")
-    out = table(narrowed(con, filters), sql, {**params, "limit": limit})
+    out = _sorted(con, OVERVIEW_SQL, filters, order, descending, limit)
     rows = out.drop_columns([f"total_{n}" for n, _, _ in _TOTALS])
     if not out.num_rows:  # no sessions: the totals of nothing
         return {"totals": totals(con, filters), "rows": rows}
