@@ -1,7 +1,8 @@
 """kvtrace dashboard: where agent time goes, whether KV reuse happens, what it saves and holds.
 
 Start it with ``kvtrace dashboard --traces DIR [--port N] [--compare DIR2]`` (which runs
-``streamlit run`` on this file, bound to 127.0.0.1), or directly with
+``streamlit run`` on this file, bound to 127.0.0.1, through ``kvtrace.dashboards.serve``: the
+pages' imports done at server start), or directly with
 ``streamlit run dashboards/app.py -- --traces DIR``.  Pages live in ``app_pages/`` (a
 ``pages/`` folder would switch on Streamlit's legacy page list); every number comes from
 :mod:`kvtrace.analysis`.

@@ -78,8 +78,9 @@ def _check_clickhouse(args, url: str) -> None:
 
 def command(directory: str, *, port: int = 8501, compare: str | None = None, host: str = "127.0.0.1",
             clickhouse: tuple[str, str] | None = None) -> list[str]:
-    """The ``streamlit run`` command line for the dashboard (``clickhouse``: (URL, table))."""
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", host, "--server.port", str(port),
+    """The ``streamlit run`` command line for the dashboard (``clickhouse``: (URL, table)); through
+    :mod:`.serve`, which imports what the pages need before the server starts."""
+    cmd = [sys.executable, "-m", "kvtrace.dashboards.serve", "run", str(APP), "--server.address", host, "--server.port", str(port),
            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", "--traces", directory]
     if clickhouse:
         cmd += ["--clickhouse", clickhouse[0], "--table", clickhouse[1]]

@@ -168,6 +168,21 @@ def test_totals_sorting_and_filters(store):
         sessions.breakdown(store, order="wall_ms; DROP VIEW spans")
 
 
+def test_overview_is_the_totals_and_the_sorted_rows_of_one_query(store, tmp_path):
+    for filters in (None, Filters(service="kvtrace-proxy"), Filters(session_id="nobody")):
+        for order, descending, limit in (("wall_ms", True, 100), ("generation_ms", False, 2), ("session_id", True, 1)):
+            got = sessions.overview(store, filters, order=order, descending=descending, limit=limit)
+            assert got["totals"] == sessions.totals(store, filters)
+            assert got["rows"].equals(sessions.breakdown(store, filters, order=order, descending=descending,
+                                                         limit=limit))
+    assert sessions.overview(store, Filters(session_id="nobody"))["totals"]["sessions"] == 0
+    assert sessions.overview(store, limit=1)["totals"]["sessions"] == 3  # all sessions, not the rows shown
+    empty = sessions.overview(connect(tmp_path / "none", allow_empty=True))
+    assert empty["rows"].num_rows == 0 and empty["totals"]["sessions"] == 0
+    with pytest.raises(ValueError, match="cannot sort by"):
+        sessions.overview(store, order="wall_ms; DROP VIEW spans")
+
+
 def test_spans_of_session_lists_every_trace(store):
     spans = sessions.spans_of_session(store, "s-traces")
     assert len({s["trace_id"] for s in spans}) == 4  # two session spans, two turn roots

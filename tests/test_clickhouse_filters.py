@@ -47,6 +47,7 @@ CASES = {
 QUERIES = {
     "totals": sessions.totals,
     "breakdown": lambda c, f: sessions.breakdown(c, f).to_pylist(),
+    "overview": lambda c, f: (lambda o: {**o, "rows": o["rows"].to_pylist()})(sessions.overview(c, f)),
     "turns": lambda c, f: sessions.turns(c, f).to_pylist(),
     "list_sessions": sessions.list_sessions,
     "by_turn": lambda c, f: latency.by_turn(c, f).to_pylist(),

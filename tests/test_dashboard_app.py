@@ -247,3 +247,24 @@ def test_waterfall_bars_have_a_minimum_width(runs):
     short = frame["end_ms"] - frame["start_ms"] < MIN_BAR * total
     assert short.any() and (frame.loc[~short, "bar_end_ms"] == frame.loc[~short, "end_ms"]).all()
     assert list(frame["duration_ms"]) == [s["duration_ms"] for s in spans]  # the tooltip keeps the real length
+
+
+def test_the_launcher_is_streamlit_with_the_pages_imports_done_first():
+    import ast
+    import subprocess
+    import sys
+
+    from kvtrace.dashboards import cli, serve
+
+    assert cli.command("d")[:4] == [sys.executable, "-m", "kvtrace.dashboards.serve", "run"]
+    out = subprocess.run([sys.executable, "-m", "kvtrace.dashboards.serve", "--version"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.startswith("Streamlit, version ")
+    # what it preloads is what every page imports (through common.py) and Streamlit does not load itself
+    tree = ast.parse((APP.parent / "common.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert set(serve.PRELOAD) <= imported
+    code = "import sys, streamlit.web.cli; print(sorted(set(sys.argv[1:]) & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code, *serve.PRELOAD], capture_output=True, text=True,
+                            timeout=120, check=True).stdout.strip()
+    assert loaded == "[]", loaded

@@ -19,20 +19,20 @@ st.caption(
 if no_data(facets, directory):
     st.stop()
 
-tot = q(sessions.totals, directory, filters)
-cols = st.columns(7)
-cols[0].metric("Sessions", f"{tot['sessions']:,}")
-cols[1].metric("Turns", f"{tot['turns']:,}")
-for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
-    share = tot[key] / tot["wall_ms"] if tot["wall_ms"] else 0
-    col.metric(label.capitalize(), f"{share:.0%}", fmt_ms(tot[key]), delta_color="off", delta_arrow="off")
-
+cols = st.columns(7)  # the totals, filled in below: one query computes them with the table's rows
 left, mid, right = st.columns([2, 1, 1])
 order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"),
                        format_func=lambda column: column.replace("_", " "))
 descending = mid.toggle("Descending", value=True)
 limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, step=100)
-rows = df(q(sessions.breakdown, directory, filters, order=order, descending=descending, limit=int(limit)))
+overview = q(sessions.overview, directory, filters, order=order, descending=descending, limit=int(limit))
+tot, rows = overview["totals"], df(overview["rows"])
+
+cols[0].metric("Sessions", f"{tot['sessions']:,}")
+cols[1].metric("Turns", f"{tot['turns']:,}")
+for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
+    share = tot[key] / tot["wall_ms"] if tot["wall_ms"] else 0
+    col.metric(label.capitalize(), f"{share:.0%}", fmt_ms(tot[key]), delta_color="off", delta_arrow="off")
 
 top = rows.head(50)
 parts = list(PART_LABELS.values())

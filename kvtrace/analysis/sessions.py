@@ -26,18 +26,19 @@ ORDER BY {order} {direction} NULLS LAST, session_id
 LIMIT $limit
 """
 
-TOTALS_SQL = """
-SELECT count(*) AS sessions, coalesce(sum(turns), 0)::BIGINT AS turns,
-       coalesce(sum(wall_ms), 0) AS wall_ms,
-       coalesce(sum(input_processing_ms), 0) AS input_processing_ms,
-       coalesce(sum(generation_ms), 0) AS generation_ms,
-       coalesce(sum(tool_wait_ms), 0) AS tool_wait_ms,
-       coalesce(sum(app_work_ms), 0) AS app_work_ms,
-       coalesce(sum(user_pause_ms), 0) AS user_pause_ms,
-       coalesce(sum(unattributed_ms), 0) AS unattributed_ms,
-       min(start_ns) AS start_ns, max(end_ns) AS end_ns, coalesce(sum(kv_gib_s), 0) AS kv_gib_s
-FROM session_breakdown {where}
-"""
+# (name, aggregate, wrapper) of each total: TOTALS_SQL groups them, OVERVIEW_SQL takes them over all
+# rows as window aggregates (``total_<name>``) beside the top rows, so one query computes the view once
+_TOTALS = (("sessions", "count(*)", "{}"), ("turns", "sum(turns)", "coalesce({}, 0)::BIGINT"),
+           *((c, f"sum({c})", "coalesce({}, 0)") for c in (
+               "wall_ms", "input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "user_pause_ms",
+               "unattributed_ms")),
+           ("start_ns", "min(start_ns)", "{}"), ("end_ns", "max(end_ns)", "{}"),
+           ("kv_gib_s", "sum(kv_gib_s)", "coalesce({}, 0)"))
+TOTALS_SQL = ("SELECT " + ", ".join(w.format(a) + f" AS {n}" for n, a, w in _TOTALS)
+              + " FROM session_breakdown {where}")
+OVERVIEW_SQL = BREAKDOWN_SQL.replace(
+    "\nFROM session_breakdown", "".join(f",\n       {w.format(a + ' OVER ()')} AS total_{n}" for n, a, w in _TOTALS)
+    + "\nFROM session_breakdown")
 
 TURNS_SQL = """
 SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms,
@@ -101,10 +102,14 @@ LANES = {
 def breakdown(con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True,
               limit: int = 1000) -> pa.Table:
     """Rows of ``session_breakdown`` sorted by ``order`` (one of :data:`SORTABLE`)."""
+    return _sorted(con, BREAKDOWN_SQL, filters, order, descending, limit)
+
+
+def _sorted(con, sql: str, filters: Filters | None, order: str, descending: bool, limit: int) -> pa.Table:
     if order not in SORTABLE:
         raise ValueError(f"cannot sort by {order!r}; choose one of {', '.join(SORTABLE)}")
     clause, params = where(filters, SESSION_SCOPE)
-    sql = BREAKDOWN_SQL.format(where=clause, order=order, direction="DESC" if descending else "ASC")
+    sql = sql.format(where=clause, order=order, direction="DESC" if descending else "ASC")
     return table(narrowed(con, filters), sql, {**params, "limit": limit})
 
 
@@ -112,6 +117,17 @@ def totals(con, filters: Filters | None = None) -> dict:
     """The five parts summed over all (filtered) sessions, with session and turn counts."""
     clause, params = where(filters, SESSION_SCOPE)
     return one(narrowed(con, filters), TOTALS_SQL.format(where=clause), params)
+
+
+def overview(con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True,
+             limit: int = 1000) -> dict:
+    """``{"totals": totals(...), "rows": breakdown(...)}`` from one computation of the view (the
+    sessions page shows both)."""
+    out = _sorted(con, OVERVIEW_SQL, filters, order, descending, limit)
+    rows = out.drop_columns([f"total_{n}" for n, _, _ in _TOTALS])
+    if not out.num_rows:  # no sessions: the totals of nothing
+        return {"totals": totals(con, filters), "rows": rows}
+    return {"totals": {n: out.column(f"total_{n}")[0].as_py() for n, _, _ in _TOTALS}, "rows": rows}
 
 
 def turns(con, filters: Filters | None = None, limit: int = 100_000) -> pa.Table:
