@@ -121,6 +121,7 @@ class _Fixed:
         self.recomputed_pulled = np.maximum(missing - self.pull_amount, 0)
         self.recomputed_not = np.maximum(missing, 0)
         self.extra_recomputed = self.recomputed_not - self.recomputed_pulled  # what not pulling adds
+        self.recomputed_if_all_pulled = int(self.recomputed_pulled.sum())
 
         def ttft(recomputed, xfer, lost):
             # recorded TTFT + the change; 0 at the recorded setting, so that row is the recorded TTFT exactly
@@ -225,8 +226,9 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
     at = fx.ttft_at[codes]
     ttft = fx.ttft.take(at + fx.d_index)
     gib_s, peaks = _held(rec, fx, ttl_s, margin, codes)
-    counts = np.bincount(codes.astype(np.int64), minlength=len(kvrules.CODE))
+    counts = np.bincount(codes.view(np.uint8), minlength=len(kvrules.CODE))
     valid = ttft[~np.isnan(ttft)]
+    mean = float(valid.mean()) if valid.size else None  # before the percentile reorders ``valid``
     not_pulled = int((fx.extra_recomputed * ~pulled).sum())
     row = {
         "ttl_s": None if ttl_s is None else float(ttl_s),
@@ -234,15 +236,15 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
         "decisions": int(rec.decisions),
         **{name: int(counts[kvrules.CODE[name]]) for name in OUTCOME_COLUMNS},
         "pulled_tokens": int((fx.pull_amount * pulled).sum()),
-        "recomputed_tokens": int(fx.recomputed_pulled.sum()) + not_pulled,
+        "recomputed_tokens": fx.recomputed_if_all_pulled + not_pulled,
         "gib_s_held": gib_s,
         "peak_gib_held": max(peaks.values(), default=0) / GIB,
-        "ttft_mean_ms": float(valid.mean()) if valid.size else None,
-        "ttft_p90_ms": float(np.percentile(valid, 90)) if valid.size else None,
+        "ttft_mean_ms": mean,
+        "ttft_p90_ms": float(np.percentile(valid, 90, overwrite_input=True)) if valid.size else None,
         "recorded": bool(ttl_s == (None if rec.mixed else rec.ttl_s) and threshold == rec.threshold
                          and margin == rec.offer_margin_s),
     }
-    failures = int(np.count_nonzero(at[rec.d_fail_policy] < 2 * rec.decisions))  # expired / failed, policy fail
+    failures = int(np.count_nonzero((at < 2 * rec.decisions) & rec.d_fail_policy))  # expired / failed, policy fail
     return Replay(row, margin, peaks, failures, codes, ttft)
 
 
