@@ -41,7 +41,7 @@ ENGINE_SPANS = (DEC, XFER, RET, PRE)
 # One pass over the spans the what-if needs: d2p decisions and transfers, retentions, the proxy's
 # request spans, P's engine spans and agent session spans, attributes as columns.
 _BASE_SQL = f"""
-SELECT name, {{ids}}, turn, engine_id, start_ns, end_ns,
+SELECT name, {{ids}}, {{turn}} AS turn, engine_id, start_ns, end_ns,
   duration_ms,
   {_when(ENGINE_SPANS, f"TRY_CAST(ResourceAttributes[{_q(sc.SIM_TIME_SCALE)}] AS DOUBLE)")} AS time_scale,
   {_when((RET,), f"TRY_CAST(ResourceAttributes[{_q(sc.ENGINE_KV_POOL_BYTES)}] AS BIGINT)")} AS pool_bytes,
@@ -59,7 +59,7 @@ SELECT name, {{ids}}, turn, engine_id, start_ns, end_ns,
   {_when((XFER,), _i(sc.KV_TRANSFER_TOKENS))} AS xfer_tokens,
   {_when((XFER,), _i(sc.KV_TRANSFER_BYTES))} AS xfer_bytes,
   {_when((XFER,), _s(sc.KV_TRANSFER_STATUS))} AS xfer_status,
-  {_when((RET,), _i(sc.KV_RETENTION_BLOCKS))} AS held_blocks,
+  {{held_blocks}} AS held_blocks,
   {_when((RET,), _i(sc.KV_RETENTION_TOKENS))} AS held_tokens,
   {_when((RET,), _i(sc.KV_RETENTION_BYTES))} AS held_bytes,
   {_when((RET,), _f(sc.KV_RETENTION_TTL_S))} AS ttl_s,
@@ -67,22 +67,32 @@ SELECT name, {{ids}}, turn, engine_id, start_ns, end_ns,
   {_when((REQ,), _f(sc.REQUEST_TTFT_MS))} AS ttft_ms,
   {_when((REQ,), _f(sc.PROXY_ENTRY_AGE_S))} AS entry_age_s,
   {_when((REQ,), _f(sc.PROXY_CONVERSATION_TTL_S))} AS conversation_ttl_s,
-  {_when((REQ,), _s(sc.PROXY_OFFER) + " = 'true'")} AS offered,
+  {{offered}} AS offered,
   {_when((REQ,), _s(sc.PROXY_OFFER_REASON))} AS offer_reason,
   {_when((PRE,), _i(sc.REQUEST_CACHED_TOKENS))} AS cached_tokens,
-  {_when((SESS,), _s(sc.GEN_AI_AGENT_NAME))} AS agent_name,
-  {_when((SESS,), _s(sc.AGENT_SCENARIO))} AS scenario
+  {{agent_name}} AS agent_name,
+  {{scenario}} AS scenario
 FROM spans
 WHERE name IN ({', '.join(map(_q, (DEC, XFER, RET, REQ, PRE, SESS)))})
   AND (name NOT IN ({_q(DEC)}, {_q(XFER)}) OR {_s(sc.KV_DIRECTION)} = {_q(sc.DIRECTION_D2P)})
 """
-BASE_SQL = _BASE_SQL.format(ids="trace_id, span_id, parent_span_id, session_id, request_id")
-# the same with the ids as 64-bit hashes: joins on integers (the what-if replay never shows ids);
-# session and request ids may be NULL, and stay NULL (a NULL never joins)
+# columns only the view shows (the what-if replay reads none of them)
+_VIEW_ONLY = {
+    "turn": ("turn", "INTEGER"),
+    "held_blocks": (_when((RET,), _i(sc.KV_RETENTION_BLOCKS)), "BIGINT"),
+    "offered": (_when((REQ,), _s(sc.PROXY_OFFER) + " = 'true'"), "BOOLEAN"),
+    "agent_name": (_when((SESS,), _s(sc.GEN_AI_AGENT_NAME)), "VARCHAR"),
+    "scenario": (_when((SESS,), _s(sc.AGENT_SCENARIO)), "VARCHAR"),
+}
+BASE_SQL = _BASE_SQL.format(ids="trace_id, span_id, parent_span_id, session_id, request_id",
+                            **{name: expr for name, (expr, _) in _VIEW_ONLY.items()})
+# for the what-if replay: the ids as 64-bit hashes, joins on integers (it never shows ids; session
+# and request ids may be NULL, and stay NULL: a NULL never joins), NULL for the view-only columns
 BASE_SQL_HASHED_IDS = _BASE_SQL.format(
     ids="hash(trace_id) AS trace_id, hash(span_id) AS span_id, hash(parent_span_id) AS parent_span_id, "
         "CASE WHEN session_id IS NOT NULL THEN hash(session_id) END AS session_id, "
-        "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id")
+        "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id",
+    **{name: f"CAST(NULL AS {kind})" for name, (_, kind) in _VIEW_ONLY.items()})
 
 def requests_sql(columns: tuple[str, ...]) -> str:
     """The proxy's request span of each (trace, request id) in ``base``: ``columns`` of its first."""
