@@ -16,10 +16,17 @@ proxy compared, then drives streaming chat requests at concurrency 1 / 16 / 64 i
 - ``kv_sdk``: traces on, spans made by the OpenTelemetry SDK's own tracer
   (``KVTRACE_PROXY_FASTSPANS=0``) instead of :mod:`kvtrace.fastspans`;
 - ``kv_nometric``: traces on, ``KVTRACE_METRICS=0`` (``--metrics both``, the default);
+- ``kv_stateless``: traces on, requests without a ``conversation_id`` and ``--no-prefix-match``: the
+  forwarder's work (P then D, no offer of D's blocks) plus tracing.  Every other proxy mode gets the
+  same conversation id for all requests of a client worker, so the kvtrace proxies offer D's blocks
+  of the previous turn to P each time (P decides, D releases: work on the workers and in the proxy
+  that ``direct_pd`` and the forwarder do not do); this mode is the like-for-like comparison;
 - ``kv_<loop>``: with ``--loop-ab``, traces on under the other event loop than the default one;
 - ``baseline``: ``--baseline-cmd`` (e.g. vLLM's upstream proxy), if given.
 
-Modes alternate: each concurrency level runs ``--rounds`` rounds, every mode once per round in a
+After a warm-up of every mode, each kvtrace proxy exports the spans it queued (``/lagprobe/flush``),
+so its writer process starts and pays its imports before any measured round.  Modes alternate: each
+concurrency level runs ``--rounds`` rounds, every mode once per round in a
 rotated order, so all of them see the same machine load (the numbers pool the rounds).  Printed per
 mode: p50/p99 latency (request sent -> [DONE]), req/s, the latency added over ``direct_pd`` and
 ``direct_d``, throughput as a ratio of each, and the proxy's CPU time per request (user + system
@@ -59,7 +66,8 @@ from kvtrace.testing.wait import free_port
 HOST = "127.0.0.1"
 HERE = Path(__file__).resolve().parent
 MESSAGES = [{"role": "user", "content": "summarise the plot of a short story about a lighthouse keeper"}]
-TRACED = ("kvtrace", "kv_inproc", "kv_sdk", "kv_nometric", "kv_asyncio", "kv_uvloop")
+TRACED = ("kvtrace", "kv_inproc", "kv_sdk", "kv_nometric", "kv_stateless", "kv_asyncio", "kv_uvloop")
+STATELESS = "kv_stateless"  # its requests carry no conversation id
 
 
 async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -186,7 +194,7 @@ async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
             "direct_pd": lambda w: one_direct_pd(http, p_url, d_url, args.max_tokens, w),
         }
         for name, url in urls.items():
-            calls[name] = (lambda u: lambda w: one_stream(http, u, args.max_tokens, w, conv=True))(url)
+            calls[name] = (lambda u, c: lambda w: one_stream(http, u, args.max_tokens, w, conv=c))(url, name != STATELESS)
         names = list(calls)
         for conc in args.concurrency:
             n = max(args.requests, conc * 8)
@@ -194,6 +202,7 @@ async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
             acc = {name: Acc() for name in names}
             for name in names:
                 await load(calls[name], conc, max(conc * 2, 20))  # warm-up: connections, caches
+            await flush(http, urls)
             for r in range(args.rounds):
                 for name in names[r % len(names):] + names[: r % len(names)]:
                     c0 = cpu_s(pids.get(name))
@@ -202,6 +211,17 @@ async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
             for name in names:
                 results[(name, conc)] = acc[name].row()
     return results
+
+
+async def flush(http, urls: dict) -> None:
+    """Have every kvtrace proxy export what it queued: its writer process (started by the first
+    export) then pays its start-up (imports) before the measured rounds, not in one of them."""
+    for mode, url in urls.items():
+        if mode.startswith("kv"):
+            async with http.get(url + "/lagprobe/flush") as r:
+                got = await r.json()
+            if mode in TRACED and not got["flushed"]:
+                raise SystemExit(f"{mode}: spans not exported after the warm-up: {got}")
 
 
 async def lag_phase(args, urls: dict) -> dict:
@@ -216,7 +236,7 @@ async def lag_phase(args, urls: dict) -> dict:
                 url = urls[mode]
                 async with http.get(url + "/lagprobe/start") as resp:
                     await resp.read()
-                await load(lambda w: one_stream(http, url, args.max_tokens, w, conv=True), args.lag_concurrency,
+                await load(lambda w: one_stream(http, url, args.max_tokens, w, conv=mode != STATELESS), args.lag_concurrency,
                            per_round)
                 async with http.get(url + "/lagprobe/stop") as resp:
                     got = await resp.json()
@@ -242,7 +262,7 @@ def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
     """One row per mode and concurrency; "vs PD" columns are against ``direct_pd`` (the P/D work a
     proxy must do), "vs D" against ``direct_d``.  ``cpu``: CPU of the proxy process per request;
     ``cpu+ch``: with its child processes (the writer process)."""
-    print(f"{'mode':<11} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'+p50 PD':>8} {'+p99 PD':>8} "
+    print(f"{'mode':<12} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'+p50 PD':>8} {'+p99 PD':>8} "
           f"{'+p50 D':>7} {'+p99 D':>7} {'tput/PD':>7} {'tput/D':>7} {'cpu us':>7} {'cpu+ch':>7}")
     for conc in concurrency:
         d50, d99, drps, *_ = results[("direct_d", conc)]
@@ -250,7 +270,7 @@ def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
         for mode in modes:
             p50, p99, rps, cpu, cpu_all = results[(mode, conc)]
             cpu_cols = f"{cpu:7.0f} {cpu_all:7.0f}" if cpu is not None else f"{'-':>7} {'-':>7}"
-            print(f"{mode:<11} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:7.0f} {p50 - pd50:8.3f} {p99 - pd99:8.3f} "
+            print(f"{mode:<12} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:7.0f} {p50 - pd50:8.3f} {p99 - pd99:8.3f} "
                   f"{p50 - d50:7.3f} {p99 - d99:7.3f} {rps / pdrps:7.1%} {rps / drps:7.1%} {cpu_cols}")
 
 
@@ -258,12 +278,12 @@ def report_lag(lag: dict, args) -> None:
     print(f"\n# event-loop lag (1 ms probe), {args.lag_requests} requests per mode at c={args.lag_concurrency}, ms")
     print("(GIL hold: the most thread CPU one stretch of export work took in the proxy process: a\n"
           " writer-process exporter's longest slice, else the longest export call; load does not inflate it)")
-    print(f"{'mode':<11} {'samples':>7} {'exports':>7} {'p50':>6} {'p99':>6} {'max':>7} {'in-exp':>7} "
+    print(f"{'mode':<12} {'samples':>7} {'exports':>7} {'p50':>6} {'p99':>6} {'max':>7} {'in-exp':>7} "
           f"{'p99 exp':>7} {'max exp':>7} {'GIL hold':>9}")
     for mode, o in lag.items():
         hold = o["slice"] if o["slice"] is not None else o["export_cpu"]
         hold_s = f"{hold:9.2f}" if hold is not None else f"{'-':>9}"
-        print(f"{mode:<11} {len(o['lags']):>7} {o['exports']:>7} {_q(o['lags'], .5):>6} {_q(o['lags'], .99):>6} "
+        print(f"{mode:<12} {len(o['lags']):>7} {o['exports']:>7} {_q(o['lags'], .5):>6} {_q(o['lags'], .99):>6} "
               f"{_q(o['lags'], 1):>7} {len(o['export']):>7} {_q(o['export'], .99):>7} {_q(o['export'], 1):>7} {hold_s}")
 
 
@@ -286,7 +306,7 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
     def verdict(ok: bool) -> str:
         return "HOLDS" if ok else "MISSED"
 
-    others = [m for m in ("kv_notrace", "kv_sdk", "kv_inproc", "baseline") if (m, concurrency[0]) in results]
+    others = [m for m in ("kv_stateless", "kv_notrace", "kv_sdk", "kv_inproc", "baseline") if (m, concurrency[0]) in results]
 
     def added(mode: str, conc: int) -> tuple[float, float]:
         (p50, p99), (pd50, pd99) = results[(mode, conc)][:2], results[("direct_pd", conc)][:2]
@@ -359,6 +379,7 @@ def kvtrace_modes(args, traces: str) -> dict[str, tuple[list[str], dict]]:
              "kv_sdk": (t, {"KVTRACE_PROXY_FASTSPANS": "0"})}
     if args.metrics == "both":
         modes["kv_nometric"] = (t, {"KVTRACE_METRICS": "0"})
+    modes[STATELESS] = (t + ["--no-prefix-match"], {})
     if args.loop_ab:
         from kvtrace.proxy.cli import loop_factory
 

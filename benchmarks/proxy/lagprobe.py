@@ -5,7 +5,8 @@
 Adds two routes to the proxy app: ``GET /lagprobe/start`` starts a task that sleeps
 :data:`TICK_S` in a loop and records how late each wake-up is (the lag: how long the loop was
 kept from running ready callbacks: a GIL held by another thread, a long callback, the OS not
-scheduling the process); ``GET /lagprobe/stop`` stops it and answers the samples' summary as JSON.
+scheduling the process); ``GET /lagprobe/stop`` stops it and answers the samples' summary as JSON; ``GET /lagprobe/flush``
+exports the spans queued so far.
 Each sample is marked as overlapping a span export when an ``export`` call of one of the
 process's span exporters was running at its start or end, or started during it.  The probe runs
 only between start and stop, so it costs nothing while the benchmark measures CPU per request.
@@ -81,6 +82,14 @@ class Probe:
             lag = clock() - t0 - TICK_S
             self.samples.append((lag, busy or watch.running > 0 or watch.started != before))
 
+    async def flush(self, request: web.Request) -> web.Response:
+        """Export the spans queued so far (each tracer provider's ``force_flush``, off the loop):
+        after the warm-up, so a writer process starts and writes its first batch (its imports)
+        before any measured round."""
+        providers = list(telemetry._providers)
+        ok = [await asyncio.to_thread(p.force_flush) for p in providers]
+        return web.json_response({"providers": len(providers), "flushed": all(ok)})
+
     async def stop(self, request: web.Request) -> web.Response:
         """The samples (lag ms, overlapped an export) since start, the exports started meanwhile,
         the most thread CPU one export call took meanwhile, and the longest GIL-holding slice a
@@ -103,6 +112,7 @@ def create_app(*args, **kwargs) -> web.Application:
     probe = Probe()
     app.router.add_get("/lagprobe/start", probe.start)
     app.router.add_get("/lagprobe/stop", probe.stop)
+    app.router.add_get("/lagprobe/flush", probe.flush)
     return app
 
 
