@@ -14,6 +14,10 @@ from kvtrace.store.runs import traces_dir
 
 
 APP = Path(__file__).resolve().parent / "app.py"  # this package's Streamlit app (kvtrace.dashboards)
+# the launcher, run by path: ``python -m kvtrace.dashboards.serve`` would resolve ``kvtrace`` from the
+# working directory first, and a source checkout's ``kvtrace/`` has no ``dashboards`` (it is mapped
+# in at install time), so the README's command failed when run from the repository root
+SERVE = APP.with_name("serve.py")
 GRACE_S = 10.0  # after a forwarded SIGINT/SIGTERM, how long Streamlit gets to stop before it is killed
 
 
@@ -80,7 +84,7 @@ def command(directory: str, *, port: int = 8501, compare: str | None = None, hos
             clickhouse: tuple[str, str] | None = None) -> list[str]:
     """The ``streamlit run`` command line for the dashboard (``clickhouse``: (URL, table)); through
     :mod:`.serve`, which imports what the pages need before the server starts."""
-    cmd = [sys.executable, "-m", "kvtrace.dashboards.serve", "run", str(APP), "--server.address", host, "--server.port", str(port),
+    cmd = [sys.executable, str(SERVE), "run", str(APP), "--server.address", host, "--server.port", str(port),
            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", "--traces", directory]
     if clickhouse:
         cmd += ["--clickhouse", clickhouse[0], "--table", clickhouse[1]]

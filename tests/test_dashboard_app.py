@@ -249,16 +249,20 @@ def test_waterfall_bars_have_a_minimum_width(runs):
     assert list(frame["duration_ms"]) == [s["duration_ms"] for s in spans]  # the tooltip keeps the real length
 
 
-def test_the_launcher_is_streamlit_with_the_pages_imports_done_first():
+def test_the_launcher_is_streamlit_with_the_pages_imports_done_first(tmp_path):
     import ast
     import subprocess
     import sys
 
     from kvtrace.dashboards import cli, serve
 
-    assert cli.command("d")[:4] == [sys.executable, "-m", "kvtrace.dashboards.serve", "run"]
-    out = subprocess.run([sys.executable, "-m", "kvtrace.dashboards.serve", "--version"], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    assert cli.command("d")[:4] == [sys.executable, str(cli.SERVE), "run", str(cli.APP)]
+    # run from a directory holding a ``kvtrace`` package without ``dashboards`` (a source checkout's
+    # root with kvtrace installed non-editable, where the README's commands are run)
+    (tmp_path / "kvtrace").mkdir()
+    (tmp_path / "kvtrace" / "__init__.py").write_text("")
+    out = subprocess.run(cli.command("d")[:2] + ["--version"], capture_output=True, text=True, timeout=120,
+                         check=True, cwd=tmp_path).stdout
     assert out.startswith("Streamlit, version ")
     # what it preloads is what every page imports (through common.py) and Streamlit does not load itself
     tree = ast.parse((APP.parent / "common.py").read_text())

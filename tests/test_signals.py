@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from kvtrace.dashboards.cli import SERVE
 from kvtrace.testing.synth import sample_store
 from kvtrace.testing.wait import free_port, wait_for
 
@@ -66,7 +67,7 @@ def test_dashboard_stops_with_its_streamlit_server(tmp_path, how):
     try:
         # up and serving (a signal during Streamlit's own start-up makes it print a traceback)
         children = wait_for(lambda: _descendants(proc) if _healthy(port) else None, 90, "the Streamlit server")
-        assert any("kvtrace.dashboards.serve" in " ".join(c.cmdline()) for c in children), \
+        assert any(str(SERVE) in c.cmdline() for c in children), \
             [c.cmdline() for c in children]
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
