@@ -91,7 +91,7 @@ def run(tmp_path_factory):
                       and prom.query(f"sum({sc.METRIC_KV_RETAINED_BLOCKS}) == {held}"), 120,
                       "vLLM's connector metrics in Prometheus")
         prom.wait_scraped_after(time.time())
-        out["dashboard"] = pc.empty_queries(prom, pc.dashboard_queries())
+        out["dashboard"] = _wait_all_answer(prom, deadline_s=60)
         got = pc.comparable(pc.prometheus_totals(prom, proxy=True))
         out["got"] = got
         # spans reach Parquet in batches: poll until the store says the same (or the deadline)
@@ -103,6 +103,18 @@ def run(tmp_path_factory):
         servers.stop()
         prom.stop()
     return out
+
+
+def _wait_all_answer(prom, deadline_s: float) -> list:
+    """The dashboard's queries that return no data, polled until none (or the deadline): a
+    ``rate(...[1m])`` needs two samples of a series in its window, and on a loaded machine a 1 s
+    scrape can time out, so one scrape after the workload does not guarantee two samples."""
+    end = time.monotonic() + deadline_s
+    while True:
+        empty = pc.empty_queries(prom, pc.dashboard_queries())
+        if not empty or time.monotonic() > end:
+            return empty
+        time.sleep(0.5)
 
 
 def _wait_same(got: dict, traces, deadline_s: float) -> dict:
