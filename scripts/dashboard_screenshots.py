@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kvtrace.dashboards.cli import APP
 from kvtrace.testing import browser as b
+from kvtrace.testing.wait import free_port
 
 PAGES = {"sessions": "Sessions", "drilldown": "Session drill-down", "reuse": "KV reuse",
          "retention": "Retention on decode workers", "latency": "Latency by turn index",
@@ -70,7 +71,7 @@ def main() -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    port = b.free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "streamlit", "run", args.app, "--server.address", "127.0.0.1", "--server.port",
            str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", "--traces", args.traces]
     cmd += ["--compare", args.compare] if args.compare else []

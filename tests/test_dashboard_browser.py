@@ -20,6 +20,7 @@ import pytest
 from kvtrace.dashboards.cli import command
 from kvtrace.testing import browser as b
 from kvtrace.testing.synth import sample_store
+from kvtrace.testing.wait import free_port
 
 pytestmark = pytest.mark.timeout(300)
 aiohttp = pytest.importorskip("aiohttp")
@@ -43,7 +44,7 @@ def dashboard(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser")
     sample_store(root / "bidir")
     sample_store(root / "baseline", pull=False)
-    port = b.free_port()
+    port = free_port()
     with b.dashboard(command(str(root / "bidir"), port=port, compare=str(root / "baseline")), port) as url:
         yield url
 

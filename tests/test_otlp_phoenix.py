@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -22,7 +21,7 @@ from test_collect_workload import read_rows, run_workload
 
 from kvtrace import semconv as sc
 from kvtrace import settings
-from kvtrace.testing.wait import free_port
+from kvtrace.testing.wait import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 120.0
@@ -57,16 +56,6 @@ def _graphql(base: str, query: str) -> dict:
     return body["data"]
 
 
-def _wait(predicate, deadline_s: float, what: str):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)  # polling interval against a deadline, not synchronisation
-
-
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory):
     exe = _require_phoenix()
@@ -92,7 +81,7 @@ def phoenix(tmp_path_factory):
             return False
 
     try:
-        _wait(healthy, STARTUP_S, "phoenix to start")
+        wait_for(healthy, STARTUP_S, "phoenix to start")
         yield {"base": base, "grpc": f"http://127.0.0.1:{grpc_port}", "http": f"{base}/v1/traces"}
     finally:
         proc.terminate()
@@ -124,7 +113,7 @@ def test_phoenix_receives_spans_parents_and_sessions(phoenix, tmp_path, monkeypa
 
     expected = read_rows(tmp_path / "parquet")
     assert len(expected) >= 2 * 2 * 2 * 9
-    got = _wait(lambda: (s := _phoenix_spans(phoenix["base"])) and len(s) >= len(expected) and s,
+    got = wait_for(lambda: (s := _phoenix_spans(phoenix["base"])) and len(s) >= len(expected) and s,
                 INGEST_S, "phoenix to ingest every span")
 
     def key(trace_id, span_id, parent, name, session):

@@ -282,3 +282,66 @@ def test_the_writer_process_is_on_by_default_in_the_proxy_only(tmp_path, monkeyp
     monkeypatch.setenv("KVTRACE_WRITER_PROCESS", "1")
     assert (kind(), writer_process()) == (WriterProcessExporter, True)
     assert kind(writer_process=False) is ParquetSpanExporter
+
+
+def test_descriptors_above_1024_do_not_stop_the_export(tmp_path):
+    """A proxy holds many sockets when its first export starts the writer: the pipe's descriptors
+    can be above 1023, which select() refuses (ValueError escaped into the SDK's processor)."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        exporter = WriterProcessExporter(tmp_path / "store")
+        assert exporter.export(_spans(10)).name == "SUCCESS"
+        exporter.shutdown()
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert _count(tmp_path / "store") == 20
+
+
+def test_a_slice_that_cannot_be_encoded_fails_its_batch_alone(tmp_path, monkeypatch):
+    """Encoding errors never raise into the host, and the slices of the failed batch already in the
+    pipe never join the next batch: that batch's file holds exactly its own spans."""
+    exporter = WriterProcessExporter(tmp_path / "store")
+    first, second = _spans(100, "first"), _spans(10, "second")
+    encode = exporter._encode
+    calls = []
+
+    def flaky(spans):
+        calls.append(len(spans))
+        if len(calls) == 2:  # the second slice of the first batch
+            raise pickle.PicklingError("cannot pickle this value")
+        return encode(spans)
+
+    monkeypatch.setattr(exporter, "_encode", flaky)
+    assert exporter.export(first).name == "FAILURE"
+    assert exporter.export(second).name == "SUCCESS"
+    exporter.shutdown()
+    rows = _rows(tmp_path / "store")
+    assert sorted(r["SpanId"] for r in rows) == sorted(f"{s.context.span_id:016x}" for s in second)
+
+
+def test_the_end_of_the_sigterm_grace_never_cuts_a_batch_being_written(tmp_path, monkeypatch):
+    """SIGTERM's grace ending while a batch is written: that batch is written whole, then the
+    writer stops reading (the next batch's frames are left unread)."""
+    import io
+
+    from kvtrace.store import writerproc
+
+    first, second = _spans(20, "first"), _spans(5, "second")
+    frames = b""
+    for seq, part in ((1, first), (2, second)):
+        payload = pickle.dumps(span_columns(part))
+        frames += HEADER.pack(TAG_SPANS, seq, len(payload)) + payload + HEADER.pack(b"E", seq, 0)
+    write = writerproc._write
+
+    def write_with_the_alarm_inside(exporter, parts):
+        if parts:  # the grace ends in the middle of writing a batch
+            writerproc._on_alarm(signal.SIGALRM, None)
+        return write(exporter, parts)
+
+    monkeypatch.setattr(writerproc, "_write", write_with_the_alarm_inside)
+    monkeypatch.setattr(writerproc, "_stop_due", False)
+    answers = io.BytesIO()
+    assert writerproc.serve(str(tmp_path), {}, io.BytesIO(frames), answers) == 0
+    assert answers.getvalue() == b"ok 1 40\n"
+    assert sorted(r["SpanId"] for r in _rows(tmp_path)) == sorted(f"{s.context.span_id:016x}" for s in first)

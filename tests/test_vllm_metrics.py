@@ -91,11 +91,13 @@ def run(tmp_path_factory):
                       and prom.query(f"sum({sc.METRIC_KV_RETAINED_BLOCKS}) == {held}"), 120,
                       "vLLM's connector metrics in Prometheus")
         prom.wait_scraped_after(time.time())
-        out["dashboard"] = _wait_all_answer(prom, deadline_s=60)
+        # the queries with no data, until none: a ``rate(...[1m])`` needs two samples of a series in its
+        # window, and a series born at a request's end may have had one scrape since
+        out["dashboard"] = _settled(lambda: pc.empty_queries(prom, pc.dashboard_queries()), lambda e: not e, 60)
         got = pc.comparable(pc.prometheus_totals(prom, proxy=True))
         out["got"] = got
         # spans reach Parquet in batches: poll until the store says the same (or the deadline)
-        out["want"] = _wait_same(got, traces, deadline_s=90)
+        out["want"] = _settled(lambda: pc.comparable(pc.span_totals(traces, proxy=True)), lambda w: w == got, 90)
     finally:
         if proxy is not None:
             proxy.terminate()
@@ -105,26 +107,14 @@ def run(tmp_path_factory):
     return out
 
 
-def _wait_all_answer(prom, deadline_s: float) -> list:
-    """The dashboard's queries that return no data, polled until none (or the deadline): a
-    ``rate(...[1m])`` needs two samples of a series in its window, and on a loaded machine a 1 s
-    scrape can time out, so one scrape after the workload does not guarantee two samples."""
+def _settled(fetch, done, deadline_s: float):
+    """``fetch()`` polled until ``done`` of it (or the deadline); the last value, which the test then
+    checks and reports."""
     end = time.monotonic() + deadline_s
     while True:
-        empty = pc.empty_queries(prom, pc.dashboard_queries())
-        if not empty or time.monotonic() > end:
-            return empty
-        time.sleep(0.5)
-
-
-def _wait_same(got: dict, traces, deadline_s: float) -> dict:
-    """The store's totals once they equal ``got`` (polled until the deadline); else the last ones,
-    which the test then compares and reports."""
-    end = time.monotonic() + deadline_s
-    while True:
-        want = pc.comparable(pc.span_totals(traces, proxy=True))
-        if want == got or time.monotonic() > end:
-            return want
+        value = fetch()
+        if done(value) or time.monotonic() > end:
+            return value
         time.sleep(0.5)
 
 

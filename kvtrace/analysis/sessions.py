@@ -36,6 +36,7 @@ _TOTALS = (("sessions", "count(*)", "{}"), ("turns", "sum(turns)", "coalesce({},
            ("kv_gib_s", "sum(kv_gib_s)", "coalesce({}, 0)"))
 TOTALS_SQL = ("SELECT " + ", ".join(w.format(a) + f" AS {n}" for n, a, w in _TOTALS)
               + " FROM session_breakdown {where}")
+assert BREAKDOWN_SQL.count("\nFROM session_breakdown") == 1  # where OVERVIEW_SQL adds the totals
 OVERVIEW_SQL = BREAKDOWN_SQL.replace(
     "\nFROM session_breakdown", "".join(f",\n       {w.format(a + ' OVER ()')} AS total_{n}" for n, a, w in _TOTALS)
     + "\nFROM session_breakdown")

@@ -143,7 +143,7 @@ class _Fixed:
         key = (ttl_s, margin)
         if key not in self.ttls:
             # the proxy's limit, written so that the recorded setting gives the recorded limit exactly
-            limit = rec.offer_ttl_s + ((ttl_s if ttl_s is not None else rec.ttl_s) - rec.ttl_s) + (rec.offer_margin_s - margin)
+            limit = rec.offer_ttl_s + (0.0 if ttl_s is None else ttl_s - rec.ttl_s) + (rec.offer_margin_s - margin)
             offered = rec.d_has_entry & kvrules.entry_offered(rec.d_age_s, limit)
             d_ttl, r_ttl = (rec.d_ttl_s, rec.r_ttl_s) if ttl_s is None else (ttl_s, np.float64(ttl_s))
             ttl_ns = np.round(r_ttl / rec.time_scale * 1e9).astype(np.int64)
@@ -298,8 +298,8 @@ def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: f
     TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
     rec = load(con)
     grid = settings_grid(rec, ttls, thresholds)
-    prepare(rec, grid, offer_margin_s)
     workers = workers or min(4, os.cpu_count() or 1)
+    prepare(rec, grid, offer_margin_s, workers)
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(lambda s: replay(rec, s[0], s[1], offer_margin_s), grid))
     return rec, results

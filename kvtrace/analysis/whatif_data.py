@@ -22,7 +22,7 @@ Where each number comes from:
 
 The store is read once: :data:`kvtrace.store.views.gaps.BASE_SQL_HASHED_IDS` copies those spans,
 attributes as columns, into a temporary table ``base`` of a private cursor; every query here, the
-``turn_gaps`` pairing (the view's own SQL, its ``latest`` and ``q`` CTEs computed once into
+``turn_gaps`` pairing (the view's own SQL, its ``latest`` and ``q`` CTEs computed once on DuckDB into
 temporary tables that both the decisions and the retentions query read) and :mod:`.reuse`'s
 calibration (over temporary ``engine_requests`` / ``kv_transfers`` views of ``base`` with the
 store views' columns; the prefill rates computed once) run on it.  The queries return rows in

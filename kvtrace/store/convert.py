@@ -34,7 +34,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.store.sanitise import strings, text
 from kvtrace.store.schema import SCHEMA, TS
-from kvtrace.store.spancols import SpanColumns, as_dict, span_columns
+from kvtrace.store.spancols import SpanColumns, span_columns
 
 _STR, _INT, _FLOAT, _BOOL, _OTHER = 0, 1, 2, 3, 4
 _TYPE_CODE = {str: _STR, int: _INT, float: _FLOAT, bool: _BOOL}

@@ -102,13 +102,15 @@ class WriterProcessExporter(SpanExporter):
             self._seq += 1
             try:
                 for lo in range(0, len(spans), SLICE_SPANS):
+                    if lo:
+                        time.sleep(YIELD_S)
                     payload = self._encode(spans[lo:lo + SLICE_SPANS])
                     if payload:
                         writer.send(TAG_SPANS, self._seq, payload)
-                    time.sleep(YIELD_S)
                 writer.send(TAG_END, self._seq, b"")
                 ok = writer.reply(self._seq)
-            except WriterFailed as exc:
+            except Exception as exc:  # WriterFailed, or a slice that cannot be encoded: never into the host
+                # the writer is replaced, so the slices of this batch already sent never join the next one
                 self._failed(writer, f"{exc}; {len(spans)} spans lost")
                 return SpanExportResult.FAILURE
             self._backoff = 0.0
@@ -234,6 +236,14 @@ class _Writer:
         os.set_blocking(to_w, False)
         return cls(proc, to_w, from_r, timeout_s)
 
+    @staticmethod
+    def _wait(fd: int, event: int, left_s: float) -> bool:
+        """Whether ``fd`` is ready for ``event`` within ``left_s`` (poll: select() refuses
+        descriptors >= 1024, which a proxy with many sockets open hands out)."""
+        poller = select.poll()
+        poller.register(fd, event)
+        return bool(poller.poll(left_s * 1000))
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -255,7 +265,7 @@ class _Writer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise WriterFailed(f"writer process took no data for {self._limit():.0f} s")
-                select.select([], [self.to_fd], [], left)
+                self._wait(self.to_fd, select.POLLOUT, left)
 
     def reply(self, seq: int) -> bool:
         """Wait for the writer's answer to batch ``seq``: True when written."""
@@ -264,8 +274,7 @@ class _Writer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WriterFailed(f"writer process did not answer within {self._limit():.0f} s")
-            ready, _, _ = select.select([self.from_fd], [], [], left)
-            if ready:
+            if self._wait(self.from_fd, select.POLLIN, left):
                 chunk = os.read(self.from_fd, 4096)
                 if not chunk:
                     raise WriterFailed(f"writer process exited ({self.proc.wait()})")

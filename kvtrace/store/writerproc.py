@@ -58,12 +58,23 @@ def _on_term(signum, frame) -> None:
     signal.alarm(TERM_GRACE_S)
 
 
+_writing = False  # a batch is being written: the grace's end waits for it (see _on_alarm)
+_stop_due = False
+
+
 def _on_alarm(signum, frame) -> None:
-    raise _Stop
+    """SIGTERM's grace is over: stop reading stdin, but never in the middle of writing a batch (its
+    slices would be neither in the file nor left for the final write)."""
+    global _stop_due
+    if _writing:
+        _stop_due = True
+    else:
+        raise _Stop
 
 
 def serve(directory: str, options: dict, stdin, answers) -> int:
     """Serve frames from ``stdin`` until its end; answers go to ``answers`` (binary, unbuffered)."""
+    global _writing
     exporter = ParquetSpanExporter(directory, **options)
     parts: list = []
     try:
@@ -78,9 +89,15 @@ def serve(directory: str, options: dict, stdin, answers) -> int:
             if tag == TAG_SPANS:
                 parts.append(pickle.loads(payload))
             elif tag == TAG_END:
-                batch, parts = parts, []
-                written = _write(exporter, batch)
+                _writing = True
+                try:
+                    written = _write(exporter, parts)
+                    parts = []
+                finally:
+                    _writing = False
                 answers.write(b"ok %d %d\n" % (seq, written) if written is not None else b"fail %d 0\n" % seq)
+                if _stop_due:
+                    raise _Stop
     except _Stop:
         pass
     finally:

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kvtrace.testing.wait import free_port, wait_for  # noqa: F401  (free_port: callers use b.free_port)
+from kvtrace.testing.wait import wait_for
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
