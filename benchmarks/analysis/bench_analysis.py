@@ -12,8 +12,9 @@ engine / KV spans a real store holds (170 spans per session).  Printed: time of 
 ``session_breakdown`` and ``turn_breakdown`` fully computed (every column summed), against the
 1 s target (issue #14), of the sessions page's top-1000 table and of one session's turns (drill-down); then
 the AppTest first render of the sessions page on the smaller store: in a cold process, and as ``kvtrace
-dashboard`` serves it (its launcher, ``kvtrace.dashboards.serve``, imports pandas and Altair before the
-server starts; caches cleared).
+dashboard`` serves it (its launcher, ``kvtrace.dashboards.serve``, imports what the pages import and opens
+DuckDB, and Streamlit's runtime scans installed packages for components, before the server serves;
+caches cleared).
 """
 
 from __future__ import annotations
@@ -195,21 +196,27 @@ def bench_dashboard(directory: Path) -> None:
 
     served = _served_first_render(app)
     print(f"  first render as `kvtrace dashboard` serves it {served:.2f} s (target: "
-          f"{'HOLDS' if served <= TARGET_S else 'MISSED'}): its launcher imports {', '.join(PRELOAD)} at "
-          "server start; fresh caches and connection, AppTest's component scan still counted")
+          f"{'HOLDS' if served <= TARGET_S else 'MISSED'}): its launcher imports {', '.join(PRELOAD)} and "
+          "opens DuckDB, and the server scans installed packages for components, at start; fresh "
+          "caches and connection")
 
 
 def _served_first_render(app: Path) -> float:
-    """The sessions page's first render in a process that has done what the dashboard's launcher
-    (``kvtrace.dashboards.serve``) does before its server starts, with every Streamlit cache
-    cleared (a new connection, nothing computed)."""
+    """The sessions page's first render in a process that has done what ``kvtrace dashboard``
+    does before it serves a page — its launcher's preload (:mod:`kvtrace.dashboards.serve`) and
+    the Streamlit runtime's scan of installed packages for components (``Runtime.__init__``; an
+    ``AppTest`` does it again on its first run, 0.5 s here, unless handed the scanned registry)
+    — with every Streamlit cache cleared (a new connection, nothing computed)."""
     import streamlit as st
     from streamlit import logger as st_logger
+    from streamlit.components.v2.component_manager import BidiComponentManager
     from streamlit.testing.v1 import AppTest
 
     from kvtrace.dashboards import serve
 
     serve.preload()
+    components = BidiComponentManager()
+    components.discover_and_register_components(start_file_watching=False)
     level = logging.getLogger("streamlit").getEffectiveLevel()  # clearing outside a script run logs that
     st_logger.set_log_level(logging.ERROR)  # there is none
     try:
@@ -217,8 +224,10 @@ def _served_first_render(app: Path) -> float:
         st.cache_resource.clear()
     finally:
         st_logger.set_log_level(level)
+    at = AppTest.from_file(str(app), default_timeout=600)
+    at._bidi_component_manager = components  # what the server scanned at start (see the docstring)
     t = time.perf_counter()
-    at = AppTest.from_file(str(app), default_timeout=600).run()
+    at.run()
     took = time.perf_counter() - t
     assert not at.exception, [e.value for e in at.exception]
     return took
