@@ -144,6 +144,39 @@ async def test_decode_dies_mid_stream(rig_factory):
     assert sc.EVENT_UPSTREAM_ERROR in [e.name for e in span.events]
 
 
+async def test_stream_ends_for_the_client_at_done_while_d_holds_its_body_open(rig_factory):
+    """[DONE] and the end of the chunked body go out together, in one write, as soon as [DONE]
+    arrives: the client's response is complete while D has not ended its body yet."""
+    rig = await rig_factory(d_kwargs={"after_done": "hold", "tokens": 3})
+    async with rig.http.post(rig.proxy.url + CHAT, json=BODY) as r:
+        data = await asyncio.wait_for(r.read(), 5)  # the whole body, D still holding
+    assert r.status == 200 and sse(data)[-1] == "[DONE]" and not rig.d.release.is_set()
+    assert [json.loads(e)["choices"][0]["delta"]["content"] for e in sse(data)[:3]] == ["t0", "t1", "t2"]
+    rig.d.release.set()  # D ends its body: the proxy read it to the end and ends its spans
+    span = await rig.server_span()
+    assert span.status.status_code == StatusCode.UNSET and sc.ERROR_TYPE not in span.attributes
+    assert span.attributes[sc.HTTP_RESPONSE_STATUS_CODE] == 200
+    status, _, again = await rig.post()  # D's connection went back to the pool in a clean state
+    assert status == 200 and sse(again)[-1] == "[DONE]"
+
+
+async def test_decode_dies_after_done_client_keeps_a_clean_stream(rig_factory):
+    """D drops its connection after [DONE] (no end of its chunked body): the client already has its
+    whole stream, with no error event after [DONE]; the spans record D's failure."""
+    rig = await rig_factory(d_kwargs={"after_done": "die", "tokens": 2})
+    status, _, data = await rig.post()
+    events = sse(data)
+    assert status == 200 and events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["t0", "t1"]
+    span = await rig.server_span()
+    etype = span.attributes[sc.ERROR_TYPE]
+    assert etype in ("ClientPayloadError", "ServerDisconnectedError")
+    assert span.attributes[sc.HTTP_RESPONSE_STATUS_CODE] == 200
+    (leg,) = rig.spans(sc.SPAN_PROXY_DECODE)
+    assert leg.status.status_code == StatusCode.ERROR and leg.attributes[sc.ERROR_TYPE] == etype
+    assert [e.name for e in span.events] == [sc.EVENT_FIRST_TOKEN, sc.EVENT_UPSTREAM_ERROR]
+
+
 async def test_decode_dies_mid_stream_non_streaming_client(rig_factory):
     rig = await rig_factory(d_kwargs={"die_after": 1})
     status, _, data = await rig.post({**BODY, "stream": False})

@@ -331,9 +331,16 @@ class Proxy:
             on_finish=None if call.reply is None else lambda: self._served(call, call.reply.message()),
         )
 
+        ended = []  # [True] once the client's stream is complete (the body's end went out)
+
         async def forward(chunk: bytes) -> None:
+            if patcher.done:
+                return  # D's bytes after [DONE] (vLLM sends none): read to the end of its body, not sent
             out = patcher.feed(chunk)
-            if out:
+            if patcher.done:  # its last event and the end of the chunked body in one write
+                await resp.write_eof(out)
+                ended.append(True)
+            elif out:
                 await resp.write(out)
 
         error, failure, due = None, None, b""
@@ -342,7 +349,7 @@ class Proxy:
                 async with asyncio.timeout_at(call.deadline):
                     await resp.prepare(request)
                     error = await pump(r, self.config.max_upstream_bytes, rt.first_token, forward)
-                    tail = patcher.flush()
+                    tail = b"" if patcher.done else patcher.flush()
                     if tail:
                         await resp.write(tail)
             except _CLIENT_GONE:
@@ -352,7 +359,7 @@ class Proxy:
             if error is None and not patcher.done:
                 error = sc.ERROR_INCOMPLETE_STREAM
             if error is not None:
-                return await self._end_stream(call, request, resp, r, span, error, failure, due)
+                return await self._end_stream(call, request, resp, r, span, error, failure, due, bool(ended))
             if patcher.error is not None:
                 error = str(patcher.error.get("type") or "upstream_error")
             await resp.write_eof()
@@ -381,8 +388,9 @@ class Proxy:
         return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
 
     async def _end_stream(self, call: Call, request: web.Request, resp: web.StreamResponse, r, span,
-                          error: str, failure: dict | None, due: bytes = b"") -> web.StreamResponse:
-        """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began)."""
+                          error: str, failure: dict | None, due: bytes = b"", ended: bool = False) -> web.StreamResponse:
+        """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began;
+        nothing when ``ended``: D failed after [DONE], the client already has its whole stream)."""
         r.close()
         if failure is None:  # D's stream broke
             cap = self.config.max_upstream_bytes
@@ -395,6 +403,9 @@ class Proxy:
             status = failure["error"]["code"]
             call.finish(status, error)
             return call.json(failure, status)
+        if ended:
+            call.finish(200, error)
+            return resp
         try:
             async with asyncio.timeout(_TAIL_WRITE_S):
                 await resp.write(due + sse_event(failure) + b"data: [DONE]\n\n")

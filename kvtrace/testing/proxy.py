@@ -25,6 +25,8 @@ class FakeWorker:
     script: list | None = None  # D: send these raw chunks (bytes) as the stream body, then end it
     trickle_s: float | None = None  # D: after the first chunk, send one SSE comment byte every trickle_s, forever
     pad_bytes: int = 0  # add this many bytes to every response (a "pad" field / SSE comment lines)
+    after_done: str | None = None  # D after [DONE]: "hold" its body open until ``release`` is set; "die"
+    release: asyncio.Event = field(default_factory=asyncio.Event)
     received: list = field(default_factory=list)  # (headers dict, body dict)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -156,6 +158,11 @@ class FakeWorker:
                    "choices": [], "usage": usage}
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if self.after_done == "die":
+            request.transport.close()  # no end of the chunked body
+            return resp
+        if self.after_done == "hold":
+            await self.release.wait()
         await resp.write_eof()
         return resp
 
