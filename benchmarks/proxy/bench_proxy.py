@@ -32,8 +32,8 @@ mode: p50/p99 latency (request sent -> [DONE]), req/s, the latency added over ``
 ``direct_d``, throughput as a ratio of each, and the proxy's CPU time per request (user + system
 from /proc around each measured run, 10 ms ticks) without and with its child processes (the Parquet
 writer).  The metrics-on proxies are scraped (``GET /metrics``) every second meanwhile, as Prometheus
-would.  Then an event-loop lag phase: each kvtrace mode runs ``--lag-requests`` at
-``--lag-concurrency`` with a 1 ms lag probe in its loop (``lagprobe.py``, off during the CPU runs);
+would.  Then event-loop lag phases, one per ``--lag-concurrency`` (1 and 16): each kvtrace mode runs
+``--lag-requests`` with a 1 ms lag probe in its loop (``lagprobe.py``, off during the CPU runs);
 printed: lag p50/p99/max over all samples and over the samples that overlap a span export, and the
 longest GIL-holding slice the writer-process exporter measured (its thread's CPU time).  Last, the
 targets of issue #14, each with the numbers of this run and whether it holds.
@@ -224,8 +224,8 @@ async def flush(http, urls: dict) -> None:
                 raise SystemExit(f"{mode}: spans not exported after the warm-up: {got}")
 
 
-async def lag_phase(args, urls: dict) -> dict:
-    """Per kvtrace mode: the lag probe's samples over ``--lag-requests`` at ``--lag-concurrency``,
+async def lag_phase(args, urls: dict, conc: int) -> dict:
+    """Per kvtrace mode: the lag probe's samples over ``--lag-requests`` at concurrency ``conc``,
     in ``--rounds`` alternating rounds."""
     modes = [m for m in urls if m.startswith("kv")]
     out = {m: {"lags": [], "export": [], "exports": 0, "slice": None, "export_cpu": None} for m in modes}
@@ -236,8 +236,7 @@ async def lag_phase(args, urls: dict) -> dict:
                 url = urls[mode]
                 async with http.get(url + "/lagprobe/start") as resp:
                     await resp.read()
-                await load(lambda w: one_stream(http, url, args.max_tokens, w, conv=mode != STATELESS), args.lag_concurrency,
-                           per_round)
+                await load(lambda w: one_stream(http, url, args.max_tokens, w, conv=mode != STATELESS), conc, per_round)
                 async with http.get(url + "/lagprobe/stop") as resp:
                     got = await resp.json()
                 o = out[mode]
@@ -274,8 +273,8 @@ def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
                   f"{p50 - d50:7.3f} {p99 - d99:7.3f} {rps / pdrps:7.1%} {rps / drps:7.1%} {cpu_cols}")
 
 
-def report_lag(lag: dict, args) -> None:
-    print(f"\n# event-loop lag (1 ms probe), {args.lag_requests} requests per mode at c={args.lag_concurrency}, ms")
+def report_lag(lag: dict, args, conc: int) -> None:
+    print(f"\n# event-loop lag (1 ms probe), {args.lag_requests} requests per mode at c={conc}, ms")
     print("(GIL hold: the most thread CPU one stretch of export work took in the proxy process: a\n"
           " writer-process exporter's longest slice, else the longest export call; load does not inflate it)")
     print(f"{'mode':<12} {'samples':>7} {'exports':>7} {'p50':>6} {'p99':>6} {'max':>7} {'in-exp':>7} "
@@ -340,19 +339,27 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
               f"{fwd:.0f} us: {own / fwd:.2f}x ({with_writer / fwd:.2f}x) (<= 1.5x): {verdict(own / fwd <= 1.5)} "
               f"({verdict(with_writer / fwd <= 1.5)})   "
               + beside(lambda m: f"{results[(m, conc)][4] / fwd:.2f}x" if results[(m, conc)][4] else "-"))
-    if lag and "kvtrace" in lag:
+    for conc, by_mode in (lag or {}).items():
+        report_lag_target(by_mode, conc, verdict)
+
+
+def report_lag_target(lag: dict, conc: int, verdict) -> None:
+    """The loop-lag and GIL-hold targets at one lag-phase concurrency: the proxies without export
+    (``kv_notrace``) show the lag the machine's scheduling alone causes at that load."""
+    if "kvtrace" in lag:
         during = lag["kvtrace"]["export"]
         worst = max(during) if during else None
         if worst is None:
-            print("max loop lag while exports run: no export overlapped a probe sample")
+            print(f"c={conc} max loop lag while exports run: no export overlapped a probe sample")
         else:
-            print(f"max loop lag while exports run {worst:.2f} ms (<= 2 ms): {verdict(worst <= 2.0)}   "
+            print(f"c={conc} max loop lag while exports run {worst:.2f} ms (<= 2 ms): {verdict(worst <= 2.0)}   "
                   + "; ".join(f"{m} {max(o['export']) if o['export'] else max(o['lags'], default=0):.2f}"
                               for m, o in lag.items() if m != "kvtrace")
                   + " (no export: max of all samples: the machine's own scheduling lag)")
         hold = lag["kvtrace"]["slice"]
         if hold is not None:
-            print(f"longest GIL hold by export work in the proxy {hold:.2f} ms (<= 2 ms): {verdict(hold <= 2.0)}   "
+            print(f"c={conc} longest GIL hold by export work in the proxy {hold:.2f} ms (<= 2 ms): "
+                  f"{verdict(hold <= 2.0)}   "
                   + "; ".join(f"{m} {o['slice'] if o['slice'] is not None else o['export_cpu'] or 0:.2f}"
                               for m, o in lag.items() if m != "kvtrace" and (o["slice"] or o["export_cpu"])))
 
@@ -404,7 +411,9 @@ async def main() -> int:
     ap.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), help="event loop of the kvtrace proxies")
     ap.add_argument("--loop-ab", action="store_true", help="also run kvtrace under the other event loop")
     ap.add_argument("--lag-requests", type=int, default=3000, help="requests per mode in the lag phase (0: none)")
-    ap.add_argument("--lag-concurrency", type=int, default=16)
+    ap.add_argument("--lag-concurrency", type=int, nargs="+", default=[1, 16],
+                    help="concurrency of the lag phase, one phase each (default 1 and 16: at 16 the 2-core "
+                         "machine's scheduling shows in every proxy's lag, exporting or not)")
     args = ap.parse_args()
 
     p_port, d_port, f_port, b_port = (free_port() for _ in range(4))
@@ -435,7 +444,7 @@ async def main() -> int:
                     if m.startswith("kv") and m != "kv_nometric" and args.metrics != "off"]
         try:
             results = await bench(args, urls, p_url, d_url, pids)
-            lag = await lag_phase(args, urls) if args.lag_requests > 0 else None
+            lag = {conc: await lag_phase(args, urls, conc) for conc in args.lag_concurrency if args.lag_requests > 0}
         finally:
             for task in scrapers:
                 task.cancel()
@@ -446,8 +455,8 @@ async def main() -> int:
               f"kvtrace loop={loop}, metrics={args.metrics}, cpus={os.cpu_count()}, "
               f"load={os.getloadavg()[0]:.1f}")
         report(results, ["direct_d", "direct_pd", *urls], args.concurrency)
-        if lag:
-            report_lag(lag, args)
+        for conc, by_mode in (lag or {}).items():
+            report_lag(by_mode, args, conc)
         if "kv_nometric" in urls:
             report_metrics(results, args.concurrency)
         report_targets(results, lag, args.concurrency)
