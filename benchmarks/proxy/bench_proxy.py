@@ -6,6 +6,10 @@ proxy compared, then drives streaming chat requests at concurrency 1 / 16 / 64 i
 - ``direct_d``: the client calls D alone;
 - ``direct_pd``: the client itself calls P (max_tokens=1) then streams D: the minimum P/D work, and
   the honest baseline of a proxy that must also call P;
+- ``direct_reuse``: the same, and each client worker offers P the blocks D kept from its previous
+  request (D's final ``kv_transfer_params``, as a stateful proxy does): the workers' work of the
+  multi-turn proxy modes below (P decides and pulls, D releases), without a proxy — their
+  like-for-like throughput baseline;
 - ``forwarder``: ``forwarder.py``, a bare aiohttp P-then-D forwarder (no tracing, no state): the CPU
   baseline of any aiohttp proxy;
 - ``kvtrace``: ``kvtrace proxy`` with traces exported to Parquet (by the writer process, the default)
@@ -20,7 +24,8 @@ proxy compared, then drives streaming chat requests at concurrency 1 / 16 / 64 i
   forwarder's work (P then D, no offer of D's blocks) plus tracing.  Every other proxy mode gets the
   same conversation id for all requests of a client worker, so the kvtrace proxies offer D's blocks
   of the previous turn to P each time (P decides, D releases: work on the workers and in the proxy
-  that ``direct_pd`` and the forwarder do not do); this mode is the like-for-like comparison;
+  that ``direct_pd`` and the forwarder do not do, and ``direct_reuse`` does); this mode is the
+  like-for-like comparison with ``direct_pd`` and the forwarder;
 - ``kv_<loop>``: with ``--loop-ab``, traces on under the other event loop than the default one;
 - ``baseline``: ``--baseline-cmd`` (e.g. vLLM's upstream proxy), if given.
 
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shlex
 import statistics
@@ -61,6 +67,7 @@ from pathlib import Path
 
 import aiohttp
 
+from kvtrace.semconv import KV_PARAMS_KEY
 from kvtrace.testing.wait import free_port
 
 HOST = "127.0.0.1"
@@ -97,6 +104,24 @@ async def one_direct_pd(http, p_url, d_url, max_tokens, i):
     async with http.post(d_url + "/v1/chat/completions", json=body(max_tokens, kv_transfer_params=params)) as r:
         async for _ in r.content.iter_any():
             pass
+
+
+async def one_direct_reuse(http, p_url, d_url, max_tokens, i, kept: dict):
+    """``one_direct_pd`` offering P the blocks D kept from worker ``i``'s previous request."""
+    offer = {"do_remote_decode": True, "do_remote_prefill": False}
+    if i in kept:
+        offer = {**kept.pop(i), **offer}
+    async with http.post(p_url + "/v1/chat/completions", json=body(1, stream=False, kv_transfer_params=offer)) as r:
+        params = (await r.json()).get("kv_transfer_params")
+    async with http.post(d_url + "/v1/chat/completions", json=body(max_tokens, kv_transfer_params=params)) as r:
+        data = await r.read()
+    at = data.rfind(b'"kv_transfer_params"')
+    if at >= 0:  # the finishing chunk carries what D kept
+        line = data[data.rfind(b"data: ", 0, at) + 6:data.find(b"\n", at)]
+        params = json.loads(line).get("kv_transfer_params")
+        if params:
+            params.pop(KV_PARAMS_KEY, None)  # D's report for tracing, not part of the offer
+            kept[i] = {**params, "remote_host": HOST}
 
 
 async def one_stream(http, url, max_tokens, i, conv):
@@ -188,10 +213,12 @@ class Acc:
 async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
     """``results[(mode, conc)] = (p50 ms, p99 ms, req/s, CPU µs/request, with children)``."""
     results: dict = {}
+    kept: dict = {}  # direct_reuse: per client worker, the params of the blocks D kept for it
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         calls = {
             "direct_d": lambda w: one_stream(http, d_url, args.max_tokens, w, conv=False),
             "direct_pd": lambda w: one_direct_pd(http, p_url, d_url, args.max_tokens, w),
+            "direct_reuse": lambda w: one_direct_reuse(http, p_url, d_url, args.max_tokens, w, kept),
         }
         for name, url in urls.items():
             calls[name] = (lambda u, c: lambda w: one_stream(http, u, args.max_tokens, w, conv=c))(url, name != STATELESS)
@@ -325,11 +352,15 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
             print(f"c=1 +p99 traces on {on99:.2f} ms vs off {off99:.2f} ms: {on99 - off99:+.2f} ms (<= 1.5 ms): "
                   f"{verdict(on99 - off99 <= 1.5)}")
     if 16 in concurrency:
-        def tput(mode: str) -> float:
-            return results[(mode, 16)][2] / results[("direct_pd", 16)][2]
+        def tput(mode: str, base: str = "direct_pd") -> float:
+            return results[(mode, 16)][2] / results[(base, 16)][2]
 
         print(f"c=16 throughput {tput('kvtrace'):.1%} of direct P->D (>= 80 %): {verdict(tput('kvtrace') >= 0.8)}   "
               + beside(lambda m: f"{tput(m):.1%}"))
+        same = tput("kvtrace", "direct_reuse")
+        print(f"c=16 throughput with the same worker work: multi-turn kvtrace {same:.1%} of direct P->D with reuse, "
+              f"kv_stateless {tput(STATELESS):.1%} of direct P->D (>= 80 %): "
+              f"{verdict(same >= 0.8)}, {verdict(tput(STATELESS) >= 0.8)}")
     for conc in concurrency:
         if ("forwarder", conc) not in results or results[("forwarder", conc)][3] is None:
             continue
@@ -454,7 +485,7 @@ async def main() -> int:
         print(f"# zero-cost simulator 1P+1D, max_tokens={args.max_tokens}, streaming chat, {args.rounds} rounds, "
               f"kvtrace loop={loop}, metrics={args.metrics}, cpus={os.cpu_count()}, "
               f"load={os.getloadavg()[0]:.1f}")
-        report(results, ["direct_d", "direct_pd", *urls], args.concurrency)
+        report(results, ["direct_d", "direct_pd", "direct_reuse", *urls], args.concurrency)
         for conc, by_mode in (lag or {}).items():
             report_lag(by_mode, args, conc)
         if "kv_nometric" in urls:
