@@ -331,15 +331,16 @@ class Proxy:
             on_finish=None if call.reply is None else lambda: self._served(call, call.reply.message()),
         )
 
-        ended = []  # [True] once the client's stream is complete (the body's end went out)
+        ended = False  # the client's stream is complete: the end of its body went out
 
         async def forward(chunk: bytes) -> None:
+            nonlocal ended
             if patcher.done:
                 return  # D's bytes after [DONE] (vLLM sends none): read to the end of its body, not sent
             out = patcher.feed(chunk)
             if patcher.done:  # its last event and the end of the chunked body in one write
                 await resp.write_eof(out)
-                ended.append(True)
+                ended = True
             elif out:
                 await resp.write(out)
 
@@ -359,7 +360,7 @@ class Proxy:
             if error is None and not patcher.done:
                 error = sc.ERROR_INCOMPLETE_STREAM
             if error is not None:
-                return await self._end_stream(call, request, resp, r, span, error, failure, due, bool(ended))
+                return await self._end_stream(call, request, resp, r, span, error, failure, due, ended)
             if patcher.error is not None:
                 error = str(patcher.error.get("type") or "upstream_error")
             await resp.write_eof()
@@ -388,7 +389,8 @@ class Proxy:
         return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
 
     async def _end_stream(self, call: Call, request: web.Request, resp: web.StreamResponse, r, span,
-                          error: str, failure: dict | None, due: bytes = b"", ended: bool = False) -> web.StreamResponse:
+                          error: str, failure: dict | None, due: bytes = b"",
+                          ended: bool = False) -> web.StreamResponse:
         """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began;
         nothing when ``ended``: D failed after [DONE], the client already has its whole stream)."""
         r.close()
