@@ -19,7 +19,9 @@ without them (a fresh prefill) and the decision is recorded as ``expired`` (the 
 D's retention minus vLLM's 5 s margin) or ``failed``.  Everything runs under ``--request-timeout``
 (504, or an SSE error event once streaming) and reads at most ``--max-upstream-bytes`` per worker
 response.  Once a stream has started, every failure — the worker, its garbage, the deadline, a
-proxy bug — ends it with an SSE error event and ``[DONE]`` and ends the spans with ERROR.
+proxy bug — ends it with an SSE error event and ``[DONE]`` and ends the spans with ERROR.  D's
+``[DONE]`` goes to the client together with the end of the chunked body, at once; a failure after
+it (D's body not ending cleanly) is recorded on the spans only: the client already has its stream.
 """
 
 from __future__ import annotations
