@@ -37,19 +37,17 @@ from aiohttp import web
 from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.proxy import chains, legs
-from kvtrace.proxy.call import Call, Done, json_response
+from kvtrace.proxy.call import CLIENT_GONE, Call, Done, end_stream, json_response, stream_failure
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
 from kvtrace.proxy.metrics import ProxyMetrics
 from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, check_id, error_body, parse_request
 from kvtrace.proxy.retention import Retention
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
-from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher, sse_event
+from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher
 from kvtrace.proxy.table import ConversationTable
 from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Client, Pool, TooLarge, json_object, never_reached, pump, read_body
 
 log = logging.getLogger(__name__)
-_CLIENT_GONE = (ConnectionResetError, ConnectionError)
-_TAIL_WRITE_S = 5.0  # the closing SSE events of a failed stream must reach the client within this
 
 
 @dataclass
@@ -355,18 +353,19 @@ class Proxy:
                     tail = b"" if patcher.done else patcher.flush()
                     if tail:
                         await resp.write(tail)
-            except _CLIENT_GONE:
+            except CLIENT_GONE:
                 raise
             except Exception as exc:  # the deadline, D's garbage, or a proxy bug: end the stream all the same
-                error, failure, due = self._stream_failure(call, exc)
+                error, failure, due = stream_failure(call, exc, self.config.request_timeout_s)
             if error is None and not patcher.done:
                 error = sc.ERROR_INCOMPLETE_STREAM
             if error is not None:
-                return await self._end_stream(call, request, resp, r, span, error, failure, due, ended)
+                return await end_stream(call, request, resp, r, span, error, failure, due, ended,
+                                        self.config.max_upstream_bytes)
             if patcher.error is not None:
                 error = str(patcher.error.get("type") or "upstream_error")
             await resp.write_eof()
-        except _CLIENT_GONE:
+        except CLIENT_GONE:
             r.close()
             call.disconnected()
             return resp
@@ -374,49 +373,6 @@ class Proxy:
             r.release() if error is None and patcher.done else r.close()
         call.usage, call.finish_reasons = patcher.usage, patcher.finish_reasons
         end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: rt.ttft_ms})
-        call.finish(200, error)
-        return resp
-
-    def _stream_failure(self, call: Call, exc: Exception) -> tuple[str, dict, bytes]:
-        """Error type, the client's error object and bytes still due to the client, for an
-        exception while streaming."""
-        if isinstance(exc, TimeoutError) and asyncio.get_running_loop().time() >= call.deadline:
-            msg = f"request not completed within {self.config.request_timeout_s:g} s"
-            return sc.ERROR_DEADLINE_EXCEEDED, error_body(msg, sc.ERROR_DEADLINE_EXCEEDED, 504), b""
-        if isinstance(exc, InvalidChunk):
-            msg = f"decode worker {call.d_client.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
-            call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.d_client.host, call.d_client.port)
-            return sc.ERROR_INVALID_CHUNK, error_body(msg, "upstream_error", 502), exc.passed
-        log.exception("kvtrace proxy: request %s failed mid-stream", call.request_id)
-        return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
-
-    async def _end_stream(self, call: Call, request: web.Request, resp: web.StreamResponse, r, span,
-                          error: str, failure: dict | None, due: bytes = b"",
-                          ended: bool = False) -> web.StreamResponse:
-        """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began;
-        nothing when ``ended``: D failed after [DONE], the client already has its whole stream)."""
-        r.close()
-        if failure is None:  # D's stream broke
-            cap = self.config.max_upstream_bytes
-            why = f"response exceeds {cap} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
-            msg = f"decode worker {call.d_client.base} failed mid-stream: {why}"
-            failure = error_body(msg, "upstream_error", 502)
-            call.rt.upstream_error(error, call.d_client.host, call.d_client.port)
-        end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: call.rt.ttft_ms})
-        if not resp.prepared:
-            status = failure["error"]["code"]
-            call.finish(status, error)
-            return call.json(failure, status)
-        if ended:
-            call.finish(200, error)
-            return resp
-        try:
-            async with asyncio.timeout(_TAIL_WRITE_S):
-                await resp.write(due + sse_event(failure) + b"data: [DONE]\n\n")
-                await resp.write_eof()
-        except (*_CLIENT_GONE, TimeoutError):
-            if request.transport is not None:
-                request.transport.close()
         call.finish(200, error)
         return resp
 

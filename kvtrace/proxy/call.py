@@ -1,11 +1,13 @@
 """One proxied request's state (:class:`Call`) and the ways it ends: a JSON answer, a passthrough
-of a worker's 4xx, a client disconnect, or a finished stream — each ends the SERVER span once with
-the client-facing status and the merged ``kv_transfer`` facts (:mod:`.metadata`), and every leg
-span that is still open.  Used by :mod:`kvtrace.proxy.app`.
+of a worker's 4xx, a client disconnect, a finished stream, or a failed one (:func:`end_stream`) —
+each ends the SERVER span once with the client-facing status and the merged ``kv_transfer`` facts
+(:mod:`.metadata`), and every leg span that is still open.  Used by :mod:`kvtrace.proxy.app`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -14,10 +16,14 @@ from kvtrace import semconv as sc
 from kvtrace.proxy import codec, metadata
 from kvtrace.proxy.parse import ClientRequest, error_body
 from kvtrace.proxy.spans import RequestTrace, end_leg
+from kvtrace.proxy.stream import InvalidChunk, sse_event
 from kvtrace.proxy.table import Turn
 from kvtrace.proxy.upstream import Client
 
+log = logging.getLogger(__name__)
 STATUS_CLIENT_CLOSED = 499
+CLIENT_GONE = (ConnectionResetError, ConnectionError)  # the client went away while we wrote to it
+TAIL_WRITE_S = 5.0  # the closing SSE events of a failed stream must reach the client within this
 
 
 class Done(Exception):
@@ -143,3 +149,46 @@ def _count(v: object) -> int | None:
 def json_response(rt: RequestTrace, patch: bool, body: dict, status: int) -> web.Response:
     headers = {sc.HEADER_TRACE_ID: rt.trace_id} if patch else None
     return web.Response(body=codec.dumps(body), status=status, content_type="application/json", headers=headers)
+
+
+def stream_failure(call: Call, exc: Exception, request_timeout_s: float) -> tuple[str, dict, bytes]:
+    """Error type, the client's error object and bytes still due to the client, for an
+    exception while streaming."""
+    if isinstance(exc, TimeoutError) and asyncio.get_running_loop().time() >= call.deadline:
+        msg = f"request not completed within {request_timeout_s:g} s"
+        return sc.ERROR_DEADLINE_EXCEEDED, error_body(msg, sc.ERROR_DEADLINE_EXCEEDED, 504), b""
+    if isinstance(exc, InvalidChunk):
+        msg = f"decode worker {call.d_client.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
+        call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.d_client.host, call.d_client.port)
+        return sc.ERROR_INVALID_CHUNK, error_body(msg, "upstream_error", 502), exc.passed
+    log.exception("kvtrace proxy: request %s failed mid-stream", call.request_id)
+    return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
+
+
+async def end_stream(call: Call, request: web.Request, resp: web.StreamResponse, r, span, error: str,
+                     failure: dict | None, due: bytes, ended: bool, max_upstream_bytes: int) -> web.StreamResponse:
+    """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began;
+    nothing when ``ended``: D failed after [DONE], the client already has its whole stream)."""
+    r.close()
+    if failure is None:  # D's stream broke
+        why = f"response exceeds {max_upstream_bytes} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
+        msg = f"decode worker {call.d_client.base} failed mid-stream: {why}"
+        failure = error_body(msg, "upstream_error", 502)
+        call.rt.upstream_error(error, call.d_client.host, call.d_client.port)
+    end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: call.rt.ttft_ms})
+    if not resp.prepared:
+        status = failure["error"]["code"]
+        call.finish(status, error)
+        return call.json(failure, status)
+    if ended:
+        call.finish(200, error)
+        return resp
+    try:
+        async with asyncio.timeout(TAIL_WRITE_S):
+            await resp.write(due + sse_event(failure) + b"data: [DONE]\n\n")
+            await resp.write_eof()
+    except (*CLIENT_GONE, TimeoutError):
+        if request.transport is not None:
+            request.transport.close()
+    call.finish(200, error)
+    return resp
