@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shlex
 import statistics
@@ -67,6 +66,7 @@ from pathlib import Path
 
 import aiohttp
 
+from kvtrace.proxy.stream import Aggregator
 from kvtrace.semconv import KV_PARAMS_KEY
 from kvtrace.testing.wait import free_port
 
@@ -113,15 +113,14 @@ async def one_direct_reuse(http, p_url, d_url, max_tokens, i, kept: dict):
         offer = {**kept.pop(i), **offer}
     async with http.post(p_url + "/v1/chat/completions", json=body(1, stream=False, kv_transfer_params=offer)) as r:
         params = (await r.json()).get("kv_transfer_params")
+    stream = Aggregator(chat=True)  # the proxy's reader of D's stream: the finishing chunk's params
     async with http.post(d_url + "/v1/chat/completions", json=body(max_tokens, kv_transfer_params=params)) as r:
-        data = await r.read()
-    at = data.rfind(b'"kv_transfer_params"')
-    if at >= 0:  # the finishing chunk carries what D kept
-        line = data[data.rfind(b"data: ", 0, at) + 6:data.find(b"\n", at)]
-        params = json.loads(line).get("kv_transfer_params")
-        if params:
-            params.pop(KV_PARAMS_KEY, None)  # D's report for tracing, not part of the offer
-            kept[i] = {**params, "remote_host": HOST}
+        async for chunk in r.content.iter_any():
+            stream.feed(chunk)
+    stream.flush()
+    if stream.kv_params:
+        stream.kv_params.pop(KV_PARAMS_KEY, None)  # D's report for tracing, not part of the offer
+        kept[i] = {**stream.kv_params, "remote_host": HOST}
 
 
 async def one_stream(http, url, max_tokens, i, conv):

@@ -199,8 +199,13 @@ def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float 
     margin = rec.offer_margin_s if offer_margin_s is None else offer_margin_s
     for threshold in sorted({h for _, h in grid}):
         fx.threshold(rec, threshold)
-    with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(_workers(workers)) as pool:
         list(pool.map(lambda t: fx.ttl(rec, t, margin), sorted({t for t, _ in grid}, key=lambda t: (t is not None, t))))
+
+
+def _workers(workers: int | None) -> int:
+    """``workers``, default the CPU count, at most 4."""
+    return workers or min(4, os.cpu_count() or 1)
 
 
 def decide(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +249,8 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
         "recorded": bool(ttl_s == (None if rec.mixed else rec.ttl_s) and threshold == rec.threshold
                          and margin == rec.offer_margin_s),
     }
-    failures = int(np.count_nonzero((at < 2 * rec.decisions) & rec.d_fail_policy))  # expired / failed, policy fail
+    lost = (codes == kvrules.EXPIRED) | (codes == kvrules.FAILED)
+    failures = int(np.count_nonzero(lost & rec.d_fail_policy))  # the request fails under policy "fail"
     return Replay(row, margin, peaks, failures, codes, ttft)
 
 
@@ -298,7 +304,7 @@ def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: f
     TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
     rec = load(con)
     grid = settings_grid(rec, ttls, thresholds)
-    workers = workers or min(4, os.cpu_count() or 1)
+    workers = _workers(workers)
     prepare(rec, grid, offer_margin_s, workers)
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(lambda s: replay(rec, s[0], s[1], offer_margin_s), grid))

@@ -5,13 +5,8 @@ and on ClickHouse (chDB) alike."""
 from __future__ import annotations
 
 from kvtrace import semconv as sc
+from kvtrace.store.sql import literal as _q
 from kvtrace.store.views import gaps as gv
-
-
-def _q(name: str) -> str:
-    assert "'" not in name
-    return f"'{name}'"
-
 
 DEC, XFER, RET, REQ, PRE = (_q(n) for n in (gv.DEC, gv.XFER, gv.RET, gv.REQ, gv.PRE))
 

@@ -94,6 +94,7 @@ BASE_SQL_HASHED_IDS = _BASE_SQL.format(
         "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id",
     **{name: f"CAST(NULL AS {kind})" for name, (_, kind) in _VIEW_ONLY.items()})
 
+
 def requests_sql(columns: tuple[str, ...]) -> str:
     """The proxy's request span of each (trace, request id) in ``base``: ``columns`` of its first."""
     first = ", ".join(f"arg_min({c}, start_ns) AS {c}" for c in columns)
