@@ -12,7 +12,6 @@ from pathlib import Path
 from kvtrace.store import source
 from kvtrace.store.runs import traces_dir
 
-
 APP = Path(__file__).resolve().parent / "app.py"  # this package's Streamlit app (kvtrace.dashboards)
 # the launcher, run by path: ``python -m kvtrace.dashboards.serve`` would resolve ``kvtrace`` from the
 # working directory first, and a source checkout's ``kvtrace/`` has no ``dashboards`` (it is mapped
@@ -70,7 +69,7 @@ def _check_clickhouse(args, url: str) -> None:
     from kvtrace.store.reader import StoreError
 
     if url.startswith(CHDB_PREFIX):
-        path = url[len(CHDB_PREFIX):]
+        path = url[len(CHDB_PREFIX) :]
         if not os.path.isdir(path):
             raise CLIError(f"--clickhouse {url}: no such chDB database directory")
         return
@@ -80,19 +79,46 @@ def _check_clickhouse(args, url: str) -> None:
         raise CLIError(str(exc)) from None
 
 
-def command(directory: str, *, port: int = 8501, compare: str | None = None, host: str = "127.0.0.1",
-            clickhouse: tuple[str, str] | None = None) -> list[str]:
+def command(
+    directory: str,
+    *,
+    port: int = 8501,
+    compare: str | None = None,
+    host: str = "127.0.0.1",
+    clickhouse: tuple[str, str] | None = None,
+) -> list[str]:
     """The ``streamlit run`` command line for the dashboard (``clickhouse``: (URL, table)); through
     :mod:`.serve`, which imports what the pages need before the server starts."""
-    cmd = [sys.executable, str(SERVE), "run", str(APP), "--server.address", host, "--server.port", str(port),
-           "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", "--traces", directory]
+    cmd = [
+        sys.executable,
+        str(SERVE),
+        "run",
+        str(APP),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        "--traces",
+        directory,
+    ]
     if clickhouse:
         cmd += ["--clickhouse", clickhouse[0], "--table", clickhouse[1]]
     return cmd + (["--compare", compare] if compare else [])
 
 
-def launch(directory: str, *, port: int = 8501, compare: str | None = None, host: str = "127.0.0.1",
-           clickhouse: tuple[str, str] | None = None) -> int:
+def launch(
+    directory: str,
+    *,
+    port: int = 8501,
+    compare: str | None = None,
+    host: str = "127.0.0.1",
+    clickhouse: tuple[str, str] | None = None,
+) -> int:
     """Run the dashboard in the foreground until Ctrl-C; returns its exit status."""
     import importlib.util
 
@@ -103,8 +129,10 @@ def launch(directory: str, *, port: int = 8501, compare: str | None = None, host
     if not APP.is_file():
         raise CLIError(f"dashboard app not found at {APP} (install kvtrace from a source checkout)")
     what = f"ClickHouse table {clickhouse[1]}" if clickhouse else f"traces: {directory}"
-    print(f"kvtrace dashboard: http://{host}:{port}  ({what}"
-          + (f", baseline: {compare}" if compare else "") + ")", flush=True)
+    print(
+        f"kvtrace dashboard: http://{host}:{port}  ({what}" + (f", baseline: {compare}" if compare else "") + ")",
+        flush=True,
+    )
     return foreground(command(directory, port=port, compare=compare, host=host, clickhouse=clickhouse))
 
 

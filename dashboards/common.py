@@ -49,8 +49,12 @@ def config() -> dict:
     args, _ = parser.parse_known_args(sys.argv[1:])
     url = source.clickhouse_url(args)
     key = f"{CLICKHOUSE}{source.clickhouse_table(args)} {url}" if url else None
-    return {"traces": traces_dir(args.traces), "compare": settings.COMPARE_DIR.get(args.compare), "source": key,
-            "label": source.describe(args)}
+    return {
+        "traces": traces_dir(args.traces),
+        "compare": settings.COMPARE_DIR.get(args.compare),
+        "source": key,
+        "label": source.describe(args),
+    }
 
 
 def is_clickhouse(key: str) -> bool:
@@ -62,7 +66,7 @@ def store(key: str):
     """The connection for a source key: a trace directory (views over its files; empty views when
     there are none) or a ClickHouse table (:data:`CLICKHOUSE`)."""
     if is_clickhouse(key):
-        table, url = key[len(CLICKHOUSE):].split(" ", 1)
+        table, url = key[len(CLICKHOUSE) :].split(" ", 1)
         return source.open_store(argparse.Namespace(clickhouse=url, table=table))
     return connect(key, allow_empty=True)
 
@@ -147,8 +151,10 @@ def checked_dir(path: str, label: str) -> str:
     and stop the page: a text box must not open any path on the server."""
     roots = allowed_roots()
     if not inside_roots(path, roots):
-        st.error(f"{label} `{path}` is outside the trace directories this dashboard was started with "
-                 f"({', '.join(f'`{r}`' for r in roots)}); choose one of them or a directory below it.")
+        st.error(
+            f"{label} `{path}` is outside the trace directories this dashboard was started with "
+            f"({', '.join(f'`{r}`' for r in roots)}); choose one of them or a directory below it."
+        )
         st.stop()
     return path
 
@@ -164,8 +170,12 @@ def sidebar() -> tuple[str, Filters, dict]:
             directory = cfg["source"]
             st.caption(f"ClickHouse: {cfg['label']}")
         else:
-            directory = st.text_input("Trace directory", value=cfg["traces"], key="traces_dir",
-                                      help="The directory given at start, or a directory below it")
+            directory = st.text_input(
+                "Trace directory",
+                value=cfg["traces"],
+                key="traces_dir",
+                help="The directory given at start, or a directory below it",
+            )
             directory = checked_dir(directory, "Trace directory")
         if st.button("Refresh", help="Re-read the source (new spans) and recompute"):
             refresh(directory)
@@ -189,8 +199,14 @@ def _time_widget(t0: int | None, t1: int | None, default_ns: int | None) -> tupl
     lo, hi = _dt(t0), _dt(t1) + dt.timedelta(seconds=1)
     first = lo if default_ns is None else max(lo, _dt(t1 - default_ns))
     st.html(SLIDER_CSS)
-    chosen = st.slider("Time range (UTC)", min_value=lo, max_value=hi, value=(first, hi), format="MM-DD HH:mm:ss",
-                       step=dt.timedelta(seconds=1))
+    chosen = st.slider(
+        "Time range (UTC)",
+        min_value=lo,
+        max_value=hi,
+        value=(first, hi),
+        format="MM-DD HH:mm:ss",
+        step=dt.timedelta(seconds=1),
+    )
     st.caption(f"{chosen[0]:%Y-%m-%d %H:%M:%S} – {chosen[1]:%Y-%m-%d %H:%M:%S} UTC")
     return (None, None) if chosen == (lo, hi) else (_ns(chosen[0]), _ns(chosen[1]))
 
@@ -200,8 +216,13 @@ def _filter_widgets(facets: dict, window: tuple[int | None, int | None]) -> Filt
     service = st.selectbox("Service", [ALL, *facets["services"]])
     substrate = st.selectbox("Substrate", [ALL, *facets["substrates"]])
     session = st.text_input("Session id", value="", help="Only this session (exact id); empty = all")
-    return Filters(start_ns=start_ns, end_ns=end_ns, session_id=session.strip() or None,
-                   service=None if service == ALL else service, substrate=None if substrate == ALL else substrate)
+    return Filters(
+        start_ns=start_ns,
+        end_ns=end_ns,
+        session_id=session.strip() or None,
+        service=None if service == ALL else service,
+        substrate=None if substrate == ALL else substrate,
+    )
 
 
 # Streamlit (1.67) centres a slider's value labels on its thumbs and keeps them inside the slider
@@ -216,11 +237,11 @@ SLIDER_CSS = """<style>
 
 
 def _dt(ns: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.UTC).replace(tzinfo=None)
 
 
 def _ns(value: dt.datetime) -> int:
-    return int(value.replace(tzinfo=dt.timezone.utc).timestamp()) * 1_000_000_000
+    return int(value.replace(tzinfo=dt.UTC).timestamp()) * 1_000_000_000
 
 
 MIN_BAR = 0.006  # waterfall bars are at least this fraction of the session's span wide (~4 px of a 600 px plot)
@@ -232,8 +253,10 @@ def waterfall(spans: list[dict]) -> pd.DataFrame:
     :data:`MIN_BAR` of the session's span after its start when it is shorter (a 2 ms KV transfer in
     a minute-long session would be a hair-thin line); ``duration_ms`` keeps the real length."""
     frame = pd.DataFrame(spans)
-    frame["label"] = [f"{i:04d} {r['name'].split('.', 1)[-1]}" + (f" [{r['engine_id']}]" if r["engine_id"] else "")
-                      for i, r in enumerate(spans)]
+    frame["label"] = [
+        f"{i:04d} {r['name'].split('.', 1)[-1]}" + (f" [{r['engine_id']}]" if r["engine_id"] else "")
+        for i, r in enumerate(spans)
+    ]
     total = float(frame["end_ms"].max() - frame["start_ms"].min()) if len(frame) else 0.0
     frame["bar_end_ms"] = frame["end_ms"].clip(lower=frame["start_ms"] + MIN_BAR * total)
     return frame
@@ -243,8 +266,10 @@ def no_data(facets: dict, directory: str) -> bool:
     """Show how to get data and return True when the store is empty."""
     if facets.get("spans"):
         return False
-    st.info(f"No traces in `{directory}` yet. Write some with `kvtrace demo --traces {directory}` "
-            "(or any kvtrace component with `--traces`), then press Refresh.")
+    st.info(
+        f"No traces in `{directory}` yet. Write some with `kvtrace demo --traces {directory}` "
+        "(or any kvtrace component with `--traces`), then press Refresh."
+    )
     return True
 
 
@@ -291,12 +316,18 @@ def _column(name: str, values) -> tuple:
     numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
     if name.endswith("_ns") and numeric:
         name = name[:-3]
-        return name, pd.to_datetime(values, unit="ns", utc=True), st.column_config.DatetimeColumn(
-            f"{name.replace('_', ' ')} (UTC)", format="YYYY-MM-DD HH:mm:ss")
+        return (
+            name,
+            pd.to_datetime(values, unit="ns", utc=True),
+            st.column_config.DatetimeColumn(f"{name.replace('_', ' ')} (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+        )
     if ("bytes" in name or name == "byte_seconds") and numeric:
         name = "GiB_seconds" if name == "byte_seconds" else name.replace("bytes", "GiB")
-        return name, values / GIB, st.column_config.NumberColumn(
-            "GiB·s" if name == "GiB_seconds" else name.replace("_", " "), format="%,.2f")
+        return (
+            name,
+            values / GIB,
+            st.column_config.NumberColumn("GiB·s" if name == "GiB_seconds" else name.replace("_", " "), format="%,.2f"),
+        )
     if not numeric:
         return name, values, st.column_config.Column(label)
     if name.endswith("_ms"):

@@ -59,8 +59,9 @@ def summary(doc: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from kvtrace import __version__
 
-    parser = argparse.ArgumentParser(prog="kvtrace", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kvtrace", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-V", "--version", action="version", version=f"kvtrace {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -42,8 +42,9 @@ def register_dropped_spans(registry) -> None:
 
     class _DroppedSpans:
         def collect(self):
-            family = CounterMetricFamily(sc.METRIC_DROPPED_SPANS, sc.METRICS[sc.METRIC_DROPPED_SPANS]["doc"],
-                                         labels=[sc.LABEL_REASON])
+            family = CounterMetricFamily(
+                sc.METRIC_DROPPED_SPANS, sc.METRICS[sc.METRIC_DROPPED_SPANS]["doc"], labels=[sc.LABEL_REASON]
+            )
             counts = telemetry.dropped_spans()
             for reason in sc.DROP_REASONS:
                 family.add_metric([reason], counts.get(reason, 0))

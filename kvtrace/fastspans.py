@@ -23,9 +23,9 @@ for the same proxy requests.  Spans are not thread-safe: use one from one thread
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from time import time_ns
-from typing import Iterator, Sequence
 
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes, _clean_attribute_value
@@ -61,11 +61,16 @@ def tracer(provider, name: str, version: str | None = None) -> trace_api.Tracer:
         return inner
     limits = getattr(inner, "_span_limits", None)
     default_sampler = provider.sampler is sampling.DEFAULT_ON or (
-        type(provider.sampler) is sampling.ParentBased
-        and vars(provider.sampler) == vars(sampling.DEFAULT_ON))
+        type(provider.sampler) is sampling.ParentBased and vars(provider.sampler) == vars(sampling.DEFAULT_ON)
+    )
     enabled = getattr(inner, "_is_enabled", lambda: False)()
-    if not default_sampler or limits is None or limits.max_span_attribute_length is not None \
-            or limits.max_attribute_length is not None or not enabled:
+    if (
+        not default_sampler
+        or limits is None
+        or limits.max_span_attribute_length is not None
+        or limits.max_attribute_length is not None
+        or not enabled
+    ):
         return inner
     try:
         return FastTracer(inner)
@@ -85,9 +90,17 @@ class FastTracer(trace_api.Tracer):
         self.limits = inner._span_limits
         self.id_generator = inner.id_generator
 
-    def start_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
-                   links: Sequence | None = (), start_time: int | None = None, record_exception: bool = True,
-                   set_status_on_exception: bool = True) -> trace_api.Span:
+    def start_span(
+        self,
+        name: str,
+        context=None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links: Sequence | None = (),
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace_api.Span:
         parent = trace_api.get_current_span(context).get_span_context()
         ids = self.id_generator
         if parent is None or not parent.is_valid:
@@ -96,36 +109,76 @@ class FastTracer(trace_api.Tracer):
             ctx = SpanContext(ids.generate_trace_id(), ids.generate_span_id(), False, flags)
         else:
             sampled = parent.trace_flags.sampled
-            flags = TraceFlags((TraceFlags.SAMPLED if sampled else 0)
-                               | (TraceFlags.RANDOM_TRACE_ID if parent.trace_flags.random_trace_id else 0))
+            flags = TraceFlags(
+                (TraceFlags.SAMPLED if sampled else 0)
+                | (TraceFlags.RANDOM_TRACE_ID if parent.trace_flags.random_trace_id else 0)
+            )
             ctx = SpanContext(parent.trace_id, ids.generate_span_id(), False, flags, parent.trace_state)
             if not sampled:
                 return trace_api.NonRecordingSpan(ctx)
-        span = FastSpan(self, name, ctx, parent, kind, attributes, links, start_time, record_exception,
-                        set_status_on_exception)
+        span = FastSpan(
+            self, name, ctx, parent, kind, attributes, links, start_time, record_exception, set_status_on_exception
+        )
         self.processor.on_start(span, parent_context=context)
         return span
 
     @contextmanager
-    def start_as_current_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
-                              links: Sequence | None = (), start_time: int | None = None,
-                              record_exception: bool = True, set_status_on_exception: bool = True,
-                              end_on_exit: bool = True) -> Iterator[trace_api.Span]:
-        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
-                               set_status_on_exception)
-        with trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
-                                set_status_on_exception=set_status_on_exception) as current:
+    def start_as_current_span(
+        self,
+        name: str,
+        context=None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links: Sequence | None = (),
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[trace_api.Span]:
+        span = self.start_span(
+            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+        )
+        with trace_api.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        ) as current:
             yield current
 
 
 class FastSpan(trace_api.Span):
     """A recording span of :class:`FastTracer`; ends into an SDK ``ReadableSpan``."""
 
-    __slots__ = ("_tracer", "_name", "_context", "_parent", "_kind", "_attributes", "_events", "_links",
-                 "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception")
+    __slots__ = (
+        "_tracer",
+        "_name",
+        "_context",
+        "_parent",
+        "_kind",
+        "_attributes",
+        "_events",
+        "_links",
+        "_status",
+        "_start_time",
+        "_end_time",
+        "_record_exception",
+        "_set_status_on_exception",
+    )
 
-    def __init__(self, tracer_: FastTracer, name, context, parent, kind, attributes, links, start_time,
-                 record_exception, set_status_on_exception) -> None:
+    def __init__(
+        self,
+        tracer_: FastTracer,
+        name,
+        context,
+        parent,
+        kind,
+        attributes,
+        links,
+        start_time,
+        record_exception,
+        set_status_on_exception,
+    ) -> None:
         self._tracer, self._name, self._context, self._parent, self._kind = tracer_, name, context, parent, kind
         self._attributes: dict = {}
         self._events: list = []
@@ -179,8 +232,9 @@ class FastSpan(trace_api.Span):
         elif status is not StatusCode.UNSET:
             self._status = Status(status, description)
 
-    def record_exception(self, exception: BaseException, attributes=None, timestamp: int | None = None,
-                         escaped: bool = False) -> None:
+    def record_exception(
+        self, exception: BaseException, attributes=None, timestamp: int | None = None, escaped: bool = False
+    ) -> None:
         SdkSpan.record_exception(self, exception, attributes, timestamp, escaped)  # the SDK's event, via add_event
 
     def __exit__(self, exc_type, exc_val, exc_tb) -> None:
@@ -203,7 +257,19 @@ class FastSpan(trace_api.Span):
             attributes = BoundedAttributes(limits.max_span_attributes, attributes, immutable=True)
         events = self._events
         events = BoundedList.from_seq(limits.max_events, events) if len(events) > limits.max_events else tuple(events)
-        tracer_.processor.on_end(ReadableSpan(
-            name=self._name, context=self._context, parent=self._parent, resource=tracer_.resource,
-            attributes=attributes, events=events, links=self._links, kind=self._kind, status=self._status,
-            start_time=self._start_time, end_time=self._end_time, instrumentation_scope=tracer_.scope))
+        tracer_.processor.on_end(
+            ReadableSpan(
+                name=self._name,
+                context=self._context,
+                parent=self._parent,
+                resource=tracer_.resource,
+                attributes=attributes,
+                events=events,
+                links=self._links,
+                kind=self._kind,
+                status=self._status,
+                start_time=self._start_time,
+                end_time=self._end_time,
+                instrumentation_scope=tracer_.scope,
+            )
+        )

@@ -247,8 +247,14 @@ SOURCE_BAGGAGE = "baggage"  # W3C baggage session.id
 SOURCE_PROMPT_CACHE_KEY = "prompt_cache_key"  # the OpenAI API's routing hint for prompt caching
 SOURCE_PREFIX = "prefix"  # the proxy's prefix table: continues a served chain, or a session it named
 SOURCE_NONE = "none"  # no session (prefix matching off, or not a chat request)
-SESSION_SOURCES = (SOURCE_CONVERSATION_ID, SOURCE_HEADER, SOURCE_BAGGAGE, SOURCE_PROMPT_CACHE_KEY, SOURCE_PREFIX,
-                   SOURCE_NONE)
+SESSION_SOURCES = (
+    SOURCE_CONVERSATION_ID,
+    SOURCE_HEADER,
+    SOURCE_BAGGAGE,
+    SOURCE_PROMPT_CACHE_KEY,
+    SOURCE_PREFIX,
+    SOURCE_NONE,
+)
 
 CONTINUITY_EXTENDS = "extends"  # the messages start with the session's last served turn (reply included)
 CONTINUITY_DIVERGED = "diverged"  # a message of the last served turn differs (or is missing)
@@ -263,8 +269,15 @@ ERROR_INCOMPLETE_STREAM = "incomplete_stream"  # proxy: D's stream ended without
 ERROR_INVALID_RESPONSE = "invalid_response"  # proxy: P's answer is not a JSON object
 ERROR_RESPONSE_TOO_LARGE = "response_too_large"  # proxy: a worker's response passed --max-upstream-bytes
 ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"  # proxy: the request passed --request-timeout
-ERROR_VALUES = (ERROR_STREAM_INTERRUPTED, ERROR_CLIENT_DISCONNECT, ERROR_INVALID_CHUNK, ERROR_INCOMPLETE_STREAM,
-                ERROR_INVALID_RESPONSE, ERROR_RESPONSE_TOO_LARGE, ERROR_DEADLINE_EXCEEDED)
+ERROR_VALUES = (
+    ERROR_STREAM_INTERRUPTED,
+    ERROR_CLIENT_DISCONNECT,
+    ERROR_INVALID_CHUNK,
+    ERROR_INCOMPLETE_STREAM,
+    ERROR_INVALID_RESPONSE,
+    ERROR_RESPONSE_TOO_LARGE,
+    ERROR_DEADLINE_EXCEEDED,
+)
 
 FALLBACK_NONE = "none"
 FALLBACK_DECODE_ONLY = "decode_only"
@@ -377,99 +390,151 @@ _kv_emitter = "connector (vLLM /metrics) / simulator worker"
 _ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
 METRICS: dict[str, dict] = {
     METRIC_KV_DECISIONS: {
-        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_OUTCOME),
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_OUTCOME),
         "span": SPAN_KV_DECISION,
         "doc": f"Decisions that ended, by direction and outcome (= {SPAN_KV_DECISION} spans by "
         f"{KV_DIRECTION} and {KV_OUTCOME}).",
     },
     METRIC_KV_PROMPT_TOKENS: {
-        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_SOURCE),
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_SOURCE),
         "span": SPAN_KV_DECISION,
         "doc": f"Prompt tokens of those decisions by source: {SOURCE_LOCAL_HIT} (= {KV_LOCAL_HIT_TOKENS}), "
         f"{SOURCE_PULLED} ({KV_PULLED_TOKENS}), {SOURCE_RECOMPUTED} ({KV_RECOMPUTED_TOKENS}).",
     },
     METRIC_KV_TRANSFER_BYTES: {
-        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION,),
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS + (LABEL_DIRECTION,),
         "span": SPAN_KV_TRANSFER,
-        "doc": f"Bytes of KV loads that finished {TRANSFER_OK} (= {KV_TRANSFER_BYTES}); rate() is the "
-        "pull bandwidth.",
+        "doc": f"Bytes of KV loads that finished {TRANSFER_OK} (= {KV_TRANSFER_BYTES}); rate() is the pull bandwidth.",
     },
     METRIC_KV_TRANSFER_DURATION: {
-        "type": "histogram", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_STATUS),
+        "type": "histogram",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS + (LABEL_DIRECTION, LABEL_STATUS),
         "span": SPAN_KV_TRANSFER,
-        "doc": f"KV load duration (the {SPAN_KV_TRANSFER} span), s, by direction and "
-        f"{KV_TRANSFER_STATUS}.",
+        "doc": f"KV load duration (the {SPAN_KV_TRANSFER} span), s, by direction and {KV_TRANSFER_STATUS}.",
     },
     METRIC_KV_RETAINED_BLOCKS: {
-        "type": "gauge", "emitter": _kv_emitter, "labels": _ENGINE_LABELS, "span": SPAN_KV_RETENTION,
+        "type": "gauge",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS,
+        "span": SPAN_KV_RETENTION,
         "doc": "KV blocks D holds now for next turns (open retention spans).",
     },
     METRIC_KV_RETAINED_BYTES: {
-        "type": "gauge", "emitter": _kv_emitter, "labels": _ENGINE_LABELS, "span": SPAN_KV_RETENTION,
+        "type": "gauge",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS,
+        "span": SPAN_KV_RETENTION,
         "doc": f"Bytes D holds now for next turns (sum of {KV_RETENTION_BYTES} of open retention spans).",
     },
     METRIC_KV_RETENTION_ENDS: {
-        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS + (LABEL_OUTCOME,),
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS + (LABEL_OUTCOME,),
         "span": SPAN_KV_RETENTION,
         "doc": f"Retentions that ended, by {KV_RETENTION_OUTCOME}.",
     },
     METRIC_KV_RETAINED_BYTE_SECONDS: {
-        "type": "counter", "emitter": _kv_emitter, "labels": _ENGINE_LABELS, "span": SPAN_KV_RETENTION,
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS,
+        "span": SPAN_KV_RETENTION,
         "doc": f"Bytes x seconds held, added when a retention ends ({KV_RETENTION_BYTES} x span duration); "
         "the memory cost of keeping KV for next turns.",
     },
     METRIC_PROXY_REQUESTS: {
-        "type": "counter", "emitter": "proxy", "labels": (LABEL_STATUS, LABEL_OFFER_REASON),
+        "type": "counter",
+        "emitter": "proxy",
+        "labels": (LABEL_STATUS, LABEL_OFFER_REASON),
         "span": SPAN_PROXY_REQUEST,
         "doc": f"Requests answered, by HTTP status ({HTTP_RESPONSE_STATUS_CODE}) and {PROXY_OFFER_REASON}.",
     },
     METRIC_PROXY_TTFT: {
-        "type": "histogram", "emitter": "proxy", "labels": (LABEL_OUTCOME,), "span": SPAN_PROXY_REQUEST,
+        "type": "histogram",
+        "emitter": "proxy",
+        "labels": (LABEL_OUTCOME,),
+        "span": SPAN_PROXY_REQUEST,
         "doc": f"Time to first token seen by the proxy ({REQUEST_TTFT_MS} / 1000), s, by P's decision "
         f"outcome ({OUTCOME_UNKNOWN} when P reported none); vLLM's TTFT buckets.",
     },
     METRIC_PROXY_LATENCY: {
-        "type": "histogram", "emitter": "proxy", "labels": (LABEL_OUTCOME,), "span": SPAN_PROXY_REQUEST,
+        "type": "histogram",
+        "emitter": "proxy",
+        "labels": (LABEL_OUTCOME,),
+        "span": SPAN_PROXY_REQUEST,
         "doc": f"Latency of requests answered 200 ({REQUEST_LATENCY_MS} / 1000), s, by P's decision outcome; "
         "vLLM's request latency buckets.",
     },
     METRIC_PROXY_CONVERSATIONS: {
-        "type": "gauge", "emitter": "proxy", "labels": (), "span": None,
+        "type": "gauge",
+        "emitter": "proxy",
+        "labels": (),
+        "span": None,
         "doc": "Conversations in the proxy's table (LRU-bounded by --max-conversations).",
     },
     METRIC_PROXY_CONVERSATIONS_OFFERABLE: {
-        "type": "gauge", "emitter": "proxy", "labels": (), "span": None,
+        "type": "gauge",
+        "emitter": "proxy",
+        "labels": (),
+        "span": None,
         "doc": "Conversations whose table entry holds D's blocks for the next turn.",
     },
     METRIC_PROXY_EVICTIONS: {
-        "type": "counter", "emitter": "proxy", "labels": (LABEL_REASON,), "span": None,
+        "type": "counter",
+        "emitter": "proxy",
+        "labels": (LABEL_REASON,),
+        "span": None,
         "doc": f"Conversation-table entries dropped: {EVICTION_LRU} (table full), {EVICTION_STALE} "
         "(older than the conversation TTL, on /health).",
     },
     METRIC_DROPPED_SPANS: {
-        "type": "counter", "emitter": "proxy / simulator worker", "labels": (LABEL_REASON,), "span": None,
+        "type": "counter",
+        "emitter": "proxy / simulator worker",
+        "labels": (LABEL_REASON,),
+        "span": None,
         "doc": f"Spans lost by this process: {DROP_QUEUE_FULL} (batch processor queue full), "
         f"{DROP_EXPORT_FAILED} (an exporter failed).",
     },
     VLLM_METRIC_TTFT: {
-        "type": "histogram", "emitter": "vLLM; simulator worker", "labels": _ENGINE_LABELS, "span": None,
+        "type": "histogram",
+        "emitter": "vLLM; simulator worker",
+        "labels": _ENGINE_LABELS,
+        "span": None,
         "doc": "vLLM's time to first token per engine, s.",
     },
     VLLM_METRIC_NIXL_XFER_TIME: {
-        "type": "histogram", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
-        "span": None, "doc": "vLLM's NIXL transfer duration, s (no direction).",
+        "type": "histogram",
+        "emitter": "vLLM (NixlConnector); simulator worker",
+        "labels": _ENGINE_LABELS,
+        "span": None,
+        "doc": "vLLM's NIXL transfer duration, s (no direction).",
     },
     VLLM_METRIC_NIXL_BYTES: {
-        "type": "histogram", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
-        "span": None, "doc": "vLLM's bytes per NIXL transfer (no direction).",
+        "type": "histogram",
+        "emitter": "vLLM (NixlConnector); simulator worker",
+        "labels": _ENGINE_LABELS,
+        "span": None,
+        "doc": "vLLM's bytes per NIXL transfer (no direction).",
     },
     VLLM_METRIC_NIXL_FAILED: {
-        "type": "counter", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
-        "span": None, "doc": "vLLM's failed NIXL transfers.",
+        "type": "counter",
+        "emitter": "vLLM (NixlConnector); simulator worker",
+        "labels": _ENGINE_LABELS,
+        "span": None,
+        "doc": "vLLM's failed NIXL transfers.",
     },
     VLLM_METRIC_NIXL_EXPIRED: {
-        "type": "counter", "emitter": "vLLM (NixlConnector); simulator worker", "labels": _ENGINE_LABELS,
-        "span": None, "doc": "vLLM's reads declined because D's blocks expired (counted on P).",
+        "type": "counter",
+        "emitter": "vLLM (NixlConnector); simulator worker",
+        "labels": _ENGINE_LABELS,
+        "span": None,
+        "doc": "vLLM's reads declined because D's blocks expired (counted on P).",
     },
 }
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
@@ -762,7 +827,11 @@ EVENTS: dict[str, dict] = {
         "doc": "A worker failed (connect, 5xx, stream cut).",
         "attributes": {ERROR_TYPE: "Error class.", SERVER_ADDRESS: "Worker host.", SERVER_PORT: "Worker port."},
     },
-    EVENT_CLIENT_DISCONNECT: {"on": SPAN_PROXY_REQUEST, "doc": "The client went away; upstream requests were cancelled.", "attributes": {}},
+    EVENT_CLIENT_DISCONNECT: {
+        "on": SPAN_PROXY_REQUEST,
+        "doc": "The client went away; upstream requests were cancelled.",
+        "attributes": {},
+    },
     EVENT_NIXL_STATS: {
         "on": "connector worker spans / engine spans",
         "doc": "NIXL transfer telemetry that could not be attributed to one request.",
@@ -834,7 +903,15 @@ def render_markdown() -> str:
     out += ["## Resource attributes", "", "| attribute | meaning |", "|---|---|"]
     out += [f"| `{k}` | {v} |" for k, v in RESOURCE.items()]
     for name, spec in SPANS.items():
-        out += ["", f"## Span `{name}`", "", f"Kind: {spec['kind']}. Emitted by: {spec['emitter']}.", "", spec["doc"], ""]
+        out += [
+            "",
+            f"## Span `{name}`",
+            "",
+            f"Kind: {spec['kind']}. Emitted by: {spec['emitter']}.",
+            "",
+            spec["doc"],
+            "",
+        ]
         out += ["| attribute | meaning |", "|---|---|"]
         out += [f"| `{k}` | {v} |" for k, v in spec["attributes"].items()]
     for name, spec in EVENTS.items():
@@ -872,9 +949,17 @@ def render_markdown() -> str:
     ):
         out.append(f"| {label} | {', '.join(f'`{v}`' for v in values)} |")
     out += ["", "## Wire names", "", "| name | value |", "|---|---|"]
-    for const in ("KV_PARAMS_KEY", "RESPONSE_KV_TRANSFER", "HEADER_TRACE_ID", "HEADER_SESSION_ID",
-                  "HEADER_REQUEST_ID", "BODY_CONVERSATION_ID", "BODY_PROMPT_CACHE_KEY", "BAGGAGE_SESSION_ID",
-                  "PREFIX_SESSION_PREFIX"):
+    for const in (
+        "KV_PARAMS_KEY",
+        "RESPONSE_KV_TRANSFER",
+        "HEADER_TRACE_ID",
+        "HEADER_SESSION_ID",
+        "HEADER_REQUEST_ID",
+        "BODY_CONVERSATION_ID",
+        "BODY_PROMPT_CACHE_KEY",
+        "BAGGAGE_SESSION_ID",
+        "PREFIX_SESSION_PREFIX",
+    ):
         out.append(f"| {const} | `{globals()[const]}` |")
     return "\n".join(out) + "\n"
 
@@ -882,10 +967,13 @@ def render_markdown() -> str:
 def render_metrics_markdown() -> str:
     """docs/metrics.md, generated from :data:`METRICS` (``python -m kvtrace.semconv metrics``)."""
     out = ["# kvtrace metrics", "", "Generated by `python -m kvtrace.semconv metrics`; do not edit.", ""]
-    out += ["Prometheus text on `/metrics`: vLLM's own endpoint (connector), each `kvtrace sim` worker, "
-            "`kvtrace proxy`. Counters are exposed with a `_total` suffix, histograms as `_bucket` / `_sum` / "
-            "`_count`. Every label value comes from a fixed set (no request, session or engine ids): group "
-            "by the Prometheus `instance` label to tell servers apart.", ""]
+    out += [
+        "Prometheus text on `/metrics`: vLLM's own endpoint (connector), each `kvtrace sim` worker, "
+        "`kvtrace proxy`. Counters are exposed with a `_total` suffix, histograms as `_bucket` / `_sum` / "
+        "`_count`. Every label value comes from a fixed set (no request, session or engine ids): group "
+        "by the Prometheus `instance` label to tell servers apart.",
+        "",
+    ]
     out += ["| metric | type | labels | emitted by | meaning |", "|---|---|---|---|---|"]
     for name, spec in METRICS.items():
         labels = ", ".join(f"`{lb}`" for lb in spec["labels"]) or "-"

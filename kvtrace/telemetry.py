@@ -30,7 +30,7 @@ from kvtrace import semconv, settings
 log = logging.getLogger(__name__)
 
 _OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-_providers: "weakref.WeakSet[TracerProvider]" = weakref.WeakSet()
+_providers: weakref.WeakSet[TracerProvider] = weakref.WeakSet()
 _sigterm_lock = threading.Lock()
 _sigterm_installed = False
 _pre_shutdown: list = []
@@ -65,7 +65,12 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
     def on_end(self, span) -> None:
         # the SDK keeps the queue private (BatchProcessor._queue since 1.33, .queue before)
         queue = getattr(getattr(self, "_batch_processor", None), "_queue", None) or getattr(self, "queue", None)
-        if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen and span.context.trace_flags.sampled:
+        if (
+            queue is not None
+            and queue.maxlen is not None
+            and len(queue) >= queue.maxlen
+            and span.context.trace_flags.sampled
+        ):
             count_dropped(semconv.DROP_QUEUE_FULL)
         super().on_end(span)
 
@@ -100,8 +105,10 @@ def otlp_exporter(protocol: str | None = None) -> SpanExporter:
     Endpoint, headers, timeout and compression come from the standard ``OTEL_EXPORTER_OTLP_*``
     variables, read by the exporter itself.
     """
-    protocol = protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+    protocol = (
+        protocol
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -182,8 +189,11 @@ def configure(
         chosen.append(otlp_exporter())
     delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()
     for exporter in chosen:
-        provider.add_span_processor(_CountingBatchSpanProcessor(
-            exporter, schedule_delay_millis=delay, max_export_batch_size=size, max_queue_size=4 * size))
+        provider.add_span_processor(
+            _CountingBatchSpanProcessor(
+                exporter, schedule_delay_millis=delay, max_export_batch_size=size, max_queue_size=4 * size
+            )
+        )
     _providers.add(provider)
     if set_global:
         trace.set_tracer_provider(provider)

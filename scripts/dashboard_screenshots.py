@@ -24,9 +24,14 @@ from kvtrace.dashboards.cli import APP
 from kvtrace.testing import browser as b
 from kvtrace.testing.wait import free_port
 
-PAGES = {"sessions": "Sessions", "drilldown": "Session drill-down", "reuse": "KV reuse",
-         "retention": "Retention on decode workers", "latency": "Latency by turn index",
-         "compare": "Run comparison"}
+PAGES = {
+    "sessions": "Sessions",
+    "drilldown": "Session drill-down",
+    "reuse": "KV reuse",
+    "retention": "Retention on decode workers",
+    "latency": "Latency by turn index",
+    "compare": "Run comparison",
+}
 
 
 def shrink(png: bytes, width: int) -> bytes:
@@ -43,15 +48,18 @@ async def visit(devtools_port: int, url: str, out: Path, width: int, max_height:
     async with b.page(devtools_port) as cdp:
         # a window as tall as the pictures from the start: growing it later (full-page screenshots)
         # re-lays the page out while the sidebar is drawn, which can leave the sidebar scrolled sideways
-        await cdp.call("Emulation.setDeviceMetricsOverride", width=1400, height=max_height, deviceScaleFactor=1,
-                       mobile=False)
+        await cdp.call(
+            "Emulation.setDeviceMetricsOverride", width=1400, height=max_height, deviceScaleFactor=1, mobile=False
+        )
         for path, title in PAGES.items():
             state = await cdp.load(f"{url}/{path}", title)
             png = await cdp.call("Page.captureScreenshot", format="png")
             (out / f"{path}.png").write_bytes(shrink(base64.b64decode(png["data"]), width))
-            notes = [*(f"dialog: {d.splitlines()[0]}" for d in state["dialogs"]),
-                     *(f"slider label clipped: {t}" for t in b.clipped_slider_texts(state)),
-                     *(f"metric text cut: {t!r}" for t in state["cut_texts"])]
+            notes = [
+                *(f"dialog: {d.splitlines()[0]}" for d in state["dialogs"]),
+                *(f"slider label clipped: {t}" for t in b.clipped_slider_texts(state)),
+                *(f"metric text cut: {t!r}" for t in state["cut_texts"]),
+            ]
             print(f"{path}: {'; '.join(notes) or 'ok'}")
 
 
@@ -72,8 +80,24 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [sys.executable, "-m", "streamlit", "run", args.app, "--server.address", "127.0.0.1", "--server.port",
-           str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", "--traces", args.traces]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        args.app,
+        "--server.address",
+        "127.0.0.1",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        "--traces",
+        args.traces,
+    ]
     cmd += ["--compare", args.compare] if args.compare else []
     env = dict(os.environ)
     if args.pythonpath:

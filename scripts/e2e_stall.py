@@ -45,10 +45,31 @@ _KERNEL_EVENTS = re.compile(r"lockup|hung task|virtual machine fork|rcu.*stall|O
 
 def _child_command(args, connector: str, run_dir: Path) -> list[str]:
     if args.pytest:
-        return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s", str(ROOT / "tests/test_vllm_e2e.py"),
-                "--basetemp", str(run_dir / "pytest")]
-    return [sys.executable, __file__, "_one", "--base", str(run_dir), "--layout", args.layout, "--connector", connector,
-            "--ready-s", str(args.ready_s)] + (["--keep-vllm-pinning"] if args.keep_vllm_pinning else [])
+        return [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-s",
+            str(ROOT / "tests/test_vllm_e2e.py"),
+            "--basetemp",
+            str(run_dir / "pytest"),
+        ]
+    return [
+        sys.executable,
+        __file__,
+        "_one",
+        "--base",
+        str(run_dir),
+        "--layout",
+        args.layout,
+        "--connector",
+        connector,
+        "--ready-s",
+        str(args.ready_s),
+    ] + (["--keep-vllm-pinning"] if args.keep_vllm_pinning else [])
 
 
 def _progress_mark(run_dir: Path, driver_log: Path) -> tuple[int, int]:
@@ -125,8 +146,13 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
     started = time.monotonic()
     max_late = 0.0
     with open(driver_log, "wb") as log:
-        child = subprocess.Popen(_child_command(args, connector, run_dir), stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=ROOT, start_new_session=True)
+        child = subprocess.Popen(
+            _child_command(args, connector, run_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
     mark, last_progress, shm_seen, last_dump = None, started, 0, 0.0
     try:
         while child.poll() is None:
@@ -163,35 +189,54 @@ def run_once(args, index: int, connector: str, out: Path) -> dict:
     wall = _WALL.search(text)
     summary = _PYTEST_SUMMARY.findall(text)
     return {
-        "run": index, "connector": connector, "layout": "test default" if args.pytest else args.layout,
-        "mode": "pytest" if args.pytest else "scenario", "rc": child.returncode,
-        "wall_s": round(time.monotonic() - started, 1), "rig_wall_s": float(wall.group(1)) if wall else None,
-        "load_start": round(loads[0], 2), "load_mean": round(statistics.fmean(loads), 2), "load_max": round(max(loads), 2),
-        "started_at": started_at, "monitor_late_s": round(max_late, 1),
+        "run": index,
+        "connector": connector,
+        "layout": "test default" if args.pytest else args.layout,
+        "mode": "pytest" if args.pytest else "scenario",
+        "rc": child.returncode,
+        "wall_s": round(time.monotonic() - started, 1),
+        "rig_wall_s": float(wall.group(1)) if wall else None,
+        "load_start": round(loads[0], 2),
+        "load_mean": round(statistics.fmean(loads), 2),
+        "load_max": round(max(loads), 2),
+        "started_at": started_at,
+        "monitor_late_s": round(max_late, 1),
         "steal_s": (after["steal"] - machine["steal"]) / os.sysconf("SC_CLK_TCK"),
-        "cpu_pressure_pct": round(100 * (after["psi_cpu_us"] - machine["psi_cpu_us"]) / 1e6 / max(1e-9, time.monotonic() - started), 1),
-        "kernel_events": after["kernel"][len(machine["kernel"]):],
-        "shm_warnings": diag.shm_warnings(_server_logs(run_dir, driver_log)), "stall_reasons": reasons,
-        "stacks": [str(p) for p in dumps], "pytest": summary[-1][0] if summary else None, "dir": str(run_dir),
+        "cpu_pressure_pct": round(
+            100 * (after["psi_cpu_us"] - machine["psi_cpu_us"]) / 1e6 / max(1e-9, time.monotonic() - started), 1
+        ),
+        "kernel_events": after["kernel"][len(machine["kernel"]) :],
+        "shm_warnings": diag.shm_warnings(_server_logs(run_dir, driver_log)),
+        "stall_reasons": reasons,
+        "stacks": [str(p) for p in dumps],
+        "pytest": summary[-1][0] if summary else None,
+        "dir": str(run_dir),
     }
 
 
 def _summary(results: list[dict]) -> str:
-    lines = ["| run | start | connector | layout | rc | wall s | load mean (max) | CPU pressure % | monitor late s "
-             "| kernel events | shm warnings | stall dumps | pytest |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | start | connector | layout | rc | wall s | load mean (max) | CPU pressure % | monitor late s "
+        "| kernel events | shm warnings | stall dumps | pytest |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['run']} | {r.get('started_at', '')} | {r['connector']} | {r['layout']} | {r['rc']} | "
-                     f"{r['wall_s']} | {r['load_mean']} ({r['load_max']}) | {r.get('cpu_pressure_pct', '')} | "
-                     f"{r.get('monitor_late_s', '')} | {len(r.get('kernel_events', ()))} | {r['shm_warnings']} | "
-                     f"{len(r['stacks'])} | {r['pytest'] or ''} |")
+        lines.append(
+            f"| {r['run']} | {r.get('started_at', '')} | {r['connector']} | {r['layout']} | {r['rc']} | "
+            f"{r['wall_s']} | {r['load_mean']} ({r['load_max']}) | {r.get('cpu_pressure_pct', '')} | "
+            f"{r.get('monitor_late_s', '')} | {len(r.get('kernel_events', ()))} | {r['shm_warnings']} | "
+            f"{len(r['stacks'])} | {r['pytest'] or ''} |"
+        )
     lines.append("")
     for connector in sorted({r["connector"] for r in results}):
         rs = [r for r in results if r["connector"] == connector]
         walls = sorted(r["wall_s"] for r in rs)
         stalled = sum(1 for r in rs if r["shm_warnings"])
-        lines.append(f"- {connector}: {len(rs)} runs, {sum(1 for r in rs if r['rc'])} failed, {stalled} with a "
-                     f"shared-memory stall warning; wall median {statistics.median(walls):.0f} s, max {walls[-1]:.0f} s; "
-                     f"load mean {statistics.fmean(r['load_mean'] for r in rs):.2f}")
+        lines.append(
+            f"- {connector}: {len(rs)} runs, {sum(1 for r in rs if r['rc'])} failed, {stalled} with a "
+            f"shared-memory stall warning; wall median {statistics.median(walls):.0f} s, max {walls[-1]:.0f} s; "
+            f"load mean {statistics.fmean(r['load_mean'] for r in rs):.2f}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -214,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=900.0)
     parser.add_argument("--ready-s", type=float, default=240.0, help="start-up deadline of the servers (scenario runs)")
     parser.add_argument("--sample-threads", action="store_true", help="log every vLLM thread's state every 2 s")
-    parser.add_argument("--keep-vllm-pinning", action="store_true",
-                        help="leave vLLM's NIXL worker threads pinned to the last core (scenario runs)")
+    parser.add_argument(
+        "--keep-vllm-pinning",
+        action="store_true",
+        help="leave vLLM's NIXL worker threads pinned to the last core (scenario runs)",
+    )
     args = parser.parse_args(argv)
     connectors = args.connector.split(",")
     if not set(connectors) <= {"kvtrace", "plain"} or (args.pytest and connectors != ["kvtrace"]):
@@ -229,8 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {i} ({connector}, {'pytest' if args.pytest else args.layout}) ...", flush=True)
         result = run_once(args, i, connector, args.out)
         results.append(result)
-        print(f"    rc={result['rc']} wall={result['wall_s']}s load={result['load_mean']} "
-              f"shm={result['shm_warnings']} dumps={len(result['stacks'])} {result['pytest'] or ''}", flush=True)
+        print(
+            f"    rc={result['rc']} wall={result['wall_s']}s load={result['load_mean']} "
+            f"shm={result['shm_warnings']} dumps={len(result['stacks'])} {result['pytest'] or ''}",
+            flush=True,
+        )
         with open(args.out / "results.jsonl", "a") as f:
             f.write(json.dumps(result) + "\n")
         (args.out / "summary.md").write_text(_summary(results))
@@ -250,8 +301,13 @@ def _one(argv: list[str]) -> int:
     import vllm_scenario
 
     try:
-        vllm_scenario.run(args.base, layout=args.layout, connector=args.connector, ready_s=args.ready_s,
-                          unpin=not args.keep_vllm_pinning)
+        vllm_scenario.run(
+            args.base,
+            layout=args.layout,
+            connector=args.connector,
+            ready_s=args.ready_s,
+            unpin=not args.keep_vllm_pinning,
+        )
     except Exception:
         traceback.print_exc()
         return 1

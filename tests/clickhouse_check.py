@@ -100,7 +100,7 @@ def _int(text: str):
         value = int(text, 10)
     except ValueError:
         return None
-    return value if -2**63 <= value < 2**63 and text.strip() == text else None
+    return value if -(2**63) <= value < 2**63 and text.strip() == text else None
 
 
 def _float(text: str):
@@ -156,7 +156,9 @@ def compare_view(duck, ch: ClickHouseStore, name: str) -> int:
     assert len(got_rows) == len(want_rows), f"{name}: {len(got_rows)} rows on ClickHouse, {len(want_rows)} on DuckDB"
     for i, (g, w) in enumerate(zip(got_rows, want_rows)):
         for c, a, b in zip(columns, g, w):
-            assert _same(a, b, c), f"{name} row {i}: {c} = {a!r} on ClickHouse, {b!r} on DuckDB\n{dict(zip(columns, w))}"
+            assert _same(a, b, c), (
+                f"{name} row {i}: {c} = {a!r} on ClickHouse, {b!r} on DuckDB\n{dict(zip(columns, w))}"
+            )
     return len(want_rows)
 
 

@@ -32,21 +32,28 @@ class Case:
 
 
 def _json_span(**fields) -> bytes:
-    span = {"traceId": TRACE_ID, "spanId": SPAN_ID, "name": "op", "startTimeUnixNano": "1700000000000000000",
-            "endTimeUnixNano": "1700000000000001000", **fields}
+    span = {
+        "traceId": TRACE_ID,
+        "spanId": SPAN_ID,
+        "name": "op",
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000001000",
+        **fields,
+    }
     return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
 
 
 def _raw_json_span(fragment: str) -> bytes:
     """A span whose JSON text contains ``fragment`` verbatim (escapes json.dumps would not write)."""
-    return ('{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"%s","spanId":"%s",%s}]}]}]}'
-            % (TRACE_ID, SPAN_ID, fragment)).encode()
+    return (
+        '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"%s","spanId":"%s",%s}]}]}]}'
+        % (TRACE_ID, SPAN_ID, fragment)
+    ).encode()
 
 
 def _nested_kvlist(depth: int) -> str:
     """JSON text of an AnyValue nesting ``depth`` kvlists (text: json.dumps would recurse)."""
-    return ('{"kvlistValue":{"values":[{"key":"k","value":' * depth + '{"stringValue":"leaf"}'
-            + "}]}}" * depth)
+    return '{"kvlistValue":{"values":[{"key":"k","value":' * depth + '{"stringValue":"leaf"}' + "}]}}" * depth
 
 
 def _proto_nested_anyvalue(depth: int) -> bytes:
@@ -57,8 +64,16 @@ def _proto_nested_anyvalue(depth: int) -> bytes:
         array = b"\x0a" + _varint(len(inner)) + inner
         inner = b"\x2a" + _varint(len(array)) + array
     kv = b"\x0a\x01k" + b"\x12" + _varint(len(inner)) + inner  # KeyValue(key, value)
-    span = (b"\x0a\x10" + bytes.fromhex(TRACE_ID) + b"\x12\x08" + bytes.fromhex(SPAN_ID)
-            + b"\x2a\x02op" + b"\x4a" + _varint(len(kv)) + kv)  # trace_id, span_id, name, attributes(9)
+    span = (
+        b"\x0a\x10"
+        + bytes.fromhex(TRACE_ID)
+        + b"\x12\x08"
+        + bytes.fromhex(SPAN_ID)
+        + b"\x2a\x02op"
+        + b"\x4a"
+        + _varint(len(kv))
+        + kv
+    )  # trace_id, span_id, name, attributes(9)
     scope_spans = b"\x12" + _varint(len(span)) + span
     resource_spans = b"\x12" + _varint(len(scope_spans)) + scope_spans
     return b"\x0a" + _varint(len(resource_spans)) + resource_spans
@@ -79,8 +94,15 @@ def _invalid_utf8_name() -> bytes:
 
 
 def _proto_span_name(name: bytes) -> bytes:
-    span = (b"\x0a\x10" + bytes.fromhex(TRACE_ID) + b"\x12\x08" + bytes.fromhex(SPAN_ID)
-            + b"\x2a" + _varint(len(name)) + name)
+    span = (
+        b"\x0a\x10"
+        + bytes.fromhex(TRACE_ID)
+        + b"\x12\x08"
+        + bytes.fromhex(SPAN_ID)
+        + b"\x2a"
+        + _varint(len(name))
+        + name
+    )
     scope_spans = b"\x12" + _varint(len(span)) + span
     resource_spans = b"\x12" + _varint(len(scope_spans)) + scope_spans
     return b"\x0a" + _varint(len(resource_spans)) + resource_spans
@@ -114,18 +136,40 @@ CASES = [
     Case("json-non-hex-trace-id", _json_span(traceId="zz" * 16), JSON, BAD),
     Case("json-odd-length-span-id", _json_span(spanId="abc"), JSON, BAD),
     Case("json-100k-deep-array", b'{"resourceSpans":' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, BAD),
-    Case("json-100k-deep-attribute", _raw_json_span('"name":"op","attributes":[{"key":"k","value":'
-                                                   + '{"arrayValue":{"values":[' * 100_000 + '{"stringValue":"x"}'
-                                                   + "]}}" * 100_000 + "}]"), JSON, BAD),
-    Case("gzip-header-on-plain-protobuf", ExportTraceServiceRequest().SerializeToString() + b"\x0a\x00", PROTOBUF,
-         BAD, "gzip"),
+    Case(
+        "json-100k-deep-attribute",
+        _raw_json_span(
+            '"name":"op","attributes":[{"key":"k","value":'
+            + '{"arrayValue":{"values":[' * 100_000
+            + '{"stringValue":"x"}'
+            + "]}}" * 100_000
+            + "}]"
+        ),
+        JSON,
+        BAD,
+    ),
+    Case(
+        "gzip-header-on-plain-protobuf",
+        ExportTraceServiceRequest().SerializeToString() + b"\x0a\x00",
+        PROTOBUF,
+        BAD,
+        "gzip",
+    ),
     Case("gzip-header-on-plain-json", GOOD_JSON, JSON, BAD, "gzip"),
     # issue 15 items 1 and 2
     Case("json-unpaired-surrogate-in-name", _raw_json_span('"name":"op-\\ud800"'), JSON, BAD),
-    Case("json-unpaired-surrogate-in-attribute", _raw_json_span(
-        '"name":"op","attributes":[{"key":"gen_ai.conversation.id","value":{"stringValue":"\\udfff"}}]'), JSON, BAD),
-    Case("json-unpaired-surrogate-in-key", _raw_json_span(
-        '"name":"op","attributes":[{"key":"\\ud800","value":{"intValue":"1"}}]'), JSON, BAD),
+    Case(
+        "json-unpaired-surrogate-in-attribute",
+        _raw_json_span('"name":"op","attributes":[{"key":"gen_ai.conversation.id","value":{"stringValue":"\\udfff"}}]'),
+        JSON,
+        BAD,
+    ),
+    Case(
+        "json-unpaired-surrogate-in-key",
+        _raw_json_span('"name":"op","attributes":[{"key":"\\ud800","value":{"intValue":"1"}}]'),
+        JSON,
+        BAD,
+    ),
     Case("gzip-bomb-1gib", bomb(1 << 30), PROTOBUF, frozenset({413}), "gzip"),
     Case("deflate-bomb-256mib", bomb(256 << 20, "deflate"), PROTOBUF, frozenset({413}), "deflate"),
     # encodings
@@ -147,15 +191,32 @@ CASES = [
     Case("json-unknown-kind-ignored", _json_span(kind="SPAN_KIND_NOPE"), JSON, OK),  # unknown enum names: ignored
     Case("json-int-overflow", _json_span(startTimeUnixNano="1" + "0" * 30), JSON, BAD),
     Case("json-int-value-float", _raw_json_span('"attributes":[{"key":"k","value":{"intValue":1.5}}]'), JSON, BAD),
-    Case("json-nested-kvlist-30", _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]'
-                                                 % _nested_kvlist(30)), JSON, OK),
-    Case("json-nested-kvlist-200", _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]'
-                                                  % _nested_kvlist(200)), JSON, frozenset({200, 400})),
-    Case("json-nested-kvlist-5000", _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]'
-                                                   % _nested_kvlist(5000)), JSON, BAD),
-    Case("json-double-nan-inf", _raw_json_span(
-        '"attributes":[{"key":"a","value":{"doubleValue":"NaN"}},{"key":"b","value":{"doubleValue":"-Infinity"}}]'),
-        JSON, OK),
+    Case(
+        "json-nested-kvlist-30",
+        _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]' % _nested_kvlist(30)),
+        JSON,
+        OK,
+    ),
+    Case(
+        "json-nested-kvlist-200",
+        _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]' % _nested_kvlist(200)),
+        JSON,
+        frozenset({200, 400}),
+    ),
+    Case(
+        "json-nested-kvlist-5000",
+        _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]' % _nested_kvlist(5000)),
+        JSON,
+        BAD,
+    ),
+    Case(
+        "json-double-nan-inf",
+        _raw_json_span(
+            '"attributes":[{"key":"a","value":{"doubleValue":"NaN"}},{"key":"b","value":{"doubleValue":"-Infinity"}}]'
+        ),
+        JSON,
+        OK,
+    ),
     Case("json-end-before-start", _json_span(endTimeUnixNano="1"), JSON, OK),
     Case("json-zero-trace-id", _json_span(traceId="0" * 32), JSON, OK),  # rejected span: partial success
     Case("json-empty-object", b"{}", JSON, OK),

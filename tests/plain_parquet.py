@@ -19,16 +19,20 @@ def counts(directory) -> dict[str, tuple[int, int]]:
     pattern = os.path.join(root, "**", "*.parquet")
     out = {}
     con = duckdb.connect()
-    out["duckdb"] = con.execute("SELECT count(*), count(DISTINCT SpanId) FROM read_parquet($p)",
-                                {"p": pattern}).fetchone()
+    out["duckdb"] = con.execute(
+        "SELECT count(*), count(DISTINCT SpanId) FROM read_parquet($p)", {"p": pattern}
+    ).fetchone()
     ids = ds.dataset(root, format="parquet").to_table(columns=["SpanId"])["SpanId"]
     out["pyarrow"] = (len(ids), len(pc.unique(ids)))
     import chdb
 
     from kvtrace.store.sql import CLICKHOUSE, literal
 
-    text = chdb.query(f"SELECT count(), uniqExact(SpanId) FROM file({literal(pattern, CLICKHOUSE)}, Parquet)",
-                      "CSV").bytes().decode()
+    text = (
+        chdb.query(f"SELECT count(), uniqExact(SpanId) FROM file({literal(pattern, CLICKHOUSE)}, Parquet)", "CSV")
+        .bytes()
+        .decode()
+    )
     rows, distinct = (int(v) for v in text.strip().split(","))
     out["chdb"] = (rows, distinct)
     return out

@@ -37,8 +37,12 @@ DASHBOARD = ROOT / "dashboards" / "grafana" / "kvtrace.json"
 GRAFANA_VARS = {"$__rate_interval": "1m", "$model_name": ".*"}
 # prometheus_client >= 0.22 (vLLM's /metrics) writes `vllm:x` in # TYPE but `vllm_x` on OpenMetrics
 # samples (prometheus/client_python#1177); this scrape rule puts the colon back (README, "Metrics")
-VLLM_COLON_FIX = {"source_labels": ["__name__"], "regex": "vllm_(.+)", "target_label": "__name__",
-                  "replacement": "vllm:${1}"}
+VLLM_COLON_FIX = {
+    "source_labels": ["__name__"],
+    "regex": "vllm_(.+)",
+    "target_label": "__name__",
+    "replacement": "vllm:${1}",
+}
 
 
 def healthy(url: str) -> bool:
@@ -79,22 +83,34 @@ class Prometheus:
     def config(self) -> dict:
         scrape = []
         for job, targets in self.jobs.items():
-            entry = {"job_name": job, "scrape_interval": "1s", "scrape_timeout": "900ms",
-                     "static_configs": [{"targets": list(targets)}]}
+            entry = {
+                "job_name": job,
+                "scrape_interval": "1s",
+                "scrape_timeout": "900ms",
+                "static_configs": [{"targets": list(targets)}],
+            }
             if job in self.fix_vllm_colons:
                 entry["metric_relabel_configs"] = [VLLM_COLON_FIX]
             scrape.append(entry)
         return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape}
 
-    def start(self, deadline_s: float = 60) -> "Prometheus":
+    def start(self, deadline_s: float = 60) -> Prometheus:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text(json.dumps(self.config(), indent=1))  # JSON is YAML
         log = open(self.workdir / "prometheus.log", "wb")
         self.proc = subprocess.Popen(
-            [prometheus_binary(), f"--config.file={cfg}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                prometheus_binary(),
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.wait_for(self._ready, deadline_s, "Prometheus ready")
         return self
 
@@ -139,8 +155,9 @@ class Prometheus:
 
     def by(self, expr: str, *labels: str) -> dict[tuple, float]:
         """``expr`` as {label values: value}, zero values dropped."""
-        return {tuple(r["metric"].get(lb, "") for lb in labels): r["value"]
-                for r in self.query(expr) if r["value"] != 0}
+        return {
+            tuple(r["metric"].get(lb, "") for lb in labels): r["value"] for r in self.query(expr) if r["value"] != 0
+        }
 
     def targets(self) -> list[dict]:
         return self.api("targets", state="active")["activeTargets"]
@@ -154,16 +171,20 @@ class Prometheus:
 
     def wait_up(self, deadline_s: float = 60) -> None:
         """Every target scraped successfully at least once."""
+
         def up():
             ts = self.targets()
             return len(ts) == sum(len(t) for t in self.jobs.values()) and all(t["health"] == "up" for t in ts)
+
         self.wait_for(up, deadline_s, "every target up")
 
     def wait_scraped_after(self, wall_time: float, deadline_s: float = 30) -> None:
         """Every target had a successful scrape that started after ``wall_time`` (time.time())."""
+
         def scraped():
             ts = self.targets()
             return all(t["health"] == "up" and _epoch(t["lastScrape"]) > wall_time for t in ts) and ts
+
         self.wait_for(scraped, deadline_s, "a scrape of every target after the workload")
 
 
@@ -171,7 +192,7 @@ def _epoch(rfc3339: str) -> float:
     # Prometheus writes nanoseconds; Python takes microseconds
     head, _, rest = rfc3339.partition(".")
     frac = "".join(c for c in rest if c.isdigit())[:6]
-    zone = rest[len("".join(c for c in rest if c.isdigit())):] or "Z"
+    zone = rest[len("".join(c for c in rest if c.isdigit())) :] or "Z"
     return datetime.fromisoformat(f"{head}.{frac or '0'}{zone.replace('Z', '+00:00')}").timestamp()
 
 
@@ -210,26 +231,45 @@ def span_totals(traces: Path, *, proxy: bool) -> dict[str, dict[tuple, float]]:
     """Family -> {label values: value} computed from the spans in the Parquet store."""
     dec = "FROM kv_decisions WHERE outcome IS NOT NULL"
     out = {
-        "decisions": {(d, o): n for d, o, n in _rows(traces, f"SELECT direction, outcome, count(*) {dec} GROUP BY ALL")},
+        "decisions": {
+            (d, o): n for d, o, n in _rows(traces, f"SELECT direction, outcome, count(*) {dec} GROUP BY ALL")
+        },
         "tokens": {},
-        "transfers": {(d, s): n for d, s, n in _rows(
-            traces, "SELECT direction, status, count(*) FROM kv_transfers WHERE status IS NOT NULL GROUP BY ALL")},
-        "transfer_bytes": {(d,): b for d, b in _rows(
-            traces, "SELECT direction, sum(bytes) FROM kv_transfers WHERE status = 'ok' GROUP BY ALL")},
-        "retention_ends": {(o,): n for o, n in _rows(
-            traces, "SELECT outcome, count(*) FROM kv_retention WHERE outcome IS NOT NULL GROUP BY ALL")},
-        "byte_seconds": {(): b for (b,) in _rows(
-            traces, "SELECT sum(byte_seconds) FROM kv_retention WHERE outcome IS NOT NULL")},
+        "transfers": {
+            (d, s): n
+            for d, s, n in _rows(
+                traces, "SELECT direction, status, count(*) FROM kv_transfers WHERE status IS NOT NULL GROUP BY ALL"
+            )
+        },
+        "transfer_bytes": {
+            (d,): b
+            for d, b in _rows(traces, "SELECT direction, sum(bytes) FROM kv_transfers WHERE status = 'ok' GROUP BY ALL")
+        },
+        "retention_ends": {
+            (o,): n
+            for o, n in _rows(
+                traces, "SELECT outcome, count(*) FROM kv_retention WHERE outcome IS NOT NULL GROUP BY ALL"
+            )
+        },
+        "byte_seconds": {
+            (): b for (b,) in _rows(traces, "SELECT sum(byte_seconds) FROM kv_retention WHERE outcome IS NOT NULL")
+        },
     }
     for d, local, pulled, recomputed in _rows(
-            traces, f"SELECT direction, sum(local_hit_tokens), sum(pulled_tokens), sum(recomputed_tokens) {dec} GROUP BY ALL"):
+        traces,
+        f"SELECT direction, sum(local_hit_tokens), sum(pulled_tokens), sum(recomputed_tokens) {dec} GROUP BY ALL",
+    ):
         for source, n in ((sc.SOURCE_LOCAL_HIT, local), (sc.SOURCE_PULLED, pulled), (sc.SOURCE_RECOMPUTED, recomputed)):
             out["tokens"][(d, source)] = n
     if proxy:
-        out["proxy_requests"] = {(str(s), r): n for s, r, n in _rows(
-            traces, "SELECT http_status, offer_reason, count(*) FROM requests GROUP BY ALL")}
-        out["proxy_ttft"] = {(o or sc.OUTCOME_UNKNOWN,): n for o, n in _rows(
-            traces, "SELECT outcome, count(*) FROM requests WHERE ttft_ms IS NOT NULL GROUP BY ALL")}
+        out["proxy_requests"] = {
+            (str(s), r): n
+            for s, r, n in _rows(traces, "SELECT http_status, offer_reason, count(*) FROM requests GROUP BY ALL")
+        }
+        out["proxy_ttft"] = {
+            (o or sc.OUTCOME_UNKNOWN,): n
+            for o, n in _rows(traces, "SELECT outcome, count(*) FROM requests WHERE ttft_ms IS NOT NULL GROUP BY ALL")
+        }
     return {k: {lv: float(v) for lv, v in fam.items() if v} for k, fam in out.items()}
 
 
@@ -238,15 +278,17 @@ def prometheus_totals(prom: Prometheus, *, proxy: bool) -> dict[str, dict[tuple,
     out = {
         "decisions": prom.by(f"sum by (direction, outcome) ({sc.METRIC_KV_DECISIONS}_total)", "direction", "outcome"),
         "tokens": prom.by(f"sum by (direction, source) ({sc.METRIC_KV_PROMPT_TOKENS}_total)", "direction", "source"),
-        "transfers": prom.by(f"sum by (direction, status) ({sc.METRIC_KV_TRANSFER_DURATION}_count)",
-                             "direction", "status"),
+        "transfers": prom.by(
+            f"sum by (direction, status) ({sc.METRIC_KV_TRANSFER_DURATION}_count)", "direction", "status"
+        ),
         "transfer_bytes": prom.by(f"sum by (direction) ({sc.METRIC_KV_TRANSFER_BYTES}_total)", "direction"),
         "retention_ends": prom.by(f"sum by (outcome) ({sc.METRIC_KV_RETENTION_ENDS}_total)", "outcome"),
         "byte_seconds": prom.by(f"sum({sc.METRIC_KV_RETAINED_BYTE_SECONDS}_total)"),
     }
     if proxy:
-        out["proxy_requests"] = prom.by(f"sum by (status, offer_reason) ({sc.METRIC_PROXY_REQUESTS}_total)",
-                                        "status", "offer_reason")
+        out["proxy_requests"] = prom.by(
+            f"sum by (status, offer_reason) ({sc.METRIC_PROXY_REQUESTS}_total)", "status", "offer_reason"
+        )
         out["proxy_ttft"] = prom.by(f"sum by (outcome) ({sc.METRIC_PROXY_TTFT}_count)", "outcome")
     return out
 

@@ -130,7 +130,15 @@ def test_request_headers_inside_llm_call(tracer_provider, span_exporter):
                 assert call.headers() == headers
                 call.observe("a ")
                 call.observe("b ")
-                call.finish(input_tokens=10, output_tokens=2, kv_transfer={sc.KVT_DECISION: sc.OUTCOME_PULLED, sc.KVT_PULLED_TOKENS: 96, sc.KVT_REQUEST_ID: "req-7"})
+                call.finish(
+                    input_tokens=10,
+                    output_tokens=2,
+                    kv_transfer={
+                        sc.KVT_DECISION: sc.OUTCOME_PULLED,
+                        sc.KVT_PULLED_TOKENS: 96,
+                        sc.KVT_REQUEST_ID: "req-7",
+                    },
+                )
     span = one(span_exporter, sc.SPAN_AGENT_LLM_CALL)
     ctx = span.context
     assert headers == {

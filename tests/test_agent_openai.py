@@ -54,13 +54,21 @@ def sse(body: dict) -> list[bytes]:
 def completion_body(body: dict) -> dict:
     if "messages" in body:
         return {
-            "id": "r", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(PIECES)}, "finish_reason": "stop"}],
+            "id": "r",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "".join(PIECES)}, "finish_reason": "stop"}
+            ],
             "usage": {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44},
             sc.RESPONSE_KV_TRANSFER: KVT,
         }
     return {
-        "id": "r", "object": "text_completion", "created": 0, "model": "m",
+        "id": "r",
+        "object": "text_completion",
+        "created": 0,
+        "model": "m",
         "choices": [{"index": 0, "text": "".join(PIECES), "finish_reason": "length", "logprobs": None}],
         "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
         sc.RESPONSE_KV_TRANSFER: KVT,
@@ -122,12 +130,16 @@ def _chunk_bytes() -> bytes:
 
 def sync_client(endpoint, provider):
     http = httpx2.Client(transport=httpx2.MockTransport(endpoint.sync))
-    return TracedOpenAI(base_url="http://127.0.0.1:8123/v1", api_key="k", http_client=http, max_retries=0, tracer_provider=provider)
+    return TracedOpenAI(
+        base_url="http://127.0.0.1:8123/v1", api_key="k", http_client=http, max_retries=0, tracer_provider=provider
+    )
 
 
 def async_client(endpoint, provider):
     http = httpx2.AsyncClient(transport=httpx2.MockTransport(endpoint.async_))
-    return TracedAsyncOpenAI(base_url="http://127.0.0.1:8123/v1", api_key="k", http_client=http, max_retries=0, tracer_provider=provider)
+    return TracedAsyncOpenAI(
+        base_url="http://127.0.0.1:8123/v1", api_key="k", http_client=http, max_retries=0, tracer_provider=provider
+    )
 
 
 def llm_span(exporter):
@@ -311,7 +323,9 @@ async def test_async_stream_and_parallel_calls(tracer_provider, span_exporter):
     agent = Agent(tracer_provider)
 
     async def call(i):
-        stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(i)}], stream=True)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": str(i)}], stream=True
+        )
         async for _ in stream:
             pass
         return stream
@@ -360,8 +374,10 @@ def test_broken_tracer_never_breaks_the_call(caplog):
 
     endpoint = Endpoint()
     http = httpx2.Client(transport=httpx2.MockTransport(endpoint.sync))
-    client = instrument_openai(openai.OpenAI(base_url="http://h/v1", api_key="k", http_client=http, max_retries=0),
-                               agent=Agent(BrokenProvider()))
+    client = instrument_openai(
+        openai.OpenAI(base_url="http://h/v1", api_key="k", http_client=http, max_retries=0),
+        agent=Agent(BrokenProvider()),
+    )
     resp = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert resp.choices[0].message.content == "".join(PIECES)
     headers, body = endpoint.requests[0]
@@ -369,25 +385,36 @@ def test_broken_tracer_never_breaks_the_call(caplog):
     assert "calling untraced" in caplog.text
 
 
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_cached_prompt_tokens_follow_genai_conventions(tracer_provider, span_exporter, stream):
     """gen_ai.usage.cache_read.input_tokens: the proxy's local hit + pulled; else the usage's
     prompt_tokens_details.cached_tokens; gen_ai.usage.input_tokens stays the total."""
-    usage = {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44, "prompt_tokens_details": {"cached_tokens": 32}}
+    usage = {
+        "prompt_tokens": 40,
+        "completion_tokens": 4,
+        "total_tokens": 44,
+        "prompt_tokens_details": {"cached_tokens": 32},
+    }
     for kvt, want in (({**KVT, sc.KVT_LOCAL_HIT_TOKENS: 16}, 16 + 128), (KVT, 32)):
+
         def answer(request, kvt=kvt):
             if json.loads(request.content).get("stream"):
                 events = [_chunk({"content": "a "}), _chunk({}, "length"), _chunk(None, usage=usage, kv_transfer=kvt)]
                 data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
                 return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=data)
-            return httpx2.Response(200, json={**completion_body({"messages": []}), "usage": usage,
-                                              sc.RESPONSE_KV_TRANSFER: kvt})
+            return httpx2.Response(
+                200, json={**completion_body({"messages": []}), "usage": usage, sc.RESPONSE_KV_TRANSFER: kvt}
+            )
 
         span_exporter.clear()
         http = httpx2.Client(transport=httpx2.MockTransport(answer))
-        client = TracedOpenAI(base_url="http://127.0.0.1:8123/v1", api_key="k", http_client=http, max_retries=0,
-                              tracer_provider=tracer_provider)
+        client = TracedOpenAI(
+            base_url="http://127.0.0.1:8123/v1",
+            api_key="k",
+            http_client=http,
+            max_retries=0,
+            tracer_provider=tracer_provider,
+        )
         msgs = [{"role": "user", "content": "x"}]
         if stream:
             s = client.chat.completions.create(model="m", messages=msgs, stream=True)

@@ -6,9 +6,9 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.analysis import sessions
-from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS, PART_COLUMNS
 from kvtrace.analysis.filters import Filters
 from kvtrace.store import connect
+from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS, PART_COLUMNS
 from kvtrace.testing.synth import SpanBuilder
 
 PARTS = ("wall_ms",) + PART_COLUMNS + ("unattributed_ms",)
@@ -88,8 +88,13 @@ def test_overlapping_tools_parallel_calls_and_gaps(store):
     # tools: 350-550 = 200 (700-800 hidden by input); app spans: 560-580, 900-950, 990-1000 = 80
     # unattributed: 0-100, 550-560, 580-650, 950-990 = 220
     assert _parts(row) == {
-        "wall_ms": 1000.0, "input_processing_ms": 300.0, "generation_ms": 200.0, "tool_wait_ms": 200.0,
-        "app_work_ms": 300.0, "user_pause_ms": 0.0, "unattributed_ms": 220.0,
+        "wall_ms": 1000.0,
+        "input_processing_ms": 300.0,
+        "generation_ms": 200.0,
+        "tool_wait_ms": 200.0,
+        "app_work_ms": 300.0,
+        "user_pause_ms": 0.0,
+        "unattributed_ms": 220.0,
     }
     assert row["turns"] == 2
 
@@ -97,12 +102,22 @@ def test_overlapping_tools_parallel_calls_and_gaps(store):
 def test_turn_breakdown_splits_the_session(store):
     turns = {r["turn"]: r for r in sessions.turns(store, Filters(session_id="s-overlap")).to_pylist()}
     assert _parts(turns[0]) == {
-        "wall_ms": 600.0, "input_processing_ms": 50.0, "generation_ms": 200.0, "tool_wait_ms": 200.0,
-        "app_work_ms": 150.0, "user_pause_ms": 0.0, "unattributed_ms": 130.0,
+        "wall_ms": 600.0,
+        "input_processing_ms": 50.0,
+        "generation_ms": 200.0,
+        "tool_wait_ms": 200.0,
+        "app_work_ms": 150.0,
+        "user_pause_ms": 0.0,
+        "unattributed_ms": 130.0,
     }
     assert _parts(turns[1]) == {
-        "wall_ms": 400.0, "input_processing_ms": 250.0, "generation_ms": 0.0, "tool_wait_ms": 0.0,
-        "app_work_ms": 150.0, "user_pause_ms": 0.0, "unattributed_ms": 90.0,
+        "wall_ms": 400.0,
+        "input_processing_ms": 250.0,
+        "generation_ms": 0.0,
+        "tool_wait_ms": 0.0,
+        "app_work_ms": 150.0,
+        "user_pause_ms": 0.0,
+        "unattributed_ms": 90.0,
     }
 
 
@@ -110,8 +125,13 @@ def test_session_spanning_many_traces(store):
     row = _by_session(store)["s-traces"]
     # wall 10_000-11_500; input 40 + 20, gen 160 + 180, tool 200, rest (incl. the pause) app work
     assert _parts(row) == {
-        "wall_ms": 1500.0, "input_processing_ms": 60.0, "generation_ms": 340.0, "tool_wait_ms": 200.0,
-        "app_work_ms": 900.0, "user_pause_ms": 0.0, "unattributed_ms": 900.0,
+        "wall_ms": 1500.0,
+        "input_processing_ms": 60.0,
+        "generation_ms": 340.0,
+        "tool_wait_ms": 200.0,
+        "app_work_ms": 900.0,
+        "user_pause_ms": 0.0,
+        "unattributed_ms": 900.0,
     }
     assert row["turns"] == 2
 
@@ -122,15 +142,34 @@ def test_user_pauses_are_a_part_of_their_own(paused):
     # pauses: 30_000-30_500 (500), 30_700-30_900 minus app 30_800-30_850 (150), 31_000-31_800 minus
     # tool 31_700-31_750 (750); app work: 50 + unattributed 30_900-31_000 and 31_900-32_000 (200)
     assert _parts(row) == {
-        "wall_ms": 2000.0, "input_processing_ms": 150.0, "generation_ms": 150.0, "tool_wait_ms": 50.0,
-        "app_work_ms": 250.0, "user_pause_ms": 1400.0, "unattributed_ms": 200.0,
+        "wall_ms": 2000.0,
+        "input_processing_ms": 150.0,
+        "generation_ms": 150.0,
+        "tool_wait_ms": 50.0,
+        "app_work_ms": 250.0,
+        "user_pause_ms": 1400.0,
+        "unattributed_ms": 200.0,
     }
     turns = {r["turn"]: _parts(r) for r in sessions.turns(store, Filters(session_id="s-pause")).to_pylist()}
     assert turns == {  # the pauses between turns are outside every turn window
-        0: {"wall_ms": 500.0, "input_processing_ms": 100.0, "generation_ms": 100.0, "tool_wait_ms": 0.0,
-            "app_work_ms": 150.0, "user_pause_ms": 150.0, "unattributed_ms": 100.0},
-        1: {"wall_ms": 200.0, "input_processing_ms": 50.0, "generation_ms": 50.0, "tool_wait_ms": 0.0,
-            "app_work_ms": 100.0, "user_pause_ms": 0.0, "unattributed_ms": 100.0},
+        0: {
+            "wall_ms": 500.0,
+            "input_processing_ms": 100.0,
+            "generation_ms": 100.0,
+            "tool_wait_ms": 0.0,
+            "app_work_ms": 150.0,
+            "user_pause_ms": 150.0,
+            "unattributed_ms": 100.0,
+        },
+        1: {
+            "wall_ms": 200.0,
+            "input_processing_ms": 50.0,
+            "generation_ms": 50.0,
+            "tool_wait_ms": 0.0,
+            "app_work_ms": 100.0,
+            "user_pause_ms": 0.0,
+            "unattributed_ms": 100.0,
+        },
     }
     assert sessions.totals(store, Filters(session_id="s-pause"))["user_pause_ms"] == 1400.0
 
@@ -140,8 +179,13 @@ def test_proxy_only_session_uses_request_spans(store):
     # gen: 20_100-20_300, 20_550-20_700 (p-1), 20_750-20_800 (p-2) = 400
     # input: 20_000-20_100, 20_500-20_550, 20_700-20_750 (p-2 waits while p-1 is not streaming) = 200
     assert _parts(row) == {
-        "wall_ms": 800.0, "input_processing_ms": 200.0, "generation_ms": 400.0, "tool_wait_ms": 0.0,
-        "app_work_ms": 200.0, "user_pause_ms": 0.0, "unattributed_ms": 200.0,
+        "wall_ms": 800.0,
+        "input_processing_ms": 200.0,
+        "generation_ms": 400.0,
+        "tool_wait_ms": 0.0,
+        "app_work_ms": 200.0,
+        "user_pause_ms": 0.0,
+        "unattributed_ms": 200.0,
     }
     turns = {r["turn"]: r["wall_ms"] for r in sessions.turns(store, Filters(session_id="s-proxy")).to_pylist()}
     assert turns == {0: 300.0, 1: 300.0}
@@ -162,7 +206,9 @@ def test_totals_sorting_and_filters(store):
     b = SpanBuilder()
     window = Filters(start_ns=b.ns(9_000), end_ns=b.ns(15_000))
     assert [r["session_id"] for r in sessions.breakdown(store, window).to_pylist()] == ["s-traces"]
-    assert [r["session_id"] for r in sessions.breakdown(store, Filters(service="kvtrace-proxy")).to_pylist()] == ["s-proxy"]
+    assert [r["session_id"] for r in sessions.breakdown(store, Filters(service="kvtrace-proxy")).to_pylist()] == [
+        "s-proxy"
+    ]
     assert sessions.list_sessions(store) == ["s-traces", "s-overlap", "s-proxy"]
     with pytest.raises(ValueError, match="cannot sort by"):
         sessions.breakdown(store, order="wall_ms; DROP VIEW spans")
@@ -173,8 +219,9 @@ def test_overview_is_the_totals_and_the_sorted_rows_of_one_query(store, tmp_path
         for order, descending, limit in (("wall_ms", True, 100), ("generation_ms", False, 2), ("session_id", True, 1)):
             got = sessions.overview(store, filters, order=order, descending=descending, limit=limit)
             assert got["totals"] == sessions.totals(store, filters)
-            assert got["rows"].equals(sessions.breakdown(store, filters, order=order, descending=descending,
-                                                         limit=limit))
+            assert got["rows"].equals(
+                sessions.breakdown(store, filters, order=order, descending=descending, limit=limit)
+            )
     assert sessions.overview(store, Filters(session_id="nobody"))["totals"]["sessions"] == 0
     assert sessions.overview(store, limit=1)["totals"]["sessions"] == 3  # all sessions, not the rows shown
     empty = sessions.overview(connect(tmp_path / "none", allow_empty=True))
@@ -201,6 +248,8 @@ def test_empty_store_has_empty_views(tmp_path):
 
 
 def test_session_windows_agree_with_the_sessions_view(store):
-    mine = store.execute("SELECT session_id, start_ns, end_ns, turns FROM kvtrace_session_windows ORDER BY 1").fetchall()
+    mine = store.execute(
+        "SELECT session_id, start_ns, end_ns, turns FROM kvtrace_session_windows ORDER BY 1"
+    ).fetchall()
     view = store.execute("SELECT session_id, start_ns, end_ns, turns FROM sessions ORDER BY 1").fetchall()
     assert mine == view and len(mine) == 3

@@ -52,12 +52,25 @@ def test_by_turn(baseline):
 def test_values_the_comparison_reads(baseline):
     calls = latency.call_values(baseline).to_pylist()
     assert sorted((r["turn"], r["ttft_ms"], r["latency_ms"]) for r in calls) == [
-        (0, 100.0, 149.0), (0, 300.0, 349.0), (1, 200.0, 249.0), (1, 400.0, 449.0)]
+        (0, 100.0, 149.0),
+        (0, 300.0, 349.0),
+        (1, 200.0, 249.0),
+        (1, 400.0, 449.0),
+    ]
     assert sorted((r["turn"], r["latency_ms"]) for r in latency.turn_values(baseline).to_pylist()) == [
-        (0, 1000.0), (0, 1000.0), (1, 2000.0), (1, 2000.0)]
+        (0, 1000.0),
+        (0, 1000.0),
+        (1, 2000.0),
+        (1, 2000.0),
+    ]
     assert sorted(compare.store_values(baseline, Filters(session_id="s1"))) == [
-        ("latency_ms", 0, 0, 349.0), ("latency_ms", 1, 0, 449.0), ("ttft_ms", 0, 0, 300.0), ("ttft_ms", 1, 0, 400.0),
-        ("turn_latency_ms", 0, 0, 1000.0), ("turn_latency_ms", 1, 0, 2000.0)]
+        ("latency_ms", 0, 0, 349.0),
+        ("latency_ms", 1, 0, 449.0),
+        ("ttft_ms", 0, 0, 300.0),
+        ("ttft_ms", 1, 0, 400.0),
+        ("turn_latency_ms", 0, 0, 1000.0),
+        ("turn_latency_ms", 1, 0, 2000.0),
+    ]
 
 
 def test_compare_runs_means(baseline, candidate):

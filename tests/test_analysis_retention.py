@@ -27,8 +27,17 @@ def store(tmp_path, builder):
         ("c", "d1", 2000, 4000, 48, sc.RETENTION_RELEASED),  # 3 blocks, freed unread
     ):
         ident = {sc.GEN_AI_REQUEST_ID: f"req-{sid}", sc.SESSION_ID: sid, sc.TURN_INDEX: 0}
-        eng = b.engine(sc.ROLE_DECODE, engine, ident, start - 500, start, parent=None, prompt_tokens=tokens,
-                       cached_tokens=tokens, output_tokens=1)
+        eng = b.engine(
+            sc.ROLE_DECODE,
+            engine,
+            ident,
+            start - 500,
+            start,
+            parent=None,
+            prompt_tokens=tokens,
+            cached_tokens=tokens,
+            output_tokens=1,
+        )
         b.retention(engine, ident, start, end, parent=eng, tokens=tokens, outcome=outcome)
     b.write(tmp_path)
     return connect(tmp_path)
@@ -38,8 +47,12 @@ def test_series_is_a_step_function_per_engine(store, builder):
     got = [(r["engine_id"], r["t"], r["bytes_held"], r["blocks_held"]) for r in retention.series(store).to_pylist()]
     ns = builder.ns
     assert got == [
-        ("d0", ns(1000), 10 * MIB4, 10), ("d0", ns(3000), 30 * MIB4, 30), ("d0", ns(5000), 20 * MIB4, 20),
-        ("d0", ns(9000), 0, 0), ("d1", ns(2000), 3 * MIB4, 3), ("d1", ns(4000), 0, 0),
+        ("d0", ns(1000), 10 * MIB4, 10),
+        ("d0", ns(3000), 30 * MIB4, 30),
+        ("d0", ns(5000), 20 * MIB4, 20),
+        ("d0", ns(9000), 0, 0),
+        ("d1", ns(2000), 3 * MIB4, 3),
+        ("d1", ns(4000), 0, 0),
     ]
 
 
@@ -52,10 +65,29 @@ def test_series_downsampling_keeps_peaks(store, builder):
 def test_summary_per_engine(store):
     rows = {r["engine_id"]: r for r in retention.summary(store)}
     d0 = rows["d0"]
-    assert {k: d0[k] for k in ("retained", "read", "expired", "released", "blocks", "bytes", "blocks_never_read",
-                               "bytes_never_read", "peak_bytes")} == {
-        "retained": 2, "read": 1, "expired": 1, "released": 0, "blocks": 30, "bytes": 30 * MIB4,
-        "blocks_never_read": 20, "bytes_never_read": 20 * MIB4, "peak_bytes": 30 * MIB4,
+    assert {
+        k: d0[k]
+        for k in (
+            "retained",
+            "read",
+            "expired",
+            "released",
+            "blocks",
+            "bytes",
+            "blocks_never_read",
+            "bytes_never_read",
+            "peak_bytes",
+        )
+    } == {
+        "retained": 2,
+        "read": 1,
+        "expired": 1,
+        "released": 0,
+        "blocks": 30,
+        "bytes": 30 * MIB4,
+        "blocks_never_read": 20,
+        "bytes_never_read": 20 * MIB4,
+        "peak_bytes": 30 * MIB4,
     }
     assert d0["byte_seconds"] == pytest.approx(10 * MIB4 * 4 + 20 * MIB4 * 6)
     assert d0["max_held_s"] == pytest.approx(6.0)

@@ -14,21 +14,73 @@ from kvtrace.testing.synth import SpanBuilder
 P, D = "sim-p0", "sim-d0"
 
 
-def _prefill(b, turn, start, *, prompt, duration, local_hit=0, remote=0, pulled=0, outcome=None,
-             xfer=0.0, xfer_status=sc.TRANSFER_OK, xfer_tokens=None):
+def _prefill(
+    b,
+    turn,
+    start,
+    *,
+    prompt,
+    duration,
+    local_hit=0,
+    remote=0,
+    pulled=0,
+    outcome=None,
+    xfer=0.0,
+    xfer_status=sc.TRANSFER_OK,
+    xfer_tokens=None,
+):
     """A P request of session s1: engine span, d2p decision (when ``outcome``), transfer (when ``xfer``)."""
     ident = {sc.GEN_AI_REQUEST_ID: f"r{turn}", sc.SESSION_ID: "s1", sc.TURN_INDEX: turn}
-    req = b.request("s1", turn, f"r{turn}", start, start + duration + 50, duration + 10,
-                    offered=bool(remote), offer_reason=sc.OFFER_OFFERED if remote else sc.OFFER_NO_ENTRY)
-    eng = b.engine(sc.ROLE_PREFILL, P, ident, start, start + duration, parent=req, prompt_tokens=prompt,
-                   cached_tokens=local_hit + pulled)
+    req = b.request(
+        "s1",
+        turn,
+        f"r{turn}",
+        start,
+        start + duration + 50,
+        duration + 10,
+        offered=bool(remote),
+        offer_reason=sc.OFFER_OFFERED if remote else sc.OFFER_NO_ENTRY,
+    )
+    eng = b.engine(
+        sc.ROLE_PREFILL,
+        P,
+        ident,
+        start,
+        start + duration,
+        parent=req,
+        prompt_tokens=prompt,
+        cached_tokens=local_hit + pulled,
+    )
     if outcome:
-        dec = b.decision(P, sc.ROLE_PREFILL, ident, start, start + xfer, parent=eng, direction=sc.DIRECTION_D2P,
-                         outcome=outcome, prompt=prompt, local_hit=local_hit, remote=remote, pulled=pulled,
-                         recomputed=prompt - local_hit - pulled, peer=D)
+        dec = b.decision(
+            P,
+            sc.ROLE_PREFILL,
+            ident,
+            start,
+            start + xfer,
+            parent=eng,
+            direction=sc.DIRECTION_D2P,
+            outcome=outcome,
+            prompt=prompt,
+            local_hit=local_hit,
+            remote=remote,
+            pulled=pulled,
+            recomputed=prompt - local_hit - pulled,
+            peer=D,
+        )
         if xfer:
-            b.transfer(P, sc.ROLE_PREFILL, ident, start, start + xfer, parent=dec, direction=sc.DIRECTION_D2P,
-                       tokens=xfer_tokens if xfer_tokens is not None else pulled, status=xfer_status, peer=D)
+            b.transfer(
+                P,
+                sc.ROLE_PREFILL,
+                ident,
+                start,
+                start + xfer,
+                parent=dec,
+                direction=sc.DIRECTION_D2P,
+                tokens=xfer_tokens if xfer_tokens is not None else pulled,
+                status=xfer_status,
+                peer=D,
+            )
 
 
 @pytest.fixture
@@ -37,11 +89,31 @@ def store(tmp_path):
     # P computes 10 tokens/ms everywhere (time minus its own transfer); transfers: 6.2 ms + 0.005 ms/token
     _prefill(b, 0, 0, prompt=1000, duration=100)
     _prefill(b, 1, 1000, prompt=1200, duration=35, remote=992, pulled=960, outcome=sc.OUTCOME_PULLED, xfer=11)
-    _prefill(b, 2, 2000, prompt=1400, duration=12.6, local_hit=1184, remote=1344, pulled=160,
-             outcome=sc.OUTCOME_PULLED, xfer=7)
+    _prefill(
+        b,
+        2,
+        2000,
+        prompt=1400,
+        duration=12.6,
+        local_hit=1184,
+        remote=1344,
+        pulled=160,
+        outcome=sc.OUTCOME_PULLED,
+        xfer=7,
+    )
     _prefill(b, 3, 3000, prompt=1450, duration=5, local_hit=1400, remote=1440, outcome=sc.OUTCOME_BELOW_THRESHOLD)
-    _prefill(b, 4, 4000, prompt=1600, duration=162, remote=1500, outcome=sc.OUTCOME_EXPIRED, xfer=2,
-             xfer_status=sc.TRANSFER_EXPIRED, xfer_tokens=1500)
+    _prefill(
+        b,
+        4,
+        4000,
+        prompt=1600,
+        duration=162,
+        remote=1500,
+        outcome=sc.OUTCOME_EXPIRED,
+        xfer=2,
+        xfer_status=sc.TRANSFER_EXPIRED,
+        xfer_tokens=1500,
+    )
     b.write(tmp_path)
     return connect(tmp_path)
 
@@ -50,12 +122,35 @@ def test_per_request_rows(store):
     rows = reuse.requests(store).to_pylist()
     assert [r["request_id"] for r in rows] == ["r1", "r2", "r3", "r4"]
     r1 = rows[0]
-    assert {k: r1[k] for k in ("session_id", "turn", "engine_id", "peer_engine_id", "outcome", "prompt_tokens",
-                               "reusable_tokens", "local_hit_tokens", "pulled_tokens", "recomputed_tokens",
-                               "bytes", "substrate")} == {
-        "session_id": "s1", "turn": 1, "engine_id": P, "peer_engine_id": D, "outcome": sc.OUTCOME_PULLED,
-        "prompt_tokens": 1200, "reusable_tokens": 992, "local_hit_tokens": 0, "pulled_tokens": 960,
-        "recomputed_tokens": 240, "bytes": 60 * 16 * 262_144, "substrate": sc.SUBSTRATE_SIM,
+    assert {
+        k: r1[k]
+        for k in (
+            "session_id",
+            "turn",
+            "engine_id",
+            "peer_engine_id",
+            "outcome",
+            "prompt_tokens",
+            "reusable_tokens",
+            "local_hit_tokens",
+            "pulled_tokens",
+            "recomputed_tokens",
+            "bytes",
+            "substrate",
+        )
+    } == {
+        "session_id": "s1",
+        "turn": 1,
+        "engine_id": P,
+        "peer_engine_id": D,
+        "outcome": sc.OUTCOME_PULLED,
+        "prompt_tokens": 1200,
+        "reusable_tokens": 992,
+        "local_hit_tokens": 0,
+        "pulled_tokens": 960,
+        "recomputed_tokens": 240,
+        "bytes": 60 * 16 * 262_144,
+        "substrate": sc.SUBSTRATE_SIM,
     }
     assert r1["transfer_ms"] == pytest.approx(11.0)
     assert r1["recompute_est_ms"] == pytest.approx(96.0)  # 960 tokens at 10 tokens/ms
@@ -87,11 +182,29 @@ def test_break_even(store):
 
 def test_summary_and_mixes(store):
     s = reuse.summary(store)
-    assert {k: s[k] for k in ("decisions", "pulled_requests", "prompt_tokens", "reusable_tokens", "local_hit_tokens",
-                              "pulled_tokens", "recomputed_tokens", "bytes", "break_even_tokens")} == {
-        "decisions": 4, "pulled_requests": 2, "prompt_tokens": 1200 + 1400 + 1450 + 1600,
-        "reusable_tokens": 992 + 1344 + 1440 + 1500, "local_hit_tokens": 1184 + 1400, "pulled_tokens": 1120,
-        "recomputed_tokens": 240 + 56 + 50 + 1600, "bytes": (60 + 10) * 16 * 262_144, "break_even_tokens": 66,
+    assert {
+        k: s[k]
+        for k in (
+            "decisions",
+            "pulled_requests",
+            "prompt_tokens",
+            "reusable_tokens",
+            "local_hit_tokens",
+            "pulled_tokens",
+            "recomputed_tokens",
+            "bytes",
+            "break_even_tokens",
+        )
+    } == {
+        "decisions": 4,
+        "pulled_requests": 2,
+        "prompt_tokens": 1200 + 1400 + 1450 + 1600,
+        "reusable_tokens": 992 + 1344 + 1440 + 1500,
+        "local_hit_tokens": 1184 + 1400,
+        "pulled_tokens": 1120,
+        "recomputed_tokens": 240 + 56 + 50 + 1600,
+        "bytes": (60 + 10) * 16 * 262_144,
+        "break_even_tokens": 66,
     }
     assert s["transfer_ms"] == pytest.approx(18.0)
     assert s["recompute_est_ms"] == pytest.approx(112.0)
@@ -99,7 +212,8 @@ def test_summary_and_mixes(store):
     assert s["pull_rate"] == 0.5
     mix = reuse.decision_mix(store).to_pylist()
     assert [(r["direction"], r["outcome"], r["decisions"]) for r in mix] == [
-        (sc.DIRECTION_D2P, sc.OUTCOME_PULLED, 2), (sc.DIRECTION_D2P, sc.OUTCOME_BELOW_THRESHOLD, 1),
+        (sc.DIRECTION_D2P, sc.OUTCOME_PULLED, 2),
+        (sc.DIRECTION_D2P, sc.OUTCOME_BELOW_THRESHOLD, 1),
         (sc.DIRECTION_D2P, sc.OUTCOME_EXPIRED, 1),
     ]
     offers = {r["offer_reason"]: r["requests"] for r in reuse.offer_mix(store).to_pylist()}
@@ -107,8 +221,10 @@ def test_summary_and_mixes(store):
 
 
 def test_tokens_by_source_per_turn(store):
-    got = [(r["turn"], r["local_hit_tokens"], r["pulled_tokens"], r["computed_tokens"])
-           for r in reuse.tokens_by_source(store).to_pylist()]
+    got = [
+        (r["turn"], r["local_hit_tokens"], r["pulled_tokens"], r["computed_tokens"])
+        for r in reuse.tokens_by_source(store).to_pylist()
+    ]
     assert got == [(0, 0, 0, 1000), (1, 0, 960, 240), (2, 1184, 160, 56), (3, 1400, 0, 50), (4, 0, 0, 1600)]
 
 

@@ -21,7 +21,10 @@ from kvtrace.store import connect
 # 2 sessions x 3 turns; each answer (120 tokens) is more than kv_recompute_threshold (64), so with
 # P's prefix cache on there is still something worth pulling: D's answer and the new user message
 SCENARIO = {
-    "filetype": "kvtrace_scenario", "name": "tiny", "sessions": 2, "system_tokens": 200,
+    "filetype": "kvtrace_scenario",
+    "name": "tiny",
+    "sessions": 2,
+    "system_tokens": 200,
     "turns": [{"label": "ask", "repeat": 3, "user_tokens": 40, "steps": [{"llm": {"output_tokens": 120}}]}],
 }
 ARM_LABELS = [arms.arm_label(c, b) for c, b in arms.ARMS]
@@ -29,8 +32,9 @@ ARM_LABELS = [arms.arm_label(c, b) for c, b in arms.ARMS]
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "KVTRACE_METRICS": "0"}
-    return subprocess.run([sys.executable, "-m", "kvtrace.cli", *argv], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtrace.cli", *argv], capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +43,23 @@ def armed(tmp_path_factory):
     scenario = root / "tiny.json"
     scenario.write_text(json.dumps(SCENARIO))
     traces = root / "runs"
-    done = _run("bench", "--arms", "--input", str(scenario), "--presets", "qwen3-32b", "--sim-time-scale", "50",
-                "--clients", "2", "--traces", str(traces), "--json", str(root / "arms.json"), "--no-progress")
+    done = _run(
+        "bench",
+        "--arms",
+        "--input",
+        str(scenario),
+        "--presets",
+        "qwen3-32b",
+        "--sim-time-scale",
+        "50",
+        "--clients",
+        "2",
+        "--traces",
+        str(traces),
+        "--json",
+        str(root / "arms.json"),
+        "--no-progress",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return traces, done.stdout, json.loads((root / "arms.json").read_text())
 
@@ -49,7 +68,9 @@ def _decisions(run: str) -> list[tuple]:
     con = connect(run)
     return con.execute(
         "SELECT turn, outcome, local_hit_tokens, pulled_tokens FROM kv_decisions WHERE engine_role = ? "
-        "AND direction = ? ORDER BY session_id, turn", [sc.ROLE_PREFILL, sc.DIRECTION_D2P]).fetchall()
+        "AND direction = ? ORDER BY session_id, turn",
+        [sc.ROLE_PREFILL, sc.DIRECTION_D2P],
+    ).fetchall()
 
 
 def test_four_arms_make_the_decisions_their_configuration_allows(armed):
@@ -84,9 +105,17 @@ def test_the_table_per_preset_and_report_prints_the_same(armed):
     cols = [c.strip() for c in lines[0].strip("|").split("|")]
     assert cols == ["metric", *ARM_LABELS, "published gain (P cache off)", "incremental gain (P cache on)"]
     names = [line.strip("|").split("|")[0].strip() for line in lines[1:]]
-    assert names == ["TTFT turn 0 (ms)", "TTFT turn 1 (ms)", "TTFT turn 2 (ms)", "TTFT turns >= 1 (ms)",
-                     "TTFT all turns (ms)", "task latency turns >= 1 (ms)", "task latency all turns (ms)",
-                     "D KV held (GiB·s)", "D KV peak (GiB)"]
+    assert names == [
+        "TTFT turn 0 (ms)",
+        "TTFT turn 1 (ms)",
+        "TTFT turn 2 (ms)",
+        "TTFT turns >= 1 (ms)",
+        "TTFT all turns (ms)",
+        "task latency turns >= 1 (ms)",
+        "task latency all turns (ms)",
+        "D KV held (GiB·s)",
+        "D KV peak (GiB)",
+    ]
     gain = re.compile(r"^x\d+\.\d\d \[\d+\.\d\d-\d+\.\d\d\] (faster|slower|within noise)$")
     for line in lines[1:8]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -103,16 +132,28 @@ def test_the_table_per_preset_and_report_prints_the_same(armed):
     assert held[1] > 0 and held[3] > 0  # bidirectional on: D keeps each answer for the next turn
     report = _run("report", "--traces", str(traces))
     assert report.returncode == 0, report.stderr
-    assert report.stdout.rstrip("\n") == "# kvtrace report: published vs production configuration\n\n" + table.rstrip("\n")
+    assert report.stdout.rstrip("\n") == "# kvtrace report: published vs production configuration\n\n" + table.rstrip(
+        "\n"
+    )
 
 
 def test_tables_invert_compare_and_name_a_missing_arm():
     def arm(cache, bidir, ttft):
-        return arms.Arm(f"d/{arm_dir(cache, bidir)}/r0", "p", cache, bidir, 1.0,
-                        [("ttft_ms", t, 0, v) for t in (0, 1) for v in ttft])
+        return arms.Arm(
+            f"d/{arm_dir(cache, bidir)}/r0",
+            "p",
+            cache,
+            bidir,
+            1.0,
+            [("ttft_ms", t, 0, v) for t in (0, 1) for v in ttft],
+        )
 
-    found = [arm(False, False, [100, 110]), arm(False, True, [50, 55]), arm(True, False, [40, 44]),
-             arm(True, True, [40, 44])]
+    found = [
+        arm(False, False, [100, 110]),
+        arm(False, True, [50, 55]),
+        arm(True, False, [40, 44]),
+        arm(True, True, [40, 44]),
+    ]
     (t,) = arms.tables(found)
     assert compare.row(t.published, "ttft_ms", 1)["ratio"] == pytest.approx(0.5)
     cols, body = arms.table_rows(t)
@@ -122,13 +163,19 @@ def test_tables_invert_compare_and_name_a_missing_arm():
         arms.tables(found[:3])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--arms", "--url", "http://127.0.0.1:9", "--traces", "{d}"], "no --url or --ab-url"),
-    (["--arms"], "--arms needs --traces DIR"),
-    (["--arms", "--presets", "no-such-model", "--traces", "{d}"], "invalid choice: 'no-such-model'"),
-    (["--presets", "glm5-fp8", "--url", "http://127.0.0.1:9"], "--presets and --sim-time-scale only go with --arms"),
-    ([], "--url is required (or --arms)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arms", "--url", "http://127.0.0.1:9", "--traces", "{d}"], "no --url or --ab-url"),
+        (["--arms"], "--arms needs --traces DIR"),
+        (["--arms", "--presets", "no-such-model", "--traces", "{d}"], "invalid choice: 'no-such-model'"),
+        (
+            ["--presets", "glm5-fp8", "--url", "http://127.0.0.1:9"],
+            "--presets and --sim-time-scale only go with --arms",
+        ),
+        ([], "--url is required (or --arms)"),
+    ],
+)
 def test_arms_errors_are_one_line(tmp_path, capsys, argv, message):
     argv = [a.replace("{d}", str(tmp_path / "runs")) for a in argv]
     assert main(["bench", "--scenario", "coding-agent", "--no-progress", *argv]) == 2

@@ -34,7 +34,13 @@ def test_distribution_parsing_matches_vllm_fields():
     assert from_dict({"distribution": "lognormal", "average": 1000, "max": 5000}) == Lognormal(average=1000, max=5000)
     assert from_dict({"distribution": "lognormal", "mean": 3.0, "sigma": 0.5}) == Lognormal(mean=3.0, sigma=0.5)
     assert from_dict(7) == Constant(7)
-    for d in (Constant(5), Uniform(1, 3), Zipf(1.5, 10), Poisson(4, 9), Lognormal(average=100, median_ratio=0.5, max=300)):
+    for d in (
+        Constant(5),
+        Uniform(1, 3),
+        Zipf(1.5, 10),
+        Poisson(4, 9),
+        Lognormal(average=100, median_ratio=0.5, max=300),
+    ):
         assert from_dict(d.to_dict()) == d
 
 
@@ -93,7 +99,11 @@ def test_builtin_scenarios_round_trip_through_json():
     for scenario in scenarios.SCENARIOS.values():
         again = scenarios.from_dict(json.loads(json.dumps(scenario.to_dict())))
         assert again.turns == scenario.turns
-        assert (again.name, again.sessions, again.system_tokens) == (scenario.name, scenario.sessions, scenario.system_tokens)
+        assert (again.name, again.sessions, again.system_tokens) == (
+            scenario.name,
+            scenario.sessions,
+            scenario.system_tokens,
+        )
 
 
 def test_scenario_file_errors():
@@ -148,13 +158,16 @@ def write(tmp_path, obj, name="in.json"):
 
 def test_conversations_file(tmp_path):
     convs = [
-        {"id": "c1", "messages": [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": "hello there"},
-            {"role": "assistant", "content": "one two three four"},
-            {"role": "user", "content": "more"},
-            {"role": "assistant", "content": "five six"},
-        ]},
+        {
+            "id": "c1",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hello there"},
+                {"role": "assistant", "content": "one two three four"},
+                {"role": "user", "content": "more"},
+                {"role": "assistant", "content": "five six"},
+            ],
+        },
         {"id": "c2", "messages": [{"role": "user", "content": "q"}]},
     ]
     wl = vllm_inputs.load(write(tmp_path, convs), seed=1)
@@ -224,7 +237,7 @@ def test_generate_conversations_like_vllm(tmp_path):
             assert t.user_text.startswith(f"{i} is a nice number... {vllm_inputs.BASE_PROMPT}")
             assert 30 <= len(t.user_text.split()) <= 40  # exactly the sampled user token count
         assert all(10 <= t.actions[0].max_tokens <= 20 for t in s.turns)
-        assert all(w.startswith("w") for w in first.split()[len(common.split()) + 7:][:5])  # text from the file
+        assert all(w.startswith("w") for w in first.split()[len(common.split()) + 7 :][:5])  # text from the file
     # per-conversation prefix (lognormal, batch mean 100) on the first turn only
     prefixes = [n - len(common.split()) - 1 - 30 for n in prefix_words]
     assert all(p > 0 for p in prefixes)

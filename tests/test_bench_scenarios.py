@@ -60,7 +60,9 @@ async def stack(provider, clock: FakeTime, *, policy: str = "fail", proxy_ttl_s:
 
 async def run(provider, clock, url, scenario, **kw):
     kw.setdefault("sessions", 2)
-    return await bench.arun_bench(url, scenario=scenario, tracer_provider=provider, sleep=clock.sleep, seed=7, nonce="t", **kw)
+    return await bench.arun_bench(
+        url, scenario=scenario, tracer_provider=provider, sleep=clock.sleep, seed=7, nonce="t", **kw
+    )
 
 
 def spans_by_id(exporter):
@@ -136,10 +138,14 @@ async def test_research_assistant_correction_and_revise_pull(tracer_provider, sp
     async with stack(tracer_provider, clock) as url:
         result = await run(tracer_provider, clock, url, "research-assistant")
     assert [(r.turn, r.outcome) for r in sorted(result.requests, key=lambda r: r.turn)] == [
-        (0, sc.OUTCOME_NO_REMOTE), (0, sc.OUTCOME_NO_REMOTE),
-        (1, sc.OUTCOME_PULLED), (1, sc.OUTCOME_PULLED),
-        (2, sc.OUTCOME_PULLED), (2, sc.OUTCOME_PULLED),
-        (3, sc.OUTCOME_PULLED), (3, sc.OUTCOME_PULLED),
+        (0, sc.OUTCOME_NO_REMOTE),
+        (0, sc.OUTCOME_NO_REMOTE),
+        (1, sc.OUTCOME_PULLED),
+        (1, sc.OUTCOME_PULLED),
+        (2, sc.OUTCOME_PULLED),
+        (2, sc.OUTCOME_PULLED),
+        (3, sc.OUTCOME_PULLED),
+        (3, sc.OUTCOME_PULLED),
     ]
     assert {t.label for t in result.turns} == {"gather", "compare", "correction", "revise"}
     check_tree(span_exporter, result)
@@ -173,7 +179,10 @@ async def test_pause_longer_than_retention(tracer_provider, span_exporter, polic
     assert all(r.error is None for r in result.requests)
     check_tree(span_exporter, result)
     retention = [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_KV_RETENTION]
-    ended = {(s.attributes[sc.SESSION_ID], s.attributes[sc.TURN_INDEX]): s.attributes[sc.KV_RETENTION_OUTCOME] for s in retention}
+    ended = {
+        (s.attributes[sc.SESSION_ID], s.attributes[sc.TURN_INDEX]): s.attributes[sc.KV_RETENTION_OUTCOME]
+        for s in retention
+    }
     for sid in sessions:  # the blocks held across the pause were never read; the others were
         assert [ended[(sid, t)] == sc.RETENTION_READ for t in (0, 1, 2)] == [True, False, True]
     # each pause before turns 1-3 is a user-pause span under the session span, outside the turns
@@ -200,7 +209,9 @@ async def test_no_reuse_never_offers(tracer_provider, span_exporter):
     clock = FakeTime()
     async with stack(tracer_provider, clock) as url:
         result = await run(tracer_provider, clock, url, "no-reuse", sessions=4, clients=4)
-    assert [(r.turn, r.outcome, r.offer_reason) for r in result.requests] == [(0, sc.OUTCOME_NO_REMOTE, sc.OFFER_NO_ENTRY)] * 4
+    assert [(r.turn, r.outcome, r.offer_reason) for r in result.requests] == [
+        (0, sc.OUTCOME_NO_REMOTE, sc.OFFER_NO_ENTRY)
+    ] * 4
     assert len({r.session for r in result.requests}) == 4
     check_tree(span_exporter, result)
 
@@ -214,7 +225,11 @@ async def test_interrupted_stream_is_recorded_and_session_continues(tracer_provi
     assert all(r.ttft_ms is not None for r in cut)
     assert sorted(r.turn for r in result.requests if r.turn == 2 and r.error is None) == [2, 2]
     assert result.summary()["requests"]["interrupted"] == 2
-    calls = [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_AGENT_LLM_CALL and s.attributes[sc.TURN_INDEX] == 1]
+    calls = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.name == sc.SPAN_AGENT_LLM_CALL and s.attributes[sc.TURN_INDEX] == 1
+    ]
     assert [s.attributes[sc.ERROR_TYPE] for s in calls] == [ERROR_STREAM_INTERRUPTED] * 2
     check_tree(span_exporter, result)
 
@@ -244,12 +259,22 @@ async def test_ab_reports_per_turn_ttft_ratios(tracer_provider, span_exporter):
     off = {"kv_connector_extra_config": {"bidirectional_kv_xfer": False}}
     async with stack(tracer_provider, clock) as url_on:
         async with SimCluster(cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=off) as c:
-            cfg = ProxyConfig(prefill=[Worker("127.0.0.1", c.prefill[0].port)],
-                              decode=[Worker("127.0.0.1", c.decode[0].port)], port=0)
+            cfg = ProxyConfig(
+                prefill=[Worker("127.0.0.1", c.prefill[0].port)], decode=[Worker("127.0.0.1", c.decode[0].port)], port=0
+            )
             running = await server.start(cfg, tracer_provider=tracer_provider, clock=clock)
             try:
-                ab = await bench.arun_ab(running.url, url_on, scenario="coding-agent", sessions=2, repeat=2,
-                                         tracer_provider=tracer_provider, sleep=clock.sleep, seed=3, nonce="ab")
+                ab = await bench.arun_ab(
+                    running.url,
+                    url_on,
+                    scenario="coding-agent",
+                    sessions=2,
+                    repeat=2,
+                    tracer_provider=tracer_provider,
+                    sleep=clock.sleep,
+                    seed=3,
+                    nonce="ab",
+                )
             finally:
                 await running.close()
     assert {r.outcome for r in ab.b.requests if r.call > 0} == {sc.OUTCOME_PULLED}
@@ -281,8 +306,21 @@ async def test_cli_json_and_summary(tracer_provider, span_exporter, tmp_path, ca
     async with stack(tracer_provider, clock) as url:
         parser = argparse.ArgumentParser()
         bench_cli.add_arguments(parser)
-        args = parser.parse_args(["--url", url, "--scenario", "no-reuse", "--sessions", "3", "--json", str(out),
-                                  "--no-progress", "--traces", str(tmp_path / "traces")])
+        args = parser.parse_args(
+            [
+                "--url",
+                url,
+                "--scenario",
+                "no-reuse",
+                "--sessions",
+                "3",
+                "--json",
+                str(out),
+                "--no-progress",
+                "--traces",
+                str(tmp_path / "traces"),
+            ]
+        )
         rc = await asyncio.to_thread(cli_run, args)
     assert rc == 0
     data = json.loads(out.read_text())
@@ -296,7 +334,13 @@ async def test_cli_json_and_summary(tracer_provider, span_exporter, tmp_path, ca
 
 def test_scenario_names_are_the_documented_ones():
     assert list(scenarios.SCENARIOS) == [
-        "coding-agent", "research-assistant", "pause-resume", "short-followups", "no-reuse", "interrupted", "parallel-tools",
+        "coding-agent",
+        "research-assistant",
+        "pause-resume",
+        "short-followups",
+        "no-reuse",
+        "interrupted",
+        "parallel-tools",
         "reasoning-strip",
     ]
 
@@ -312,16 +356,27 @@ async def test_reasoning_strip_diverges_at_the_previous_assistant_message(tracer
         result = await run(tracer_provider, clock, url, scenario, clients=2)
     assert [r.error for r in result.requests] == [None] * 12
     check_tree(span_exporter, result)
-    proxy = sorted((s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_PROXY_REQUEST),
-                   key=lambda s: (s.attributes[sc.SESSION_ID], s.attributes[sc.TURN_INDEX]))
-    got = [(s.attributes[sc.TURN_INDEX], s.attributes[sc.SESSION_CONTINUITY], s.attributes.get(sc.SESSION_DIVERGED_AT),
-            s.attributes[sc.KV_OUTCOME]) for s in proxy]
+    proxy = sorted(
+        (s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_PROXY_REQUEST),
+        key=lambda s: (s.attributes[sc.SESSION_ID], s.attributes[sc.TURN_INDEX]),
+    )
+    got = [
+        (
+            s.attributes[sc.TURN_INDEX],
+            s.attributes[sc.SESSION_CONTINUITY],
+            s.attributes.get(sc.SESSION_DIVERGED_AT),
+            s.attributes[sc.KV_OUTCOME],
+        )
+        for s in proxy
+    ]
     if keep:
         want = [(0, sc.CONTINUITY_NEW, None, sc.OUTCOME_NO_REMOTE)] + [
-            (c, sc.CONTINUITY_EXTENDS, None, sc.OUTCOME_PULLED) for c in range(1, 6)]
+            (c, sc.CONTINUITY_EXTENDS, None, sc.OUTCOME_PULLED) for c in range(1, 6)
+        ]
     else:
         want = [(0, sc.CONTINUITY_NEW, None, sc.OUTCOME_NO_REMOTE)] + [
-            (c, sc.CONTINUITY_DIVERGED, 2 * c, sc.OUTCOME_NO_REMOTE) for c in range(1, 6)]
+            (c, sc.CONTINUITY_DIVERGED, 2 * c, sc.OUTCOME_NO_REMOTE) for c in range(1, 6)
+        ]
     assert got == want * 2
     summary = result.summary()["requests"]
     if keep:
@@ -330,5 +385,7 @@ async def test_reasoning_strip_diverges_at_the_previous_assistant_message(tracer
     lost = [s.attributes[sc.SESSION_REUSABLE_TOKENS_LOST] for s in proxy if s.attributes[sc.TURN_INDEX]]
     assert len(lost) == 10 and all(n >= 64 for n in lost)  # at least the reasoning and answer D held
     later = [r for r in result.requests if r.call]
-    assert summary["diverged"] == 10 and summary["diverged_recomputed_tokens"] == sum(r.recomputed_tokens for r in later)
+    assert summary["diverged"] == 10 and summary["diverged_recomputed_tokens"] == sum(
+        r.recomputed_tokens for r in later
+    )
     assert "continuity breaks 10" in result.format()

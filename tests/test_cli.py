@@ -40,11 +40,14 @@ def test_every_verb_summary_is_a_whole_sentence():
         assert text.count("(") == text.count(")"), f"{name}: {text!r}"
 
 
-@pytest.mark.parametrize(("doc", "expected"), [
-    ("Run it (e.g. the proxy).  More here.", "Run it (e.g. the proxy)."),
-    ("Write a report: tables,\n    charts.\n\n    Options follow.", "Write a report: tables, charts."),
-    ("One line only", "One line only"),
-])
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ("Run it (e.g. the proxy).  More here.", "Run it (e.g. the proxy)."),
+        ("Write a report: tables,\n    charts.\n\n    Options follow.", "Write a report: tables, charts."),
+        ("One line only", "One line only"),
+    ],
+)
 def test_summary_takes_the_first_sentence(doc, expected):
     assert summary(doc) == expected
 
@@ -60,7 +63,9 @@ def _options_without_help(parser: argparse.ArgumentParser, prefix: str) -> list[
         if isinstance(action, argparse._SubParsersAction):
             for name, child in action.choices.items():
                 missing += _options_without_help(child, f"{prefix} {name}")
-        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not (action.help or "").strip():
+        elif (
+            not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not (action.help or "").strip()
+        ):
             missing.append(f"{prefix} {'/'.join(action.option_strings) or action.dest}")
     return missing
 
@@ -77,4 +82,7 @@ def test_query_without_a_statement_exits_2_with_one_line(tmp_path, monkeypatch, 
     monkeypatch.delenv("KVTRACE_TRACES_DIR", raising=False)
     assert main(["query", sql]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == 'kvtrace query: error: no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")\n'
+    assert (
+        out == ""
+        and err == 'kvtrace query: error: no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")\n'
+    )

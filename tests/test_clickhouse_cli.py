@@ -17,8 +17,10 @@ from kvtrace.errors import CLIError  # noqa: E402
 from kvtrace.store.clickhouse.backend import BackendError, ChdbBackend, open_backend  # noqa: E402
 from kvtrace.testing.synth import sample_store  # noqa: E402
 
-SQL = ("SELECT session_id, turns, round(wall_ms, 3) AS wall_ms, round(tool_wait_ms, 3) AS tool_ms "
-       "FROM session_breakdown ORDER BY session_id")
+SQL = (
+    "SELECT session_id, turns, round(wall_ms, 3) AS wall_ms, round(tool_wait_ms, 3) AS tool_ms "
+    "FROM session_breakdown ORDER BY session_id"
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +63,17 @@ def test_report_is_the_same(loaded, capsys):
     assert strip(on_ch) == strip(on_duck) and len(strip(on_duck)) > 40
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--table", "kvtrace_check.nosuch"], "Unknown table"),
-    (["--table", "nodb.nosuch"], "Database nodb does not exist"),
-    (["--clickhouse", "ftp://127.0.0.1/x"], "expected http://HOST:PORT, https://HOST:PORT or chdb:PATH"),
-    (["--clickhouse", "http://127.0.0.1:1"], "cannot connect to ClickHouse at http://127.0.0.1:1"),
-    (["--clickhouse", "http://u:secret@127.0.0.1:1"], "cannot connect to ClickHouse at http://u:***@127.0.0.1:1"),
-    (["--clickhouse", "chdb:"], "chdb: needs a database directory"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--table", "kvtrace_check.nosuch"], "Unknown table"),
+        (["--table", "nodb.nosuch"], "Database nodb does not exist"),
+        (["--clickhouse", "ftp://127.0.0.1/x"], "expected http://HOST:PORT, https://HOST:PORT or chdb:PATH"),
+        (["--clickhouse", "http://127.0.0.1:1"], "cannot connect to ClickHouse at http://127.0.0.1:1"),
+        (["--clickhouse", "http://u:secret@127.0.0.1:1"], "cannot connect to ClickHouse at http://u:***@127.0.0.1:1"),
+        (["--clickhouse", "chdb:"], "chdb: needs a database directory"),
+    ],
+)
 def test_source_errors_are_one_line(loaded, capsys, argv, message):
     _, url, table = loaded
     args = {"--clickhouse": url, "--table": table}
@@ -101,8 +106,9 @@ def test_dashboard_passes_the_source_on(loaded, tmp_path):
     _, url, table = loaded
     cmd = cli.command("ignored", clickhouse=(url, table))
     assert cmd[cmd.index("--clickhouse") + 1] == url and cmd[cmd.index("--table") + 1] == table
-    args = argparse.Namespace(traces=None, clickhouse=f"chdb:{tmp_path / 'missing'}", table=None, compare=None,
-                                  port=8501, host="127.0.0.1")
+    args = argparse.Namespace(
+        traces=None, clickhouse=f"chdb:{tmp_path / 'missing'}", table=None, compare=None, port=8501, host="127.0.0.1"
+    )
     with pytest.raises(CLIError, match="no such chDB database directory"):
         cli.run(args)
 

@@ -19,8 +19,13 @@ from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
 
 DASH = Path(__file__).resolve().parents[1] / "dashboards"
-PAGES = ["app_pages/sessions.py", "app_pages/drilldown.py", "app_pages/reuse.py", "app_pages/retention.py",
-         "app_pages/latency.py"]
+PAGES = [
+    "app_pages/sessions.py",
+    "app_pages/drilldown.py",
+    "app_pages/reuse.py",
+    "app_pages/retention.py",
+    "app_pages/latency.py",
+]
 DAY = 86_400 * 10**9
 
 
@@ -61,8 +66,10 @@ def test_opens_on_the_last_day_with_duckdbs_numbers(env, monkeypatch):
     sys.path.insert(0, str(DASH))
     import common
 
-    last_day = Filters(start_ns=common._ns(common._dt(span["end_ns"] - common.DEFAULT_WINDOW_NS)),
-                       end_ns=common._ns(common._dt(span["end_ns"]) + dt.timedelta(seconds=1)))
+    last_day = Filters(
+        start_ns=common._ns(common._dt(span["end_ns"] - common.DEFAULT_WINDOW_NS)),
+        end_ns=common._ns(common._dt(span["end_ns"]) + dt.timedelta(seconds=1)),
+    )
     slider = at.sidebar.slider[0]
     assert (common._ns(slider.value[0]), common._ns(slider.value[1])) == (last_day.start_ns, last_day.end_ns)
     metrics = {m.label: m.value for m in at.metric}
@@ -70,4 +77,6 @@ def test_opens_on_the_last_day_with_duckdbs_numbers(env, monkeypatch):
     assert expected["sessions"] == 3 and sessions.totals(duck)["sessions"] == 6
     assert metrics["Sessions"] == f"{expected['sessions']:,}" and metrics["Turns"] == f"{expected['turns']:,}"
     table = at.dataframe[0].value
-    assert sorted(table["session_id"]) == sorted(r["session_id"] for r in sessions.breakdown(duck, last_day).to_pylist())
+    assert sorted(table["session_id"]) == sorted(
+        r["session_id"] for r in sessions.breakdown(duck, last_day).to_pylist()
+    )

@@ -84,8 +84,9 @@ def test_drill_down_and_facets_equal_duckdb(stores):
     duck, ch = stores
     assert same(sessions.session_info(ch, "session-1-1"), sessions.session_info(duck, "session-1-1"))
     assert sessions.session_info(ch, "nobody") == sessions.session_info(duck, "nobody") == {}
-    got, expected = (sessions.spans_of_session(c, "session-1-1", clip_ns=BASE_NS + DAY + 60_000_000_000)
-                     for c in (ch, duck))
+    got, expected = (
+        sessions.spans_of_session(c, "session-1-1", clip_ns=BASE_NS + DAY + 60_000_000_000) for c in (ch, duck)
+    )
     assert len(got) == len(expected) > 30 and same(got, expected)
     assert same(sessions.facets(ch, DAY1), sessions.facets(duck, DAY1))
     assert sessions.facets(ch, DAY1)["spans"] == sessions.facets(duck)["spans"] // 3
@@ -122,4 +123,6 @@ def test_pushed_down_filters_read_less(stores, case):
     bounded = narrowed(ch, CASES[case])
     pushed = _rows_read(bounded, lambda: sessions.breakdown(bounded, CASES[case]))
     assert pushed <= 0.4 * full, (pushed, full)
-    assert sessions.breakdown(bounded, CASES[case]).to_pylist() == sessions.breakdown(everything, CASES[case]).to_pylist()
+    assert (
+        sessions.breakdown(bounded, CASES[case]).to_pylist() == sessions.breakdown(everything, CASES[case]).to_pylist()
+    )

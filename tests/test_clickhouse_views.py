@@ -62,40 +62,76 @@ def test_helper_on_simulator_traces(tmp_path):
 
     run_workload(traces_dir=tmp_path, sessions=2, turns=3)
     counts = clickhouse_check.check_views(tmp_path)
-    assert {k: counts[k] for k in ("requests", "kv_decisions", "kv_retention", "engine_requests", "sessions")} == \
-        {"requests": 6, "kv_decisions": 12, "kv_retention": 6, "engine_requests": 12, "sessions": 2}
+    assert {k: counts[k] for k in ("requests", "kv_decisions", "kv_retention", "engine_requests", "sessions")} == {
+        "requests": 6,
+        "kv_decisions": 12,
+        "kv_retention": 6,
+        "engine_requests": 12,
+        "sessions": 2,
+    }
 
 
 def _vllm_store(directory) -> None:
     """Two proxied requests; vLLM's llm_request spans under the P and D legs of the first, one
     without trace context for the second (matched by id) and one nobody knows."""
     b = SpanBuilder()
-    vllm = {sc.GEN_AI_RESPONSE_MODEL: "qwen", sc.VLLM_LATENCY_TIME_IN_QUEUE: 0.002,
-            sc.VLLM_LATENCY_TIME_TO_FIRST_TOKEN: 0.25, sc.VLLM_LATENCY_E2E: 1.5,
-            sc.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.125, sc.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 1.0,
-            sc.VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: 1.125}
+    vllm = {
+        sc.GEN_AI_RESPONSE_MODEL: "qwen",
+        sc.VLLM_LATENCY_TIME_IN_QUEUE: 0.002,
+        sc.VLLM_LATENCY_TIME_TO_FIRST_TOKEN: 0.25,
+        sc.VLLM_LATENCY_E2E: 1.5,
+        sc.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.125,
+        sc.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 1.0,
+        sc.VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: 1.125,
+    }
     req = b.request("sess-1", 0, "req-a", 0, 1600, 260)
     ident_a = {sc.GEN_AI_REQUEST_ID: "req-a", sc.SESSION_ID: "sess-1", sc.TURN_INDEX: 0}
     for leg, start, end, completion in ((sc.SPAN_PROXY_PREFILL, 1, 300, 1), (sc.SPAN_PROXY_DECODE, 300, 1599, 20)):
         span = b.span(leg, start, end, parent=req, service=PROXY, kind="CLIENT", attrs=ident_a)
-        b.span(sc.SPAN_VLLM_LLM_REQUEST, start + 1, end - 1, parent=span, service="vllm", kind="SERVER",
-               attrs={**vllm, sc.GEN_AI_REQUEST_ID: "cmpl-req-a-0", sc.GEN_AI_USAGE_PROMPT_TOKENS: 100,
-                      sc.GEN_AI_USAGE_COMPLETION_TOKENS: completion})
+        b.span(
+            sc.SPAN_VLLM_LLM_REQUEST,
+            start + 1,
+            end - 1,
+            parent=span,
+            service="vllm",
+            kind="SERVER",
+            attrs={
+                **vllm,
+                sc.GEN_AI_REQUEST_ID: "cmpl-req-a-0",
+                sc.GEN_AI_USAGE_PROMPT_TOKENS: 100,
+                sc.GEN_AI_USAGE_COMPLETION_TOKENS: completion,
+            },
+        )
     b.request("sess-1", 1, "req-b", 2000, 2500, 100)
     for rid, prompt in (("chatcmpl-req-b-9f1c", 150), ("chatcmpl-unrelated", 5)):
-        b.span(sc.SPAN_VLLM_LLM_REQUEST, 2001, 2499, service="vllm", kind="SERVER",
-               attrs={**vllm, sc.GEN_AI_REQUEST_ID: rid, sc.GEN_AI_USAGE_PROMPT_TOKENS: prompt,
-                      sc.GEN_AI_USAGE_COMPLETION_TOKENS: 7})
+        b.span(
+            sc.SPAN_VLLM_LLM_REQUEST,
+            2001,
+            2499,
+            service="vllm",
+            kind="SERVER",
+            attrs={
+                **vllm,
+                sc.GEN_AI_REQUEST_ID: rid,
+                sc.GEN_AI_USAGE_PROMPT_TOKENS: prompt,
+                sc.GEN_AI_USAGE_COMPLETION_TOKENS: 7,
+            },
+        )
     b.write(directory)
 
 
 def test_vllm_requests_are_equal(tmp_path):
     _vllm_store(tmp_path)
     store = clickhouse_check.load_dir(tmp_path)
-    assert clickhouse_check.check_views(tmp_path, store, views={"vllm_requests", "requests", "spans"}) == \
-        {"spans": 8, "requests": 2, "vllm_requests": 4}
-    rows = store.query("SELECT vllm_request_id, request_id, leg, matched_by, prompt_tokens, queue_ms "
-                       "FROM vllm_requests ORDER BY vllm_request_id, leg").to_pylist()
+    assert clickhouse_check.check_views(tmp_path, store, views={"vllm_requests", "requests", "spans"}) == {
+        "spans": 8,
+        "requests": 2,
+        "vllm_requests": 4,
+    }
+    rows = store.query(
+        "SELECT vllm_request_id, request_id, leg, matched_by, prompt_tokens, queue_ms "
+        "FROM vllm_requests ORDER BY vllm_request_id, leg"
+    ).to_pylist()
     assert [tuple(r.values()) for r in rows] == [
         ("chatcmpl-req-b-9f1c", "req-b", None, "request_id", 150, 2.0),
         ("chatcmpl-unrelated", None, None, None, 5, 2.0),
@@ -109,15 +145,19 @@ def test_a_changed_value_is_found(tmp_path):
     _vllm_store(tmp_path)
     store = clickhouse_check.load_dir(tmp_path)
     table = ident(store.table)
-    store.backend.command(f"ALTER TABLE {table} UPDATE SpanAttributes = mapUpdate(SpanAttributes, "
-                          f"map('{sc.GEN_AI_USAGE_PROMPT_TOKENS}', '101')) WHERE SpanAttributes['{sc.GEN_AI_REQUEST_ID}']"
-                          " = 'chatcmpl-unrelated' SETTINGS mutations_sync = 2")
+    store.backend.command(
+        f"ALTER TABLE {table} UPDATE SpanAttributes = mapUpdate(SpanAttributes, "
+        f"map('{sc.GEN_AI_USAGE_PROMPT_TOKENS}', '101')) WHERE SpanAttributes['{sc.GEN_AI_REQUEST_ID}']"
+        " = 'chatcmpl-unrelated' SETTINGS mutations_sync = 2"
+    )
     duck = connect(tmp_path)
     assert clickhouse_check.compare_view(duck, store, "requests") == 2
     with pytest.raises(AssertionError, match="vllm_requests row .*: prompt_tokens = 101 on ClickHouse, 5 on DuckDB"):
         clickhouse_check.compare_view(duck, store, "vllm_requests")
-    store.backend.command(f"DELETE FROM {table} WHERE SpanName = '{sc.SPAN_PROXY_REQUEST}' "
-                          f"AND SpanAttributes['{sc.GEN_AI_REQUEST_ID}'] = 'req-b'")
+    store.backend.command(
+        f"DELETE FROM {table} WHERE SpanName = '{sc.SPAN_PROXY_REQUEST}' "
+        f"AND SpanAttributes['{sc.GEN_AI_REQUEST_ID}'] = 'req-b'"
+    )
     with pytest.raises(AssertionError, match="requests: 1 rows on ClickHouse, 2 on DuckDB"):
         clickhouse_check.compare_view(duck, store, "requests")
 
@@ -135,11 +175,11 @@ def test_cursor_temporary_tables_and_views(tmp_path):
     for con in (connect(tmp_path), store):
         cur = con.cursor()
         query(cur, "CREATE TEMP TABLE base AS SELECT span_id, name, request_id FROM spans")
-        cur.execute(f"CREATE TEMP VIEW requests AS SELECT request_id FROM base "
-                    f"WHERE name = {literal(sc.SPAN_PROXY_REQUEST)}")
+        cur.execute(
+            f"CREATE TEMP VIEW requests AS SELECT request_id FROM base WHERE name = {literal(sc.SPAN_PROXY_REQUEST)}"
+        )
         mine = query(cur, "SELECT * FROM requests ORDER BY request_id").to_pylist()
         others = query(con.cursor(), "SELECT count(*) AS n, max(input_tokens) AS tokens FROM requests").to_pylist()
         cur.close()
         answers.append((mine, others))
-    assert answers[0] == answers[1] == ([{"request_id": "req-a"}, {"request_id": "req-b"}],
-                                        [{"n": 2, "tokens": 100}])
+    assert answers[0] == answers[1] == ([{"request_id": "req-a"}, {"request_id": "req-b"}], [{"n": 2, "tokens": 100}])

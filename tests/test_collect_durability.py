@@ -59,8 +59,9 @@ def test_durable_ack_is_documented_in_help():
     import sys
 
     main = "import sys; from kvtrace.cli import main; sys.exit(main(sys.argv[1:]))"
-    out = subprocess.run([sys.executable, "-c", main, "collect", "--help"], capture_output=True, text=True,
-                         timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", main, "collect", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
     flat = " ".join(out.split())
     assert "--durable-ack" in flat and "What a crash can lose" in flat
     assert "loses the acknowledged spans not yet in a file" in flat
@@ -86,9 +87,11 @@ def test_concurrent_durable_senders_are_all_stored(tmp_path):
     """8 senders waiting on their acknowledgements at once (they share the writer's files)."""
     proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--durable-ack")
     try:
+
         def send(k):
             for i in range(5):
                 assert post(port, _request(10, name=f"s{k}-{i}").SerializeToString())[0] == 200
+
         threads = [threading.Thread(target=send, args=(k,)) for k in range(8)]
         [t.start() for t in threads]
         [t.join(120) for t in threads]

@@ -21,8 +21,7 @@ from test_collect_workload import read_rows
 from kvtrace.collect.server import Collector
 
 HTTP_OK = {200, 400, 413, 415}
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=True)
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +63,9 @@ def test_corpus_over_http(collector, case):
     _still_healthy(collector)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.content_type == PROTOBUF and not c.encoding],
-                         ids=lambda case: case.name)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.content_type == PROTOBUF and not c.encoding], ids=lambda case: case.name
+)
 def test_corpus_over_grpc(collector, case):
     response, err = _grpc_export(collector.grpc_port, case.body)
     if case.expect == frozenset({200}):
@@ -76,8 +76,11 @@ def test_corpus_over_grpc(collector, case):
 
 
 @FUZZ
-@given(body=st.binary(max_size=2048), ctype=st.sampled_from([PROTOBUF, JSON]),
-       encoding=st.sampled_from([None, "gzip", "deflate"]))
+@given(
+    body=st.binary(max_size=2048),
+    ctype=st.sampled_from([PROTOBUF, JSON]),
+    encoding=st.sampled_from([None, "gzip", "deflate"]),
+)
 def test_random_bytes(collector, body, ctype, encoding):
     status, _ = _post(collector.http_port, body, ctype, encoding)
     assert status in HTTP_OK
@@ -107,46 +110,78 @@ def test_mutated_protobuf(collector, data):
             body[i:i] = data.draw(st.binary(min_size=1, max_size=8))
     body = bytes(body)
     zipped = data.draw(st.booleans())
-    status, _ = _post(collector.http_port, gzip.compress(body) if zipped else body, PROTOBUF,
-                      "gzip" if zipped else None)
+    status, _ = _post(
+        collector.http_port, gzip.compress(body) if zipped else body, PROTOBUF, "gzip" if zipped else None
+    )
     assert status in {200, 400}
     _still_healthy(collector)
 
 
-_json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                         st.floats(allow_nan=False), st.text(max_size=20))
-_json_any = st.recursive(_json_scalar, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=20)
+_json_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=20)
+)
+_json_any = st.recursive(
+    _json_scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=20,
+)
 _hex = st.one_of(st.text("0123456789abcdef", min_size=0, max_size=34), st.text(max_size=34))
 _any_value = st.recursive(
-    st.one_of(st.builds(lambda v: {"stringValue": v}, st.text(max_size=30)),
-              st.builds(lambda v: {"intValue": v}, st.one_of(st.integers(-(2**64), 2**64), st.text(max_size=5))),
-              st.builds(lambda v: {"doubleValue": v}, st.one_of(st.floats(), st.sampled_from(["NaN", "x"]))),
-              st.builds(lambda v: {"boolValue": v}, _json_scalar),
-              st.builds(lambda v: {"bytesValue": v}, st.one_of(
-                  st.binary(max_size=8).map(lambda b: base64.b64encode(b).decode()), st.text(max_size=8))),
-              _json_any),
+    st.one_of(
+        st.builds(lambda v: {"stringValue": v}, st.text(max_size=30)),
+        st.builds(lambda v: {"intValue": v}, st.one_of(st.integers(-(2**64), 2**64), st.text(max_size=5))),
+        st.builds(lambda v: {"doubleValue": v}, st.one_of(st.floats(), st.sampled_from(["NaN", "x"]))),
+        st.builds(lambda v: {"boolValue": v}, _json_scalar),
+        st.builds(
+            lambda v: {"bytesValue": v},
+            st.one_of(st.binary(max_size=8).map(lambda b: base64.b64encode(b).decode()), st.text(max_size=8)),
+        ),
+        _json_any,
+    ),
     lambda inner: st.one_of(
         st.builds(lambda vs: {"arrayValue": {"values": vs}}, st.lists(inner, max_size=3)),
-        st.builds(lambda kvs: {"kvlistValue": {"values": [{"key": k, "value": v} for k, v in kvs]}},
-                  st.lists(st.tuples(st.text(max_size=8), inner), max_size=3))),
-    max_leaves=8)
+        st.builds(
+            lambda kvs: {"kvlistValue": {"values": [{"key": k, "value": v} for k, v in kvs]}},
+            st.lists(st.tuples(st.text(max_size=8), inner), max_size=3),
+        ),
+    ),
+    max_leaves=8,
+)
 _attributes = st.lists(st.fixed_dictionaries({"key": st.text(max_size=12), "value": _any_value}), max_size=4)
 _span = st.fixed_dictionaries(
     {"traceId": _hex, "spanId": _hex, "name": st.text(max_size=20)},
-    optional={"parentSpanId": _hex, "kind": st.one_of(st.integers(-2, 9), st.text(max_size=12)),
-              "startTimeUnixNano": st.one_of(st.integers(-5, 2**64 + 5), st.text(max_size=22)),
-              "endTimeUnixNano": st.integers(0, 2**63), "attributes": _attributes,
-              "events": st.lists(st.fixed_dictionaries({"name": st.text(max_size=8)},
-                                                       optional={"attributes": _attributes}), max_size=2),
-              "links": st.lists(st.fixed_dictionaries({"traceId": _hex, "spanId": _hex},
-                                                      optional={"attributes": _attributes}), max_size=2),
-              "status": st.fixed_dictionaries({}, optional={"code": st.integers(-1, 5), "message": st.text(max_size=10)}),
-              "junk": _json_any})
-_document = st.fixed_dictionaries({"resourceSpans": st.lists(st.fixed_dictionaries(
-    {"scopeSpans": st.lists(st.fixed_dictionaries({"spans": st.lists(_span, max_size=3)},
-                                                  optional={"scope": _json_any}), max_size=2)},
-    optional={"resource": st.fixed_dictionaries({"attributes": _attributes})}), max_size=2)})
+    optional={
+        "parentSpanId": _hex,
+        "kind": st.one_of(st.integers(-2, 9), st.text(max_size=12)),
+        "startTimeUnixNano": st.one_of(st.integers(-5, 2**64 + 5), st.text(max_size=22)),
+        "endTimeUnixNano": st.integers(0, 2**63),
+        "attributes": _attributes,
+        "events": st.lists(
+            st.fixed_dictionaries({"name": st.text(max_size=8)}, optional={"attributes": _attributes}), max_size=2
+        ),
+        "links": st.lists(
+            st.fixed_dictionaries({"traceId": _hex, "spanId": _hex}, optional={"attributes": _attributes}), max_size=2
+        ),
+        "status": st.fixed_dictionaries({}, optional={"code": st.integers(-1, 5), "message": st.text(max_size=10)}),
+        "junk": _json_any,
+    },
+)
+_document = st.fixed_dictionaries(
+    {
+        "resourceSpans": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "scopeSpans": st.lists(
+                        st.fixed_dictionaries({"spans": st.lists(_span, max_size=3)}, optional={"scope": _json_any}),
+                        max_size=2,
+                    )
+                },
+                optional={"resource": st.fixed_dictionaries({"attributes": _attributes})},
+            ),
+            max_size=2,
+        )
+    }
+)
 
 
 @FUZZ
@@ -155,8 +190,8 @@ def test_generated_otlp_json(collector, doc, zipped):
     """OTLP-shaped JSON with arbitrary ids, values, nesting and types (surrogates included:
     Hypothesis text may hold them)."""
     body = json.dumps(doc).encode()
-    status, answer = _post(collector.http_port, gzip.compress(body) if zipped else body, JSON,
-                           "gzip" if zipped else None)
+    status, answer = _post(
+        collector.http_port, gzip.compress(body) if zipped else body, JSON, "gzip" if zipped else None
+    )
     assert status in {200, 400}, answer[:300]
     _still_healthy(collector)
-

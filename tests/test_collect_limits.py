@@ -35,9 +35,23 @@ def start_cli(traces, *flags) -> tuple[subprocess.Popen, int, int | None]:
     returns (process, http port, grpc port)."""
     main = "import sys; from kvtrace.cli import main; sys.exit(main(sys.argv[1:]))"
     grpc_flags = [] if "--otlp-grpc" in flags else ["--otlp-grpc", "127.0.0.1:0"]
-    proc = subprocess.Popen([sys.executable, "-c", main, "collect", *grpc_flags, "--otlp-http", "127.0.0.1:0",
-                             "--traces", str(traces), *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            main,
+            "collect",
+            *grpc_flags,
+            "--otlp-http",
+            "127.0.0.1:0",
+            "--traces",
+            str(traces),
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ports = {}
     while "http" not in ports:
         line = proc.stdout.readline()
@@ -131,8 +145,7 @@ def test_many_large_requests_are_capped_by_the_byte_budgets(tmp_path):
     attr = req.resource_spans[0].scope_spans[0].spans[0].attributes.add()
     attr.key, attr.value.string_value = sc.SESSION_ID, "x" * (16 * MIB)
     body = req.SerializeToString()
-    proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--max-inflight-mib", "32",
-                              "--max-queue-mib", "32")
+    proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--max-inflight-mib", "32", "--max-queue-mib", "32")
     try:
         with cf.ThreadPoolExecutor(16) as pool:
             statuses = list(pool.map(lambda _: post(port, body)[0], range(16)))
@@ -150,6 +163,7 @@ def test_many_large_requests_are_capped_by_the_byte_budgets(tmp_path):
 
 # -- Body: bounded inflation, encodings ----------------------------------------------------------
 
+
 def _body(data_chunks, encoding="gzip", limit=64 * MIB, budget=None) -> bytes:
     with Hold(budget or ByteBudget(1 << 40)) as hold:
         body = Body(encoding, limit, hold)
@@ -159,7 +173,7 @@ def _body(data_chunks, encoding="gzip", limit=64 * MIB, budget=None) -> bytes:
 
 
 def _chunks(data: bytes, size: int = 4096) -> list[bytes]:
-    return [data[i:i + size] for i in range(0, len(data), size)]
+    return [data[i : i + size] for i in range(0, len(data), size)]
 
 
 def test_encodings_inflate_exactly():
@@ -173,16 +187,19 @@ def test_encodings_inflate_exactly():
     assert _body([payload], "") == payload
 
 
-@pytest.mark.parametrize("chunks, encoding, kind, words", [
-    ([b"\x0a\x00 not gzip"], "gzip", MALFORMED, "not valid gzip"),
-    ([gzip.compress(b"x" * 100)[:-12]], "gzip", MALFORMED, "ends before"),
-    ([b""], "gzip", MALFORMED, "ends before"),
-    ([zlib.compress(b"abc") + b"junk"], "deflate", MALFORMED, "after the end"),
-    ([b"x"], "br", UNSUPPORTED, "'br' not supported"),
-    ([gzip.compress(bytes(3 * MIB + 1))], "gzip", TOO_LARGE, "after decompression"),
-    ([bytes(2 * MIB), bytes(MIB + 1)], "identity", TOO_LARGE, "larger than"),
-    ([gzip.compress(b"")] * 1025, "gzip", MALFORMED, "1024 gzip members"),
-])
+@pytest.mark.parametrize(
+    "chunks, encoding, kind, words",
+    [
+        ([b"\x0a\x00 not gzip"], "gzip", MALFORMED, "not valid gzip"),
+        ([gzip.compress(b"x" * 100)[:-12]], "gzip", MALFORMED, "ends before"),
+        ([b""], "gzip", MALFORMED, "ends before"),
+        ([zlib.compress(b"abc") + b"junk"], "deflate", MALFORMED, "after the end"),
+        ([b"x"], "br", UNSUPPORTED, "'br' not supported"),
+        ([gzip.compress(bytes(3 * MIB + 1))], "gzip", TOO_LARGE, "after decompression"),
+        ([bytes(2 * MIB), bytes(MIB + 1)], "identity", TOO_LARGE, "larger than"),
+        ([gzip.compress(b"")] * 1025, "gzip", MALFORMED, "1024 gzip members"),
+    ],
+)
 def test_bad_bodies_are_refused_with_their_reason(chunks, encoding, kind, words):
     with pytest.raises(RequestRefused) as err:
         _body(chunks, encoding, limit=3 * MIB)
@@ -211,8 +228,10 @@ def test_http_encoding_answers(tmp_path):
     Content-Length over the limit 413 without reading the body."""
     proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--max-request-mib", "1")
     try:
-        assert post(port, gzip.compress(_request(3, name="gz").SerializeToString()),
-                    {"Content-Encoding": "gzip"})[0] == 200
+        assert (
+            post(port, gzip.compress(_request(3, name="gz").SerializeToString()), {"Content-Encoding": "gzip"})[0]
+            == 200
+        )
         status, body = post(port, b"\x0a\x00 not gzip", {"Content-Encoding": "gzip"})
         assert status == 400 and status_pb2.Status.FromString(body).code == code_pb2.INVALID_ARGUMENT
         assert post(port, b"x", {"Content-Encoding": "br"})[0] == 415

@@ -37,9 +37,12 @@ def _request(n: int, *, bad_ids: int = 0, name: str = "op") -> ExportTraceServic
     kv.key, kv.value.string_value = sc.SERVICE_NAME, "sender"
     ss = rs.scope_spans.add()
     for i in range(n + bad_ids):
-        span = ss.spans.add(name=f"{name}-{i}", kind=Span.SPAN_KIND_SERVER,
-                            start_time_unix_nano=1_700_000_000_000_000_000 + i,
-                            end_time_unix_nano=1_700_000_000_000_001_000 + i)
+        span = ss.spans.add(
+            name=f"{name}-{i}",
+            kind=Span.SPAN_KIND_SERVER,
+            start_time_unix_nano=1_700_000_000_000_000_000 + i,
+            end_time_unix_nano=1_700_000_000_000_001_000 + i,
+        )
         span.trace_id = (i + 1).to_bytes(16, "big")
         span.span_id = (i + 1).to_bytes(8, "big") if i < n else b"\x01\x02\x03"
         span.status.code = 2
@@ -50,8 +53,9 @@ def _request(n: int, *, bad_ids: int = 0, name: str = "op") -> ExportTraceServic
 
 
 def _post(port: int, body: bytes, ctype: str = PROTOBUF, path: str = "/v1/traces"):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
-                                 headers={"Content-Type": ctype})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=body, method="POST", headers={"Content-Type": ctype}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, resp.headers, resp.read()
@@ -134,8 +138,14 @@ def test_partial_success_rejects_bad_ids_keeps_the_rest(collector, transport):
 
 def test_full_queue_answers_retry_later_then_recovers(tmp_path):
     sink = BlockingSink(tmp_path / "t")
-    with Collector(tmp_path / "t", grpc_address="127.0.0.1:0", http_address="127.0.0.1:0",
-                   max_queue_spans=10, batch_delay_s=0, sink=sink) as c:
+    with Collector(
+        tmp_path / "t",
+        grpc_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+        max_queue_spans=10,
+        batch_delay_s=0,
+        sink=sink,
+    ) as c:
         assert _post(c.http_port, _request(10, name="first").SerializeToString())[0] == 200
         assert sink.entered.wait(30)  # the writer holds the 10 spans: the queue is full
         status, headers, body = _post(c.http_port, _request(1, name="second").SerializeToString())
@@ -200,8 +210,13 @@ def test_bad_address_is_an_error(tmp_path):
 
 def _cli(*args, env=None):
     main = "import sys; from kvtrace.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen([sys.executable, "-c", main, "collect", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-c", main, "collect", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_cli_receives_until_sigterm_and_flushes(tmp_path):
@@ -243,10 +258,13 @@ def test_cli_unwritable_traces_dir_is_one_line_before_listening(tmp_path, kind):
     mode is tried too when not root (root ignores permission bits)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    target = {"under-a-file": blocker / "traces", "a-file": blocker, "existing-sysfs-dir": "/sys/kernel",
-              "read-only-dir": tmp_path / "ro"}[kind]
-    if kind == "existing-sysfs-dir" and (not os.path.isdir(target) or os.access(target, os.W_OK)
-                                         and os.geteuid() != 0):
+    target = {
+        "under-a-file": blocker / "traces",
+        "a-file": blocker,
+        "existing-sysfs-dir": "/sys/kernel",
+        "read-only-dir": tmp_path / "ro",
+    }[kind]
+    if kind == "existing-sysfs-dir" and (not os.path.isdir(target) or os.access(target, os.W_OK) and os.geteuid() != 0):
         pytest.skip("no read-only sysfs here")
     if kind == "read-only-dir":
         if os.geteuid() == 0:

@@ -33,8 +33,9 @@ async def _drive(factory, sessions: int, turns: int, prefix: str) -> list[dict]:
 
     answers = []
     async with SimCluster(cost=False, tracer_provider_factory=factory) as cluster:
-        config = ProxyConfig(prefill=[_worker(u) for u in cluster.prefill_urls],
-                             decode=[_worker(u) for u in cluster.decode_urls], port=0)
+        config = ProxyConfig(
+            prefill=[_worker(u) for u in cluster.prefill_urls], decode=[_worker(u) for u in cluster.decode_urls], port=0
+        )
         running = await proxy_server.start(config, tracer_provider=factory(PROXY_SERVICE, {}), port=0)
         try:
             async with aiohttp.ClientSession() as http:
@@ -63,8 +64,9 @@ def run_workload(*, traces_dir=None, otlp=None, sessions: int = 2, turns: int = 
     providers = []
 
     def factory(service_name: str, attributes: dict):
-        provider = kvtrace.configure(service_name, traces_dir=traces_dir, otlp=otlp,
-                                     resource_attributes=attributes, handle_sigterm=False)
+        provider = kvtrace.configure(
+            service_name, traces_dir=traces_dir, otlp=otlp, resource_attributes=attributes, handle_sigterm=False
+        )
         providers.append(provider)
         return provider
 
@@ -92,8 +94,13 @@ def test_workload_produces_the_full_span_tree(tmp_path):
     answers = run_workload(traces_dir=tmp_path, sessions=1, turns=2)
     rows = read_rows(tmp_path)
     names = sorted(r["SpanName"] for r in rows)
-    per_turn = [sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE, sc.SPAN_ENGINE_PREFILL,
-                sc.SPAN_ENGINE_DECODE]
+    per_turn = [
+        sc.SPAN_PROXY_REQUEST,
+        sc.SPAN_PROXY_PREFILL,
+        sc.SPAN_PROXY_DECODE,
+        sc.SPAN_ENGINE_PREFILL,
+        sc.SPAN_ENGINE_DECODE,
+    ]
     for name in per_turn:
         assert names.count(name) == 2, name
     assert len(answers) == 2

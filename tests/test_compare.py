@@ -20,9 +20,22 @@ from kvtrace.testing.synth import SpanBuilder
 
 
 def req(turn, ttft, *, rep=0, latency=None, error=None):
-    return RequestRecord("s", turn, turn, "t", 0.0, latency_ms=latency if latency is not None else ttft * 10,
-                         ttft_ms=ttft, tpot_ms=1.0, input_tokens=100, output_tokens=20,
-                         outcome=sc.OUTCOME_PULLED, pulled_tokens=10, error=error, repeat=rep)
+    return RequestRecord(
+        "s",
+        turn,
+        turn,
+        "t",
+        0.0,
+        latency_ms=latency if latency is not None else ttft * 10,
+        ttft_ms=ttft,
+        tpot_ms=1.0,
+        input_tokens=100,
+        output_tokens=20,
+        outcome=sc.OUTCOME_PULLED,
+        pulled_tokens=10,
+        error=error,
+        repeat=rep,
+    )
 
 
 class Result:
@@ -68,8 +81,10 @@ def test_respects_repeat_noise():
 
 
 def test_turn_latency_uses_turn_records_and_skips_failures():
-    a = Result([req(0, 10), req(0, 12, error="APIError")],
-               [TurnRecord("s", 0, "x", 100.0), TurnRecord("s", 0, "x", 120.0), TurnRecord("s", 0, "x", 1.0, error="x")])
+    a = Result(
+        [req(0, 10), req(0, 12, error="APIError")],
+        [TurnRecord("s", 0, "x", 100.0), TurnRecord("s", 0, "x", 120.0), TurnRecord("s", 0, "x", 1.0, error="x")],
+    )
     b = Result([req(0, 10)], [TurnRecord("s", 0, "x", 50.0), TurnRecord("s", 0, "x", 70.0)])
     r = rows_of(a, b, "turn_latency_ms", n_boot=50)[0]
     assert (r["a_mean"], r["b_mean"], r["ratio"]) == (110.0, 60.0, pytest.approx(60 / 110))
@@ -125,8 +140,10 @@ def _store(directory: Path, run: int) -> None:
 
 def _records(run: int) -> Result:
     calls = _calls(run)
-    return Result([req(turn, float(ttft), latency=float(latency)) for _, turn, ttft, latency, _ in calls],
-                  [TurnRecord(sid, turn, "x", float(tl)) for sid, turn, _, _, tl in calls])
+    return Result(
+        [req(turn, float(ttft), latency=float(latency)) for _, turn, ttft, latency, _ in calls],
+        [TurnRecord(sid, turn, "x", float(tl)) for sid, turn, _, _, tl in calls],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +167,18 @@ def test_bench_demo_report_and_dashboard_give_the_same_verdicts(runs, monkeypatc
     assert verdicts["1"] == "faster" and verdicts["0"] == "within noise"  # the data says so
     # kvtrace demo: its TTFT table
     out = "\n".join(demo.comparison_sections(base, cand, 1.0))
-    table = [line.split("|") for line in out.split("== Mean TTFT by turn index", 1)[1].split("\n\n")[0].splitlines()
-             if line.startswith("|")][2:]
+    table = [
+        line.split("|")
+        for line in out.split("== Mean TTFT by turn index", 1)[1].split("\n\n")[0].splitlines()
+        if line.startswith("|")
+    ][2:]
     shown = {c[1].strip().replace(text.LATER_LABEL, compare.LATER): c[-2].strip() for c in table}
     assert shown == {k: v for k, v in verdicts.items() if k != compare.ALL}
     assert f": {verdicts[compare.LATER]})" in " ".join(out.split("\n\n")[-1].split())  # the result paragraph
     # kvtrace report --compare
-    doc, _ = report.build(cand, str(runs / "candidate"), compare_con=base, compare_dir=str(runs / "baseline"),
-                          plots=False)
+    doc, _ = report.build(
+        cand, str(runs / "candidate"), compare_con=base, compare_dir=str(runs / "baseline"), plots=False
+    )
     md = report.to_markdown(doc, {})
     section = md.split("## Comparison with", 1)[1]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| ")]
@@ -174,4 +195,5 @@ def test_bench_demo_report_and_dashboard_give_the_same_verdicts(runs, monkeypatc
     assert not at.exception and not at.error
     frame = at.dataframe[0].value
     assert {(m, t): v for m, t, v in zip(frame["metric"], frame["turn"], frame["verdict"])} == {
-        (r["metric"], str(r["turn"])): r["verdict"] for r in rows}
+        (r["metric"], str(r["turn"])): r["verdict"] for r in rows
+    }

@@ -15,8 +15,15 @@ from kvtrace.store import connect  # noqa: E402
 from kvtrace.testing.synth import sample_store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
-PAGES = ["app_pages/sessions.py", "app_pages/drilldown.py", "app_pages/reuse.py", "app_pages/retention.py", "app_pages/latency.py",
-         "app_pages/whatif.py", "app_pages/compare.py"]
+PAGES = [
+    "app_pages/sessions.py",
+    "app_pages/drilldown.py",
+    "app_pages/reuse.py",
+    "app_pages/retention.py",
+    "app_pages/latency.py",
+    "app_pages/whatif.py",
+    "app_pages/compare.py",
+]
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +123,19 @@ def test_a_directory_with_several_runs_is_refused_not_blended(monkeypatch, runs)
     assert [e.value for e in at.error] == [
         f"{runs} holds 2 runs, which kvtrace does not merge: {runs / 'baseline'}, {runs / 'bidir'}. Pick one with "
         f"--traces (e.g. --traces {runs / 'baseline'}); compare two with --traces A --compare B (kvtrace report, "
-        "kvtrace dashboard)"]
+        "kvtrace dashboard)"
+    ]
 
 
-URLS = {"sessions": "Sessions", "drilldown": "Session drill-down", "reuse": "KV reuse", "retention": "Retention",
-        "latency": "Latency by turn", "whatif": "What-if", "compare": "Run comparison"}
+URLS = {
+    "sessions": "Sessions",
+    "drilldown": "Session drill-down",
+    "reuse": "KV reuse",
+    "retention": "Retention",
+    "latency": "Latency by turn",
+    "whatif": "What-if",
+    "compare": "Run comparison",
+}
 
 
 def test_every_page_has_its_own_url_and_the_root_opens_sessions(monkeypatch, runs):
@@ -135,8 +150,10 @@ def test_every_page_has_its_own_url_and_the_root_opens_sessions(monkeypatch, run
 def _formats(element) -> dict:
     import json
 
-    return {name: (c.get("label"), c.get("type_config", {}).get("format"))
-            for name, c in json.loads(element.proto.columns).items()}
+    return {
+        name: (c.get("label"), c.get("type_config", {}).get("format"))
+        for name, c in json.loads(element.proto.columns).items()
+    }
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -218,7 +235,8 @@ def test_trace_directory_box_stays_within_the_directories_given_at_start(monkeyp
             at.sidebar.text_input[0].input(outside).run()
             assert [e.value for e in at.error] == [
                 f"Trace directory `{outside}` is outside the trace directories this dashboard was started with "
-                f"(`{runs / 'bidir'}`, `{runs / 'baseline'}`); choose one of them or a directory below it."]
+                f"(`{runs / 'bidir'}`, `{runs / 'baseline'}`); choose one of them or a directory below it."
+            ]
             assert not at.metric and not at.dataframe  # nothing of it was read
         for inside in (str(runs / "baseline"), str(runs / "bidir" / "date=2026-01-01")):
             at.sidebar.text_input[0].input(inside).run()
@@ -261,8 +279,9 @@ def test_the_launcher_is_streamlit_with_the_pages_imports_done_first(tmp_path):
     # root with kvtrace installed non-editable, where the README's commands are run)
     (tmp_path / "kvtrace").mkdir()
     (tmp_path / "kvtrace" / "__init__.py").write_text("")
-    out = subprocess.run(cli.command("d")[:2] + ["--version"], capture_output=True, text=True, timeout=120,
-                         check=True, cwd=tmp_path).stdout
+    out = subprocess.run(
+        cli.command("d")[:2] + ["--version"], capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path
+    ).stdout
     assert out.startswith("Streamlit, version ")
     # what it preloads is what every page imports (through common.py) and Streamlit does not load itself
     tree = ast.parse((APP.parent / "common.py").read_text())
@@ -271,6 +290,7 @@ def test_the_launcher_is_streamlit_with_the_pages_imports_done_first(tmp_path):
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert set(serve.PRELOAD) - {"duckdb"} <= imported  # duckdb: what kvtrace.store connects with
     code = "import sys, streamlit.web.cli; print(sorted(set(sys.argv[1:]) & set(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", code, *serve.PRELOAD], capture_output=True, text=True,
-                            timeout=120, check=True).stdout.strip()
+    loaded = subprocess.run(
+        [sys.executable, "-c", code, *serve.PRELOAD], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
     assert loaded == "[]", loaded

@@ -28,12 +28,18 @@ CHROMIUM = b.chromium()
 if CHROMIUM is None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail("chromium is required under CI=true (apt-get install -y chromium)", pytrace=False)
-    pytest.skip("chromium not installed (apt-get install -y chromium); set CI=true to fail instead",
-                allow_module_level=True)
+    pytest.skip(
+        "chromium not installed (apt-get install -y chromium); set CI=true to fail instead", allow_module_level=True
+    )
 
-PAGES = {"sessions": "Sessions", "drilldown": "Session drill-down", "reuse": "KV reuse",
-         "retention": "Retention on decode workers", "latency": "Latency by turn index",
-         "compare": "Run comparison"}
+PAGES = {
+    "sessions": "Sessions",
+    "drilldown": "Session drill-down",
+    "reuse": "KV reuse",
+    "retention": "Retention on decode workers",
+    "latency": "Latency by turn index",
+    "compare": "Run comparison",
+}
 MIN_CHART_PX, MIN_PLOT_PX = 80, 30  # a chart's drawing / its data rectangle; collapsed ones measured 120 / 1
 MIN_BAR_PX = 3  # the waterfall's narrowest bar (hair-thin ones measured under 1 px)
 CHARTS = {"sessions": 2, "drilldown": 2, "reuse": 5, "retention": 1, "latency": 2, "compare": 1}
@@ -65,8 +71,9 @@ async def _visit_all(devtools_port: int, base: str, shots) -> dict:
             state, png = await cdp.full_page_screenshot(loaded, title)
             state["sliders_as_loaded"] = loaded["sliders"]  # before the viewport change re-renders them
             (shots / f"{path}.png").write_bytes(png)
-            dom = await cdp.call("Runtime.evaluate", expression="document.documentElement.outerHTML",
-                                 returnByValue=True)
+            dom = await cdp.call(
+                "Runtime.evaluate", expression="document.documentElement.outerHTML", returnByValue=True
+            )
             out[path] = (state, dom["result"]["value"])
         root = await cdp.load(f"{base}/", PAGES["sessions"])
         out["/"] = ({**root, "sliders_as_loaded": root["sliders"]}, None)
@@ -134,8 +141,9 @@ def _chart_problems(path: str, geometry: list) -> list[str]:
 
 def test_every_chart_is_drawn_at_a_usable_size(visited):
     results, _ = visited
-    problems = [p for path, (state, _) in results.items() if path in PAGES
-                for p in _chart_problems(path, state["geometry"])]
+    problems = [
+        p for path, (state, _) in results.items() if path in PAGES for p in _chart_problems(path, state["geometry"])
+    ]
     assert problems == [], "\n".join(problems)
     # the sessions page: one bar row per session (3 in the sample), the one-bar share of all sessions
     bars, share = results["sessions"][0]["geometry"]

@@ -10,15 +10,15 @@ import plain_parquet
 import pytest
 
 from kvtrace import semconv as sc
+from kvtrace.analysis import compare, retention, reuse, sessions
+from kvtrace.analysis.text import LATER_LABEL, ci, ms, num, ratio
 from kvtrace.bench.scenarios import LLM
 from kvtrace.bench.workload import LLMAction, ToolAction
-from kvtrace.analysis import compare, retention, reuse, sessions
-from kvtrace.store.views.breakdown import PART_COLUMNS
+from kvtrace.cli import main
 from kvtrace.demo import cli as demo
 from kvtrace.demo.cli import SCENARIOS
 from kvtrace.store import connect
-from kvtrace.analysis.text import LATER_LABEL, ci, ms, num, ratio
-from kvtrace.cli import main
+from kvtrace.store.views.breakdown import PART_COLUMNS
 
 pytest.importorskip("aiohttp")
 pytest.importorskip("openai")
@@ -35,7 +35,7 @@ def _table(out: str, heading: str) -> list[list[str]]:
     lines = out.split(heading, 1)[1].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     body = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         body.append([c.strip() for c in line.strip("|").split("|")])
@@ -71,7 +71,7 @@ def test_traces_at_rest_are_plain_parquet(demo_run):
     """Every writer of the demo has exited: a plain recursive glob counts each span once."""
     rc, out, root = demo_run
     for run in ("bidir", "baseline"):
-        (n,), = connect(root / run).execute("SELECT count(*) FROM spans").fetchall()
+        ((n,),) = connect(root / run).execute("SELECT count(*) FROM spans").fetchall()
         assert n > 100 and plain_parquet.counts(root / run) == {r: (n, n) for r in ("duckdb", "pyarrow", "chdb")}
 
 
@@ -80,9 +80,14 @@ def test_printed_numbers_match_the_views(demo_run):
     rc, out, root = demo_run
     bidir = connect(root / "bidir")
     tot = sessions.totals(bidir)
-    for label, col in (("input processing", "input_processing_ms"), ("generation", "generation_ms"),
-                       ("tool waits", "tool_wait_ms"), ("app work", "app_work_ms"), ("user pauses", "user_pause_ms"),
-                       ("wall time", "wall_ms")):
+    for label, col in (
+        ("input processing", "input_processing_ms"),
+        ("generation", "generation_ms"),
+        ("tool waits", "tool_wait_ms"),
+        ("app work", "app_work_ms"),
+        ("user pauses", "user_pause_ms"),
+        ("wall time", "wall_ms"),
+    ):
         assert _cell(out, label) == ms(tot[col]), label
     # the paused sessions' pauses are the users' (> 2 x 60 model s / 5), not app work
     assert tot["user_pause_ms"] > 2 * demo.RESUME_PAUSE_S / demo.DEFAULT_TIME_SCALE * 1e3 > tot["app_work_ms"]
@@ -107,8 +112,15 @@ def test_printed_ttft_table_matches_the_views(demo_run):
     assert [r[0] for r in table] == [str(r["turn"]) for r in rows[:-1]] + [LATER_LABEL]
     for printed, row in zip(table, rows):
         b, c = row["a_mean"], row["b_mean"]
-        assert printed[1:] == [num(row["n_b"]), ms(b), ms(c), ratio(row["ratio"]), ci(row),
-                               f"{_model_s(b, scale)} → {_model_s(c, scale)}", row["verdict"]]
+        assert printed[1:] == [
+            num(row["n_b"]),
+            ms(b),
+            ms(c),
+            ratio(row["ratio"]),
+            ci(row),
+            f"{_model_s(b, scale)} → {_model_s(c, scale)}",
+            row["verdict"],
+        ]
     # the pooled row is the plain mean over every call at turn >= 1, computed here from the view
     pooled = {}
     for name, con in (("baseline", base), ("bidir", bidir)):
@@ -117,7 +129,9 @@ def test_printed_ttft_table_matches_the_views(demo_run):
     assert table[-1][:6] == [LATER_LABEL, num(n), ms(b_mean), ms(c_mean), ratio(c_mean / b_mean), ci(rows[-1])]
     assert f"(ratio {ratio(c_mean / b_mean)}, 95% CI {ci(rows[-1])}: {rows[-1]['verdict']})" in " ".join(out.split())
     # completed-turn latency: the same rule on the turn_latency_ms rows
-    turns = [r for r in compare.compare_runs(base, bidir) if r["metric"] == "turn_latency_ms" and r["turn"] != compare.ALL]
+    turns = [
+        r for r in compare.compare_runs(base, bidir) if r["metric"] == "turn_latency_ms" and r["turn"] != compare.ALL
+    ]
     assert [r[-1] for r in _table(out, "== Mean completed-turn latency")] == [r["verdict"] for r in turns]
 
 
@@ -133,10 +147,13 @@ def test_printed_prefill_work_matches_the_views(demo_run):
     for printed in table:
         b, c = b_tok[int(printed[0])], c_tok[int(printed[0])]
         prompt = (c["local_hit_tokens"] + c["pulled_tokens"] + c["computed_tokens"]) / c["requests"]
-        assert printed[1:6] == [f"{prompt:,.0f}", f"{b['computed_tokens'] / b['requests']:,.0f}",
-                                f"{c['computed_tokens'] / c['requests']:,.0f}",
-                                f"{c['pulled_tokens'] / c['requests']:,.0f}",
-                                f"{c['local_hit_tokens'] / c['requests']:,.0f}"]
+        assert printed[1:6] == [
+            f"{prompt:,.0f}",
+            f"{b['computed_tokens'] / b['requests']:,.0f}",
+            f"{c['computed_tokens'] / c['requests']:,.0f}",
+            f"{c['pulled_tokens'] / c['requests']:,.0f}",
+            f"{c['local_hit_tokens'] / c['requests']:,.0f}",
+        ]
     assert table[0][4] == "0"  # turn 0: nothing to pull
 
 
@@ -145,13 +162,18 @@ def test_printed_saved_work_table_matches_the_views(demo_run):
     """Calls paired across the runs, grouped by what the baseline's P computed more (here from the
     engine prefill spans rather than the kv decisions the table reads)."""
     rc, out, root = demo_run
-    sql = ("SELECT l.session_id, l.turn, l.ttft_ms, e.prompt_tokens - e.cached_tokens FROM llm_calls l "
-           f"JOIN engine_requests e ON e.request_id = l.request_id AND e.phase = '{sc.ROLE_PREFILL}' WHERE l.turn >= 1")
-    calls = {run: {(r[0], r[1]): r[2:] for r in connect(root / run).sql(sql).fetchall()}
-             for run in ("baseline", "bidir")}
+    sql = (
+        "SELECT l.session_id, l.turn, l.ttft_ms, e.prompt_tokens - e.cached_tokens FROM llm_calls l "
+        f"JOIN engine_requests e ON e.request_id = l.request_id AND e.phase = '{sc.ROLE_PREFILL}' WHERE l.turn >= 1"
+    )
+    calls = {
+        run: {(r[0], r[1]): r[2:] for r in connect(root / run).sql(sql).fetchall()} for run in ("baseline", "bidir")
+    }
     assert calls["baseline"].keys() == calls["bidir"].keys()
-    pairs = [(calls["baseline"][k][1] - calls["bidir"][k][1], calls["baseline"][k][0], calls["bidir"][k][0])
-             for k in calls["baseline"]]
+    pairs = [
+        (calls["baseline"][k][1] - calls["bidir"][k][1], calls["baseline"][k][0], calls["bidir"][k][0])
+        for k in calls["baseline"]
+    ]
     table = _table(out, "== Mean TTFT by prompt tokens")
     assert [r[0] for r in table] == ["< 1,000", "1,000 – 5,000", "≥ 5,000"]
     for printed, (lo, hi) in zip(table, ((-math.inf, 1000), (1000, 5000), (5000, math.inf))):
@@ -218,19 +240,33 @@ def test_unwritable_traces_end_the_demo_at_once_in_one_line(tmp_path, capsys, mo
     assert (out, err) == ("", f"kvtrace demo: error: cannot write traces to {target}: {reason}\n")
 
 
-@pytest.mark.parametrize("turn0, warned", [(compare.WITHIN_NOISE, False), (compare.FASTER, True), (compare.SLOWER, True)])
+@pytest.mark.parametrize(
+    "turn0, warned", [(compare.WITHIN_NOISE, False), (compare.FASTER, True), (compare.SLOWER, True)]
+)
 def test_result_warns_when_turn_0_is_not_within_noise(turn0, warned):
     """Nothing can be reused at turn 0, so a verdict there means the runs were disturbed."""
     from kvtrace.demo.summary import conclusion
 
     def r(turn, ratio_, verdict):
-        return {"metric": "ttft_ms", "turn": turn, "n_a": 12, "n_b": 12, "a_mean": 1000.0, "b_mean": 1000.0 * ratio_,
-                "ratio": ratio_, "ci_low": ratio_ - 0.1, "ci_high": ratio_ + 0.1, "verdict": verdict}
+        return {
+            "metric": "ttft_ms",
+            "turn": turn,
+            "n_a": 12,
+            "n_b": 12,
+            "a_mean": 1000.0,
+            "b_mean": 1000.0 * ratio_,
+            "ratio": ratio_,
+            "ci_low": ratio_ - 0.1,
+            "ci_high": ratio_ + 0.1,
+            "verdict": verdict,
+        }
 
     line = conclusion([r(0, 0.5, turn0), r(compare.LATER, 0.7, compare.FASTER)], [], 5.0)
-    assert line.startswith("Result: over 12 LLM calls at turns >= 1, mean TTFT 5.00 model s without bidirectional "
-                           "reuse -> 3.50 with it (ratio 0.70, 95% CI 0.60–0.80: faster); turn 0 (nothing to reuse): "
-                           f"ratio 0.50, {turn0}")
+    assert line.startswith(
+        "Result: over 12 LLM calls at turns >= 1, mean TTFT 5.00 model s without bidirectional "
+        "reuse -> 3.50 with it (ratio 0.70, 95% CI 0.60–0.80: faster); turn 0 (nothing to reuse): "
+        f"ratio 0.50, {turn0}"
+    )
     assert ("rerun before trusting this comparison" in line) is warned
 
 

@@ -108,8 +108,10 @@ def workdir(demo_run):
 
 def test_the_readme_commands_are_found():
     shell = {c for _, kind, c in _commands() if kind == "shell"}
-    for expected in ('kvtrace query "SELECT * FROM session_breakdown" --traces kvtrace-traces/bidir',
-                     "kvtrace report --traces kvtrace-traces/bidir --format html --output report.html"):
+    for expected in (
+        'kvtrace query "SELECT * FROM session_breakdown" --traces kvtrace-traces/bidir',
+        "kvtrace report --traces kvtrace-traces/bidir --format html --output report.html",
+    ):
         assert expected in shell
     assert any(c.startswith("kvtrace dashboard --traces kvtrace-traces/bidir --compare") for c in shell)
     assert {kind for _, kind, _ in _commands()} == {"shell", "inline", "python", "sql"}
@@ -145,8 +147,12 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def _check(kind: str, text: str, parser, subcommands: dict, workdir: Path) -> str | None:
     if kind == "python":
         tree = ast.parse(text)  # every block at least parses
-        imports = {n.module if isinstance(n, ast.ImportFrom) else a.name
-                   for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        imports = {
+            n.module if isinstance(n, ast.ImportFrom) else a.name
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in n.names
+        }
         if imports and all(m.startswith(("kvtrace.store", "kvtrace.analysis")) for m in imports):
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(tree, "<doc>", "exec"), {})
@@ -179,8 +185,9 @@ def _python_command(text: str) -> str | None:
         cmd = [sys.executable, "-m", words[2]]  # its output redirection is not run
     else:
         return None  # not ours to run (pip, bash scripts/test.sh, vLLM, ClickHouse, ...)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(ROOT),
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return "ran"
 

@@ -7,10 +7,10 @@ import logging
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from kvtrace import fastspans
@@ -27,13 +27,28 @@ def _provider(**kwargs):
 def _script(tracer) -> None:
     """Every operation the proxy uses, and the odd ones: a remote parent, events, statuses, odd values."""
     remote = trace.set_span_in_context(NonRecordingSpan(SpanContext(0xABC, 0xDEF, True, TraceFlags(1))))
-    root = tracer.start_span(sc.SPAN_PROXY_REQUEST, context=remote, kind=SpanKind.SERVER,
-                             attributes={sc.HTTP_REQUEST_METHOD: "POST", sc.TURN_INDEX: 3})
-    root.set_attributes({sc.SESSION_ID: "s", sc.PROXY_OFFER: True, sc.REQUEST_TTFT_MS: 1.5,
-                         sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop", "length"], sc.ENGINE_ID: None,
-                         sc.KV_PULLED_TOKENS: b"raw"})
-    leg = tracer.start_span(sc.SPAN_PROXY_PREFILL, context=trace.set_span_in_context(root), kind=SpanKind.CLIENT,
-                            attributes={sc.SERVER_PORT: 8100})
+    root = tracer.start_span(
+        sc.SPAN_PROXY_REQUEST,
+        context=remote,
+        kind=SpanKind.SERVER,
+        attributes={sc.HTTP_REQUEST_METHOD: "POST", sc.TURN_INDEX: 3},
+    )
+    root.set_attributes(
+        {
+            sc.SESSION_ID: "s",
+            sc.PROXY_OFFER: True,
+            sc.REQUEST_TTFT_MS: 1.5,
+            sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop", "length"],
+            sc.ENGINE_ID: None,
+            sc.KV_PULLED_TOKENS: b"raw",
+        }
+    )
+    leg = tracer.start_span(
+        sc.SPAN_PROXY_PREFILL,
+        context=trace.set_span_in_context(root),
+        kind=SpanKind.CLIENT,
+        attributes={sc.SERVER_PORT: 8100},
+    )
     leg.set_status(Status(StatusCode.ERROR, "502"))
     leg.set_status(StatusCode.UNSET)  # ignored, as by the SDK
     leg.end()
@@ -53,11 +68,17 @@ def _script(tracer) -> None:
 def _fields(span) -> dict:
     ctx, parent = span.context, span.parent
     return {
-        "name": span.name, "kind": span.kind, "attributes": dict(span.attributes),
+        "name": span.name,
+        "kind": span.kind,
+        "attributes": dict(span.attributes),
         "events": [(e.name, dict(e.attributes)) for e in span.events],
-        "status": (span.status.status_code, span.status.description), "resource": span.resource,
-        "scope": span.instrumentation_scope, "flags": ctx.trace_flags, "remote": ctx.is_remote,
-        "root": parent is None, "trace": ctx.trace_id == 0xABC,
+        "status": (span.status.status_code, span.status.description),
+        "resource": span.resource,
+        "scope": span.instrumentation_scope,
+        "flags": ctx.trace_flags,
+        "remote": ctx.is_remote,
+        "root": parent is None,
+        "trace": ctx.trace_id == 0xABC,
         "parent": parent.span_id == 0xDEF if parent is not None else None,
         "order": span.end_time >= span.start_time,
     }
@@ -107,21 +128,27 @@ def test_the_sdk_tracer_where_it_would_differ():
 
 
 def _limited(fast: bool) -> tuple:
-    provider, exporter = _provider(span_limits=SpanLimits(max_span_attributes=3, max_events=2,
-                                                          max_event_attributes=2))
+    provider, exporter = _provider(span_limits=SpanLimits(max_span_attributes=3, max_events=2, max_event_attributes=2))
     tracer = fastspans.tracer(provider, "t") if fast else provider.get_tracer("t")
     span = tracer.start_span("x", attributes={f"k{i}": i for i in range(5)})
     for i in range(4):
         span.add_event(f"e{i}", {f"a{j}": j for j in range(i)})
     span.end()
     (got,) = exporter.get_finished_spans()
-    return (dict(got.attributes), got.dropped_attributes, got.dropped_events,
-            [(e.name, dict(e.attributes), e.dropped_attributes) for e in got.events])
+    return (
+        dict(got.attributes),
+        got.dropped_attributes,
+        got.dropped_events,
+        [(e.name, dict(e.attributes), e.dropped_attributes) for e in got.events],
+    )
 
 
 def test_limits_as_the_sdk():
-    assert _limited(True) == _limited(False) == (
-        {"k2": 2, "k3": 3, "k4": 4}, 2, 2, [("e2", {"a0": 0, "a1": 1}, 0), ("e3", {"a1": 1, "a2": 2}, 1)])
+    assert (
+        _limited(True)
+        == _limited(False)
+        == ({"k2": 2, "k3": 3, "k4": 4}, 2, 2, [("e2", {"a0": 0, "a1": 1}, 0), ("e3", {"a1": 1, "a2": 2}, 1)])
+    )
 
 
 def test_limits_and_ended_spans_as_the_sdk(caplog):

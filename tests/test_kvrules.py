@@ -24,8 +24,15 @@ THRESHOLDS = (0, 64, 256)
 
 
 def _params(remote: int) -> dict:
-    return {"do_remote_decode": True, "remote_block_ids": [[1]], "remote_engine_id": "d", "remote_request_id": "r",
-            "remote_host": "h", "remote_port": 1, "remote_num_tokens": remote}
+    return {
+        "do_remote_decode": True,
+        "remote_block_ids": [[1]],
+        "remote_engine_id": "d",
+        "remote_request_id": "r",
+        "remote_host": "h",
+        "remote_port": 1,
+        "remote_num_tokens": remote,
+    }
 
 
 def test_array_outcomes_equal_the_simulators_scalar_outcomes():
@@ -36,8 +43,9 @@ def test_array_outcomes_equal_the_simulators_scalar_outcomes():
     want = [scheduler.outcome(_params(r) if o else None, p, h, t) for o, p, h, r, t in grid]
     assert [sc.OUTCOMES[c] for c in codes] == want
     loads = kvrules.loads(count, threshold)
-    assert list(loads & offered) == [scheduler.matched_tokens(_params(r) if o else None, p, h, t)[1]
-                                     for o, p, h, r, t in grid]
+    assert list(loads & offered) == [
+        scheduler.matched_tokens(_params(r) if o else None, p, h, t)[1] for o, p, h, r, t in grid
+    ]
     # every outcome the rule can give before a load starts occurs in the grid
     assert set(want) == {sc.OUTCOME_PULLED, sc.OUTCOME_BELOW_THRESHOLD, sc.OUTCOME_LOCAL_HIT, sc.OUTCOME_NO_REMOTE}
 
@@ -45,7 +53,14 @@ def test_array_outcomes_equal_the_simulators_scalar_outcomes():
 def test_read_declined_within_vllms_five_second_margin():
     remaining = np.array([100.0, 5.01, 5.0, 4.9, 0.0, -3.0, math.nan])
     assert list(kvrules.read_declined(remaining)) == [False, False, True, True, True, True, False]
-    assert [scheduler.read_expired(1000.0, 1000.0 + r) for r in remaining[:-1]] == [False, False, True, True, True, True]
+    assert [scheduler.read_expired(1000.0, 1000.0 + r) for r in remaining[:-1]] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
     assert scheduler.read_expired(1000.0, None) is False
 
 

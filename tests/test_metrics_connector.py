@@ -10,9 +10,9 @@ vllm:nixl_* families must still see the workers' stats.
 from __future__ import annotations
 
 import pytest
+from conftest import require_vllm
 
 from kvtrace import semconv as sc
-from conftest import require_vllm
 
 pytestmark = pytest.mark.vllm
 require_vllm()
@@ -20,7 +20,16 @@ require_vllm("nixl")
 
 import vllm_rig as rig  # noqa: E402
 from test_vllm_connector import (  # noqa: E402,F401  (fixtures and helpers of the connector tests)
-    BS, _d_params, _decode_turn, _prefill_turn, _run, _sched, _stats, connector_cls, model_dir)
+    BS,
+    _d_params,
+    _decode_turn,
+    _prefill_turn,
+    _run,
+    _sched,
+    _stats,
+    connector_cls,
+    model_dir,
+)
 
 
 def _capture(sched) -> list[dict]:
@@ -61,8 +70,12 @@ def _prom(vllm_config):
 
 
 def _series(registry, name: str) -> dict[tuple, float]:
-    return {tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))): s.value
-            for fam in registry.collect() for s in fam.samples if s.name == name and s.value}
+    return {
+        tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))): s.value
+        for fam in registry.collect()
+        for s in fam.samples
+        if s.name == name and s.value
+    }
 
 
 def _spans(exporter, name):
@@ -92,20 +105,28 @@ def test_p_side_metrics_equal_spans_through_vllms_stats_path(connector_cls, mode
     outcomes = sorted(d[sc.KV_OUTCOME] for d in decisions)
     assert outcomes == ["below_threshold", "no_remote", "no_remote", "pulled"]
     assert _series(registry, f"{sc.METRIC_KV_DECISIONS}_total") == {
-        (("direction", "d2p"), ("outcome", o)): float(outcomes.count(o)) for o in outcomes}
+        (("direction", "d2p"), ("outcome", o)): float(outcomes.count(o)) for o in outcomes
+    }
     want_tokens = {}
     for d in decisions:
-        for source, attr in ((sc.SOURCE_LOCAL_HIT, sc.KV_LOCAL_HIT_TOKENS), (sc.SOURCE_PULLED, sc.KV_PULLED_TOKENS),
-                             (sc.SOURCE_RECOMPUTED, sc.KV_RECOMPUTED_TOKENS)):
+        for source, attr in (
+            (sc.SOURCE_LOCAL_HIT, sc.KV_LOCAL_HIT_TOKENS),
+            (sc.SOURCE_PULLED, sc.KV_PULLED_TOKENS),
+            (sc.SOURCE_RECOMPUTED, sc.KV_RECOMPUTED_TOKENS),
+        ):
             key = (("direction", "d2p"), ("source", source))
             want_tokens[key] = want_tokens.get(key, 0) + d[attr]
-    assert _series(registry, f"{sc.METRIC_KV_PROMPT_TOKENS}_total") == {k: float(v) for k, v in want_tokens.items() if v}
+    assert _series(registry, f"{sc.METRIC_KV_PROMPT_TOKENS}_total") == {
+        k: float(v) for k, v in want_tokens.items() if v
+    }
     assert want_tokens[(("direction", "d2p"), ("source", "pulled"))] == 164
     [transfer] = _spans(span_exporter, sc.SPAN_KV_TRANSFER)
     assert _series(registry, f"{sc.METRIC_KV_TRANSFER_BYTES}_total") == {
-        (("direction", "d2p"),): float(transfer[sc.KV_TRANSFER_BYTES])}
+        (("direction", "d2p"),): float(transfer[sc.KV_TRANSFER_BYTES])
+    }
     assert _series(registry, f"{sc.METRIC_KV_TRANSFER_DURATION}_count") == {
-        (("direction", "d2p"), ("status", "ok")): 1.0}
+        (("direction", "d2p"), ("status", "ok")): 1.0
+    }
     # NIXL's own families still see the workers' stats
     assert _series(registry, f"{sc.VLLM_METRIC_NIXL_XFER_TIME}_count") == {(): 1.0}
     assert _series(registry, f"{sc.VLLM_METRIC_NIXL_BYTES}_sum") == {(): 123.0}
@@ -144,8 +165,14 @@ def test_worker_stats_of_several_ranks_aggregate(connector_cls):
     from kvtrace.emit import metrics as km
     from kvtrace.vllm.metrics import KVTraceConnectorStats
 
-    ranks = [KVTraceConnectorStats.wrap(_stats(transfer_duration=[0.001 * (i + 1)], post_duration=[0.0],
-                                               bytes_transferred=[100], num_descriptors=[1])) for i in range(2)]
+    ranks = [
+        KVTraceConnectorStats.wrap(
+            _stats(
+                transfer_duration=[0.001 * (i + 1)], post_duration=[0.0], bytes_transferred=[100], num_descriptors=[1]
+            )
+        )
+        for i in range(2)
+    ]
     outputs = [rig.runner_output([], stats=s) for s in ranks]
     merged = KVOutputAggregator(expected_finished_count=2).aggregate(outputs).kv_connector_output.kv_connector_stats
     assert isinstance(merged, KVTraceConnectorStats)

@@ -58,7 +58,14 @@ def test_dashboard_queries_only_known_metrics():
     exprs = " ".join(t["expr"] for p in _panels() for t in p.get("targets", ()))
     used = set(re.findall(r"\b((?:vllm:|kvtrace_)[a-z_:]+?)(?:_total|_bucket|_sum|_count)?\b(?=[{\[)\s])", exprs))
     assert used <= set(sc.METRICS), used - set(sc.METRICS)
-    for name in (sc.METRIC_KV_DECISIONS, sc.METRIC_KV_PROMPT_TOKENS, sc.METRIC_KV_TRANSFER_BYTES,
-                 sc.METRIC_KV_RETAINED_BYTES, sc.METRIC_KV_RETENTION_ENDS, sc.METRIC_PROXY_TTFT, sc.VLLM_METRIC_TTFT,
-                 sc.VLLM_METRIC_NIXL_XFER_TIME):
+    for name in (
+        sc.METRIC_KV_DECISIONS,
+        sc.METRIC_KV_PROMPT_TOKENS,
+        sc.METRIC_KV_TRANSFER_BYTES,
+        sc.METRIC_KV_RETAINED_BYTES,
+        sc.METRIC_KV_RETENTION_ENDS,
+        sc.METRIC_PROXY_TTFT,
+        sc.VLLM_METRIC_TTFT,
+        sc.VLLM_METRIC_NIXL_XFER_TIME,
+    ):
         assert name in used, name

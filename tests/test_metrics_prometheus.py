@@ -26,20 +26,28 @@ import subprocess
 import sys
 import time
 
+import prom_check as pc
 import pytest
 
-import prom_check as pc
 from kvtrace import semconv as sc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-KV_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-             "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 300}}
+KV_CONFIG = {
+    "kv_connector": "NixlConnector",
+    "kv_role": "kv_both",
+    "kv_load_failure_policy": "recompute",
+    "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 300},
+}
 
 
 def _spawn(args: list[str], log_dir, name: str) -> subprocess.Popen:
     log = open(log_dir / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.cli", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"},
+    )
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -59,16 +67,51 @@ def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("prom")
     traces = base / "traces"
     p_port, d_port, proxy_port = pc.free_port(), pc.free_port(), pc.free_port()
-    sim = _spawn(["sim", "--prefill-port", str(p_port), "--decode-port", str(d_port), "--time-scale", "100", "--no-cost",
-                  "--traces", str(traces), "--kv-transfer-config", json.dumps(KV_CONFIG)], base, "sim")
-    proxy = _spawn(["proxy", "--port", str(proxy_port), "--prefiller-host", "127.0.0.1", "--prefiller-port",
-                    str(p_port), "--decoder-host", "127.0.0.1", "--decoder-port", str(d_port), "--traces", str(traces)],
-                   base, "proxy")
+    sim = _spawn(
+        [
+            "sim",
+            "--prefill-port",
+            str(p_port),
+            "--decode-port",
+            str(d_port),
+            "--time-scale",
+            "100",
+            "--no-cost",
+            "--traces",
+            str(traces),
+            "--kv-transfer-config",
+            json.dumps(KV_CONFIG),
+        ],
+        base,
+        "sim",
+    )
+    proxy = _spawn(
+        [
+            "proxy",
+            "--port",
+            str(proxy_port),
+            "--prefiller-host",
+            "127.0.0.1",
+            "--prefiller-port",
+            str(p_port),
+            "--decoder-host",
+            "127.0.0.1",
+            "--decoder-port",
+            str(d_port),
+            "--traces",
+            str(traces),
+        ],
+        base,
+        "proxy",
+    )
     procs = [proxy, sim]
-    prom = pc.Prometheus(base / "prometheus", {
-        "kvtrace-proxy": [f"127.0.0.1:{proxy_port}"],
-        "kvtrace-sim": [f"127.0.0.1:{p_port}", f"127.0.0.1:{d_port}"],
-    })
+    prom = pc.Prometheus(
+        base / "prometheus",
+        {
+            "kvtrace-proxy": [f"127.0.0.1:{proxy_port}"],
+            "kvtrace-sim": [f"127.0.0.1:{p_port}", f"127.0.0.1:{d_port}"],
+        },
+    )
     out = {"traces": traces, "prom": prom, "base": base}
     try:
         urls = [f"http://127.0.0.1:{p}" for p in (p_port, d_port, proxy_port)]
@@ -77,9 +120,29 @@ def run(tmp_path_factory):
         prom.wait_up()
         for scenario in ("pause-resume", "short-followups"):
             bench = subprocess.run(
-                [sys.executable, "-m", "kvtrace.cli", "bench", "--url", urls[2], "--scenario", scenario, "--sessions",
-                 "1", "--time-scale", "0.01", "--traces", str(traces), "--no-progress", "--request-timeout", "60"],
-                capture_output=True, text=True, timeout=120)
+                [
+                    sys.executable,
+                    "-m",
+                    "kvtrace.cli",
+                    "bench",
+                    "--url",
+                    urls[2],
+                    "--scenario",
+                    scenario,
+                    "--sessions",
+                    "1",
+                    "--time-scale",
+                    "0.01",
+                    "--traces",
+                    str(traces),
+                    "--no-progress",
+                    "--request-timeout",
+                    "60",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             out[scenario] = bench
             assert bench.returncode == 0, bench.stdout + bench.stderr
         # D holds nothing once every retention was read or expired (3 s TTL): nothing changes after

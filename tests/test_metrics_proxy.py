@@ -27,8 +27,11 @@ def _worker(url: str) -> Worker:
 async def stack(tracer_provider):
     async with SimCluster(1, 1, cost=False, tracer_provider=tracer_provider, model="m") as cluster:
         # prefix matching off: these "turns" replace the message instead of extending the conversation
-        config = ProxyConfig(prefill=[_worker(u) for u in cluster.prefill_urls],
-                             decode=[_worker(u) for u in cluster.decode_urls], prefix_match=False)
+        config = ProxyConfig(
+            prefill=[_worker(u) for u in cluster.prefill_urls],
+            decode=[_worker(u) for u in cluster.decode_urls],
+            prefix_match=False,
+        )
         proxy = await start(config, tracer_provider, port=0)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             try:
@@ -75,17 +78,24 @@ async def test_proxy_counters_equal_its_spans(stack, span_exporter):
     for a in spans:
         key = (str(a[sc.HTTP_RESPONSE_STATUS_CODE]), a.get(sc.PROXY_OFFER_REASON))
         want[key] = want.get(key, 0) + 1
-    got = _values(fams[sc.METRIC_PROXY_REQUESTS], f"{sc.METRIC_PROXY_REQUESTS}_total", sc.LABEL_STATUS,
-                  sc.LABEL_OFFER_REASON)
+    got = _values(
+        fams[sc.METRIC_PROXY_REQUESTS], f"{sc.METRIC_PROXY_REQUESTS}_total", sc.LABEL_STATUS, sc.LABEL_OFFER_REASON
+    )
     assert {(s, r or None): v for (s, r), v in got.items()} == want
-    assert want == {("200", sc.OFFER_NO_ENTRY): 1, ("200", sc.OFFER_OFFERED): 1, ("200", sc.OFFER_NO_CONVERSATION_ID): 1,
-                    ("400", None): 1}
+    assert want == {
+        ("200", sc.OFFER_NO_ENTRY): 1,
+        ("200", sc.OFFER_OFFERED): 1,
+        ("200", sc.OFFER_NO_CONVERSATION_ID): 1,
+        ("400", None): 1,
+    }
     ttft = _values(fams[sc.METRIC_PROXY_TTFT], f"{sc.METRIC_PROXY_TTFT}_count", sc.LABEL_OUTCOME)
     outcomes = [a.get(sc.KV_OUTCOME) or sc.OUTCOME_UNKNOWN for a in spans if sc.REQUEST_TTFT_MS in a]
     assert ttft == {(o,): float(outcomes.count(o)) for o in outcomes}
     assert sum(ttft.values()) == 3
     sums = _values(fams[sc.METRIC_PROXY_TTFT], f"{sc.METRIC_PROXY_TTFT}_sum", sc.LABEL_OUTCOME)
-    assert sum(sums.values()) == pytest.approx(sum(a[sc.REQUEST_TTFT_MS] for a in spans if sc.REQUEST_TTFT_MS in a) / 1e3)
+    assert sum(sums.values()) == pytest.approx(
+        sum(a[sc.REQUEST_TTFT_MS] for a in spans if sc.REQUEST_TTFT_MS in a) / 1e3
+    )
     latency = _values(fams[sc.METRIC_PROXY_LATENCY], f"{sc.METRIC_PROXY_LATENCY}_count", sc.LABEL_OUTCOME)
     assert sum(latency.values()) == 3  # requests answered 200
     assert _values(fams[sc.METRIC_PROXY_CONVERSATIONS], sc.METRIC_PROXY_CONVERSATIONS) == {(): 1.0}
@@ -96,8 +106,9 @@ async def test_proxy_counters_equal_its_spans(stack, span_exporter):
 
 async def test_metrics_off(monkeypatch, tracer_provider):
     monkeypatch.setenv("KVTRACE_METRICS", "0")
-    proxy = await start(ProxyConfig(prefill=[Worker("127.0.0.1", 9)], decode=[Worker("127.0.0.1", 9)]),
-                        tracer_provider, port=0)
+    proxy = await start(
+        ProxyConfig(prefill=[Worker("127.0.0.1", 9)], decode=[Worker("127.0.0.1", 9)]), tracer_provider, port=0
+    )
     try:
         assert proxy.proxy.metrics is None
         async with aiohttp.ClientSession() as http, http.get(proxy.url + "/metrics") as r:
@@ -108,8 +119,11 @@ async def test_metrics_off(monkeypatch, tracer_provider):
 
 def _series(fams: dict) -> dict[str, set]:
     """family -> its distinct label sets (histogram buckets folded into their series)."""
-    return {name: {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in samples}
-            for name, samples in fams.items() if not name.startswith("__")}
+    return {
+        name: {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in samples}
+        for name, samples in fams.items()
+        if not name.startswith("__")
+    }
 
 
 @pytest.mark.timeout(300)
@@ -123,8 +137,10 @@ async def test_label_values_stay_bounded_over_1000_sessions(stack):
             conv = f"sess-{i:04d}"
             text = f"session {i}: summarise the story of lighthouse number {i} in detail please " * 8
             for turn in range(turns):
-                assert await _chat(http, proxy.url, text + " and then?" * turn, conv=conv, stream=False,
-                                   max_tokens=8) == 200
+                assert (
+                    await _chat(http, proxy.url, text + " and then?" * turn, conv=conv, stream=False, max_tokens=8)
+                    == 200
+                )
 
     await asyncio.gather(*(session(i, 2) for i in range(10)))  # every kind of turn: first, offered
     early = [_series(await _scrape(http, u)) for u in urls]

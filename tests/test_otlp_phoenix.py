@@ -48,8 +48,9 @@ def _get(base: str, path: str):
 
 
 def _graphql(base: str, query: str) -> dict:
-    req = urllib.request.Request(base + "/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + "/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         body = json.load(resp)
     assert not body.get("errors"), body
@@ -113,25 +114,44 @@ def test_phoenix_receives_spans_parents_and_sessions(phoenix, tmp_path, monkeypa
 
     expected = read_rows(tmp_path / "parquet")
     assert len(expected) >= 2 * 2 * 2 * 9
-    got = wait_for(lambda: (s := _phoenix_spans(phoenix["base"])) and len(s) >= len(expected) and s,
-                INGEST_S, "phoenix to ingest every span")
+    got = wait_for(
+        lambda: (s := _phoenix_spans(phoenix["base"])) and len(s) >= len(expected) and s,
+        INGEST_S,
+        "phoenix to ingest every span",
+    )
 
     def key(trace_id, span_id, parent, name, session):
         return (trace_id, span_id, parent or "", name, session)
 
-    assert sorted(key(s["context"]["trace_id"], s["context"]["span_id"], s["parent_id"], s["name"],
-                      s["attributes"].get(sc.SESSION_ID)) for s in got) == sorted(
+    assert sorted(
+        key(
+            s["context"]["trace_id"],
+            s["context"]["span_id"],
+            s["parent_id"],
+            s["name"],
+            s["attributes"].get(sc.SESSION_ID),
+        )
+        for s in got
+    ) == sorted(
         key(r["TraceId"], r["SpanId"], r["ParentSpanId"], r["SpanName"], r["SpanAttributes"].get(sc.SESSION_ID))
-        for r in expected)
+        for r in expected
+    )
     decisions = [s for s in got if s["name"] == sc.SPAN_KV_DECISION]
     assert decisions and all(s["attributes"][sc.KV_OUTCOME] in sc.OUTCOMES for s in decisions)
     assert all(isinstance(s["attributes"][sc.KV_PROMPT_TOKENS], int) for s in decisions)
 
-    data = _graphql(phoenix["base"], "{ projects { edges { node { name sessions(first: 100) "
-                    "{ edges { node { sessionId numTraces } } } } } } }")
-    sessions = {e["node"]["sessionId"]: e["node"]["numTraces"]
-                for p in data["projects"]["edges"] for e in p["node"]["sessions"]["edges"]}
+    data = _graphql(
+        phoenix["base"],
+        "{ projects { edges { node { name sessions(first: 100) { edges { node { sessionId numTraces } } } } } } }",
+    )
+    sessions = {
+        e["node"]["sessionId"]: e["node"]["numTraces"]
+        for p in data["projects"]["edges"]
+        for e in p["node"]["sessions"]["edges"]
+    }
     requests = [r for r in expected if r["SpanName"] == sc.SPAN_PROXY_REQUEST]
-    assert sessions == {sid: sum(r["SpanAttributes"][sc.SESSION_ID] == sid for r in requests)
-                        for sid in {r["SpanAttributes"][sc.SESSION_ID] for r in requests}}
+    assert sessions == {
+        sid: sum(r["SpanAttributes"][sc.SESSION_ID] == sid for r in requests)
+        for sid in {r["SpanAttributes"][sc.SESSION_ID] for r in requests}
+    }
     assert set(sessions) == {f"{p}-session-{i}" for p in ("grpc", "http/protobuf") for i in range(2)}

@@ -13,8 +13,17 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace import TraceState, set_span_in_context
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    set_span_in_context,
+)
 from test_collect_workload import read_rows, run_workload, tmp_files
 
 import kvtrace
@@ -23,9 +32,15 @@ from kvtrace.collect import otlp_convert
 from kvtrace.collect.server import Collector
 from kvtrace.store.convert import spans_to_table, table_to_rows
 
-ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                 "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "KVTRACE_OTLP",
-                 "KVTRACE_TRACES_DIR", "OTEL_EXPORTER_OTLP_COMPRESSION")
+ENDPOINT_VARS = (
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "KVTRACE_OTLP",
+    "KVTRACE_TRACES_DIR",
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+)
 
 
 @pytest.fixture
@@ -51,19 +66,33 @@ def _point_sdk_at(monkeypatch, collector: Collector, protocol: str) -> None:
 def _rich_spans(provider: TracerProvider) -> None:
     """Every kind, every attribute type, events, links, error status, trace state, nesting."""
     tracer = provider.get_tracer("kvtrace.test", "9.9")
-    remote = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True,
-                         TraceFlags(1), TraceState([("vendor", "v1")]))
+    remote = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True, TraceFlags(1), TraceState([("vendor", "v1")])
+    )
     # the SDK's OTLP encoder drops a link's trace state, so the linked context carries none
     linked = SpanContext(remote.trace_id, 0x00F067AA0BA902B7, True, TraceFlags(1))
-    attrs = {"s": "text", "i": -7, "big": 2**62, "f": 0.1, "whole": 3.0, "b": True, "no": False,
-             "ss": ("a", "b"), "ii": (1, 2), "ff": (1.5, -0.25), "bb": (True, False)}
-    with tracer.start_as_current_span("root", context=set_span_in_context(NonRecordingSpan(remote)),
-                                      kind=SpanKind.SERVER, attributes=attrs) as root:
+    attrs = {
+        "s": "text",
+        "i": -7,
+        "big": 2**62,
+        "f": 0.1,
+        "whole": 3.0,
+        "b": True,
+        "no": False,
+        "ss": ("a", "b"),
+        "ii": (1, 2),
+        "ff": (1.5, -0.25),
+        "bb": (True, False),
+    }
+    with tracer.start_as_current_span(
+        "root", context=set_span_in_context(NonRecordingSpan(remote)), kind=SpanKind.SERVER, attributes=attrs
+    ) as root:
         root.add_event("ev", {"n": 1, "x": 2.5, "t": "y", "arr": ("p", "q")})
         root.add_event("bare")
         for kind in (SpanKind.CLIENT, SpanKind.PRODUCER, SpanKind.CONSUMER, SpanKind.INTERNAL):
-            with tracer.start_as_current_span(f"child-{kind.name}", kind=kind,
-                                              links=[Link(linked, {"why": "test", "n": 2})]) as child:
+            with tracer.start_as_current_span(
+                f"child-{kind.name}", kind=kind, links=[Link(linked, {"why": "test", "n": 2})]
+            ) as child:
                 child.set_attribute(sc.TURN_INDEX, kind.value)
         with tracer.start_as_current_span("failing") as bad:
             bad.set_status(Status(StatusCode.ERROR, "boom"))
@@ -75,8 +104,13 @@ def _rich_spans(provider: TracerProvider) -> None:
 def test_configure_otlp_round_trip_equals_parquet_exporter(tmp_path, monkeypatch, collector, protocol):
     _point_sdk_at(monkeypatch, collector, protocol)
     direct = tmp_path / "direct"
-    provider = kvtrace.configure("kvtrace-test", traces_dir=direct, otlp=None, handle_sigterm=False,
-                                 resource_attributes={sc.SUBSTRATE: sc.SUBSTRATE_SIM, "n": 3})
+    provider = kvtrace.configure(
+        "kvtrace-test",
+        traces_dir=direct,
+        otlp=None,
+        handle_sigterm=False,
+        resource_attributes={sc.SUBSTRATE: sc.SUBSTRATE_SIM, "n": 3},
+    )
     _rich_spans(provider)
     provider.shutdown()
     assert collector.flush(30)
@@ -142,8 +176,9 @@ def test_http_json_round_trip(collector):
     provider.add_span_processor(SimpleSpanProcessor(memory))
     _rich_spans(provider)
     spans = memory.get_finished_spans()
-    status, headers, body = _post(f"http://127.0.0.1:{collector.http_port}/v1/traces",
-                                  _hex_json(encode_spans(spans)), "application/json")
+    status, headers, body = _post(
+        f"http://127.0.0.1:{collector.http_port}/v1/traces", _hex_json(encode_spans(spans)), "application/json"
+    )
     assert status == 200 and headers["Content-Type"].startswith("application/json")
     assert json.loads(body) == {}
     assert collector.flush(30)
@@ -156,10 +191,14 @@ def test_any_value_every_type():
 
     kv = KeyValueList(values=[KeyValue(key="k", value=AnyValue(int_value=1))])
     cases = [
-        (AnyValue(string_value="s"), "s"), (AnyValue(bool_value=True), True), (AnyValue(int_value=-3), -3),
-        (AnyValue(double_value=0.5), 0.5), (AnyValue(bytes_value=b"\x00\xff"), b"\x00\xff"),
+        (AnyValue(string_value="s"), "s"),
+        (AnyValue(bool_value=True), True),
+        (AnyValue(int_value=-3), -3),
+        (AnyValue(double_value=0.5), 0.5),
+        (AnyValue(bytes_value=b"\x00\xff"), b"\x00\xff"),
         (AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1), AnyValue(string_value="x")])), [1, "x"]),
-        (AnyValue(kvlist_value=kv), {"k": 1}), (AnyValue(), None),
+        (AnyValue(kvlist_value=kv), {"k": 1}),
+        (AnyValue(), None),
     ]
     for value, expected in cases:
         got = otlp_convert.any_value(value)

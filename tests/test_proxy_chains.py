@@ -41,8 +41,14 @@ def _sse(deltas: list[dict], finish: bool = True) -> bytes:
     return out + b"data: [DONE]\n\n"
 
 
-DELTAS = [{"role": "assistant", "content": ""}, {"reasoning": "think \"hard\"\n"}, {"reasoning": "\U0001F600"},
-          {"content": "a\\b "}, {"content": "caf\u00e9 \U0001F989"}, {"content": "</end>"}]
+DELTAS = [
+    {"role": "assistant", "content": ""},
+    {"reasoning": 'think "hard"\n'},
+    {"reasoning": "\U0001f600"},
+    {"content": "a\\b "},
+    {"content": "caf\u00e9 \U0001f989"},
+    {"content": "</end>"},
+]
 
 
 def test_reply_rebuilt_from_any_chunking_equals_the_aggregated_message():
@@ -52,24 +58,39 @@ def test_reply_rebuilt_from_any_chunking_equals_the_aggregated_message():
     want = message_hash(7, agg.body()["choices"][0]["message"])
     for step in (1, 3, 7, len(data)):  # network chunks cut anywhere, even inside an escape
         reply, seen = Reply(), []
-        patcher = StreamPatcher(patch_usage_chunk=False, drop_usage=False, make_kv=None, on_params=lambda p: None,
-                                reply=reply, on_finish=lambda: seen.append(reply.message()))
+        patcher = StreamPatcher(
+            patch_usage_chunk=False,
+            drop_usage=False,
+            make_kv=None,
+            on_params=lambda p: None,
+            reply=reply,
+            on_finish=lambda: seen.append(reply.message()),
+        )
         for i in range(0, len(data), step):
-            patcher.feed(data[i:i + step])
+            patcher.feed(data[i : i + step])
         msg = reply.message()
-        assert msg == {"role": "assistant", "content": "a\\b caf\u00e9 \U0001F989</end>", "reasoning": "think \"hard\"\n\U0001F600"}
+        assert msg == {
+            "role": "assistant",
+            "content": "a\\b caf\u00e9 \U0001f989</end>",
+            "reasoning": 'think "hard"\n\U0001f600',
+        }
         assert seen == [msg] and message_hash(7, msg) == want
 
 
 def test_reply_with_ascii_escapes_and_tool_calls():
-    raw = (b'data: {"choices":[{"index":0,"delta":{"content":"\\u00e9\\ud83e\\udd89"}}]}\n\n'
-           b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function",'
-           b'"function":{"name":"get","arguments":"{\\"content\\": "}}]}}]}\n\n'
-           b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}}]}\n\n')
+    raw = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"\\u00e9\\ud83e\\udd89"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function",'
+        b'"function":{"name":"get","arguments":"{\\"content\\": "}}]}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}}]}\n\n'
+    )
     reply = Reply()
     reply.feed(raw)
-    assert reply.message() == {"role": "assistant", "content": "\u00e9\U0001F989",
-                               "tool_calls": [{"function": {"name": "get", "arguments": '{"content": 1}'}}]}
+    assert reply.message() == {
+        "role": "assistant",
+        "content": "\u00e9\U0001f989",
+        "tool_calls": [{"function": {"name": "get", "arguments": '{"content": 1}'}}],
+    }
     bad = Reply()
     bad.feed(b'data: {"choices":[{"delta":{"tool_calls":[nope]}}]}\n')
     assert bad.message() is None
@@ -114,10 +135,16 @@ def test_bounds_entries_and_bytes_with_counted_evictions():
     for i in range(5):
         t.served(f"s{i}", chain([U(str(i))]), A("x"))
     assert len(t) == 3 and t.evicted_lru == 2 and t.health()["prefix_index"] == 6
-    assert t.check("s0", chain([U("0")]))[0] == sc.CONTINUITY_NEW and t.check("s4", chain([U("4")]))[0] != sc.CONTINUITY_NEW
+    assert (
+        t.check("s0", chain([U("0")]))[0] == sc.CONTINUITY_NEW
+        and t.check("s4", chain([U("4")]))[0] != sc.CONTINUITY_NEW
+    )
     t.check("s2", chain([U("2")]))  # touched: s3 is now the least recently used
     t.served("s5", chain([U("5")]), A("x"))
-    assert t.check("s3", chain([U("3")]))[0] == sc.CONTINUITY_NEW and t.check("s2", chain([U("2")]))[0] != sc.CONTINUITY_NEW
+    assert (
+        t.check("s3", chain([U("3")]))[0] == sc.CONTINUITY_NEW
+        and t.check("s2", chain([U("2")]))[0] != sc.CONTINUITY_NEW
+    )
     small = PrefixTable(max_bytes=2000)
     long = chain([U(str(i)) for i in range(100)])  # 800 B of hashes alone
     small.served("a", long, A("x"))
@@ -187,8 +214,10 @@ def test_table_stays_within_bounds_under_100k_sessions_rss_measured():
     # unbounded by bytes: 100k sessions kept, and the accounted bytes cover what RSS shows
     assert r["full_len"] == 100_000 and r["full_index"] == 200_000
     assert r["full"] <= r["full_bytes"] * 1.25 + 6 * mib, r
-    print(f"RSS: bounded {r['bounded'] / mib:.1f} MiB for {r['bounded_len']} kept of 100k "
-          f"(bound 4 MiB); full {r['full'] / mib:.1f} MiB, accounted {r['full_bytes'] / mib:.1f} MiB")
+    print(
+        f"RSS: bounded {r['bounded'] / mib:.1f} MiB for {r['bounded_len']} kept of 100k "
+        f"(bound 4 MiB); full {r['full'] / mib:.1f} MiB, accounted {r['full_bytes'] / mib:.1f} MiB"
+    )
 
 
 def test_new_session_ids_are_prefixed_and_distinct():

@@ -41,8 +41,12 @@ def _requests():
     return [
         ("ok", CHAT, {**chat, "conversation_id": "c1"}, rid()),
         ("ok", CHAT, {**chat, "conversation_id": "c1"}, rid()),
-        ("ok", CHAT, {**chat, "stream": False, "conversation_id": "c2"},
-         {**rid(), "traceparent": TRACEPARENT, "baggage": f"{sc.BAGGAGE_SESSION_ID}=s-9"}),
+        (
+            "ok",
+            CHAT,
+            {**chat, "stream": False, "conversation_id": "c2"},
+            {**rid(), "traceparent": TRACEPARENT, "baggage": f"{sc.BAGGAGE_SESSION_ID}=s-9"},
+        ),
         ("ok", "/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 3, "stream": True}, rid()),
         ("p_down", CHAT, {**chat, "conversation_id": "c3"}, rid()),
         ("p_down_fallback", CHAT, {**chat, "conversation_id": "c4"}, rid()),
@@ -53,17 +57,22 @@ def _requests():
 async def _workers() -> dict:
     p, p_bad = await FakeWorker("p0").start(), await FakeWorker("p1", status=503).start()
     d, d_dying = await FakeWorker("d0").start(), await FakeWorker("d1", die_after=1).start()
-    return {"ok": (p, d, {}), "p_down": (p_bad, d, {}),
-            "p_down_fallback": (p_bad, d, {"prefill_failure": PREFILL_FAILURE_DECODE_ONLY}),
-            "d_dies": (p, d_dying, {}), "_all": (p, p_bad, d, d_dying)}
+    return {
+        "ok": (p, d, {}),
+        "p_down": (p_bad, d, {}),
+        "p_down_fallback": (p_bad, d, {"prefill_failure": PREFILL_FAILURE_DECODE_ONLY}),
+        "d_dies": (p, d_dying, {}),
+        "_all": (p, p_bad, d, d_dying),
+    }
 
 
 async def _run(workers: dict, traces, monkeypatch, fast: bool) -> tuple[list[ReadableSpan], list[dict], list]:
     """The requests through proxies whose spans go, via BatchSpanProcessor, to memory and Parquet."""
     monkeypatch.setenv("KVTRACE_PROXY_FASTSPANS", "1" if fast else "0")
     memory = InMemorySpanExporter()
-    provider = telemetry.configure("kvtrace-proxy", traces_dir=traces, otlp=False, exporters=[memory],
-                                   handle_sigterm=False, writer_process=False)
+    provider = telemetry.configure(
+        "kvtrace-proxy", traces_dir=traces, otlp=False, exporters=[memory], handle_sigterm=False, writer_process=False
+    )
     proxies = {}
     statuses = []
     try:
@@ -102,21 +111,38 @@ def _spans(spans: list[ReadableSpan]) -> list[dict]:
     for s in spans:
         parent = s.parent
         resource = {k: v for k, v in s.resource.attributes.items() if k != sc.SERVICE_INSTANCE_ID}
-        out.append({
-            "name": s.name, "kind": s.kind, "attributes": _mask(s.attributes),
-            "events": [(e.name, _mask(e.attributes)) for e in s.events],
-            "status": (s.status.status_code, s.status.description), "links": list(s.links),
-            "parent": None if parent is None else index.get(parent.span_id, (parent.span_id, parent.is_remote)),
-            "trace": s.context.trace_id if s.context.trace_id == REMOTE_TRACE
-            else traces.setdefault(s.context.trace_id, len(traces)),
-            "flags": s.context.trace_flags, "resource": resource, "scope": s.instrumentation_scope,
-            "timed": s.start_time <= s.end_time and all(s.start_time <= e.timestamp <= s.end_time for e in s.events),
-        })
+        out.append(
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "attributes": _mask(s.attributes),
+                "events": [(e.name, _mask(e.attributes)) for e in s.events],
+                "status": (s.status.status_code, s.status.description),
+                "links": list(s.links),
+                "parent": None if parent is None else index.get(parent.span_id, (parent.span_id, parent.is_remote)),
+                "trace": s.context.trace_id
+                if s.context.trace_id == REMOTE_TRACE
+                else traces.setdefault(s.context.trace_id, len(traces)),
+                "flags": s.context.trace_flags,
+                "resource": resource,
+                "scope": s.instrumentation_scope,
+                "timed": s.start_time <= s.end_time
+                and all(s.start_time <= e.timestamp <= s.end_time for e in s.events),
+            }
+        )
     return out
 
 
-VOLATILE_COLUMNS = {"TraceId", "SpanId", "ParentSpanId", "Timestamp", "Duration", "Events.Timestamp",
-                    "Links.TraceId", "Links.SpanId"}
+VOLATILE_COLUMNS = {
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "Timestamp",
+    "Duration",
+    "Events.Timestamp",
+    "Links.TraceId",
+    "Links.SpanId",
+}
 
 
 def _row_view(rows: list[dict], spans: list[ReadableSpan]) -> list[dict]:

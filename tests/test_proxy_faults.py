@@ -8,11 +8,10 @@ import json
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
+from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 from kvtrace import semconv as sc
 from kvtrace.testing.proxy import BODY, CHAT, sse
-
-from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 
 def _no_latency(attrs) -> dict:
@@ -227,8 +226,18 @@ async def test_client_disconnect_cancels_upstream(rig_factory):
         (b"[" * 3000, 400, "invalid_json"),
         (json.dumps({**BODY, "pad": "x" * 5000}).encode(), 413, "body_too_large"),
     ],
-    ids=["bad-json", "not-object", "messages-str", "max-tokens-str", "max-tokens-bool", "conv-id-int",
-         "stream-str", "not-utf8", "too-deep", "too-large"],
+    ids=[
+        "bad-json",
+        "not-object",
+        "messages-str",
+        "max-tokens-str",
+        "max-tokens-bool",
+        "conv-id-int",
+        "stream-str",
+        "not-utf8",
+        "too-deep",
+        "too-large",
+    ],
 )
 async def test_bad_input_is_4xx_json(rig_factory, raw, status, code):
     rig = await rig_factory(max_body_bytes=4096)

@@ -26,23 +26,41 @@ from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.parse import CHAT_PATH, RequestError, parse_request
 from kvtrace.testing.proxy import http_head, raw_request, sse
 
-_text = st.text(max_size=8) | st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010,
-                                                   exclude_categories=()), max_size=4)
+_text = st.text(max_size=8) | st.text(
+    st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010, exclude_categories=()), max_size=4
+)
 _values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | _text,
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | _text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
     max_leaves=8,
 )
-_keys = st.sampled_from(["model", "messages", "prompt", "stream", "stream_options", "max_tokens", "n",
-                         "max_completion_tokens", "min_tokens", sc.BODY_CONVERSATION_ID, "kv_transfer_params"])
-_ids = st.text(min_size=250, max_size=262) | st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x4E10),
-                                                      min_size=80, max_size=90)
+_keys = st.sampled_from(
+    [
+        "model",
+        "messages",
+        "prompt",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "n",
+        "max_completion_tokens",
+        "min_tokens",
+        sc.BODY_CONVERSATION_ID,
+        "kv_transfer_params",
+    ]
+)
+_ids = st.text(min_size=250, max_size=262) | st.text(
+    st.characters(min_codepoint=0x4E00, max_codepoint=0x4E10), min_size=80, max_size=90
+)
 _bodies = st.one_of(
     st.binary(max_size=64),
     st.dictionaries(_keys, _values, max_size=6).map(lambda d: json.dumps(d).encode()),
     _values.map(lambda v: json.dumps(v).encode()),
-    st.tuples(_ids, _text).map(lambda t: json.dumps({"model": t[1], "messages": [{"role": "user", "content": t[1]}],
-                                                     sc.BODY_CONVERSATION_ID: t[0]}).encode()),
+    st.tuples(_ids, _text).map(
+        lambda t: json.dumps(
+            {"model": t[1], "messages": [{"role": "user", "content": t[1]}], sc.BODY_CONVERSATION_ID: t[0]}
+        ).encode()
+    ),
 )
 VALID = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
 
@@ -58,8 +76,11 @@ CLIENT_CORPUS = {
     "surrogate-model": (_body(model="m\udfff"), "", _U),
     "surrogate-content": (_body(messages=[{"role": "user", "content": "\ud83d"}]), "", _U),
     "surrogate-raw-bytes": (b'{"model":"m","messages":[{"role":"user","content":"\xed\xa0\x80"}]}', "", _U),
-    "surrogate-utf16-body": ('{"model":"m","messages":[{"role":"user","content":"\ud800"}]}'.encode(
-        "utf-16", "surrogatepass"), "", _U),
+    "surrogate-utf16-body": (
+        '{"model":"m","messages":[{"role":"user","content":"\ud800"}]}'.encode("utf-16", "surrogatepass"),
+        "",
+        _U,
+    ),
     "long-conversation-id": (_body(conversation_id="c" * 5000), "", _L),
     "long-multibyte-id": (_body(conversation_id="\u4e00" * 100), "", _L),  # 100 chars, 300 bytes
     "long-session-header": (_body(), f"{sc.HEADER_SESSION_ID}: {'s' * 300}\r\n", _L),
@@ -100,14 +121,19 @@ class _Live:
         from kvtrace.testing.proxy import FakeWorker
 
         p, d = await FakeWorker("p0").start(), await FakeWorker("d0").start()
-        config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)],
-                             max_body_bytes=1 << 20, request_timeout_s=10)
+        config = ProxyConfig(
+            prefill=[Worker("127.0.0.1", p.port)],
+            decode=[Worker("127.0.0.1", d.port)],
+            max_body_bytes=1 << 20,
+            request_timeout_s=10,
+        )
         return p, d, await start(config, None, port=0), aiohttp.ClientSession()
 
     def post(self, raw: bytes, headers=None):
         async def go():
             async with self.http.post(self.proxy.url + CHAT_PATH, data=raw, headers=headers or {}) as r:
                 return r.status, await r.read()
+
         return self.run(go())
 
     def raw(self, body: bytes, extra: str = ""):
@@ -164,20 +190,35 @@ def _chunk(choices=None, **extra) -> dict:
     return {"id": "x", "object": "chat.completion.chunk", "model": "m", "choices": choices or [], **extra}
 
 
-_token = st.builds(lambda t: _chunk([{"index": 0, "delta": {"content": t}, "finish_reason": None}]), st.text(max_size=6))
-_finish = st.builds(lambda p: _chunk([{"index": 0, "delta": {}, "finish_reason": "length"}], kv_transfer_params=p),
-                    st.none() | st.just({"do_remote_decode": True, "remote_block_ids": [[1, 2]]}))
+_token = st.builds(
+    lambda t: _chunk([{"index": 0, "delta": {"content": t}, "finish_reason": None}]), st.text(max_size=6)
+)
+_finish = st.builds(
+    lambda p: _chunk([{"index": 0, "delta": {}, "finish_reason": "length"}], kv_transfer_params=p),
+    st.none() | st.just({"do_remote_decode": True, "remote_block_ids": [[1, 2]]}),
+)
 _usage = st.just(_chunk(usage={"prompt_tokens": 3, "completion_tokens": 2}))
-_garbage = st.dictionaries(st.sampled_from(["choices", "finish_reason", "usage", "error", "kv_transfer_params",
-                                            "delta", "index"]), _values, min_size=1, max_size=4)
+_garbage = st.dictionaries(
+    st.sampled_from(["choices", "finish_reason", "usage", "error", "kv_transfer_params", "delta", "index"]),
+    _values,
+    min_size=1,
+    max_size=4,
+)
 _line = st.one_of(
     _token.map(lambda o: b"data: " + json.dumps(o).encode() + b"\n\n"),
     _finish.map(lambda o: b"data: " + json.dumps(o).encode() + b"\n\n"),
     _usage.map(lambda o: b"data: " + json.dumps(o).encode() + b"\n\n"),
     _garbage.map(lambda o: b"data: " + json.dumps(o).encode() + b"\n\n"),
     st.binary(max_size=24),
-    st.sampled_from([b": keep-alive\n\n", b"data: [1,2]\n\n", b"data: {\"usage\": nope}\n\n", b"\n",
-                     b"data: {\"choices\":[{\"finish_reason\":\"stop\",\"delta\":[1]}]}\n\n"]),
+    st.sampled_from(
+        [
+            b": keep-alive\n\n",
+            b"data: [1,2]\n\n",
+            b'data: {"usage": nope}\n\n',
+            b"\n",
+            b'data: {"choices":[{"finish_reason":"stop","delta":[1]}]}\n\n',
+        ]
+    ),
 )
 _streams = st.tuples(st.lists(_line, max_size=6), st.booleans())
 

@@ -16,12 +16,11 @@ import tracemalloc
 
 import pytest
 from opentelemetry.trace import StatusCode
+from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 from kvtrace import semconv as sc
 from kvtrace.proxy.table import ConversationTable
 from kvtrace.testing.proxy import BODY, CHAT, http_head, raw_request, sse, wait_for
-
-from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,11 +79,11 @@ async def test_unpaired_surrogate_in_body_is_400(rig_factory, body):
 
 async def test_paired_surrogate_escape_is_a_valid_character(rig_factory):
     rig = await rig_factory()
-    raw = json.dumps(_conv("emoji \U0001F600")).encode()  # a \\ud83d\\ude00 pair
+    raw = json.dumps(_conv("emoji \U0001f600")).encode()  # a \\ud83d\\ude00 pair
     status, _, _ = await rig.post(raw=raw)
     assert status == 200
     span = await rig.server_span()
-    assert span.attributes[sc.SESSION_ID] == "emoji \U0001F600"
+    assert span.attributes[sc.SESSION_ID] == "emoji \U0001f600"
 
 
 @pytest.mark.parametrize("header", [sc.HEADER_SESSION_ID, sc.HEADER_REQUEST_ID])
@@ -160,9 +159,19 @@ async def test_garbage_mid_stream_curl_exits_0(rig_factory):
     """The issue's report: curl exited 56 (a broken chunked body) on D's garbage mid-stream."""
     rig = await rig_factory(d_kwargs={"script": [_first_token(), GARBAGE["choices-not-a-list"]]})
     proc = await asyncio.create_subprocess_exec(
-        "curl", "-sS", "-N", "--max-time", "10", "-H", "Content-Type: application/json",
-        "--data-binary", json.dumps(BODY), rig.proxy.url + CHAT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "curl",
+        "-sS",
+        "-N",
+        "--max-time",
+        "10",
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        json.dumps(BODY),
+        rig.proxy.url + CHAT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     assert proc.returncode == 0, err
     events = sse(out)

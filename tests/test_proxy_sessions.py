@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import openai
 import pytest
+from test_proxy_sim import MAX_TOKENS, make_stack  # noqa: F401  (the proxy + zero-cost simulator fixture)
 
 from kvtrace import semconv as sc
-from test_proxy_sim import MAX_TOKENS, make_stack  # noqa: F401  (the proxy + zero-cost simulator fixture)
 
 SYSTEM = {"role": "system", "content": "you are a careful travel agent"}
 THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
@@ -23,8 +23,9 @@ async def _ask(client, messages, stream=True, **extra) -> tuple[str, str]:
         r = await client.chat.completions.create(model="m", messages=messages, max_tokens=MAX_TOKENS, **extra)
         msg = r.choices[0].message
         return msg.content or "", getattr(msg, "reasoning", None) or ""
-    stream = await client.chat.completions.create(model="m", messages=messages, max_tokens=MAX_TOKENS, stream=True,
-                                                  **extra)
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, max_tokens=MAX_TOKENS, stream=True, **extra
+    )
     content, reasoning = [], []
     async for chunk in stream:
         for choice in chunk.choices:
@@ -61,9 +62,11 @@ async def test_openai_client_without_any_id_pulls_via_prefix_matching(make_stack
     (session,) = {a[0] for a in _attrs(no_id, sc.SESSION_ID)}
     assert session.startswith(sc.PREFIX_SESSION_PREFIX)
     assert _attrs(no_id, sc.SESSION_SOURCE, sc.TURN_INDEX, sc.SESSION_CONTINUITY, sc.PROXY_OFFER_REASON) == [
-        (sc.SOURCE_PREFIX, t, c, sc.OFFER_OFFERED if t else sc.OFFER_NO_ENTRY) for t, c in enumerate(continuity)]
+        (sc.SOURCE_PREFIX, t, c, sc.OFFER_OFFERED if t else sc.OFFER_NO_ENTRY) for t, c in enumerate(continuity)
+    ]
     assert _attrs(with_id, sc.SESSION_ID, sc.SESSION_SOURCE, sc.TURN_INDEX, sc.SESSION_CONTINUITY) == [
-        ("v1", sc.SOURCE_CONVERSATION_ID, t, c) for t, c in enumerate(continuity)]
+        ("v1", sc.SOURCE_CONVERSATION_ID, t, c) for t, c in enumerate(continuity)
+    ]
     pulled = [s.attributes[sc.KV_PULLED_TOKENS] for s in no_id[1:]]
     assert all(p >= 64 for p in pulled) and pulled == [s.attributes[sc.KV_PULLED_TOKENS] for s in with_id[1:]]
     health = stack.proxy.proxy.health_body()
@@ -96,20 +99,28 @@ async def test_stripped_reasoning_diverges_at_that_assistant_message(make_stack,
         reply = {"role": "assistant", "content": content, **({"reasoning": reasoning} if keep else {})}
         messages += [reply, {"role": "user", "content": f"and turn {i + 1}?"}]
     servers = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 3)
-    decisions = {d.attributes[sc.GEN_AI_REQUEST_ID]: d.attributes for d in stack.spans(sc.SPAN_KV_DECISION)
-                 if d.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P}
+    decisions = {
+        d.attributes[sc.GEN_AI_REQUEST_ID]: d.attributes
+        for d in stack.spans(sc.SPAN_KV_DECISION)
+        if d.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P
+    }
     prompts = [decisions[s.attributes[sc.GEN_AI_REQUEST_ID]][sc.KV_PROMPT_TOKENS] for s in servers]
     held = [p + MAX_TOKENS - 1 for p in prompts]  # what D computed (and keeps) for each turn
     got = _attrs(servers, sc.SESSION_CONTINUITY, sc.SESSION_DIVERGED_AT, sc.PROXY_OFFER_REASON, sc.KV_OUTCOME)
     if keep:
-        assert got == [(sc.CONTINUITY_NEW, None, sc.OFFER_NO_ENTRY, sc.OUTCOME_NO_REMOTE)] + [
-            (sc.CONTINUITY_EXTENDS, None, sc.OFFER_OFFERED, sc.OUTCOME_PULLED)] * 2
+        assert (
+            got
+            == [(sc.CONTINUITY_NEW, None, sc.OFFER_NO_ENTRY, sc.OUTCOME_NO_REMOTE)]
+            + [(sc.CONTINUITY_EXTENDS, None, sc.OFFER_OFFERED, sc.OUTCOME_PULLED)] * 2
+        )
         assert all(sc.SESSION_REUSABLE_TOKENS_LOST not in s.attributes for s in servers)
         return
     # the assistant message of the previous turn lost its reasoning: index 2, then 4
-    assert got == [(sc.CONTINUITY_NEW, None, sc.OFFER_NO_ENTRY, sc.OUTCOME_NO_REMOTE),
-                   (sc.CONTINUITY_DIVERGED, 2, sc.OFFER_DIVERGED, sc.OUTCOME_NO_REMOTE),
-                   (sc.CONTINUITY_DIVERGED, 4, sc.OFFER_DIVERGED, sc.OUTCOME_NO_REMOTE)]
+    assert got == [
+        (sc.CONTINUITY_NEW, None, sc.OFFER_NO_ENTRY, sc.OUTCOME_NO_REMOTE),
+        (sc.CONTINUITY_DIVERGED, 2, sc.OFFER_DIVERGED, sc.OUTCOME_NO_REMOTE),
+        (sc.CONTINUITY_DIVERGED, 4, sc.OFFER_DIVERGED, sc.OUTCOME_NO_REMOTE),
+    ]
     for turn, server in enumerate(servers[1:], 1):
         d = decisions[server.attributes[sc.GEN_AI_REQUEST_ID]]
         lost = max(0, min(held[turn - 1], d[sc.KV_PROMPT_TOKENS]) - d[sc.KV_LOCAL_HIT_TOKENS])
@@ -129,7 +140,8 @@ async def test_id_less_client_that_strips_reasoning_is_still_found(make_stack):
     first, second = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 2)
     assert first.attributes[sc.SESSION_ID] == second.attributes[sc.SESSION_ID]
     assert _attrs([second], sc.SESSION_SOURCE, sc.TURN_INDEX, sc.SESSION_CONTINUITY, sc.SESSION_DIVERGED_AT) == [
-        (sc.SOURCE_PREFIX, 1, sc.CONTINUITY_DIVERGED, 2)]
+        (sc.SOURCE_PREFIX, 1, sc.CONTINUITY_DIVERGED, 2)
+    ]
 
 
 async def test_retry_of_the_last_request_extends_and_a_truncated_history_diverges(make_stack):
@@ -143,5 +155,8 @@ async def test_retry_of_the_last_request_extends_and_a_truncated_history_diverge
     await _ask(client, messages, extra_body={sc.BODY_CONVERSATION_ID: "c"})  # history cut back to turn 0
     servers = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 4)
     assert _attrs(servers, sc.SESSION_CONTINUITY, sc.SESSION_DIVERGED_AT) == [
-        (sc.CONTINUITY_NEW, None), (sc.CONTINUITY_EXTENDS, None), (sc.CONTINUITY_EXTENDS, None),
-        (sc.CONTINUITY_DIVERGED, 2)]
+        (sc.CONTINUITY_NEW, None),
+        (sc.CONTINUITY_EXTENDS, None),
+        (sc.CONTINUITY_EXTENDS, None),
+        (sc.CONTINUITY_DIVERGED, 2),
+    ]

@@ -41,11 +41,13 @@ async def make_stack(tracer_provider, span_exporter):
 
     async def make(n_prefill=1, n_decode=1, kv_config=None, **cfg):
         clock = Clock()
-        cluster = SimCluster(n_prefill, n_decode, cost=False, tracer_provider=tracer_provider, clock=clock,
-                             kv_config=kv_config)
+        cluster = SimCluster(
+            n_prefill, n_decode, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv_config
+        )
         await cluster.__aenter__()
-        config = ProxyConfig(prefill=[_worker(u) for u in cluster.prefill_urls],
-                             decode=[_worker(u) for u in cluster.decode_urls], **cfg)
+        config = ProxyConfig(
+            prefill=[_worker(u) for u in cluster.prefill_urls], decode=[_worker(u) for u in cluster.decode_urls], **cfg
+        )
         proxy = await start(config, tracer_provider, clock=clock, port=0)
         http = aiohttp.ClientSession()
         made.append((cluster, proxy, http))
@@ -206,7 +208,10 @@ async def test_paused_past_proxy_ttl_is_not_offered(make_stack):
     _, chunks, _ = await stack.chat(messages)
     kv = chunks[-1][sc.RESPONSE_KV_TRANSFER]
     assert (kv[sc.KVT_OFFERED], kv[sc.KVT_OFFER_REASON], kv[sc.KVT_DECISION]) == (
-        False, sc.OFFER_ENTRY_TOO_OLD, sc.OUTCOME_NO_REMOTE)
+        False,
+        sc.OFFER_ENTRY_TOO_OLD,
+        sc.OUTCOME_NO_REMOTE,
+    )
     server = (await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 2))[1]
     assert server.attributes[sc.PROXY_OFFER_REASON] == sc.OFFER_ENTRY_TOO_OLD
     assert server.attributes[sc.PROXY_ENTRY_AGE_S] == 500.0
@@ -223,9 +228,14 @@ async def test_paused_past_decoder_ttl_shows_expired(make_stack):
     _, chunks, _ = await stack.chat(messages)
     kv = chunks[-1][sc.RESPONSE_KV_TRANSFER]
     assert (kv[sc.KVT_OFFERED], kv[sc.KVT_OFFER_REASON], kv[sc.KVT_DECISION]) == (
-        True, sc.OFFER_OFFERED, sc.OUTCOME_EXPIRED)
-    assert kv[sc.KVT_PULLED_TOKENS] == 0 and kv[sc.KVT_RECOMPUTED_TOKENS] == kv[sc.KVT_PROMPT_TOKENS] - kv[
-        sc.KVT_LOCAL_HIT_TOKENS]
+        True,
+        sc.OFFER_OFFERED,
+        sc.OUTCOME_EXPIRED,
+    )
+    assert (
+        kv[sc.KVT_PULLED_TOKENS] == 0
+        and kv[sc.KVT_RECOMPUTED_TOKENS] == kv[sc.KVT_PROMPT_TOKENS] - kv[sc.KVT_LOCAL_HIT_TOKENS]
+    )
     (transfer,) = [t for t in stack.spans(sc.SPAN_KV_TRANSFER) if t.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P]
     assert transfer.attributes[sc.KV_TRANSFER_STATUS] == sc.TRANSFER_EXPIRED
     server = (await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 2))[1]
@@ -274,14 +284,23 @@ async def test_session_from_header_and_baggage(make_stack):
     assert (kv[sc.KVT_TURN], kv[sc.KVT_OFFER_REASON]) == (0, sc.OFFER_NO_ENTRY)
     servers = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 5)
     assert [s.attributes[sc.SESSION_SOURCE] for s in servers] == [
-        sc.SOURCE_HEADER, sc.SOURCE_BAGGAGE, sc.SOURCE_PROMPT_CACHE_KEY, sc.SOURCE_HEADER, sc.SOURCE_PREFIX]
+        sc.SOURCE_HEADER,
+        sc.SOURCE_BAGGAGE,
+        sc.SOURCE_PROMPT_CACHE_KEY,
+        sc.SOURCE_HEADER,
+        sc.SOURCE_PREFIX,
+    ]
 
 
 async def test_without_prefix_matching_an_id_less_request_has_no_session(make_stack):
     stack = await make_stack(prefix_match=False)
     _, chunks, _ = await stack.chat([{"role": "user", "content": "hi"}], conv=None)
     kv = chunks[-1][sc.RESPONSE_KV_TRANSFER]
-    assert (kv[sc.KVT_SESSION_ID], kv[sc.KVT_TURN], kv[sc.KVT_OFFER_REASON]) == (None, None, sc.OFFER_NO_CONVERSATION_ID)
+    assert (kv[sc.KVT_SESSION_ID], kv[sc.KVT_TURN], kv[sc.KVT_OFFER_REASON]) == (
+        None,
+        None,
+        sc.OFFER_NO_CONVERSATION_ID,
+    )
     (server,) = await stack.wait_spans(sc.SPAN_PROXY_REQUEST, 1)
     assert server.attributes[sc.SESSION_SOURCE] == sc.SOURCE_NONE
     assert sc.SESSION_CONTINUITY not in server.attributes
@@ -340,8 +359,13 @@ async def test_openai_client_parses_every_chunk(make_stack, include_usage):
         for turn in range(2):
             extra = {"stream_options": {"include_usage": True}} if include_usage else {}
             stream = await client.chat.completions.create(
-                model="m", messages=messages, max_tokens=MAX_TOKENS, stream=True,
-                extra_body={sc.BODY_CONVERSATION_ID: "oa"}, **extra)
+                model="m",
+                messages=messages,
+                max_tokens=MAX_TOKENS,
+                stream=True,
+                extra_body={sc.BODY_CONVERSATION_ID: "oa"},
+                **extra,
+            )
             chunks = [c async for c in stream]
             assert all(isinstance(c, openai.types.chat.ChatCompletionChunk) for c in chunks)
             last = chunks[-1]
@@ -356,8 +380,9 @@ async def test_openai_client_parses_every_chunk(make_stack, include_usage):
             assert kv[sc.KVT_DECISION] == (sc.OUTCOME_PULLED if turn else sc.OUTCOME_NO_REMOTE)
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "another"}]
-        resp = await client.chat.completions.create(model="m", messages=messages, max_tokens=4,
-                                                    extra_body={sc.BODY_CONVERSATION_ID: "oa"})
+        resp = await client.chat.completions.create(
+            model="m", messages=messages, max_tokens=4, extra_body={sc.BODY_CONVERSATION_ID: "oa"}
+        )
         assert resp.model_extra[sc.RESPONSE_KV_TRANSFER][sc.KVT_TURN] == 2
     finally:
         await client.close()
@@ -379,17 +404,28 @@ async def test_expired_offer_is_retried_and_answered(tracer_provider, span_expor
     from kvtrace.bench import bench
 
     clock = SleepClock()
-    kv = {"kv_load_failure_policy": "fail",
-          "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 15}}
+    kv = {
+        "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 15},
+    }
     caplog.set_level("WARNING", logger="kvtrace.proxy.retention")
     async with SimCluster(1, 1, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv) as cluster:
-        config = ProxyConfig(prefill=[_worker(u) for u in cluster.prefill_urls],
-                             decode=[_worker(u) for u in cluster.decode_urls])
+        config = ProxyConfig(
+            prefill=[_worker(u) for u in cluster.prefill_urls], decode=[_worker(u) for u in cluster.decode_urls]
+        )
         running = await start(config, tracer_provider, clock=clock, port=0)
         try:
-            result = await bench.arun_bench(running.url, scenario="pause-resume", tracer_provider=tracer_provider,
-                                            sleep=clock.sleep, seed=7, nonce="t", sessions=3, time_scale=0.02,
-                                            max_active_conversations=1)
+            result = await bench.arun_bench(
+                running.url,
+                scenario="pause-resume",
+                tracer_provider=tracer_provider,
+                sleep=clock.sleep,
+                seed=7,
+                nonce="t",
+                sessions=3,
+                time_scale=0.02,
+                max_active_conversations=1,
+            )
         finally:
             await running.close()
     assert [s.error for s in result.sessions] == [None] * 3
@@ -405,14 +441,23 @@ async def test_expired_offer_is_retried_and_answered(tracer_provider, span_expor
     for server in resumed:
         a = server.attributes
         assert (a[sc.HTTP_RESPONSE_STATUS_CODE], a[sc.KV_OUTCOME], a[sc.PROXY_PREFILL_ATTEMPTS]) == (
-            200, sc.OUTCOME_EXPIRED, 2)
+            200,
+            sc.OUTCOME_EXPIRED,
+            2,
+        )
         assert (a[sc.PROXY_CONVERSATION_TTL_S], a[sc.PROXY_DECODER_KV_TTL_S], a[sc.PROXY_OFFER]) == (450.0, 15.0, True)
         assert sc.ERROR_TYPE not in a and a[sc.PROXY_ENTRY_AGE_S] >= 12
         first, retry = [s for s in _children(spans, server) if s.name == sc.SPAN_PROXY_PREFILL]
-        assert (first.attributes[sc.PROXY_OFFER], first.attributes[sc.HTTP_RESPONSE_STATUS_CODE],
-                first.attributes[sc.ERROR_TYPE]) == (True, 500, "500")
-        assert (retry.attributes[sc.PROXY_OFFER], retry.attributes[sc.PROXY_RETRY],
-                retry.attributes[sc.HTTP_RESPONSE_STATUS_CODE]) == (False, True, 200)
+        assert (
+            first.attributes[sc.PROXY_OFFER],
+            first.attributes[sc.HTTP_RESPONSE_STATUS_CODE],
+            first.attributes[sc.ERROR_TYPE],
+        ) == (True, 500, "500")
+        assert (
+            retry.attributes[sc.PROXY_OFFER],
+            retry.attributes[sc.PROXY_RETRY],
+            retry.attributes[sc.HTTP_RESPONSE_STATUS_CODE],
+        ) == (False, True, 200)
         assert sc.ERROR_TYPE not in retry.attributes
         # P saw the expired offer (its decision span says so), then prefilled without it
         failed = _one(spans, _one(spans, first, sc.SPAN_ENGINE_PREFILL), sc.SPAN_KV_DECISION)

@@ -91,12 +91,21 @@ def _chunk(finish=None, kvp=None, usage=None, choices=True):
 @pytest.mark.parametrize("split", [1, 7, 1000])
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_patcher_passes_bytes_through_and_patches_final(split, include_usage):
-    body = _chunk() + _chunk() + _chunk("stop", {"do_remote_decode": True}) + _chunk(
-        usage={"prompt_tokens": 3}, choices=False) + b"data: [DONE]\n\n"
+    body = (
+        _chunk()
+        + _chunk()
+        + _chunk("stop", {"do_remote_decode": True})
+        + _chunk(usage={"prompt_tokens": 3}, choices=False)
+        + b"data: [DONE]\n\n"
+    )
     seen = []
-    p = StreamPatcher(patch_usage_chunk=include_usage, drop_usage=not include_usage,
-                      make_kv=lambda: {"k": len(seen)}, on_params=seen.append)
-    out = b"".join(p.feed(body[i:i + split]) for i in range(0, len(body), split)) + p.flush()
+    p = StreamPatcher(
+        patch_usage_chunk=include_usage,
+        drop_usage=not include_usage,
+        make_kv=lambda: {"k": len(seen)},
+        on_params=seen.append,
+    )
+    out = b"".join(p.feed(body[i : i + split]) for i in range(0, len(body), split)) + p.flush()
     events = [json.loads(e[6:]) for e in out.decode().split("\n\n") if e.startswith("data: {")]
     assert out.startswith(_chunk() + _chunk())  # untouched bytes
     assert seen == [{"do_remote_decode": True}] and p.usage == {"prompt_tokens": 3} and p.done
@@ -114,17 +123,43 @@ def test_metadata_from_raw_params_and_usage():
     offered = {"remote_num_tokens": 300, "remote_engine_id": "d7"}
     p_usage = {"prompt_tokens": 400, "prompt_tokens_details": {"cached_tokens": 256}}
     d_params = {"do_remote_decode": True, "remote_block_ids": [[1, 2, 3, 4]]}
-    common = dict(trace_id="t", request_id="r", session_id="s", turn=1, offered_params=offered, p_params={},
-                  p_usage=p_usage, prefill_answered=True, d_params=d_params, fallback=sc.FALLBACK_NONE, ttft_ms=1.5)
+    common = dict(
+        trace_id="t",
+        request_id="r",
+        session_id="s",
+        turn=1,
+        offered_params=offered,
+        p_params={},
+        p_usage=p_usage,
+        prefill_answered=True,
+        d_params=d_params,
+        fallback=sc.FALLBACK_NONE,
+        ttft_ms=1.5,
+    )
     kv = metadata.build(offered=True, offer_reason=sc.OFFER_OFFERED, **common)
     assert kv == {
-        sc.KVT_TRACE_ID: "t", sc.KVT_REQUEST_ID: "r", sc.KVT_SESSION_ID: "s", sc.KVT_TURN: 1,
-        sc.KVT_OFFERED: True, sc.KVT_OFFER_REASON: sc.OFFER_OFFERED, sc.KVT_DECISION: None,
-        sc.KVT_PROMPT_TOKENS: 400, sc.KVT_LOCAL_HIT_TOKENS: None, sc.KVT_REMOTE_TOKENS: 300,
-        sc.KVT_PULLED_TOKENS: None, sc.KVT_RECOMPUTED_TOKENS: 144, sc.KVT_BYTES: None, sc.KVT_TRANSFER_MS: None,
-        sc.KVT_PEER_ENGINE_ID: "d7", sc.KVT_RETAINED_BLOCKS: 4, sc.KVT_RETAINED_BYTES: None,
-        sc.KVT_RETAINED_TTL_S: None, sc.KVT_PREFILL: None, sc.KVT_DECODE: None,
-        sc.KVT_FALLBACK: sc.FALLBACK_NONE, sc.KVT_TTFT_MS: 1.5,
+        sc.KVT_TRACE_ID: "t",
+        sc.KVT_REQUEST_ID: "r",
+        sc.KVT_SESSION_ID: "s",
+        sc.KVT_TURN: 1,
+        sc.KVT_OFFERED: True,
+        sc.KVT_OFFER_REASON: sc.OFFER_OFFERED,
+        sc.KVT_DECISION: None,
+        sc.KVT_PROMPT_TOKENS: 400,
+        sc.KVT_LOCAL_HIT_TOKENS: None,
+        sc.KVT_REMOTE_TOKENS: 300,
+        sc.KVT_PULLED_TOKENS: None,
+        sc.KVT_RECOMPUTED_TOKENS: 144,
+        sc.KVT_BYTES: None,
+        sc.KVT_TRANSFER_MS: None,
+        sc.KVT_PEER_ENGINE_ID: "d7",
+        sc.KVT_RETAINED_BLOCKS: 4,
+        sc.KVT_RETAINED_BYTES: None,
+        sc.KVT_RETAINED_TTL_S: None,
+        sc.KVT_PREFILL: None,
+        sc.KVT_DECODE: None,
+        sc.KVT_FALLBACK: sc.FALLBACK_NONE,
+        sc.KVT_TTFT_MS: 1.5,
     }
     kv = metadata.build(offered=False, offer_reason=sc.OFFER_NO_ENTRY, **common)
     assert (kv[sc.KVT_LOCAL_HIT_TOKENS], kv[sc.KVT_PULLED_TOKENS], kv[sc.KVT_REMOTE_TOKENS]) == (256, 0, 0)
@@ -136,13 +171,32 @@ def test_cli_config_shape_and_errors():
     from kvtrace.cli import CLIError, build_parser
     from kvtrace.proxy.cli import build_config
 
-    args = build_parser().parse_args(["proxy", "--prefiller-hosts", "a", "b", "--prefiller-ports", "1", "2",
-                                      "--decoder-port", "3", "4", "--prefill-failure", "decode_only", "--no-patch"])
+    args = build_parser().parse_args(
+        [
+            "proxy",
+            "--prefiller-hosts",
+            "a",
+            "b",
+            "--prefiller-ports",
+            "1",
+            "2",
+            "--decoder-port",
+            "3",
+            "4",
+            "--prefill-failure",
+            "decode_only",
+            "--no-patch",
+        ]
+    )
     cfg = build_config(args)
     assert [w.base for w in cfg.prefill] == ["http://a:1", "http://b:2"]
     assert [w.base for w in cfg.decode] == ["http://localhost:3", "http://localhost:4"]
     assert (cfg.host, cfg.conversation_ttl_s, cfg.prefill_failure, cfg.patch_responses) == (
-        "127.0.0.1", 450.0, "decode_only", False)
+        "127.0.0.1",
+        450.0,
+        "decode_only",
+        False,
+    )
     bad = build_parser().parse_args(["proxy", "--prefiller-hosts", "a", "b", "--prefiller-ports", "1", "2", "3"])
     with pytest.raises(CLIError, match="prefiller hosts"):
         build_config(bad)
@@ -155,18 +209,43 @@ def test_cli_hardening_flags_and_settings(monkeypatch):
     from kvtrace.proxy.cli import build_config
 
     cfg = build_config(build_parser().parse_args(["proxy"]))
-    assert (cfg.request_timeout_s, cfg.max_upstream_bytes, cfg.client_header_timeout_s, cfg.client_body_timeout_s,
-            cfg.max_table_bytes, cfg.max_id_bytes, cfg.decoder_kv_ttl_s) == (
-        1800.0, 64 << 20, 60.0, 60.0, 256 << 20, 256, None)
+    assert (
+        cfg.request_timeout_s,
+        cfg.max_upstream_bytes,
+        cfg.client_header_timeout_s,
+        cfg.client_body_timeout_s,
+        cfg.max_table_bytes,
+        cfg.max_id_bytes,
+        cfg.decoder_kv_ttl_s,
+    ) == (1800.0, 64 << 20, 60.0, 60.0, 256 << 20, 256, None)
     monkeypatch.setenv("KVTRACE_PROXY_REQUEST_TIMEOUT", "30")
     monkeypatch.setenv("KVTRACE_PROXY_MAX_ID_BYTES", "64")
     monkeypatch.setenv("KVTRACE_PROXY_DECODER_KV_TTL", "15")
-    args = build_parser().parse_args(["proxy", "--max-id-bytes", "128", "--max-upstream-bytes", "1000",
-                                      "--client-header-timeout", "5", "--client-body-timeout", "6",
-                                      "--max-table-bytes", "4096"])
+    args = build_parser().parse_args(
+        [
+            "proxy",
+            "--max-id-bytes",
+            "128",
+            "--max-upstream-bytes",
+            "1000",
+            "--client-header-timeout",
+            "5",
+            "--client-body-timeout",
+            "6",
+            "--max-table-bytes",
+            "4096",
+        ]
+    )
     cfg = build_config(args)  # flags beat the environment, the environment beats the defaults
-    assert (cfg.request_timeout_s, cfg.max_upstream_bytes, cfg.client_header_timeout_s, cfg.client_body_timeout_s,
-            cfg.max_table_bytes, cfg.max_id_bytes, cfg.decoder_kv_ttl_s) == (30.0, 1000, 5.0, 6.0, 4096, 128, 15.0)
+    assert (
+        cfg.request_timeout_s,
+        cfg.max_upstream_bytes,
+        cfg.client_header_timeout_s,
+        cfg.client_body_timeout_s,
+        cfg.max_table_bytes,
+        cfg.max_id_bytes,
+        cfg.decoder_kv_ttl_s,
+    ) == (30.0, 1000, 5.0, 6.0, 4096, 128, 15.0)
     with pytest.raises(CLIError, match="request_timeout_s must be > 0"):
         build_config(build_parser().parse_args(["proxy", "--request-timeout", "0"]))
     monkeypatch.setenv("KVTRACE_PROXY_MAX_TABLE_BYTES", "lots")
@@ -193,5 +272,5 @@ def test_patcher_line_split_over_many_chunks_and_invalid_chunk_keeps_prior_lines
     out = []
     with pytest.raises(InvalidChunk, match="finish_reason is not a string") as err:
         for i in range(0, len(body), split):
-            out.append(p.feed(body[i:i + split]))
+            out.append(p.feed(body[i : i + split]))
     assert b"".join(out) + err.value.passed == body[: len(body) - len(bad)]  # every line before the bad one

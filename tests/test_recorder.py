@@ -62,7 +62,14 @@ def test_pull_emits_engine_decision_and_transfer_spans(tracer_provider, span_exp
         peer_engine_id="engine-d",
         remote_request_id="d-req-1",
     )
-    rec.transfer_started("req-2", direction=sc.DIRECTION_D2P, tokens=243, blocks=16, peer_engine_id="engine-d", remote_request_id="d-req-1")
+    rec.transfer_started(
+        "req-2",
+        direction=sc.DIRECTION_D2P,
+        tokens=243,
+        blocks=16,
+        peer_engine_id="engine-d",
+        remote_request_id="d-req-1",
+    )
     rec.transfer_finished("req-2", status=sc.TRANSFER_OK, xfer_ms=1.5, post_ms=0.25)
     summary = rec.request_finished("req-2", cached_tokens=499)
 
@@ -126,7 +133,15 @@ def test_pull_emits_engine_decision_and_transfer_spans(tracer_provider, span_exp
 def test_expired_pull_settles_decision_and_recomputes(tracer_provider, span_exporter):
     rec = _recorder(tracer_provider, load_failure_policy="recompute")
     rec.request_started("r", phase=sc.ROLE_PREFILL, prompt_tokens=300, kv_params=None)
-    rec.decision("r", direction=sc.DIRECTION_D2P, outcome=None, prompt_tokens=300, local_hit_tokens=0, remote_tokens=280, pulled_tokens=280)
+    rec.decision(
+        "r",
+        direction=sc.DIRECTION_D2P,
+        outcome=None,
+        prompt_tokens=300,
+        local_hit_tokens=0,
+        remote_tokens=280,
+        pulled_tokens=280,
+    )
     rec.transfer_started("r", direction=sc.DIRECTION_D2P, tokens=280, blocks=18)
     rec.transfer_finished("r", status=sc.TRANSFER_EXPIRED)
     summary = rec.request_finished("r")
@@ -137,28 +152,63 @@ def test_expired_pull_settles_decision_and_recomputes(tracer_provider, span_expo
     assert transfer.status.status_code is StatusCode.ERROR
     assert transfer.attributes[sc.ERROR_TYPE] == sc.TRANSFER_EXPIRED
     assert decision.parent is None or not decision.parent.is_remote  # no trace context given: a new trace
-    assert (summary[sc.KVT_DECISION], summary[sc.KVT_PULLED_TOKENS], summary[sc.KVT_BYTES]) == (sc.OUTCOME_EXPIRED, 0, 0)
+    assert (summary[sc.KVT_DECISION], summary[sc.KVT_PULLED_TOKENS], summary[sc.KVT_BYTES]) == (
+        sc.OUTCOME_EXPIRED,
+        0,
+        0,
+    )
 
 
 def test_immediate_outcomes_and_abort(tracer_provider, span_exporter):
     rec = _recorder(tracer_provider)
     rec.request_started("a", phase=sc.ROLE_PREFILL, prompt_tokens=100, kv_params=_params(2))
-    rec.decision("a", direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_BELOW_THRESHOLD, prompt_tokens=100, local_hit_tokens=64, remote_tokens=100)
+    rec.decision(
+        "a",
+        direction=sc.DIRECTION_D2P,
+        outcome=sc.OUTCOME_BELOW_THRESHOLD,
+        prompt_tokens=100,
+        local_hit_tokens=64,
+        remote_tokens=100,
+    )
     rec.request_finished("a")
     rec.request_started("b", phase=sc.ROLE_PREFILL, prompt_tokens=100)
-    rec.decision("b", direction=sc.DIRECTION_D2P, outcome=None, prompt_tokens=100, local_hit_tokens=0, remote_tokens=100, pulled_tokens=100)
+    rec.decision(
+        "b",
+        direction=sc.DIRECTION_D2P,
+        outcome=None,
+        prompt_tokens=100,
+        local_hit_tokens=0,
+        remote_tokens=100,
+        pulled_tokens=100,
+    )
     rec.transfer_started("b", direction=sc.DIRECTION_D2P, tokens=100, blocks=7)
     rec.request_finished("b", error_type="aborted")  # aborted mid-load
-    outcomes = {s.attributes[sc.GEN_AI_REQUEST_ID]: s.attributes[sc.KV_OUTCOME] for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_KV_DECISION}
+    outcomes = {
+        s.attributes[sc.GEN_AI_REQUEST_ID]: s.attributes[sc.KV_OUTCOME]
+        for s in span_exporter.get_finished_spans()
+        if s.name == sc.SPAN_KV_DECISION
+    }
     assert outcomes == {"a": sc.OUTCOME_BELOW_THRESHOLD, "b": sc.OUTCOME_FAILED}
-    below = next(s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_KV_DECISION and s.attributes[sc.GEN_AI_REQUEST_ID] == "a")
+    below = next(
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.name == sc.SPAN_KV_DECISION and s.attributes[sc.GEN_AI_REQUEST_ID] == "a"
+    )
     assert below.attributes[sc.KV_RECOMPUTED_TOKENS] == 36
     transfers = [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER]
     assert [t.attributes[sc.KV_TRANSFER_STATUS] for t in transfers] == [sc.TRANSFER_FAILED]
 
 
 def test_retention_on_decode(tracer_provider, span_exporter):
-    rec = KVRecorder(tracer_provider, engine_id="engine-d", role=sc.ROLE_DECODE, block_size=16, bytes_per_block=1024, threshold=64, ttl_s=480.0)
+    rec = KVRecorder(
+        tracer_provider,
+        engine_id="engine-d",
+        role=sc.ROLE_DECODE,
+        block_size=16,
+        bytes_per_block=1024,
+        threshold=64,
+        ttl_s=480.0,
+    )
     rec.request_started("d1", phase=sc.ROLE_DECODE, prompt_tokens=200, kv_params=_params(0))
     fields = rec.retention_started("d1", blocks=14, tokens=220, expiry_deadline=999.0)
     summary = rec.request_finished("d1", output_tokens=20)
@@ -212,7 +262,9 @@ def test_telemetry_failures_never_raise(caplog):
     rec = _recorder(provider)
     with caplog.at_level(logging.ERROR):
         rec.request_started("r", phase=sc.ROLE_PREFILL, prompt_tokens=10)
-        rec.decision("r", direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_NO_REMOTE, prompt_tokens=10, local_hit_tokens=0)
+        rec.decision(
+            "r", direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_NO_REMOTE, prompt_tokens=10, local_hit_tokens=0
+        )
         summary = rec.request_finished("r")
     assert summary[sc.KVT_DECISION] == sc.OUTCOME_NO_REMOTE
     # garbage input is logged, not raised
@@ -240,36 +292,74 @@ def _scenario(rec) -> list:
     out = []
     # P leg, pulled, with the proxy's context and NIXL stats
     rec.request_started("p1", phase=sc.ROLE_PREFILL, prompt_tokens=500, kv_params=_params(1), public_id="pub-1")
-    rec.decision("p1", direction=sc.DIRECTION_D2P, outcome=None, prompt_tokens=500, local_hit_tokens=256,
-                 remote_tokens=499, pulled_tokens=243, expiry_deadline=1234.5, expiry_remaining_s=470.0,
-                 peer_engine_id="engine-d", remote_request_id="d-req-1")
+    rec.decision(
+        "p1",
+        direction=sc.DIRECTION_D2P,
+        outcome=None,
+        prompt_tokens=500,
+        local_hit_tokens=256,
+        remote_tokens=499,
+        pulled_tokens=243,
+        expiry_deadline=1234.5,
+        expiry_remaining_s=470.0,
+        peer_engine_id="engine-d",
+        remote_request_id="d-req-1",
+    )
     rec.transfer_started("p1", direction=sc.DIRECTION_D2P, tokens=243, blocks=16, peer_engine_id="engine-d")
     rec.nixl_stats("p1", {sc.NIXL_NUM_TRANSFERS: 2, sc.NIXL_BYTES: 30})
     rec.transfer_finished("p1", status=sc.TRANSFER_OK, xfer_ms=1.5, post_ms=0.25)
     out.append(rec.request_finished("p1", output_tokens=1, cached_tokens=499))
     # expired pull, no context: a new trace
     rec.request_started("p2", phase=sc.ROLE_PREFILL, prompt_tokens=300)
-    rec.decision("p2", direction=sc.DIRECTION_D2P, outcome=None, prompt_tokens=300, local_hit_tokens=0, remote_tokens=280,
-                 pulled_tokens=280)
+    rec.decision(
+        "p2",
+        direction=sc.DIRECTION_D2P,
+        outcome=None,
+        prompt_tokens=300,
+        local_hit_tokens=0,
+        remote_tokens=280,
+        pulled_tokens=280,
+    )
     rec.transfer_started("p2", direction=sc.DIRECTION_D2P, tokens=280, blocks=18)
     rec.transfer_finished("p2", status=sc.TRANSFER_EXPIRED, error_type=sc.TRANSFER_EXPIRED)
     out.append(rec.request_finished("p2"))
     # below threshold; an invalid traceparent header: a new trace
     rec.request_started("p3", phase=sc.ROLE_PREFILL, prompt_tokens=100, headers={"TraceParent": "00-garbage"})
-    rec.decision("p3", direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_BELOW_THRESHOLD, prompt_tokens=100,
-                 local_hit_tokens=64, remote_tokens=100)
+    rec.decision(
+        "p3",
+        direction=sc.DIRECTION_D2P,
+        outcome=sc.OUTCOME_BELOW_THRESHOLD,
+        prompt_tokens=100,
+        local_hit_tokens=64,
+        remote_tokens=100,
+    )
     out.append(rec.request_finished("p3"))
     # aborted mid-load, context from the trace headers
     rec.request_started("p4", phase=sc.ROLE_PREFILL, prompt_tokens=100, headers={"traceparent": TRACEPARENT_2})
-    rec.decision("p4", direction=sc.DIRECTION_D2P, outcome=None, prompt_tokens=100, local_hit_tokens=0,
-                 remote_tokens=100, pulled_tokens=100)
+    rec.decision(
+        "p4",
+        direction=sc.DIRECTION_D2P,
+        outcome=None,
+        prompt_tokens=100,
+        local_hit_tokens=0,
+        remote_tokens=100,
+        pulled_tokens=100,
+    )
     rec.transfer_started("p4", direction=sc.DIRECTION_D2P, tokens=100, blocks=7)
     out.append(rec.request_finished("p4", error_type="aborted"))
     # D leg: pulled, retained, read; retained again twice (the first is released); retention
     # of an unknown request; one request still open and one retention still held at shutdown
     rec.request_started("d1", phase=sc.ROLE_DECODE, prompt_tokens=200, kv_params=_params(0))
-    rec.decision("d1", direction=sc.DIRECTION_P2D, outcome=None, prompt_tokens=200, local_hit_tokens=0,
-                 remote_tokens=200, pulled_tokens=200, peer_engine_id="engine-p")
+    rec.decision(
+        "d1",
+        direction=sc.DIRECTION_P2D,
+        outcome=None,
+        prompt_tokens=200,
+        local_hit_tokens=0,
+        remote_tokens=200,
+        pulled_tokens=200,
+        peer_engine_id="engine-p",
+    )
     rec.transfer_started("d1", direction=sc.DIRECTION_P2D, tokens=200, blocks=13, nbytes=777)
     rec.transfer_finished("d1", status=sc.TRANSFER_FAILED, error_type="nixl_error")
     out.append(rec.retention_started("d1", blocks=14, tokens=220, expiry_deadline=999.0))
@@ -278,8 +368,15 @@ def _scenario(rec) -> list:
     out.append(rec.retention_ended("d1", sc.RETENTION_READ))
     out.append(rec.retention_started("gone", blocks=1, tokens=16))
     rec.request_started("open", phase=sc.ROLE_DECODE, prompt_tokens=10, kv_params=_params(5))
-    rec.decision("open", direction=sc.DIRECTION_P2D, outcome=None, prompt_tokens=10, local_hit_tokens=0,
-                 remote_tokens=10, pulled_tokens=10)
+    rec.decision(
+        "open",
+        direction=sc.DIRECTION_P2D,
+        outcome=None,
+        prompt_tokens=10,
+        local_hit_tokens=0,
+        remote_tokens=10,
+        pulled_tokens=10,
+    )
     rec.transfer_started("open", direction=sc.DIRECTION_P2D, tokens=10, blocks=1)
     rec.shutdown()
     return out
@@ -309,12 +406,21 @@ def _canonical(spans):
         parent = None
         if s.parent is not None:
             parent = f"remote:{s.parent.span_id:016x}" if s.parent.is_remote else index[s.parent.span_id]
-        out.append({
-            "name": s.name, "kind": s.kind, "trace": trace, "parent": parent, "attributes": dict(s.attributes),
-            "start": s.start_time, "end": s.end_time, "status": (s.status.status_code, s.status.description),
-            "events": [(e.name, dict(e.attributes), e.timestamp) for e in s.events],
-            "scope": s.instrumentation_scope.name, "flags": s.context.trace_flags,
-        })
+        out.append(
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "trace": trace,
+                "parent": parent,
+                "attributes": dict(s.attributes),
+                "start": s.start_time,
+                "end": s.end_time,
+                "status": (s.status.status_code, s.status.description),
+                "events": [(e.name, dict(e.attributes), e.timestamp) for e in s.events],
+                "scope": s.instrumentation_scope.name,
+                "flags": s.context.trace_flags,
+            }
+        )
     return out
 
 
@@ -336,7 +442,8 @@ def test_deferred_spans_equal_sync_spans():
     by_request = {s.attributes[sc.GEN_AI_REQUEST_ID]: format(s.context.trace_id, "032x") for s in engines}
     summaries = [r for r in returned if isinstance(r, dict) and sc.KVT_TRACE_ID in r]
     assert {s[sc.KVT_REQUEST_ID]: s[sc.KVT_TRACE_ID] for s in summaries} == {
-        k: v for k, v in by_request.items() if k != "open"}
+        k: v for k, v in by_request.items() if k != "open"
+    }
     assert by_request["pub-1"] == TRACEPARENT[3:35] and by_request["p4"] == TRACEPARENT_2[3:35]
     # ... and every local parent is a span of the same trace; ids are unique and valid
     ids = {s.context.span_id: s for s in spans}
@@ -402,7 +509,9 @@ def test_deferred_failures_are_logged_and_the_applier_continues(caplog):
     with caplog.at_level(logging.ERROR):
         for rid in ("a", "b"):
             rec.request_started(rid, phase=sc.ROLE_PREFILL, prompt_tokens=10)
-            rec.decision(rid, direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_NO_REMOTE, prompt_tokens=10, local_hit_tokens=0)
+            rec.decision(
+                rid, direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_NO_REMOTE, prompt_tokens=10, local_hit_tokens=0
+            )
             assert rec.request_finished(rid)[sc.KVT_DECISION] == sc.OUTCOME_NO_REMOTE
         assert rec.flush(timeout=30) is True
     assert "processor exploded" in caplog.text
@@ -444,10 +553,19 @@ def test_connector_defers_spans_inside_vllm_and_makes_the_same_ones(monkeypatch,
     from kvtrace.vllm.connector import KVTraceNixlConnector
 
     model_dir = rig.make_tiny_model(tmp_path / "model")
-    d_params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_block_ids": [list(range(100, 117))],
-                "remote_engine_id": "engine-d", "remote_request_id": "chatcmpl-prev-0000abcd",
-                "remote_host": "127.0.0.1", "remote_port": 5601, "tp_size": 1, "remote_num_tokens": 260,
-                "remote_blocks_expiry_time": time.perf_counter() + 300, sc.KV_PARAMS_KEY: _params(2)[sc.KV_PARAMS_KEY]}
+    d_params = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_block_ids": [list(range(100, 117))],
+        "remote_engine_id": "engine-d",
+        "remote_request_id": "chatcmpl-prev-0000abcd",
+        "remote_host": "127.0.0.1",
+        "remote_port": 5601,
+        "tp_size": 1,
+        "remote_num_tokens": 260,
+        "remote_blocks_expiry_time": time.perf_counter() + 300,
+        sc.KV_PARAMS_KEY: _params(2)[sc.KV_PARAMS_KEY],
+    }
 
     def conversation(deferred: bool):
         exporter = InMemorySpanExporter()
@@ -456,13 +574,24 @@ def test_connector_defers_spans_inside_vllm_and_makes_the_same_ones(monkeypatch,
         monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", provider)
         monkeypatch.setattr(KVTraceNixlConnector, "deferred_spans", deferred)
         extra = {"bidirectional_kv_xfer": True, sc.KV_PARAMS_KEY: {"role": "prefill"}}
-        sched = rig.scheduler(rig.vllm_config(model_dir, extra=extra, block_size=16, engine_id="engine-p",
-                                              connector="KVTraceNixlConnector", module_path="kvtrace.vllm.connector"))
+        sched = rig.scheduler(
+            rig.vllm_config(
+                model_dir,
+                extra=extra,
+                block_size=16,
+                engine_id="engine-p",
+                connector="KVTraceNixlConnector",
+                module_path="kvtrace.vllm.connector",
+            )
+        )
         assert sched.connector._probe.recorder.deferred is deferred
         finished = []
-        for i, (prompt, params) in enumerate([(range(1, 101), {"do_remote_decode": True}),
-                                              (range(1, 301), dict(d_params))]):
-            req = rig.request(list(prompt), params=params, max_tokens=1, block_size=16, request_id=f"chatcmpl-t{i}-abcd1234")
+        for i, (prompt, params) in enumerate(
+            [(range(1, 101), {"do_remote_decode": True}), (range(1, 301), dict(d_params))]
+        ):
+            req = rig.request(
+                list(prompt), params=params, max_tokens=1, block_size=16, request_id=f"chatcmpl-t{i}-abcd1234"
+            )
             sched.add_request(req)
             stats = NixlKVConnectorStats()
             stats.data["transfer_duration"].append(0.004)
@@ -485,8 +614,13 @@ def test_connector_defers_spans_inside_vllm_and_makes_the_same_ones(monkeypatch,
 
     sync_params, sync_spans = conversation(False)
     params, spans = conversation(True)
-    assert [s["name"] for s in spans] == [sc.SPAN_KV_DECISION, sc.SPAN_ENGINE_PREFILL, sc.SPAN_KV_TRANSFER,
-                                          sc.SPAN_KV_DECISION, sc.SPAN_ENGINE_PREFILL]
+    assert [s["name"] for s in spans] == [
+        sc.SPAN_KV_DECISION,
+        sc.SPAN_ENGINE_PREFILL,
+        sc.SPAN_KV_TRANSFER,
+        sc.SPAN_KV_DECISION,
+        sc.SPAN_ENGINE_PREFILL,
+    ]
     assert spans[3]["attributes"][sc.KV_OUTCOME] == sc.OUTCOME_PULLED
     assert spans == sync_spans
     assert params == sync_params

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from kvtrace.analysis import reuse, sessions
+from kvtrace.cli import main
 from kvtrace.store import connect
 from kvtrace.testing.synth import sample_store
-from kvtrace.cli import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -31,8 +31,10 @@ def _cell(md: str, label: str) -> str:
 
 def test_markdown_with_plots_and_comparison(runs, tmp_path, capsys):
     out = tmp_path / "r.md"
-    assert main(["report", "--traces", str(runs / "bidir"), "--output", str(out),
-                 "--compare", str(runs / "baseline")]) == 0
+    assert (
+        main(["report", "--traces", str(runs / "bidir"), "--output", str(out), "--compare", str(runs / "baseline")])
+        == 0
+    )
     md = out.read_text()
     plots = sorted(p.name for p in tmp_path.glob("r-*.png"))
     assert plots == ["r-breakdown.png", "r-retention.png", "r-tokens_by_source.png", "r-ttft_by_turn.png"]
@@ -66,11 +68,14 @@ def test_stdout_markdown_has_tables_only(runs, capsys):
     assert "| D engine" in md
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--traces", "/nonexistent/kvtrace"], "does not exist"),
-    (["--traces", "{empty}"], "no trace files"),
-    (["--traces", "{bidir}", "-o", "/nonexistent/dir/r.md", "--no-plots"], "cannot write"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--traces", "/nonexistent/kvtrace"], "does not exist"),
+        (["--traces", "{empty}"], "no trace files"),
+        (["--traces", "{bidir}", "-o", "/nonexistent/dir/r.md", "--no-plots"], "cannot write"),
+    ],
+)
 def test_errors_are_one_line(runs, tmp_path, capsys, argv, message):
     (tmp_path / "empty").mkdir()
     argv = [a.format(empty=tmp_path / "empty", bidir=runs / "bidir") for a in argv]
@@ -91,8 +96,7 @@ def test_html_header_renders_code_not_backticks(runs, tmp_path):
 def test_every_time_column_says_wall_or_model(runs, capsys):
     assert main(["report", "--traces", str(runs / "bidir"), "--compare", str(runs / "baseline")]) == 0
     md = capsys.readouterr().out
-    headers = [c.strip() for line in md.splitlines() if line.startswith("| ")
-               for c in line.strip("|").split("|")]
+    headers = [c.strip() for line in md.splitlines() if line.startswith("| ") for c in line.strip("|").split("|")]
     timed = [h for h in headers if re.search(r"\bms\b|\(s\)|\bs\b", h)]
     assert timed and [h for h in timed if "wall" not in h and "model" not in h] == []
     assert "wall ms" in md.split("## Where agent time goes", 1)[1].split("\n\n")[2]  # the totals table
@@ -113,8 +117,10 @@ def test_plots_use_the_shared_palette(runs):
         fig, ax = plt.subplots()
         try:
             assert draw(con, ax)
-            legend = {t.get_text(): to_hex(h.patches[0].get_facecolor()) for t, h in
-                      zip(ax.get_legend().get_texts(), ax.get_legend_handles_labels()[0])}
+            legend = {
+                t.get_text(): to_hex(h.patches[0].get_facecolor())
+                for t, h in zip(ax.get_legend().get_texts(), ax.get_legend_handles_labels()[0])
+            }
         finally:
             plt.close(fig)
         assert legend == {label: colour for label, colour in parts.values()}
@@ -128,9 +134,24 @@ def test_first_run_on_a_machine_logs_no_font_cache_line(runs, tmp_path):
     import sys
 
     env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl")}
-    proc = subprocess.run([sys.executable, "-m", "kvtrace.cli", "report", "--traces", str(runs / "bidir"),
-                           "--format", "html", "-o", str(tmp_path / "r.html")], env=env, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "report",
+            "--traces",
+            str(runs / "bidir"),
+            "--format",
+            "html",
+            "-o",
+            str(tmp_path / "r.html"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "mpl").glob("fontlist-*.json")), "matplotlib did not build its cache here"
     assert proc.stderr.splitlines() == [f"kvtrace report: wrote {tmp_path / 'r.html'}"]

@@ -25,8 +25,14 @@ pytestmark = pytest.mark.timeout(240)
 def _start(tmp_path, *argv: str) -> subprocess.Popen:
     env = {**os.environ, "KVTRACE_BATCH_DELAY_MS": "100", "PYTHONUNBUFFERED": "1"}
     env.pop("KVTRACE_TRACES_DIR", None)
-    return subprocess.Popen([sys.executable, "-m", "kvtrace.cli", *argv], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _descendants(proc: subprocess.Popen) -> list:
@@ -67,8 +73,7 @@ def test_dashboard_stops_with_its_streamlit_server(tmp_path, how):
     try:
         # up and serving (a signal during Streamlit's own start-up makes it print a traceback)
         children = wait_for(lambda: _descendants(proc) if _healthy(port) else None, 90, "the Streamlit server")
-        assert any(str(SERVE) in c.cmdline() for c in children), \
-            [c.cmdline() for c in children]
+        assert any(str(SERVE) in c.cmdline() for c in children), [c.cmdline() for c in children]
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
@@ -99,8 +104,11 @@ def test_demo_stops_both_runs_and_says_so(tmp_path, how, status):
     proc = _start(tmp_path, "demo", "--traces", str(traces), "--sessions", "1")
     try:
         # both run processes are up and the workload is under way: spans reach both directories
-        wait_for(lambda: all(list((traces / run).rglob("*.parquet")) for run in ("bidir", "baseline")), 120,
-              "both runs to write traces")
+        wait_for(
+            lambda: all(list((traces / run).rglob("*.parquet")) for run in ("bidir", "baseline")),
+            120,
+            "both runs to write traces",
+        )
         children = _descendants(proc)
         assert len([c for c in children if "multiprocessing" in " ".join(c.cmdline())]) >= 2, children
     except BaseException:

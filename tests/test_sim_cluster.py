@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-
-import pytest
 import urllib.request
 
 import aiohttp
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -41,24 +40,41 @@ async def test_one_provider_per_worker_with_sim_resource():
     assert [(svc, a[sc.ENGINE_ID], a[sc.ENGINE_ROLE]) for svc, a, _ in made] == [
         ("kvtrace-sim-prefill", "sim-prefill-0", sc.ROLE_PREFILL),
         ("kvtrace-sim-prefill", "sim-prefill-1", sc.ROLE_PREFILL),
-        ("kvtrace-sim-decode", "sim-decode-0", sc.ROLE_DECODE)]
+        ("kvtrace-sim-decode", "sim-decode-0", sc.ROLE_DECODE),
+    ]
     exported = made[1][2].get_finished_spans()
     assert {s.name for s in exported} == {sc.SPAN_ENGINE_PREFILL, sc.SPAN_KV_DECISION}
     res = dict(exported[0].resource.attributes)
-    assert {k: res[k] for k in (sc.SERVICE_NAME, sc.SUBSTRATE, sc.ENGINE_ID, sc.ENGINE_ROLE, sc.SIM_TIME_SCALE,
-                                 sc.SIM_PRESET, sc.ENGINE_KV_POOL_BYTES)} == {
-        sc.SERVICE_NAME: "kvtrace-sim-prefill", sc.SUBSTRATE: sc.SUBSTRATE_SIM, sc.ENGINE_ID: "sim-prefill-1",
-        sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.SIM_TIME_SCALE: 4.0, sc.SIM_PRESET: "glm5-fp8",
-        sc.ENGINE_KV_POOL_BYTES: 65536 * 16 * 51_168}  # capacity blocks x block size x glm5-fp8 bytes/token
+    assert {
+        k: res[k]
+        for k in (
+            sc.SERVICE_NAME,
+            sc.SUBSTRATE,
+            sc.ENGINE_ID,
+            sc.ENGINE_ROLE,
+            sc.SIM_TIME_SCALE,
+            sc.SIM_PRESET,
+            sc.ENGINE_KV_POOL_BYTES,
+        )
+    } == {
+        sc.SERVICE_NAME: "kvtrace-sim-prefill",
+        sc.SUBSTRATE: sc.SUBSTRATE_SIM,
+        sc.ENGINE_ID: "sim-prefill-1",
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
+        sc.SIM_TIME_SCALE: 4.0,
+        sc.SIM_PRESET: "glm5-fp8",
+        sc.ENGINE_KV_POOL_BYTES: 65536 * 16 * 51_168,
+    }  # capacity blocks x block size x glm5-fp8 bytes/token
     assert made[0][2].get_finished_spans() == ()
 
 
 async def test_cost_mode_records_scaled_transfer_time(tracer_provider, span_exporter):
     scale = 10_000.0
     lease = {"kv_connector_extra_config": {"kv_lease_duration": 1e7}}  # 30 s / 10^4 would lapse in 3 ms
-    async with SimCluster(cost=True, time_scale=scale, tracer_provider=tracer_provider, link="tcp-100",
-                          kv_config=lease) as c, \
-            aiohttp.ClientSession() as s:
+    async with (
+        SimCluster(cost=True, time_scale=scale, tracer_provider=tracer_provider, link="tcp-100", kv_config=lease) as c,
+        aiohttp.ClientSession() as s,
+    ):
         prompt = list(range(1, 101))
         body = {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
         async with s.post(c.prefill_urls[0] + "/v1/completions", json=body, headers={"X-Request-Id": "x"}) as r:
@@ -95,8 +111,24 @@ def test_cli_refuses_an_unwritable_trace_directory_before_starting(tmp_path, cap
 
 def test_cli_serves_until_sigint():
     env = {**os.environ, "KVTRACE_OTLP": "off"}
-    proc = subprocess.Popen([sys.executable, "-m", "kvtrace.cli", "sim", "--no-cost", "--prefill-port", "0",
-                             "--decode-port", "0", "--decode", "2"], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "sim",
+            "--no-cost",
+            "--prefill-port",
+            "0",
+            "--decode-port",
+            "0",
+            "--decode",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
         urls = [line.split()[-1] for line in lines[1:]]

@@ -20,11 +20,29 @@ from kvtrace.sim.cluster import SimCluster
 BS = 16
 BPB = 262_144 * BS  # qwen3-32b bytes per block
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-P_LEG_BASE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-              "remote_block_ids": None, "remote_host": None, "remote_port": None}
-VLLM_KEYS = {"do_remote_prefill": bool, "do_remote_decode": bool, "remote_block_ids": list, "remote_engine_id": str,
-             "remote_request_id": str, "remote_host": str, "remote_port": int, "tp_size": int, "dcp_size": int,
-             "pp_size": int, "remote_num_tokens": int, "remote_registration_generation": int, "transfer_mode": str}
+P_LEG_BASE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+VLLM_KEYS = {
+    "do_remote_prefill": bool,
+    "do_remote_decode": bool,
+    "remote_block_ids": list,
+    "remote_engine_id": str,
+    "remote_request_id": str,
+    "remote_host": str,
+    "remote_port": int,
+    "tp_size": int,
+    "dcp_size": int,
+    "pp_size": int,
+    "remote_num_tokens": int,
+    "remote_registration_generation": int,
+    "transfer_mode": str,
+}
 
 
 class FakeClock:
@@ -57,8 +75,13 @@ async def d_leg(session, cluster, body: dict, rid: str, p_params: dict, max_toke
     if ctx:
         params[sc.KV_PARAMS_KEY] = ctx
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    req = {**body, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
-           "kv_transfer_params": params}
+    req = {
+        **body,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "kv_transfer_params": params,
+    }
     async with session.post(cluster.decode_urls[0] + path, json=req, headers={"X-Request-Id": rid}) as resp:
         assert resp.status == 200
         events = sse_events(await resp.text())
@@ -68,8 +91,11 @@ async def d_leg(session, cluster, body: dict, rid: str, p_params: dict, max_toke
 
 
 def spans(exporter, name: str, **attrs):
-    return [s for s in exporter.get_finished_spans()
-            if s.name == name and all(s.attributes.get(k) == v for k, v in attrs.items())]
+    return [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == name and all(s.attributes.get(k) == v for k, v in attrs.items())
+    ]
 
 
 def one(exporter, name: str, **attrs):
@@ -123,39 +149,75 @@ async def test_two_turn_chat_turn2_p_pulls_d_blocks(tracer_provider, span_export
         summary = p2["kv_transfer_params"][sc.KV_PARAMS_KEY]
         assert summary[sc.KVT_DECISION] == sc.OUTCOME_PULLED and summary[sc.KVT_PULLED_TOKENS] == pulled
 
-    ident = {sc.GEN_AI_REQUEST_ID: "turn-1", sc.SESSION_ID: "sess-1", sc.GEN_AI_CONVERSATION_ID: "sess-1",
-             sc.TURN_INDEX: 1, sc.ENGINE_ID: "sim-prefill-0", sc.ENGINE_ROLE: sc.ROLE_PREFILL}
+    ident = {
+        sc.GEN_AI_REQUEST_ID: "turn-1",
+        sc.SESSION_ID: "sess-1",
+        sc.GEN_AI_CONVERSATION_ID: "sess-1",
+        sc.TURN_INDEX: 1,
+        sc.ENGINE_ID: "sim-prefill-0",
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
+    }
     engine = one(span_exporter, sc.SPAN_ENGINE_PREFILL, **{sc.GEN_AI_REQUEST_ID: "turn-1"})
-    assert dict(engine.attributes) == {**ident, sc.KV_PROMPT_TOKENS: n2, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1,
-                                       sc.REQUEST_CACHED_TOKENS: hit + pulled}
+    assert dict(engine.attributes) == {
+        **ident,
+        sc.KV_PROMPT_TOKENS: n2,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1,
+        sc.REQUEST_CACHED_TOKENS: hit + pulled,
+    }
     assert engine.parent.span_id == int(TRACEPARENT.split("-")[2], 16)
     assert engine.context.trace_id == int(TRACEPARENT.split("-")[1], 16)
     decision = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "turn-1"})
     assert dict(decision.attributes) == {
-        **ident, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_PROMPT_TOKENS: n2, sc.KV_LOCAL_HIT_TOKENS: hit,
-        sc.KV_REMOTE_TOKENS: n1 + out1 - 1, sc.KV_PULLED_TOKENS: pulled, sc.KV_RECOMPUTED_TOKENS: n2 - hit - pulled,
-        sc.KV_THRESHOLD: 64, sc.KV_LOAD_FAILURE_POLICY: "fail", sc.KV_EXPIRY_DEADLINE: d1["remote_blocks_expiry_time"],
-        sc.KV_EXPIRY_REMAINING_S: 480.0, sc.KV_PEER_ENGINE_ID: "sim-decode-0",
-        sc.KV_REMOTE_REQUEST_ID: d1["remote_request_id"], sc.KV_OUTCOME: sc.OUTCOME_PULLED}
+        **ident,
+        sc.KV_DIRECTION: sc.DIRECTION_D2P,
+        sc.KV_PROMPT_TOKENS: n2,
+        sc.KV_LOCAL_HIT_TOKENS: hit,
+        sc.KV_REMOTE_TOKENS: n1 + out1 - 1,
+        sc.KV_PULLED_TOKENS: pulled,
+        sc.KV_RECOMPUTED_TOKENS: n2 - hit - pulled,
+        sc.KV_THRESHOLD: 64,
+        sc.KV_LOAD_FAILURE_POLICY: "fail",
+        sc.KV_EXPIRY_DEADLINE: d1["remote_blocks_expiry_time"],
+        sc.KV_EXPIRY_REMAINING_S: 480.0,
+        sc.KV_PEER_ENGINE_ID: "sim-decode-0",
+        sc.KV_REMOTE_REQUEST_ID: d1["remote_request_id"],
+        sc.KV_OUTCOME: sc.OUTCOME_PULLED,
+    }
     assert decision.parent.span_id == engine.context.span_id
     transfer = one(span_exporter, sc.SPAN_KV_TRANSFER, **{sc.GEN_AI_REQUEST_ID: "turn-1"})
     assert dict(transfer.attributes) == {
-        **ident, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_TRANSFER_TOKENS: pulled,
-        sc.KV_TRANSFER_BLOCKS: math.ceil(pulled / BS), sc.KV_TRANSFER_BYTES: math.ceil(pulled / BS) * BPB,
-        sc.KV_PEER_ENGINE_ID: "sim-decode-0", sc.KV_REMOTE_REQUEST_ID: d1["remote_request_id"],
-        sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK, sc.KV_TRANSFER_XFER_MS: 0.0}
+        **ident,
+        sc.KV_DIRECTION: sc.DIRECTION_D2P,
+        sc.KV_TRANSFER_TOKENS: pulled,
+        sc.KV_TRANSFER_BLOCKS: math.ceil(pulled / BS),
+        sc.KV_TRANSFER_BYTES: math.ceil(pulled / BS) * BPB,
+        sc.KV_PEER_ENGINE_ID: "sim-decode-0",
+        sc.KV_REMOTE_REQUEST_ID: d1["remote_request_id"],
+        sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK,
+        sc.KV_TRANSFER_XFER_MS: 0.0,
+    }
     assert transfer.parent.span_id == decision.context.span_id
     d_engine = one(span_exporter, sc.SPAN_ENGINE_DECODE, **{sc.GEN_AI_REQUEST_ID: "turn-0"})
     retention = one(span_exporter, sc.SPAN_KV_RETENTION, **{sc.GEN_AI_REQUEST_ID: "turn-0"})
     blocks = math.ceil((n1 + out1 - 1) / BS)
     assert dict(retention.attributes) == {
-        sc.GEN_AI_REQUEST_ID: "turn-0", sc.SESSION_ID: "sess-1", sc.GEN_AI_CONVERSATION_ID: "sess-1",
-        sc.TURN_INDEX: 0, sc.ENGINE_ID: "sim-decode-0", sc.ENGINE_ROLE: sc.ROLE_DECODE,
-        sc.KV_RETENTION_BLOCKS: blocks, sc.KV_RETENTION_TOKENS: n1 + out1 - 1, sc.KV_RETENTION_BYTES: blocks * BPB,
-        sc.KV_RETENTION_TTL_S: 480.0, sc.KV_EXPIRY_DEADLINE: d1["remote_blocks_expiry_time"],
-        sc.KV_RETENTION_OUTCOME: sc.RETENTION_READ}
+        sc.GEN_AI_REQUEST_ID: "turn-0",
+        sc.SESSION_ID: "sess-1",
+        sc.GEN_AI_CONVERSATION_ID: "sess-1",
+        sc.TURN_INDEX: 0,
+        sc.ENGINE_ID: "sim-decode-0",
+        sc.ENGINE_ROLE: sc.ROLE_DECODE,
+        sc.KV_RETENTION_BLOCKS: blocks,
+        sc.KV_RETENTION_TOKENS: n1 + out1 - 1,
+        sc.KV_RETENTION_BYTES: blocks * BPB,
+        sc.KV_RETENTION_TTL_S: 480.0,
+        sc.KV_EXPIRY_DEADLINE: d1["remote_blocks_expiry_time"],
+        sc.KV_RETENTION_OUTCOME: sc.RETENTION_READ,
+    }
     assert retention.parent.span_id == d_engine.context.span_id
-    d_decision = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "turn-0", sc.ENGINE_ID: "sim-decode-0"})
+    d_decision = one(
+        span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "turn-0", sc.ENGINE_ID: "sim-decode-0"}
+    )
     assert d_decision.attributes[sc.KV_DIRECTION] == sc.DIRECTION_P2D
     assert d_decision.attributes[sc.KV_OUTCOME] == sc.OUTCOME_PULLED
     assert d_decision.attributes[sc.KV_PULLED_TOKENS] == n1
@@ -189,7 +251,11 @@ async def test_full_local_prefix_hit_notifies_d(tracer_provider, span_exporter):
         assert c.decode[0].engine.cache.num_used == 0
     d = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "a1"}).attributes
     assert (d[sc.KV_OUTCOME], d[sc.KV_LOCAL_HIT_TOKENS], d[sc.KV_PULLED_TOKENS], d[sc.KV_RECOMPUTED_TOKENS]) == (
-        sc.OUTCOME_LOCAL_HIT, 320, 0, 20)
+        sc.OUTCOME_LOCAL_HIT,
+        320,
+        0,
+        20,
+    )
     assert spans(span_exporter, sc.SPAN_KV_TRANSFER, **{sc.GEN_AI_REQUEST_ID: "a1"}) == []
     r = one(span_exporter, sc.SPAN_KV_RETENTION, **{sc.GEN_AI_REQUEST_ID: "a0"}).attributes
     assert r[sc.KV_RETENTION_OUTCOME] == sc.RETENTION_RELEASED and r[sc.KV_RETENTION_BLOCKS] == 20
@@ -201,8 +267,13 @@ async def test_below_threshold_recomputes(tracer_provider, span_exporter):
         d1, status, p2 = await two_turns(s, c, ids(1, 160), 40, ids(900, 30), rid="b")
         assert status == 200 and d1["remote_num_tokens"] == 199
     d = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "b1"}).attributes
-    assert (d[sc.KV_OUTCOME], d[sc.KV_LOCAL_HIT_TOKENS], d[sc.KV_REMOTE_TOKENS], d[sc.KV_PULLED_TOKENS],
-            d[sc.KV_RECOMPUTED_TOKENS]) == (sc.OUTCOME_BELOW_THRESHOLD, 160, 199, 0, 230 - 160)
+    assert (
+        d[sc.KV_OUTCOME],
+        d[sc.KV_LOCAL_HIT_TOKENS],
+        d[sc.KV_REMOTE_TOKENS],
+        d[sc.KV_PULLED_TOKENS],
+        d[sc.KV_RECOMPUTED_TOKENS],
+    ) == (sc.OUTCOME_BELOW_THRESHOLD, 160, 199, 0, 230 - 160)
     assert p2["kv_transfer_params"][sc.KV_PARAMS_KEY][sc.KVT_DECISION] == sc.OUTCOME_BELOW_THRESHOLD
 
 
@@ -212,18 +283,30 @@ async def test_no_reusable_context(tracer_provider, span_exporter):
         status, p = await p_leg(s, c, {"prompt": ids(1, 100)}, "n0", None)
         assert status == 200
     d = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "n0"}).attributes
-    assert dict(d) == {sc.GEN_AI_REQUEST_ID: "n0", sc.ENGINE_ID: "sim-prefill-0", sc.ENGINE_ROLE: sc.ROLE_PREFILL,
-                       sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_PROMPT_TOKENS: 100, sc.KV_LOCAL_HIT_TOKENS: 0,
-                       sc.KV_REMOTE_TOKENS: 0, sc.KV_PULLED_TOKENS: 0, sc.KV_RECOMPUTED_TOKENS: 100,
-                       sc.KV_THRESHOLD: 64, sc.KV_LOAD_FAILURE_POLICY: "fail", sc.KV_OUTCOME: sc.OUTCOME_NO_REMOTE}
+    assert dict(d) == {
+        sc.GEN_AI_REQUEST_ID: "n0",
+        sc.ENGINE_ID: "sim-prefill-0",
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
+        sc.KV_DIRECTION: sc.DIRECTION_D2P,
+        sc.KV_PROMPT_TOKENS: 100,
+        sc.KV_LOCAL_HIT_TOKENS: 0,
+        sc.KV_REMOTE_TOKENS: 0,
+        sc.KV_PULLED_TOKENS: 0,
+        sc.KV_RECOMPUTED_TOKENS: 100,
+        sc.KV_THRESHOLD: 64,
+        sc.KV_LOAD_FAILURE_POLICY: "fail",
+        sc.KV_OUTCOME: sc.OUTCOME_NO_REMOTE,
+    }
     assert p["kv_transfer_params"]["remote_num_tokens"] == 100
 
 
 async def test_ttl_expiry_without_traffic_then_p_declines(tracer_provider, span_exporter):
     clock = FakeClock()
     cfg = {"kv_connector_extra_config": {"decoder_kv_blocks_ttl": 20}}
-    async with SimCluster(cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=cfg) as c, \
-            aiohttp.ClientSession() as s:
+    async with (
+        SimCluster(cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=cfg) as c,
+        aiohttp.ClientSession() as s,
+    ):
         prompt1 = ids(1, 160)
         _, p1 = await p_leg(s, c, {"prompt": prompt1}, "e0", None)
         events, d1 = await d_leg(s, c, {"prompt": prompt1}, "e0", p1["kv_transfer_params"], 100)
@@ -236,14 +319,22 @@ async def test_ttl_expiry_without_traffic_then_p_declines(tracer_provider, span_
         gen = [tokenizer.piece_id(e["choices"][0]["text"]) for e in events if e["choices"]]
         status, body = await p_leg(s, c, {"prompt": prompt1 + gen + ids(900, 10)}, "e1", d1)
         assert status == 500
-        assert body == {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None,
-                                  "code": 500}}
+        assert body == {
+            "error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}
+        }
     r = one(span_exporter, sc.SPAN_KV_RETENTION, **{sc.GEN_AI_REQUEST_ID: "e0"}).attributes
     assert (r[sc.KV_RETENTION_OUTCOME], r[sc.KV_RETENTION_TTL_S], r[sc.KV_RETENTION_BLOCKS]) == (
-        sc.RETENTION_EXPIRED, 20.0, 17)
+        sc.RETENTION_EXPIRED,
+        20.0,
+        17,
+    )
     d = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "e1"}).attributes
     assert (d[sc.KV_OUTCOME], d[sc.KV_PULLED_TOKENS], d[sc.KV_RECOMPUTED_TOKENS], d[sc.KV_EXPIRY_REMAINING_S]) == (
-        sc.OUTCOME_EXPIRED, 0, 270 - 160, 0.0)
+        sc.OUTCOME_EXPIRED,
+        0,
+        270 - 160,
+        0.0,
+    )
     t = one(span_exporter, sc.SPAN_KV_TRANSFER, **{sc.GEN_AI_REQUEST_ID: "e1"}).attributes
     assert (t[sc.KV_TRANSFER_STATUS], t[sc.KV_TRANSFER_TOKENS]) == (sc.TRANSFER_EXPIRED, 99)
     e = one(span_exporter, sc.SPAN_ENGINE_PREFILL, **{sc.GEN_AI_REQUEST_ID: "e1"})
@@ -255,8 +346,10 @@ async def test_within_margin_recompute_policy_keeps_d_blocks(tracer_provider, sp
     and, sending no notification, leaves D's blocks to expire."""
     clock = FakeClock()
     cfg = {"kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"decoder_kv_blocks_ttl": 20}}
-    async with SimCluster(cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=cfg) as c, \
-            aiohttp.ClientSession() as s:
+    async with (
+        SimCluster(cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=cfg) as c,
+        aiohttp.ClientSession() as s,
+    ):
         prompt1 = ids(1, 160)
         _, p1 = await p_leg(s, c, {"prompt": prompt1}, "m0", None)
         events, d1 = await d_leg(s, c, {"prompt": prompt1}, "m0", p1["kv_transfer_params"], 100)
@@ -278,11 +371,15 @@ async def test_pull_failure_injection(tracer_provider, span_exporter):
         async with s.post(c.decode_urls[0] + "/v1/completions", json=req, headers={"X-Request-Id": "f0"}) as resp:
             assert resp.status == 200
             events = sse_events(await resp.text())
-        assert events == [{"error": {"message": "Internal server error", "type": "InternalServerError",
-                                     "param": None, "code": 500}}]
+        assert events == [
+            {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
+        ]
     t = one(span_exporter, sc.SPAN_KV_TRANSFER, **{sc.GEN_AI_REQUEST_ID: "f0"}).attributes
     assert (t[sc.KV_TRANSFER_STATUS], t[sc.ERROR_TYPE], t[sc.KV_DIRECTION]) == (
-        sc.TRANSFER_FAILED, "injected_failure", sc.DIRECTION_P2D)
+        sc.TRANSFER_FAILED,
+        "injected_failure",
+        sc.DIRECTION_P2D,
+    )
     d = one(span_exporter, sc.SPAN_KV_DECISION, **{sc.GEN_AI_REQUEST_ID: "f0", sc.ENGINE_ID: "sim-decode-0"})
     assert d.attributes[sc.KV_OUTCOME] == sc.OUTCOME_FAILED
 
@@ -293,8 +390,12 @@ async def test_capacity_pressure_evicts_lru_unpinned(tracer_provider, span_expor
     retention ends, like vLLM's waiting queue."""
     clock = FakeClock()
     cfg = {"kv_connector_extra_config": {"decoder_kv_blocks_ttl": 60}}
-    async with SimCluster(0, 1, cost=False, tracer_provider=tracer_provider, kv_config=cfg, capacity_blocks=10,
-                          clock=clock) as c, aiohttp.ClientSession() as s:
+    async with (
+        SimCluster(
+            0, 1, cost=False, tracer_provider=tracer_provider, kv_config=cfg, capacity_blocks=10, clock=clock
+        ) as c,
+        aiohttp.ClientSession() as s,
+    ):
         engine = c.decode[0].engine
         url = c.decode_urls[0] + "/v1/completions"
 
@@ -331,7 +432,10 @@ async def test_capacity_pressure_evicts_lru_unpinned(tracer_provider, span_expor
         assert (engine.waiting, engine.cache.num_used) == (0, 0)
     r = one(span_exporter, sc.SPAN_KV_RETENTION, **{sc.GEN_AI_REQUEST_ID: "c4"}).attributes
     assert (r[sc.KV_RETENTION_OUTCOME], r[sc.KV_RETENTION_BLOCKS], r[sc.KV_RETENTION_TOKENS]) == (
-        sc.RETENTION_EXPIRED, 4, 64)
+        sc.RETENTION_EXPIRED,
+        4,
+        64,
+    )
 
 
 async def wait_until(predicate, timeout: float = 5.0) -> None:

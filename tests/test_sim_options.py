@@ -7,11 +7,11 @@ import json
 
 import aiohttp
 import pytest
+from test_sim_flows import d_leg, p_leg
 
 from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer
 from kvtrace.sim.cluster import SimCluster
-from test_sim_flows import d_leg, p_leg
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "cache block token " * 40}]}
 
@@ -51,10 +51,13 @@ async def test_resource_attributes_name_the_configuration():
     def factory(service, attrs):
         seen.append((service, attrs))
         from opentelemetry.sdk.trace import TracerProvider
+
         return TracerProvider()
 
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": False}}
-    async with SimCluster(1, 1, cost=False, tracer_provider_factory=factory, kv_config=kv, no_prefix_caching=("prefill",)):
+    async with SimCluster(
+        1, 1, cost=False, tracer_provider_factory=factory, kv_config=kv, no_prefix_caching=("prefill",)
+    ):
         pass
     got = {attrs[sc.ENGINE_ROLE]: (attrs[sc.ENGINE_PREFIX_CACHING], attrs[sc.KV_BIDIRECTIONAL]) for _, attrs in seen}
     assert got == {sc.ROLE_PREFILL: (False, False), sc.ROLE_DECODE: (True, False)}
@@ -66,15 +69,20 @@ def test_thinking_output_and_template_round_trip():
     assert r == 4 and len(ids) == 10 and pieces[0] == tokenizer.THINK and pieces[r + 1] == tokenizer.END_THINK
     assert tokenizer.generate(3, 3, thinking=True) == tokenizer.generate(3, 3)  # too short to think
     content, reasoning = tokenizer.split(pieces)
-    assert reasoning == "".join(pieces[1:r + 1]) and content == "".join(pieces[r + 2:])
+    assert reasoning == "".join(pieces[1 : r + 1]) and content == "".join(pieces[r + 2 :])
     assert [tokenizer.delta(i, p, r) for i, p in enumerate(pieces)][:2] == [("reasoning", ""), ("reasoning", pieces[1])]
-    assert tokenizer.delta(r + 1, pieces[r + 1], r) == ("content", "") and tokenizer.delta(9, pieces[9], r) == ("content", pieces[9])
+    assert tokenizer.delta(r + 1, pieces[r + 1], r) == ("content", "") and tokenizer.delta(9, pieces[9], r) == (
+        "content",
+        pieces[9],
+    )
     user = [{"role": "user", "content": "hi "}]
     prompt = tokenizer.encode(tokenizer.render_chat(user))
-    kept = tokenizer.encode(tokenizer.render_chat(user + [{"role": "assistant", "content": content, "reasoning": reasoning}]))
-    assert kept[:len(prompt) + len(ids)] == prompt + ids  # reasoning sent back: extends what D generated
+    kept = tokenizer.encode(
+        tokenizer.render_chat(user + [{"role": "assistant", "content": content, "reasoning": reasoning}])
+    )
+    assert kept[: len(prompt) + len(ids)] == prompt + ids  # reasoning sent back: extends what D generated
     stripped = tokenizer.encode(tokenizer.render_chat(user + [{"role": "assistant", "content": content}]))
-    assert stripped[:len(prompt)] == prompt and stripped[len(prompt)] != ids[0]
+    assert stripped[: len(prompt)] == prompt and stripped[len(prompt)] != ids[0]
 
 
 async def test_thinking_streams_reasoning_deltas_and_non_streaming_message(tracer_provider):

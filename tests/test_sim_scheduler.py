@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 
 from kvtrace import semconv as sc
+from kvtrace.emit.recorder import KVRecorder
 from kvtrace.sim import scheduler
 from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.holds import Hold
 from kvtrace.sim.kvcache import KVCache
-from kvtrace.emit.recorder import KVRecorder
 from tests.conftest import require_vllm
 
 BS = 16
@@ -52,13 +52,32 @@ def grid():
 
 
 def _engine(name, role, registry, tracer_provider, threshold, clock, policy="recompute"):
-    kv = scheduler.KVConfig.from_dict({"kv_load_failure_policy": policy,
-                                       "kv_connector_extra_config": {"kv_recompute_threshold": threshold}})
+    kv = scheduler.KVConfig.from_dict(
+        {"kv_load_failure_policy": policy, "kv_connector_extra_config": {"kv_recompute_threshold": threshold}}
+    )
     cost = CostModel("qwen3-32b", enabled=False)
-    rec = KVRecorder(tracer_provider, engine_id=name, role=role, block_size=BS, bytes_per_block=cost.bytes_per_token * BS,
-                     threshold=threshold, ttl_s=kv.ttl_s, load_failure_policy=policy)
-    return Engine(engine_id=name, role=role, host="127.0.0.1", port=9, kv=kv, cache=KVCache(256, BS), cost=cost,
-                  recorder=rec, registry=registry, clock=clock)
+    rec = KVRecorder(
+        tracer_provider,
+        engine_id=name,
+        role=role,
+        block_size=BS,
+        bytes_per_block=cost.bytes_per_token * BS,
+        threshold=threshold,
+        ttl_s=kv.ttl_s,
+        load_failure_policy=policy,
+    )
+    return Engine(
+        engine_id=name,
+        role=role,
+        host="127.0.0.1",
+        port=9,
+        kv=kv,
+        cache=KVCache(256, BS),
+        cost=cost,
+        recorder=rec,
+        registry=registry,
+        clock=clock,
+    )
 
 
 async def _run(engine, prompt, params, rid, max_tokens=1):
@@ -81,9 +100,18 @@ async def test_decision_grid_matches_vllm_rule(prompt, hit, remote, threshold, e
     expiry = EXPIRIES[exp]
     d_blocks = d.cache.allocate(math.ceil(remote / BS))
     d.holds.add(Hold("d-int", "d-rec", d_blocks, remote, expiry if expiry is not None else NOW + 480, True))
-    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_block_ids": [d_blocks],
-              "remote_engine_id": "D", "remote_request_id": "d-int", "remote_host": "127.0.0.1", "remote_port": 9,
-              "tp_size": 1, "remote_num_tokens": remote, "remote_blocks_expiry_time": expiry}
+    params = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_block_ids": [d_blocks],
+        "remote_engine_id": "D",
+        "remote_request_id": "d-int",
+        "remote_host": "127.0.0.1",
+        "remote_port": 9,
+        "tp_size": 1,
+        "remote_num_tokens": remote,
+        "remote_blocks_expiry_time": expiry,
+    }
     span_exporter.clear()
     summary = (await _run(p, tokens, params, "req"))[sc.KV_PARAMS_KEY]
 
@@ -114,8 +142,15 @@ def test_matched_tokens_do_remote_prefill_ignores_threshold():
 
 
 def test_missing_remote_field_means_no_pull():
-    base = {"do_remote_decode": True, "remote_block_ids": [[1]], "remote_engine_id": "d", "remote_request_id": "r",
-            "remote_host": "h", "remote_port": 1, "remote_num_tokens": 500}
+    base = {
+        "do_remote_decode": True,
+        "remote_block_ids": [[1]],
+        "remote_engine_id": "d",
+        "remote_request_id": "r",
+        "remote_host": "h",
+        "remote_port": 1,
+        "remote_num_tokens": 500,
+    }
     assert scheduler.matched_tokens(base, 400, 0, 64) == (400, True)
     for key in scheduler.REMOTE_FIELDS:
         params = {k: v for k, v in base.items() if k != key}
@@ -125,16 +160,34 @@ def test_missing_remote_field_means_no_pull():
 
 
 def test_kv_config_from_vllm_json():
-    cfg = scheduler.KVConfig.from_dict({
-        "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"bidirectional_kv_xfer": False, "kv_recompute_threshold": 128,
-                                      "decoder_kv_blocks_ttl": 60, "kv_lease_duration": 10},
-    })
+    cfg = scheduler.KVConfig.from_dict(
+        {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "bidirectional_kv_xfer": False,
+                "kv_recompute_threshold": 128,
+                "decoder_kv_blocks_ttl": 60,
+                "kv_lease_duration": 10,
+            },
+        }
+    )
     assert (cfg.bidirectional, cfg.threshold, cfg.ttl_s, cfg.lease_s, cfg.kv_load_failure_policy) == (
-        False, 128, 60.0, 10.0, "recompute")
+        False,
+        128,
+        60.0,
+        10.0,
+        "recompute",
+    )
     default = scheduler.KVConfig.from_dict(None)
-    assert (default.bidirectional, default.threshold, default.ttl_s, default.lease_s, default.kv_load_failure_policy) == (
-        True, 64, 480.0, 30.0, "fail")
+    assert (
+        default.bidirectional,
+        default.threshold,
+        default.ttl_s,
+        default.lease_s,
+        default.kv_load_failure_policy,
+    ) == (True, 64, 480.0, 30.0, "fail")
     with pytest.raises(scheduler.ConfigError, match="kv_load_failure_policy"):
         scheduler.KVConfig.from_dict({"kv_load_failure_policy": "retry"})
     with pytest.raises(scheduler.ConfigError, match="kv_recompute_threshold"):
@@ -149,12 +202,21 @@ def _vllm_scheduler(threshold: int):
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both",
-                           kv_connector_extra_config={"bidirectional_kv_xfer": True,
-                                                      "kv_recompute_threshold": threshold})
+    kvt = KVTransferConfig(
+        kv_connector="NixlConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"bidirectional_kv_xfer": True, "kv_recompute_threshold": threshold},
+    )
     cfg = VllmConfig(kv_transfer_config=kvt, device_config=DeviceConfig("cpu"), cache_config=CacheConfig(block_size=BS))
-    kcc = KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    kcc = KVCacheConfig(
+        num_blocks=100,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            )
+        ],
+    )
     return NixlPullConnectorScheduler(cfg, "p-engine", kcc)
 
 
@@ -171,19 +233,40 @@ def test_grid_conforms_to_vllm_scheduler():
             if hit > prompt - 1:
                 continue
             for params in (
-                {"do_remote_decode": True, "do_remote_prefill": False, "remote_block_ids": [[1, 2]],
-                 "remote_engine_id": "d", "remote_request_id": "r", "remote_host": "h", "remote_port": 1,
-                 "tp_size": 1, "remote_num_tokens": remote},
-                {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1]],
-                 "remote_engine_id": "p", "remote_request_id": "r", "remote_host": "h", "remote_port": 1, "tp_size": 1},
+                {
+                    "do_remote_decode": True,
+                    "do_remote_prefill": False,
+                    "remote_block_ids": [[1, 2]],
+                    "remote_engine_id": "d",
+                    "remote_request_id": "r",
+                    "remote_host": "h",
+                    "remote_port": 1,
+                    "tp_size": 1,
+                    "remote_num_tokens": remote,
+                },
+                {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_block_ids": [[1]],
+                    "remote_engine_id": "p",
+                    "remote_request_id": "r",
+                    "remote_host": "h",
+                    "remote_port": 1,
+                    "tp_size": 1,
+                },
                 {"do_remote_decode": True, "remote_num_tokens": remote},
                 None,
             ):
-                req = Request(request_id=f"r{rows}", prompt_token_ids=list(range(prompt)),
-                              sampling_params=SamplingParams(max_tokens=1), pooling_params=None)
+                req = Request(
+                    request_id=f"r{rows}",
+                    prompt_token_ids=list(range(prompt)),
+                    sampling_params=SamplingParams(max_tokens=1),
+                    pooling_params=None,
+                )
                 req.kv_transfer_params = dict(params) if params else None
                 assert scheduler.matched_tokens(params, prompt, hit, threshold) == tuple(
-                    vsched.get_num_new_matched_tokens(req, hit)), (prompt, hit, remote, threshold, params)
+                    vsched.get_num_new_matched_tokens(req, hit)
+                ), (prompt, hit, remote, threshold, params)
                 rows += 1
         assert rows == 4 * 20  # (2 + 3 hits) x 4 remotes x 4 param shapes
 
@@ -197,7 +280,8 @@ def test_expiry_margin_conforms_to_vllm_worker():
     fake_self = SimpleNamespace(_engine_clock_offset={"d": 0.0})
     for offset in (-1.0, 3.0, 4.5, 5.5, 7.0, 100.0):
         now = time.perf_counter()
-        meta = SimpleNamespace(remote=SimpleNamespace(blocks_expiry_time=now + offset, engine_id="d"),
-                               local_physical_block_ids=[[1]])
+        meta = SimpleNamespace(
+            remote=SimpleNamespace(blocks_expiry_time=now + offset, engine_id="d"), local_physical_block_ids=[[1]]
+        )
         vllm_says = pull_worker.NixlPullConnectorWorker._is_turn2_read_expired(fake_self, meta)
         assert vllm_says == scheduler.read_expired(now, now + offset), offset

@@ -16,7 +16,9 @@ def test_creates_missing_directories_and_leaves_nothing_behind(tmp_path):
     assert ensure_writable(os.path.relpath(target)) == str(target)  # relative paths come back absolute
 
 
-@pytest.mark.parametrize("kind, reason", [("file", "it exists and is not a directory"), ("under-file", "Not a directory")])
+@pytest.mark.parametrize(
+    "kind, reason", [("file", "it exists and is not a directory"), ("under-file", "Not a directory")]
+)
 def test_paths_through_a_file_are_refused_in_one_line(tmp_path, kind, reason):
     blocker = tmp_path / "f"
     blocker.write_text("x")

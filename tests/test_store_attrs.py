@@ -32,8 +32,16 @@ def test_mixed_types_keep_their_keys():
     ]
     rows = table_to_rows(spans_to_table(_spans(batch)))
     assert [r["SpanAttributes"] for r in rows] == [
-        {sc.GEN_AI_RESPONSE_FINISH_REASONS: json.dumps(["stop"], separators=(",", ":")), sc.PROXY_OFFER: "false", sc.KV_PULLED_TOKENS: str(2**70)},
-        {sc.PROXY_OFFER: "true", sc.GEN_AI_RESPONSE_FINISH_REASONS: json.dumps(["length", "stop"], separators=(",", ":")), sc.REQUEST_TTFT_MS: "1.5"},
+        {
+            sc.GEN_AI_RESPONSE_FINISH_REASONS: json.dumps(["stop"], separators=(",", ":")),
+            sc.PROXY_OFFER: "false",
+            sc.KV_PULLED_TOKENS: str(2**70),
+        },
+        {
+            sc.PROXY_OFFER: "true",
+            sc.GEN_AI_RESPONSE_FINISH_REASONS: json.dumps(["length", "stop"], separators=(",", ":")),
+            sc.REQUEST_TTFT_MS: "1.5",
+        },
         {sc.KV_PULLED_TOKENS: "7", sc.PROXY_OFFER_REASON: "no_entry", sc.PROXY_OFFER: "false"},
     ]
     assert [r["SpanAttributesInt"] for r in rows] == [{}, {}, {sc.KV_PULLED_TOKENS: 7}]
@@ -67,8 +75,13 @@ def _fresh_bad_value_logs():
 
 
 def _good(i: int) -> dict:
-    return {sc.GEN_AI_CONVERSATION_ID: f"conv-{i}", sc.TURN_INDEX: i, sc.REQUEST_TTFT_MS: i / 4,
-            sc.PROXY_OFFER: i % 2 == 0, sc.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",)}
+    return {
+        sc.GEN_AI_CONVERSATION_ID: f"conv-{i}",
+        sc.TURN_INDEX: i,
+        sc.REQUEST_TTFT_MS: i / 4,
+        sc.PROXY_OFFER: i % 2 == 0,
+        sc.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
+    }
 
 
 def _export(spans, directory) -> list[dict]:
@@ -137,8 +150,10 @@ def test_bad_text_in_any_column_is_escaped_not_fatal(tmp_path, caplog):
     assert bad["ServiceName"] == "svc-" + ESCAPED
     assert bad["ResourceAttributes"][sc.ENGINE_ID] == ESCAPED
     assert (bad["ScopeName"], bad["ScopeVersion"]) == ("t\\ud800", "1.0\\ud800")
-    assert bad["SpanAttributes"] == {sc.SESSION_ID + "\\ud800": "v",
-                                     sc.GEN_AI_RESPONSE_FINISH_REASONS: '["stop","' + ESCAPED + '"]'}
+    assert bad["SpanAttributes"] == {
+        sc.SESSION_ID + "\\ud800": "v",
+        sc.GEN_AI_RESPONSE_FINISH_REASONS: '["stop","' + ESCAPED + '"]',
+    }
     assert bad["Events.Name"] == [sc.EVENT_FIRST_TOKEN + ESCAPED]
     assert bad["Events.Attributes"] == [{sc.TURN_INDEX: ESCAPED}]
     assert bad["StatusMessage"] == "failed: " + ESCAPED
@@ -148,6 +163,7 @@ def test_bad_text_in_any_column_is_escaped_not_fatal(tmp_path, caplog):
 
 def test_non_text_values_are_stringified_and_undumpable_ones_named(tmp_path):
     """Spans from outside the SDK (public-property path) can carry any object."""
+
     class Unprintable:
         def __str__(self):
             raise RuntimeError("no")
@@ -155,10 +171,19 @@ def test_non_text_values_are_stringified_and_undumpable_ones_named(tmp_path):
     cyclic: list = []
     cyclic.append(cyclic)
     base = _spans([{sc.TURN_INDEX: 1}])[0]
-    odd = ReadableSpan(name="odd", context=base.context, resource=base.resource,
-                       attributes={sc.SESSION_ID: Unprintable(), sc.TURN_INDEX: b"\xff\xfe",
-                                   sc.ENGINE_ID: cyclic, sc.PROXY_OFFER: {(1, 2): "tuple key"}},
-                       start_time=base.start_time, end_time=base.end_time)
+    odd = ReadableSpan(
+        name="odd",
+        context=base.context,
+        resource=base.resource,
+        attributes={
+            sc.SESSION_ID: Unprintable(),
+            sc.TURN_INDEX: b"\xff\xfe",
+            sc.ENGINE_ID: cyclic,
+            sc.PROXY_OFFER: {(1, 2): "tuple key"},
+        },
+        start_time=base.start_time,
+        end_time=base.end_time,
+    )
     table = spans_to_table([odd, base])
     attrs = table_to_rows(table)[0]["SpanAttributes"]
     assert attrs[sc.SESSION_ID] == "<unconvertible Unprintable>"
@@ -172,8 +197,9 @@ def test_a_span_that_cannot_be_converted_at_all_is_dropped_alone(tmp_path, caplo
     only that span is dropped; its 300 batch mates are written; one log line."""
     caplog.set_level(logging.WARNING, logger="kvtrace.store")
     good = _spans([_good(i) for i in range(300)])
-    broken = ReadableSpan(name="broken", context=SpanContext(1, 2, False, TraceFlags(1)),
-                          start_time="not a time", end_time=None)
+    broken = ReadableSpan(
+        name="broken", context=SpanContext(1, 2, False, TraceFlags(1)), start_time="not a time", end_time=None
+    )
     rows = _export([*good[:100], broken, *good[100:]], tmp_path)
     assert len(rows) == 300
     assert [r["SpanAttributes"][sc.GEN_AI_CONVERSATION_ID] for r in rows] == [f"conv-{i}" for i in range(300)]

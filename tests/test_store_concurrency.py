@@ -11,8 +11,8 @@ import time
 
 import plain_parquet
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvtrace import semconv as sc
 from kvtrace.cli import main as kvtrace_main
@@ -85,7 +85,8 @@ def _deadline_wait(procs, poll):
 
 def _exact(con, n: int) -> None:
     assert reader.query(con, "SELECT count(*) AS n, count(DISTINCT span_id) AS d FROM spans").to_pylist() == [
-        {"n": n, "d": n}]
+        {"n": n, "d": n}
+    ]
 
 
 def test_four_writers_one_directory_no_loss_no_duplicates(tmp_path):
@@ -97,7 +98,9 @@ def test_four_writers_one_directory_no_loss_no_duplicates(tmp_path):
         if not files.list_files(tmp_path):
             return
         con = reader.connect(tmp_path)
-        total, distinct = reader.query(con, "SELECT count(*), count(DISTINCT span_id) FROM spans").to_pylist()[0].values()
+        total, distinct = (
+            reader.query(con, "SELECT count(*), count(DISTINCT span_id) FROM spans").to_pylist()[0].values()
+        )
         assert total == distinct
         polls["ok"] += 1
 
@@ -123,7 +126,10 @@ def test_sigterm_loses_nothing_already_exported_and_leaves_plain_parquet(tmp_pat
     assert proc.wait(timeout=60) == -signal.SIGTERM
     con = reader.connect(tmp_path)
     assert con.execute("SELECT count(*), count(DISTINCT turn), min(service_name) FROM spans").fetchone() == (
-        100, 100, "sigterm-writer")
+        100,
+        100,
+        "sigterm-writer",
+    )
     left = [os.path.basename(p) for p in files.list_files(tmp_path)]
     assert len(left) == 1 and files.parse_name(left[0]).segment  # rolled at exit, batch files gone
     assert plain_parquet.exact(tmp_path, 100)
@@ -143,8 +149,10 @@ def _killed_writer(directory) -> None:
 def test_kill_leftovers_are_removed_by_kvtrace_compact(tmp_path, capsys):
     _killed_writer(tmp_path)
     assert kvtrace_main(["compact", "--traces", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == f"kvtrace compact: {tmp_path}: deleted 40 superseded or abandoned files; " \
-                                      "20 Parquet files remain\n"
+    assert (
+        capsys.readouterr().out == f"kvtrace compact: {tmp_path}: deleted 40 superseded or abandoned files; "
+        "20 Parquet files remain\n"
+    )
     assert plain_parquet.exact(tmp_path, 40)
     _exact(reader.connect(tmp_path), 40)
 
@@ -156,7 +164,9 @@ def test_kill_leftovers_are_removed_by_the_next_writer(tmp_path):
     assert plain_parquet.exact(tmp_path, 50)
     con = reader.connect(tmp_path)
     assert con.execute("SELECT session_id, count(*) FROM spans GROUP BY 1 ORDER BY 1").fetchall() == [
-        ("killed", 40), ("next", 10)]
+        ("killed", 40),
+        ("next", 10),
+    ]
 
 
 def test_an_idle_writer_sweeps_after_the_grace_period(tmp_path):

@@ -46,16 +46,29 @@ def _spans(n: int, tag: str = "s") -> list:
         tracers.append(provider.get_tracer(f"scope-{service}", "1.2"))
     for i in range(n):
         tracer = tracers[i % 2]
-        root = tracer.start_span(sc.SPAN_PROXY_REQUEST, kind=SpanKind.SERVER, attributes={
-            sc.SESSION_ID: f"{tag}-{i}", sc.TURN_INDEX: i, sc.REQUEST_TTFT_MS: i / 8, sc.PROXY_OFFER: i % 3 == 0,
-            sc.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",) * (1 + i % 2), sc.KV_PULLED_TOKENS: 2**70 if i == 5 else i})
+        root = tracer.start_span(
+            sc.SPAN_PROXY_REQUEST,
+            kind=SpanKind.SERVER,
+            attributes={
+                sc.SESSION_ID: f"{tag}-{i}",
+                sc.TURN_INDEX: i,
+                sc.REQUEST_TTFT_MS: i / 8,
+                sc.PROXY_OFFER: i % 3 == 0,
+                sc.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",) * (1 + i % 2),
+                sc.KV_PULLED_TOKENS: 2**70 if i == 5 else i,
+            },
+        )
         if i % 4 == 0:
             root.add_event(sc.EVENT_FIRST_TOKEN, {sc.TURN_INDEX: i})
         if i == 7:
             root.set_attribute(sc.GEN_AI_CONVERSATION_ID, "bad-\ud800")  # escaped by the writer, kept
             root.set_status(Status(StatusCode.ERROR, "failed"))
-        child = tracer.start_span(sc.SPAN_PROXY_DECODE, context=_ctx(root), kind=SpanKind.CLIENT,
-                                  links=[Link(root.get_span_context(), {sc.TURN_INDEX: i})] if i % 5 == 0 else None)
+        child = tracer.start_span(
+            sc.SPAN_PROXY_DECODE,
+            context=_ctx(root),
+            kind=SpanKind.CLIENT,
+            links=[Link(root.get_span_context(), {sc.TURN_INDEX: i})] if i % 5 == 0 else None,
+        )
         child.end()
         root.end()
     return list(exporter.get_finished_spans())
@@ -96,8 +109,9 @@ def _wait(pred, timeout: float = 120.0) -> None:
 
 def test_the_writer_process_writes_the_rows_the_in_process_exporter_writes(tmp_path):
     spans = _spans(150)  # 300 spans: several slices per batch
-    broken = ReadableSpan(name="broken", context=SpanContext(1, 2, False, TraceFlags(1)),
-                          start_time="not a time", end_time=None)  # dropped alone by both
+    broken = ReadableSpan(
+        name="broken", context=SpanContext(1, 2, False, TraceFlags(1)), start_time="not a time", end_time=None
+    )  # dropped alone by both
     batches = [spans[:200], [*spans[200:250], broken, *spans[250:]]]
     handoff, direct = WriterProcessExporter(tmp_path / "handoff"), ParquetSpanExporter(tmp_path / "direct")
     for batch in batches:
@@ -114,8 +128,11 @@ def test_the_writer_process_writes_the_rows_the_in_process_exporter_writes(tmp_p
 def test_slices_of_a_batch_whose_end_never_came_are_written(tmp_path):
     """The exporting process died mid-batch: the writer still writes the slices it received whole."""
     spans = _spans(40)
-    proc = subprocess.Popen([sys.executable, "-m", "kvtrace.store.writerproc", str(tmp_path), "{}"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtrace.store.writerproc", str(tmp_path), "{}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     for part in (spans[:64], spans[64:]):
         payload = pickle.dumps(span_columns(part))
         proc.stdin.write(HEADER.pack(TAG_SPANS, 1, len(payload)) + payload)
@@ -165,15 +182,33 @@ async def test_sigterm_of_the_proxy_loses_nothing(tmp_path):
     port = free_port()
     env = {**os.environ, "KVTRACE_BATCH_DELAY_MS": "600000"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(port), "--prefiller-port", str(p.port),
-        "--decoder-port", str(d.port), "--traces", str(tmp_path), env=env, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "kvtrace.cli",
+        "proxy",
+        "--port",
+        str(port),
+        "--prefiller-port",
+        str(p.port),
+        "--decoder-port",
+        str(d.port),
+        "--traces",
+        str(tmp_path),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 120)
         assert b"listening" in line
         async with aiohttp.ClientSession() as http:
             for i in range(20):
-                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                        "stream": False, "conversation_id": f"c{i % 4}"}
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                    "stream": False,
+                    "conversation_id": f"c{i % 4}",
+                }
                 async with http.post(f"http://127.0.0.1:{port}{CHAT}", json=body) as r:
                     assert r.status == 200
                     await r.read()
@@ -187,7 +222,8 @@ async def test_sigterm_of_the_proxy_loses_nothing(tmp_path):
         await d.close()
     con = reader.connect(tmp_path)
     assert con.execute("SELECT name, count(*) FROM spans GROUP BY 1 ORDER BY 1").fetchall() == sorted(
-        [(sc.SPAN_PROXY_REQUEST, 20), (sc.SPAN_PROXY_PREFILL, 20), (sc.SPAN_PROXY_DECODE, 20)])
+        [(sc.SPAN_PROXY_REQUEST, 20), (sc.SPAN_PROXY_PREFILL, 20), (sc.SPAN_PROXY_DECODE, 20)]
+    )
     assert len(files.list_files(tmp_path)) == 1  # one batch at SIGTERM: one file
     assert plain_parquet.exact(tmp_path, 60)
 
@@ -233,7 +269,9 @@ def test_a_hung_writer_costs_its_batch_counted_as_dropped_then_is_replaced(tmp_p
             os.kill(hung, signal.SIGKILL)
     provider.shutdown()
     assert reader.connect(tmp_path).execute("SELECT list(turn ORDER BY turn) FROM spans").fetchone()[0] == [
-        *range(10), *range(20, 30)]
+        *range(10),
+        *range(20, 30),
+    ]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

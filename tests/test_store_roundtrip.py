@@ -51,8 +51,10 @@ EXPECTED_COLUMNS = {
     "next_engine_id next_start_ns gap_s expiry_gap_s entry_age_s offer_ttl_s offered offer_reason outcome "
     "pulled_tokens recomputed_tokens",
 }
-SPANS_DERIVED = ("trace_id span_id parent_span_id name kind service_name start_time end_time start_ns end_ns duration_ms "
-                 "status_code session_id request_id turn engine_id engine_role substrate").split()
+SPANS_DERIVED = (
+    "trace_id span_id parent_span_id name kind service_name start_time end_time start_ns end_ns duration_ms "
+    "status_code session_id request_id turn engine_id engine_role substrate"
+).split()
 
 
 def _provider(tmp_path, resource_attrs):
@@ -68,35 +70,82 @@ def _emit(provider):
     """A session with nested spans, every attribute type, events with attributes, a link, an error."""
     tracer = provider.get_tracer("kvtrace.test", "9.9")
     ids = {sc.SESSION_ID: "s-1", sc.TURN_INDEX: 3, sc.GEN_AI_REQUEST_ID: "req-7"}
-    root = tracer.start_span(sc.SPAN_PROXY_REQUEST, kind=SpanKind.SERVER, start_time=T0, attributes={
-        **ids, sc.REQUEST_STREAM: True, sc.PROXY_OFFER: False, sc.REQUEST_TTFT_MS: 12.25,
-        sc.GEN_AI_RESPONSE_FINISH_REASONS: ("stop", "length"), sc.HTTP_RESPONSE_STATUS_CODE: 200,
-        sc.KV_PULLED_TOKENS: 2**40, sc.KV_OUTCOME: sc.OUTCOME_PULLED})
+    root = tracer.start_span(
+        sc.SPAN_PROXY_REQUEST,
+        kind=SpanKind.SERVER,
+        start_time=T0,
+        attributes={
+            **ids,
+            sc.REQUEST_STREAM: True,
+            sc.PROXY_OFFER: False,
+            sc.REQUEST_TTFT_MS: 12.25,
+            sc.GEN_AI_RESPONSE_FINISH_REASONS: ("stop", "length"),
+            sc.HTTP_RESPONSE_STATUS_CODE: 200,
+            sc.KV_PULLED_TOKENS: 2**40,
+            sc.KV_OUTCOME: sc.OUTCOME_PULLED,
+        },
+    )
     root.add_event(sc.EVENT_FIRST_TOKEN, {sc.SERVER_PORT: 8100, sc.ERROR_TYPE: "x"}, timestamp=T0 + 5)
     root.add_event(sc.EVENT_LAST_TOKEN, timestamp=T0 + 9)
     ctx = set_span_in_context(root)
-    dec = tracer.start_span(sc.SPAN_KV_DECISION, context=ctx, start_time=T0 + 100, attributes={
-        **ids, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_OUTCOME: sc.OUTCOME_PULLED, sc.KV_PROMPT_TOKENS: 1000,
-        sc.KV_LOCAL_HIT_TOKENS: 16, sc.KV_REMOTE_TOKENS: 900, sc.KV_PULLED_TOKENS: 900,
-        sc.KV_RECOMPUTED_TOKENS: 84, sc.KV_THRESHOLD: 64, sc.KV_EXPIRY_REMAINING_S: 470.5,
-        sc.KV_PEER_ENGINE_ID: "D0", sc.ENGINE_ROLE: sc.ROLE_DECODE})
-    xfer = tracer.start_span(sc.SPAN_KV_TRANSFER, context=set_span_in_context(dec), start_time=T0 + 200,
-                             links=[Link(root.get_span_context(), {sc.KV_THRESHOLD: 64})],
-                             attributes={**ids, sc.KV_TRANSFER_BYTES: 5 << 20, sc.KV_TRANSFER_XFER_MS: 0.1})
+    dec = tracer.start_span(
+        sc.SPAN_KV_DECISION,
+        context=ctx,
+        start_time=T0 + 100,
+        attributes={
+            **ids,
+            sc.KV_DIRECTION: sc.DIRECTION_D2P,
+            sc.KV_OUTCOME: sc.OUTCOME_PULLED,
+            sc.KV_PROMPT_TOKENS: 1000,
+            sc.KV_LOCAL_HIT_TOKENS: 16,
+            sc.KV_REMOTE_TOKENS: 900,
+            sc.KV_PULLED_TOKENS: 900,
+            sc.KV_RECOMPUTED_TOKENS: 84,
+            sc.KV_THRESHOLD: 64,
+            sc.KV_EXPIRY_REMAINING_S: 470.5,
+            sc.KV_PEER_ENGINE_ID: "D0",
+            sc.ENGINE_ROLE: sc.ROLE_DECODE,
+        },
+    )
+    xfer = tracer.start_span(
+        sc.SPAN_KV_TRANSFER,
+        context=set_span_in_context(dec),
+        start_time=T0 + 200,
+        links=[Link(root.get_span_context(), {sc.KV_THRESHOLD: 64})],
+        attributes={**ids, sc.KV_TRANSFER_BYTES: 5 << 20, sc.KV_TRANSFER_XFER_MS: 0.1},
+    )
     xfer.set_status(Status(StatusCode.ERROR, "nixl said no"))
     xfer.end(T0 + 2_000_300)
     dec.end(T0 + 3_000_000)
     root.end(T0 + 9_000_000_000)
-    tool = tracer.start_span(sc.SPAN_AGENT_TOOL_CALL, start_time=T0 + 10, attributes={
-        sc.SESSION_ID: "s-1", sc.TURN_INDEX: 3, sc.GEN_AI_TOOL_NAME: "grep", sc.GEN_AI_TOOL_CALL_ID: "call-1"})
+    tool = tracer.start_span(
+        sc.SPAN_AGENT_TOOL_CALL,
+        start_time=T0 + 10,
+        attributes={
+            sc.SESSION_ID: "s-1",
+            sc.TURN_INDEX: 3,
+            sc.GEN_AI_TOOL_NAME: "grep",
+            sc.GEN_AI_TOOL_CALL_ID: "call-1",
+        },
+    )
     tool.set_status(Status(StatusCode.OK))
     tool.end(T0 + 1_000)
 
 
 def _expected(span):
     attrs = dict(span.attributes)
-    as_str = {k: ("true" if v is True else "false" if v is False else json.dumps(list(v), separators=(",", ":"))
-                  if isinstance(v, tuple) else str(v)) for k, v in attrs.items()}
+    as_str = {
+        k: (
+            "true"
+            if v is True
+            else "false"
+            if v is False
+            else json.dumps(list(v), separators=(",", ":"))
+            if isinstance(v, tuple)
+            else str(v)
+        )
+        for k, v in attrs.items()
+    }
     return {
         "trace_id": format(span.context.trace_id, "032x"),
         "span_id": format(span.context.span_id, "016x"),
@@ -106,7 +155,11 @@ def _expected(span):
         "start_ns": span.start_time,
         "end_ns": span.end_time,
         "Duration": span.end_time - span.start_time,
-        "status_code": {StatusCode.UNSET: "STATUS_CODE_UNSET", StatusCode.OK: "STATUS_CODE_OK", StatusCode.ERROR: "STATUS_CODE_ERROR"}[span.status.status_code],
+        "status_code": {
+            StatusCode.UNSET: "STATUS_CODE_UNSET",
+            StatusCode.OK: "STATUS_CODE_OK",
+            StatusCode.ERROR: "STATUS_CODE_ERROR",
+        }[span.status.status_code],
         "StatusMessage": span.status.description or "",
         "ScopeName": "kvtrace.test",
         "ScopeVersion": "9.9",
@@ -114,21 +167,48 @@ def _expected(span):
         "SpanAttributesInt": {k: v for k, v in attrs.items() if type(v) is int},
         "SpanAttributesFloat": {k: v for k, v in attrs.items() if type(v) is float},
         "events": [(e.name, e.timestamp, {k: str(v) for k, v in e.attributes.items()}) for e in span.events],
-        "links": [(format(lk.context.trace_id, "032x"), format(lk.context.span_id, "016x"),
-                   {k: str(v) for k, v in lk.attributes.items()}) for lk in span.links],
+        "links": [
+            (
+                format(lk.context.trace_id, "032x"),
+                format(lk.context.span_id, "016x"),
+                {k: str(v) for k, v in lk.attributes.items()},
+            )
+            for lk in span.links
+        ],
     }
 
 
 def _stored(con):
-    cols = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, Duration, status_code, StatusMessage, "
-            "ScopeName, ScopeVersion, SpanAttributes, SpanAttributesInt, SpanAttributesFloat, "
-            "list_transform(\"Events.Timestamp\", lambda x: epoch_ns(x)), \"Events.Name\", \"Events.Attributes\", \"Links.TraceId\", "
-            "\"Links.SpanId\", \"Links.Attributes\", ResourceAttributes, service_name, engine_id, engine_role, substrate")
+    cols = (
+        "trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, Duration, status_code, StatusMessage, "
+        "ScopeName, ScopeVersion, SpanAttributes, SpanAttributesInt, SpanAttributesFloat, "
+        'list_transform("Events.Timestamp", lambda x: epoch_ns(x)), "Events.Name", "Events.Attributes", "Links.TraceId", '
+        '"Links.SpanId", "Links.Attributes", ResourceAttributes, service_name, engine_id, engine_role, substrate'
+    )
     out = {}
     for row in con.execute(f"SELECT {cols} FROM spans").fetchall():
-        d = dict(zip(["trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "Duration",
-                      "status_code", "StatusMessage", "ScopeName", "ScopeVersion", "SpanAttributes",
-                      "SpanAttributesInt", "SpanAttributesFloat"], row[:15]))
+        d = dict(
+            zip(
+                [
+                    "trace_id",
+                    "span_id",
+                    "parent_span_id",
+                    "name",
+                    "kind",
+                    "start_ns",
+                    "end_ns",
+                    "Duration",
+                    "status_code",
+                    "StatusMessage",
+                    "ScopeName",
+                    "ScopeVersion",
+                    "SpanAttributes",
+                    "SpanAttributesInt",
+                    "SpanAttributesFloat",
+                ],
+                row[:15],
+            )
+        )
         d["events"] = [(n, t, a) for t, n, a in zip(row[15], row[16], row[17])]
         d["links"] = list(zip(row[18], row[19], row[20]))
         out[d["span_id"]] = (d, row[21:])
@@ -136,7 +216,12 @@ def _stored(con):
 
 
 def test_round_trip_exact_values(tmp_path):
-    resource = {sc.SERVICE_NAME: "svc-a", sc.ENGINE_ID: "P0", sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.SUBSTRATE: sc.SUBSTRATE_SIM}
+    resource = {
+        sc.SERVICE_NAME: "svc-a",
+        sc.ENGINE_ID: "P0",
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
+        sc.SUBSTRATE: sc.SUBSTRATE_SIM,
+    }
     provider, exporter, memory = _provider(tmp_path, resource)
     _emit(provider)
     assert provider.force_flush()
@@ -164,20 +249,40 @@ def test_typed_views(tmp_path):
     row.pop("start_time")
     assert row == {
         "trace_id": format(by_name[sc.SPAN_KV_DECISION].context.trace_id, "032x"),
-        "span_id": format(by_name[sc.SPAN_KV_DECISION].context.span_id, "016x"), "request_id": "req-7",
-        "session_id": "s-1", "turn": 3, "engine_id": None, "engine_role": sc.ROLE_DECODE,
-        "direction": sc.DIRECTION_D2P, "outcome": sc.OUTCOME_PULLED, "prompt_tokens": 1000, "local_hit_tokens": 16,
-        "remote_tokens": 900, "pulled_tokens": 900, "recomputed_tokens": 84, "threshold": 64,
-        "expiry_remaining_s": 470.5, "peer_engine_id": "D0", "start_ns": T0 + 100, "duration_ms": (3_000_000 - 100) / 1e6,
-        "service_name": "svc-a", "substrate": sc.SUBSTRATE_VLLM}
-    req = con.execute("SELECT ttft_ms, latency_ms, http_status, stream, offered, pulled_tokens, outcome FROM requests").fetchall()
+        "span_id": format(by_name[sc.SPAN_KV_DECISION].context.span_id, "016x"),
+        "request_id": "req-7",
+        "session_id": "s-1",
+        "turn": 3,
+        "engine_id": None,
+        "engine_role": sc.ROLE_DECODE,
+        "direction": sc.DIRECTION_D2P,
+        "outcome": sc.OUTCOME_PULLED,
+        "prompt_tokens": 1000,
+        "local_hit_tokens": 16,
+        "remote_tokens": 900,
+        "pulled_tokens": 900,
+        "recomputed_tokens": 84,
+        "threshold": 64,
+        "expiry_remaining_s": 470.5,
+        "peer_engine_id": "D0",
+        "start_ns": T0 + 100,
+        "duration_ms": (3_000_000 - 100) / 1e6,
+        "service_name": "svc-a",
+        "substrate": sc.SUBSTRATE_VLLM,
+    }
+    req = con.execute(
+        "SELECT ttft_ms, latency_ms, http_status, stream, offered, pulled_tokens, outcome FROM requests"
+    ).fetchall()
     assert req == [(12.25, 9_000.0, 200, True, False, 2**40, sc.OUTCOME_PULLED)]
     assert con.execute("SELECT bytes, xfer_ms, status, end_ns - start_ns FROM kv_transfers").fetchall() == [
-        (5 << 20, 0.1, None, 2_000_100)]
+        (5 << 20, 0.1, None, 2_000_100)
+    ]
     assert con.execute("SELECT tool_name, tool_call_id, status_code, duration_ms FROM tool_calls").fetchall() == [
-        ("grep", "call-1", "STATUS_CODE_OK", 990 / 1e6)]
+        ("grep", "call-1", "STATUS_CODE_OK", 990 / 1e6)
+    ]
     assert con.execute("SELECT session_id, turns, traces, requests, start_ns FROM sessions").fetchall() == [
-        ("s-1", 1, 2, 1, T0)]
+        ("s-1", 1, 2, 1, T0)
+    ]
     provider.shutdown()
 
 
@@ -186,7 +291,7 @@ def test_view_columns_are_the_contract():
     assert {v.name for v in views.PUBLIC} == {"spans", "session_breakdown", "turn_breakdown", *EXPECTED_COLUMNS}
     for name, expected in EXPECTED_COLUMNS.items():
         assert cols[name] == expected.split() == list(views.BY_NAME[name].column_names), name
-    assert cols["spans"][-len(SPANS_DERIVED):] == SPANS_DERIVED
+    assert cols["spans"][-len(SPANS_DERIVED) :] == SPANS_DERIVED
 
 
 def test_every_view_works_on_empty_store(tmp_path):
@@ -227,7 +332,7 @@ def test_shutdown_idempotent_merges_and_refuses_after(tmp_path):
     spans = memory.get_finished_spans()
     exporter = ParquetSpanExporter(tmp_path, roll_bytes=10**12, roll_seconds=10**6, grace_seconds=0)
     for i in range(0, 30, 10):
-        assert exporter.export(spans[i:i + 10]) is SpanExportResult.SUCCESS
+        assert exporter.export(spans[i : i + 10]) is SpanExportResult.SUCCESS
     assert [files.parse_name(os.path.basename(p)).segment for p in files.list_files(tmp_path)] == [False] * 3
     exporter.shutdown()
     exporter.shutdown()
@@ -235,17 +340,30 @@ def test_shutdown_idempotent_merges_and_refuses_after(tmp_path):
     assert [os.path.basename(p) for p in listed] == [files.segment_name(exporter.writer, 1, 3)]
     assert exporter.export(spans[:1]) is SpanExportResult.FAILURE
     con = reader.connect(tmp_path)
-    assert con.execute("SELECT count(DISTINCT span_id), count(*), sum(turn) FROM spans").fetchone() == (30, 30, sum(range(30)))
+    assert con.execute("SELECT count(DISTINCT span_id), count(*), sum(turn) FROM spans").fetchone() == (
+        30,
+        30,
+        sum(range(30)),
+    )
 
 
 def test_list_files_drops_covered_batches_and_dot_files(tmp_path):
     part = tmp_path / "date=2026-01-01" / "hour=00"
     part.mkdir(parents=True)
-    for name in ["w-1-a-b00000001.parquet", "w-1-a-b00000002.parquet", "w-1-a-b00000003.parquet",
-                 "w-1-a-s00000001-00000002.parquet", "w-2-b-b00000001.parquet", ".w-1-a-b00000004.parquet.tmp"]:
+    for name in [
+        "w-1-a-b00000001.parquet",
+        "w-1-a-b00000002.parquet",
+        "w-1-a-b00000003.parquet",
+        "w-1-a-s00000001-00000002.parquet",
+        "w-2-b-b00000001.parquet",
+        ".w-1-a-b00000004.parquet.tmp",
+    ]:
         (part / name).write_bytes(b"")
     assert [os.path.basename(p) for p in files.list_files(tmp_path)] == [
-        "w-1-a-b00000003.parquet", "w-1-a-s00000001-00000002.parquet", "w-2-b-b00000001.parquet"]
+        "w-1-a-b00000003.parquet",
+        "w-1-a-s00000001-00000002.parquet",
+        "w-2-b-b00000001.parquet",
+    ]
 
 
 def _cli(capsys, *argv):
@@ -272,8 +390,14 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     for bad in ("SELEC oops", "SELECT nope FROM spans", "SELECT * FROM no_such_view"):
         rc, out, err = _cli(capsys, bad, "--traces", traces)
         assert (rc, out) == (2, "") and err.count("\n") == 1 and err.startswith("kvtrace query: error: ")
-    rc, out, err = _cli(capsys, "SELECT name, turn FROM spans WHERE name = ? ORDER BY 1".replace("?", f"'{sc.SPAN_AGENT_TOOL_CALL}'"),
-                        "--traces", traces, "--format", "csv")
+    rc, out, err = _cli(
+        capsys,
+        "SELECT name, turn FROM spans WHERE name = ? ORDER BY 1".replace("?", f"'{sc.SPAN_AGENT_TOOL_CALL}'"),
+        "--traces",
+        traces,
+        "--format",
+        "csv",
+    )
     assert (rc, out) == (0, f"name,turn\n{sc.SPAN_AGENT_TOOL_CALL},3\n")
     rc, out, _ = _cli(capsys, "SELECT count(*) AS n FROM kv_decisions", "--traces", traces, "--format", "json")
     assert json.loads(out) == [{"n": 1}]
@@ -282,7 +406,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     rc, out, err = _cli(capsys, "SELECT 1", "--traces", traces, "--format", "parquet")
     assert rc == 2 and "--output" in err
     target = tmp_path / "o.parquet"
-    assert _cli(capsys, "SELECT * FROM requests", "--traces", traces, "--format", "parquet", "--output", str(target))[0] == 0
+    assert (
+        _cli(capsys, "SELECT * FROM requests", "--traces", traces, "--format", "parquet", "--output", str(target))[0]
+        == 0
+    )
     import pyarrow.parquet as pq
+
     assert pq.read_table(target).num_rows == 1
     provider.shutdown()

@@ -33,24 +33,35 @@ def test_declared_columns_are_what_duckdb_returns():
 
 
 def test_docs_query_md_is_generated_from_the_registry():
-    assert (ROOT / "docs" / "query.md").read_text(encoding="utf-8") == render(), \
+    assert (ROOT / "docs" / "query.md").read_text(encoding="utf-8") == render(), (
         "regenerate: python -m kvtrace.store.views > docs/query.md"
+    )
     for view in views.VIEWS:
         assert f"`{view.name}`" in render()
 
 
 # -- every documented enumerated value, used as a filter, finds rows ---------------------------
 SPAN_OF_VIEW = {
-    "spans": sc.SPAN_AGENT_TURN, "requests": sc.SPAN_PROXY_REQUEST, "kv_decisions": sc.SPAN_KV_DECISION,
-    "kv_transfers": sc.SPAN_KV_TRANSFER, "kv_retention": sc.SPAN_KV_RETENTION,
-    "engine_requests": sc.SPAN_ENGINE_PREFILL, "llm_calls": sc.SPAN_AGENT_LLM_CALL,
-    "tool_calls": sc.SPAN_AGENT_TOOL_CALL, "vllm_requests": sc.SPAN_VLLM_LLM_REQUEST,
+    "spans": sc.SPAN_AGENT_TURN,
+    "requests": sc.SPAN_PROXY_REQUEST,
+    "kv_decisions": sc.SPAN_KV_DECISION,
+    "kv_transfers": sc.SPAN_KV_TRANSFER,
+    "kv_retention": sc.SPAN_KV_RETENTION,
+    "engine_requests": sc.SPAN_ENGINE_PREFILL,
+    "llm_calls": sc.SPAN_AGENT_LLM_CALL,
+    "tool_calls": sc.SPAN_AGENT_TOOL_CALL,
+    "vllm_requests": sc.SPAN_VLLM_LLM_REQUEST,
     "continuity": sc.SPAN_PROXY_REQUEST,
 }
 ATTRIBUTE_OF_COLUMN = {
-    "direction": sc.KV_DIRECTION, "status": sc.KV_TRANSFER_STATUS, "offer_reason": sc.PROXY_OFFER_REASON,
-    "fallback": sc.PROXY_FALLBACK, "engine_role": sc.ENGINE_ROLE, "substrate": sc.SUBSTRATE,
-    "source": sc.SESSION_SOURCE, "continuity": sc.SESSION_CONTINUITY,
+    "direction": sc.KV_DIRECTION,
+    "status": sc.KV_TRANSFER_STATUS,
+    "offer_reason": sc.PROXY_OFFER_REASON,
+    "fallback": sc.PROXY_FALLBACK,
+    "engine_role": sc.ENGINE_ROLE,
+    "substrate": sc.SUBSTRATE,
+    "source": sc.SESSION_SOURCE,
+    "continuity": sc.SESSION_CONTINUITY,
 }
 
 
@@ -90,17 +101,37 @@ def _vllm_legs(b: SpanBuilder, t: float) -> None:
     req = b.request("enum", 0, "req-enum", t, t + 50, 10.0)
     for leg in (sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE):
         parent = b.span(leg, t + 1, t + 40, parent=req, service=PROXY, kind="CLIENT")
-        b.span(sc.SPAN_VLLM_LLM_REQUEST, t + 2, t + 30, parent=parent, service="vllm", kind="SERVER",
-               attrs={sc.GEN_AI_REQUEST_ID: "cmpl-req-enum-0"})
-    b.span(sc.SPAN_VLLM_LLM_REQUEST, t + 60, t + 70, service="vllm", kind="SERVER",
-           attrs={sc.GEN_AI_REQUEST_ID: "chatcmpl-req-enum-1"})  # no trace context: matched by request id
+        b.span(
+            sc.SPAN_VLLM_LLM_REQUEST,
+            t + 2,
+            t + 30,
+            parent=parent,
+            service="vllm",
+            kind="SERVER",
+            attrs={sc.GEN_AI_REQUEST_ID: "cmpl-req-enum-0"},
+        )
+    b.span(
+        sc.SPAN_VLLM_LLM_REQUEST,
+        t + 60,
+        t + 70,
+        service="vllm",
+        kind="SERVER",
+        attrs={sc.GEN_AI_REQUEST_ID: "chatcmpl-req-enum-1"},
+    )  # no trace context: matched by request id
 
 
 def _unspecified_kind(directory: Path) -> None:
     req = ExportTraceServiceRequest()
-    span = req.resource_spans.add().scope_spans.add().spans.add(
-        name="from-otlp", kind=0, start_time_unix_nano=1_767_225_600_000_000_000,
-        end_time_unix_nano=1_767_225_600_000_001_000)
+    span = (
+        req.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            name="from-otlp",
+            kind=0,
+            start_time_unix_nano=1_767_225_600_000_000_000,
+            end_time_unix_nano=1_767_225_600_000_001_000,
+        )
+    )
     span.trace_id, span.span_id = (7).to_bytes(16, "big"), (7).to_bytes(8, "big")
     table, _, _ = request_to_table(req)
     write_table(table, directory, writer="otlp")
@@ -122,16 +153,20 @@ def test_every_documented_value_finds_rows(enum_store):
     for view in views.PUBLIC:
         for column in view.columns:
             for value in column.values:
-                (n,), = enum_store.execute(f'SELECT count(*) FROM {view.name} WHERE "{column.name}" = $v',
-                                           {"v": value}).fetchall()
+                ((n,),) = enum_store.execute(
+                    f'SELECT count(*) FROM {view.name} WHERE "{column.name}" = $v', {"v": value}
+                ).fetchall()
                 assert n > 0, f"{view.name}.{column.name} = {value!r} finds nothing"
                 checked += 1
     assert checked >= 90  # kinds, statuses, outcomes, directions, roles, substrates, reasons, legs, ...
     # the one spelling: raw and derived columns agree; the short OTel spellings are not stored
-    assert enum_store.execute("SELECT count(*) FROM spans WHERE kind <> SpanKind OR status_code <> StatusCode"
-                              ).fetchall() == [(0,)]
-    assert enum_store.execute("SELECT count(*) FROM spans WHERE status_code IN ('Error', 'Ok', 'Unset') "
-                              "OR kind IN ('Server', 'Client', 'Internal')").fetchall() == [(0,)]
+    assert enum_store.execute(
+        "SELECT count(*) FROM spans WHERE kind <> SpanKind OR status_code <> StatusCode"
+    ).fetchall() == [(0,)]
+    assert enum_store.execute(
+        "SELECT count(*) FROM spans WHERE status_code IN ('Error', 'Ok', 'Unset') "
+        "OR kind IN ('Server', 'Client', 'Internal')"
+    ).fetchall() == [(0,)]
 
 
 # -- the reader ---------------------------------------------------------------------------------
@@ -230,8 +265,10 @@ def test_query_report_and_dashboard_share_the_default_and_refuse_blending(two_ru
     assert main(command) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith(f"kvtrace {command[0]}: error: kvtrace-traces holds 2 runs, which kvtrace does not merge: "
-                          "kvtrace-traces/baseline, kvtrace-traces/bidir. Pick one with --traces")
+    assert err.startswith(
+        f"kvtrace {command[0]}: error: kvtrace-traces holds 2 runs, which kvtrace does not merge: "
+        "kvtrace-traces/baseline, kvtrace-traces/bidir. Pick one with --traces"
+    )
     monkeypatch.setenv("KVTRACE_TRACES_DIR", "kvtrace-traces/bidir")
     assert main(command) == 0
     capsys.readouterr()

@@ -16,7 +16,13 @@ def _exporters(provider):
 def test_configure_exports_with_resource(span_exporter, monkeypatch):
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("KVTRACE_SERVICE_NAME", raising=False)
-    provider = kvtrace.configure("kvtrace-test", exporters=[span_exporter], otlp="off", resource_attributes={sc.SUBSTRATE: sc.SUBSTRATE_SIM}, handle_sigterm=False)
+    provider = kvtrace.configure(
+        "kvtrace-test",
+        exporters=[span_exporter],
+        otlp="off",
+        resource_attributes={sc.SUBSTRATE: sc.SUBSTRATE_SIM},
+        handle_sigterm=False,
+    )
     with provider.get_tracer("t").start_as_current_span("s"):
         pass
     provider.force_flush()

@@ -9,9 +9,9 @@ import inspect
 import time
 
 import pytest
+from conftest import require_vllm
 
 from kvtrace import semconv as sc
-from conftest import require_vllm
 
 pytestmark = pytest.mark.vllm
 require_vllm()
@@ -38,23 +38,43 @@ def connector_cls(monkeypatch, tracer_provider):
     return KVTraceNixlConnector
 
 
-def _sched(model_dir, *, role="prefill", engine=P_ENGINE, ttl=480, threshold=64, connector="KVTraceNixlConnector",
-           module="kvtrace.vllm.connector"):
-    extra = {"bidirectional_kv_xfer": True, "kv_recompute_threshold": threshold, "decoder_kv_blocks_ttl": ttl,
-             sc.KV_PARAMS_KEY: {"role": role}}
+def _sched(
+    model_dir,
+    *,
+    role="prefill",
+    engine=P_ENGINE,
+    ttl=480,
+    threshold=64,
+    connector="KVTraceNixlConnector",
+    module="kvtrace.vllm.connector",
+):
+    extra = {
+        "bidirectional_kv_xfer": True,
+        "kv_recompute_threshold": threshold,
+        "decoder_kv_blocks_ttl": ttl,
+        sc.KV_PARAMS_KEY: {"role": role},
+    }
     if connector == "NixlConnector":
         module = None
-    return rig.scheduler(rig.vllm_config(model_dir, extra=extra, block_size=BS, engine_id=engine,
-                                         connector=connector, module_path=module))
+    return rig.scheduler(
+        rig.vllm_config(
+            model_dir, extra=extra, block_size=BS, engine_id=engine, connector=connector, module_path=module
+        )
+    )
 
 
 def _d_params(num_tokens: int, blocks: int, *, expiry_in: float = 300.0, ctx: dict | None = None) -> dict:
     """What D returned after its turn (bidirectional), as the proxy forwards it to P."""
     params = {
-        "do_remote_decode": True, "do_remote_prefill": False,
-        "remote_block_ids": [list(range(100, 100 + blocks))], "remote_engine_id": D_ENGINE,
-        "remote_request_id": "chatcmpl-prev-0000abcd", "remote_host": "127.0.0.1", "remote_port": 5601,
-        "tp_size": 1, "remote_num_tokens": num_tokens,
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_block_ids": [list(range(100, 100 + blocks))],
+        "remote_engine_id": D_ENGINE,
+        "remote_request_id": "chatcmpl-prev-0000abcd",
+        "remote_host": "127.0.0.1",
+        "remote_port": 5601,
+        "tp_size": 1,
+        "remote_num_tokens": num_tokens,
         "remote_blocks_expiry_time": time.perf_counter() + expiry_in,
     }
     if ctx is not None:
@@ -128,8 +148,12 @@ def test_class_level_contract_is_nixls(connector_cls, model_dir):
 
 @pytest.mark.parametrize(
     "internal, public",
-    [("chatcmpl-req-42-1a2b3c4d", "req-42"), ("cmpl-abc-0-deadbeef", "abc"), ("plain", "plain"),
-     ("chatcmpl-9f1e-2-0011aabb", "9f1e-2")],
+    [
+        ("chatcmpl-req-42-1a2b3c4d", "req-42"),
+        ("cmpl-abc-0-deadbeef", "abc"),
+        ("plain", "plain"),
+        ("chatcmpl-9f1e-2-0011aabb", "9f1e-2"),
+    ],
 )
 def test_public_request_id(internal, public):
     from kvtrace.vllm.config import public_request_id
@@ -146,23 +170,49 @@ def test_turn1_prefill_no_remote_and_summary_in_params(connector_cls, model_dir,
     assert params["do_remote_prefill"] is True and params["remote_engine_id"] == P_ENGINE
     [decision] = _spans(span_exporter, sc.SPAN_KV_DECISION)
     [engine] = _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)
-    ident = {sc.GEN_AI_REQUEST_ID: req.request_id.split("-")[1], sc.SESSION_ID: "s1",
-             sc.GEN_AI_CONVERSATION_ID: "s1", sc.TURN_INDEX: 0, sc.ENGINE_ID: P_ENGINE, sc.ENGINE_ROLE: sc.ROLE_PREFILL}
-    assert dict(decision.attributes) == {
-        **ident, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_OUTCOME: sc.OUTCOME_NO_REMOTE, sc.KV_PROMPT_TOKENS: 200,
-        sc.KV_LOCAL_HIT_TOKENS: 0, sc.KV_REMOTE_TOKENS: 0, sc.KV_PULLED_TOKENS: 0, sc.KV_RECOMPUTED_TOKENS: 200,
-        sc.KV_THRESHOLD: 64, sc.KV_LOAD_FAILURE_POLICY: "fail",
+    ident = {
+        sc.GEN_AI_REQUEST_ID: req.request_id.split("-")[1],
+        sc.SESSION_ID: "s1",
+        sc.GEN_AI_CONVERSATION_ID: "s1",
+        sc.TURN_INDEX: 0,
+        sc.ENGINE_ID: P_ENGINE,
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
     }
-    assert dict(engine.attributes) == {**ident, sc.KV_PROMPT_TOKENS: 200, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1,
-                                       sc.REQUEST_CACHED_TOKENS: 0}
+    assert dict(decision.attributes) == {
+        **ident,
+        sc.KV_DIRECTION: sc.DIRECTION_D2P,
+        sc.KV_OUTCOME: sc.OUTCOME_NO_REMOTE,
+        sc.KV_PROMPT_TOKENS: 200,
+        sc.KV_LOCAL_HIT_TOKENS: 0,
+        sc.KV_REMOTE_TOKENS: 0,
+        sc.KV_PULLED_TOKENS: 0,
+        sc.KV_RECOMPUTED_TOKENS: 200,
+        sc.KV_THRESHOLD: 64,
+        sc.KV_LOAD_FAILURE_POLICY: "fail",
+    }
+    assert dict(engine.attributes) == {
+        **ident,
+        sc.KV_PROMPT_TOKENS: 200,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1,
+        sc.REQUEST_CACHED_TOKENS: 0,
+    }
     assert format(engine.context.trace_id, "032x") == TRACEPARENT[3:35]
     assert format(engine.parent.span_id, "016x") == TRACEPARENT[36:52]
     assert decision.parent.span_id == engine.context.span_id
     assert params[sc.KV_PARAMS_KEY] == {
-        sc.KVT_TRACE_ID: TRACEPARENT[3:35], sc.KVT_REQUEST_ID: ident[sc.GEN_AI_REQUEST_ID], sc.KVT_SESSION_ID: "s1",
-        sc.KVT_TURN: 0, sc.KVT_ENGINE_ID: P_ENGINE, sc.KVT_ROLE: sc.ROLE_PREFILL, sc.KVT_PROMPT_TOKENS: 200,
-        sc.KVT_DECISION: sc.OUTCOME_NO_REMOTE, sc.KVT_LOCAL_HIT_TOKENS: 0, sc.KVT_REMOTE_TOKENS: 0,
-        sc.KVT_PULLED_TOKENS: 0, sc.KVT_RECOMPUTED_TOKENS: 200, sc.KVT_PEER_ENGINE_ID: None,
+        sc.KVT_TRACE_ID: TRACEPARENT[3:35],
+        sc.KVT_REQUEST_ID: ident[sc.GEN_AI_REQUEST_ID],
+        sc.KVT_SESSION_ID: "s1",
+        sc.KVT_TURN: 0,
+        sc.KVT_ENGINE_ID: P_ENGINE,
+        sc.KVT_ROLE: sc.ROLE_PREFILL,
+        sc.KVT_PROMPT_TOKENS: 200,
+        sc.KVT_DECISION: sc.OUTCOME_NO_REMOTE,
+        sc.KVT_LOCAL_HIT_TOKENS: 0,
+        sc.KVT_REMOTE_TOKENS: 0,
+        sc.KVT_PULLED_TOKENS: 0,
+        sc.KVT_RECOMPUTED_TOKENS: 200,
+        sc.KVT_PEER_ENGINE_ID: None,
     }
 
 
@@ -181,21 +231,44 @@ def test_turn2_pull_decision_transfer_and_stats(connector_cls, model_dir, span_e
     assert len(decision) == 1
     d = decision[0].attributes
     assert (d[sc.KV_LOCAL_HIT_TOKENS], d[sc.KV_REMOTE_TOKENS], d[sc.KV_PULLED_TOKENS], d[sc.KV_RECOMPUTED_TOKENS]) == (
-        96, 260, 164, 40)
+        96,
+        260,
+        164,
+        40,
+    )
     assert d[sc.KV_PEER_ENGINE_ID] == D_ENGINE and d[sc.KV_REMOTE_REQUEST_ID] == "chatcmpl-prev-0000abcd"
     assert 290 < d[sc.KV_EXPIRY_REMAINING_S] <= 300
     t = dict(transfer.attributes)
     blocks = -(-260 // BS) - 96 // BS  # blocks allocated past the local hit
-    assert {k: t[k] for k in (sc.KV_DIRECTION, sc.KV_TRANSFER_TOKENS, sc.KV_TRANSFER_BLOCKS, sc.KV_TRANSFER_BYTES,
-                              sc.KV_TRANSFER_STATUS, sc.KV_TRANSFER_XFER_MS, sc.KV_TRANSFER_POST_MS,
-                              sc.KV_PEER_ENGINE_ID)} == {
-        sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_TRANSFER_TOKENS: 164, sc.KV_TRANSFER_BLOCKS: blocks,
-        sc.KV_TRANSFER_BYTES: blocks * BLOCK_BYTES, sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK,
-        sc.KV_TRANSFER_XFER_MS: 4.0, sc.KV_TRANSFER_POST_MS: 1.0, sc.KV_PEER_ENGINE_ID: D_ENGINE}
+    assert {
+        k: t[k]
+        for k in (
+            sc.KV_DIRECTION,
+            sc.KV_TRANSFER_TOKENS,
+            sc.KV_TRANSFER_BLOCKS,
+            sc.KV_TRANSFER_BYTES,
+            sc.KV_TRANSFER_STATUS,
+            sc.KV_TRANSFER_XFER_MS,
+            sc.KV_TRANSFER_POST_MS,
+            sc.KV_PEER_ENGINE_ID,
+        )
+    } == {
+        sc.KV_DIRECTION: sc.DIRECTION_D2P,
+        sc.KV_TRANSFER_TOKENS: 164,
+        sc.KV_TRANSFER_BLOCKS: blocks,
+        sc.KV_TRANSFER_BYTES: blocks * BLOCK_BYTES,
+        sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK,
+        sc.KV_TRANSFER_XFER_MS: 4.0,
+        sc.KV_TRANSFER_POST_MS: 1.0,
+        sc.KV_PEER_ENGINE_ID: D_ENGINE,
+    }
     assert transfer.parent.span_id == decision[0].context.span_id
     summary = params[sc.KV_PARAMS_KEY]
     assert (summary[sc.KVT_DECISION], summary[sc.KVT_PULLED_TOKENS], summary[sc.KVT_BYTES]) == (
-        "pulled", 164, blocks * BLOCK_BYTES)
+        "pulled",
+        164,
+        blocks * BLOCK_BYTES,
+    )
     assert summary[sc.KVT_TRANSFER_MS] >= 0
 
 
@@ -210,8 +283,12 @@ def test_no_pull_outcomes(connector_cls, model_dir, span_exporter, remote_tokens
     params = _finished_params(eo, req.request_id)
     assert params[sc.KV_PARAMS_KEY][sc.KVT_DECISION] == outcome
     [d] = [s for s in _spans(span_exporter, sc.SPAN_KV_DECISION) if s.attributes[sc.KV_REMOTE_TOKENS]]
-    assert (d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS], d.attributes[sc.KV_LOCAL_HIT_TOKENS],
-            d.attributes[sc.KV_RECOMPUTED_TOKENS]) == (outcome, 0, 96, 104)
+    assert (
+        d.attributes[sc.KV_OUTCOME],
+        d.attributes[sc.KV_PULLED_TOKENS],
+        d.attributes[sc.KV_LOCAL_HIT_TOKENS],
+        d.attributes[sc.KV_RECOMPUTED_TOKENS],
+    ) == (outcome, 0, 96, 104)
     assert _spans(span_exporter, sc.SPAN_KV_TRANSFER) == []
 
 
@@ -227,7 +304,10 @@ def test_failed_pull_is_expired_or_failed(connector_cls, model_dir, span_exporte
     [d] = _spans(span_exporter, sc.SPAN_KV_DECISION)
     [t] = _spans(span_exporter, sc.SPAN_KV_TRANSFER)
     assert (d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS], d.attributes[sc.KV_RECOMPUTED_TOKENS]) == (
-        outcome, 0, 200)
+        outcome,
+        0,
+        200,
+    )
     assert (t.attributes[sc.KV_TRANSFER_STATUS], t.attributes[sc.ERROR_TYPE]) == (status, status)
     assert t.status.status_code.name == "ERROR"
 
@@ -241,23 +321,40 @@ def test_unattributable_stats_become_events(connector_cls, model_dir, span_expor
     stats = _stats(transfer_duration=[0.002, 0.003], post_duration=[0.001, 0.001], bytes_transferred=[10, 20])
     out = sched.schedule()
     sched.update_from_output(out, rig.runner_output([], finished_recving={a.request_id, b.request_id}, stats=stats))
-    sched.finish_requests([a.request_id, b.request_id], __import__("vllm.v1.request", fromlist=["x"]).RequestStatus.FINISHED_ABORTED)
+    sched.finish_requests(
+        [a.request_id, b.request_id], __import__("vllm.v1.request", fromlist=["x"]).RequestStatus.FINISHED_ABORTED
+    )
     engines = _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)
     assert len(engines) == 2
     for span in engines:
         [event] = [e for e in span.events if e.name == sc.EVENT_NIXL_STATS]
-        assert dict(event.attributes) == {sc.NIXL_NUM_TRANSFERS: 2, sc.NIXL_BYTES: 30, sc.NIXL_XFER_MS: 5.0,
-                                          sc.NIXL_POST_MS: 2.0, sc.NIXL_NUM_FAILED: 0, sc.NIXL_NUM_EXPIRED: 0}
+        assert dict(event.attributes) == {
+            sc.NIXL_NUM_TRANSFERS: 2,
+            sc.NIXL_BYTES: 30,
+            sc.NIXL_XFER_MS: 5.0,
+            sc.NIXL_POST_MS: 2.0,
+            sc.NIXL_NUM_FAILED: 0,
+            sc.NIXL_NUM_EXPIRED: 0,
+        }
     assert {t.attributes[sc.KV_TRANSFER_STATUS] for t in _spans(span_exporter, sc.SPAN_KV_TRANSFER)} == {"ok"}
 
 
 # ------------------------------------------------------------------------------ D side
 def _decode_turn(sched, prompt, *, max_tokens=3):
-    p_params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [list(range(len(prompt) // BS))],
-                "remote_engine_id": P_ENGINE, "remote_request_id": "chatcmpl-p1-00aa00aa", "remote_host": "127.0.0.1",
-                "remote_port": 5600, "tp_size": 1, "remote_num_tokens": len(prompt)}
-    req = rig.request(prompt, params=p_params, max_tokens=max_tokens, block_size=BS,
-                      trace_headers={"traceparent": TRACEPARENT})
+    p_params = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(range(len(prompt) // BS))],
+        "remote_engine_id": P_ENGINE,
+        "remote_request_id": "chatcmpl-p1-00aa00aa",
+        "remote_host": "127.0.0.1",
+        "remote_port": 5600,
+        "tp_size": 1,
+        "remote_num_tokens": len(prompt),
+    }
+    req = rig.request(
+        prompt, params=p_params, max_tokens=max_tokens, block_size=BS, trace_headers={"traceparent": TRACEPARENT}
+    )
     sched.add_request(req)
     _run(sched, req)
     _run(sched, req, finished_recving={req.request_id})
@@ -276,21 +373,38 @@ def test_decode_pull_and_retention(connector_cls, model_dir, span_exporter, ttl,
     assert params["do_remote_decode"] is True and params["remote_engine_id"] == D_ENGINE
     [d] = _spans(span_exporter, sc.SPAN_KV_DECISION)
     assert (d.attributes[sc.KV_DIRECTION], d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS]) == (
-        sc.DIRECTION_P2D, sc.OUTCOME_PULLED, 160)
+        sc.DIRECTION_P2D,
+        sc.OUTCOME_PULLED,
+        160,
+    )
     [engine] = _spans(span_exporter, sc.SPAN_ENGINE_DECODE)
     assert format(engine.context.trace_id, "032x") == TRACEPARENT[3:35]  # from the trace headers
     summary = params[sc.KV_PARAMS_KEY]
     blocks = len(params["remote_block_ids"][0])
     assert (summary[sc.KVT_RETAINED_BLOCKS], summary[sc.KVT_RETAINED_BYTES], summary[sc.KVT_RETAINED_TTL_S]) == (
-        blocks, blocks * BLOCK_BYTES, float(ttl))
+        blocks,
+        blocks * BLOCK_BYTES,
+        float(ttl),
+    )
     assert _spans(span_exporter, sc.SPAN_KV_RETENTION) == []  # held until the next turn reads it
     _run(sched, req, finished_sending={req.request_id})
     [ret] = _spans(span_exporter, sc.SPAN_KV_RETENTION)
-    assert {k: ret.attributes[k] for k in (sc.KV_RETENTION_BLOCKS, sc.KV_RETENTION_TOKENS, sc.KV_RETENTION_BYTES,
-                                           sc.KV_RETENTION_OUTCOME, sc.KV_EXPIRY_DEADLINE)} == {
-        sc.KV_RETENTION_BLOCKS: blocks, sc.KV_RETENTION_TOKENS: params["remote_num_tokens"],
-        sc.KV_RETENTION_BYTES: blocks * BLOCK_BYTES, sc.KV_RETENTION_OUTCOME: outcome,
-        sc.KV_EXPIRY_DEADLINE: params["remote_blocks_expiry_time"]}
+    assert {
+        k: ret.attributes[k]
+        for k in (
+            sc.KV_RETENTION_BLOCKS,
+            sc.KV_RETENTION_TOKENS,
+            sc.KV_RETENTION_BYTES,
+            sc.KV_RETENTION_OUTCOME,
+            sc.KV_EXPIRY_DEADLINE,
+        )
+    } == {
+        sc.KV_RETENTION_BLOCKS: blocks,
+        sc.KV_RETENTION_TOKENS: params["remote_num_tokens"],
+        sc.KV_RETENTION_BYTES: blocks * BLOCK_BYTES,
+        sc.KV_RETENTION_OUTCOME: outcome,
+        sc.KV_EXPIRY_DEADLINE: params["remote_blocks_expiry_time"],
+    }
     assert ret.parent.span_id == engine.context.span_id
     assert sched.connector._probe._retained == {}
 
@@ -363,22 +477,33 @@ def test_kv_pool_size_is_a_resource_attribute(monkeypatch, model_dir):
     seen = []
     monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", None)
     monkeypatch.setattr(config, "_providers", {})
-    monkeypatch.setattr(config, "configure",
-                        lambda service, **kw: seen.append((service, kw["resource_attributes"])) or TracerProvider())
+    monkeypatch.setattr(
+        config, "configure", lambda service, **kw: seen.append((service, kw["resource_attributes"])) or TracerProvider()
+    )
     sched = _sched(model_dir, role="decode", engine=D_ENGINE)
     blocks = sched.kv_cache_config.num_blocks
     assert blocks > 0
-    assert seen == [("vllm-decode", {sc.SUBSTRATE: sc.SUBSTRATE_VLLM, sc.ENGINE_ID: D_ENGINE,
-                                     sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: blocks * BLOCK_BYTES})]
+    assert seen == [
+        (
+            "vllm-decode",
+            {
+                sc.SUBSTRATE: sc.SUBSTRATE_VLLM,
+                sc.ENGINE_ID: D_ENGINE,
+                sc.ENGINE_ROLE: sc.ROLE_DECODE,
+                sc.ENGINE_KV_POOL_BYTES: blocks * BLOCK_BYTES,
+            },
+        )
+    ]
 
 
 def test_whatif_reproduces_the_connectors_recorded_decisions(connector_cls, model_dir, span_exporter, tmp_path):
     """``kvtrace whatif``'s recorded row from spans vLLM's real scheduler made through the connector:
     applied to each recorded decision's inputs, kvtrace.kvrules gives back what vLLM decided (no
     remote, pulled, below threshold, local hit, expired)."""
+    from whatif_check import check_recorded_row
+
     from kvtrace.store.convert import spans_to_table
     from kvtrace.testing.synth import write_table
-    from whatif_check import check_recorded_row
 
     sched = _sched(model_dir)
     _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # no remote
@@ -389,16 +514,32 @@ def test_whatif_reproduces_the_connectors_recorded_decisions(connector_cls, mode
             _run(sched, req, finished_recving={req.request_id})
             _run(sched, req)
     req, _ = _prefill_turn(sched, list(range(4001, 4201)), _d_params(180, 12, expiry_in=2.0))
-    _run(sched, req, finished_recving={req.request_id}, failed_recving={req.request_id},
-         stats=_stats(num_kv_expired_reqs=[1]))
+    _run(
+        sched,
+        req,
+        finished_recving={req.request_id},
+        failed_recving={req.request_id},
+        stats=_stats(num_kv_expired_reqs=[1]),
+    )
     d_sched = _sched(model_dir, role="decode", engine=D_ENGINE)
     d_req, _ = _decode_turn(d_sched, list(range(5001, 5161)))
     _run(d_sched, d_req, finished_sending={d_req.request_id})
     spans = span_exporter.get_finished_spans()
-    outcomes = sorted(s.attributes[sc.KV_OUTCOME] for s in spans if s.name == sc.SPAN_KV_DECISION
-                      and s.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P)
-    assert outcomes == sorted([sc.OUTCOME_NO_REMOTE] * 4 + [sc.OUTCOME_PULLED, sc.OUTCOME_BELOW_THRESHOLD,
-                                                              sc.OUTCOME_LOCAL_HIT, sc.OUTCOME_EXPIRED])
+    outcomes = sorted(
+        s.attributes[sc.KV_OUTCOME]
+        for s in spans
+        if s.name == sc.SPAN_KV_DECISION and s.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P
+    )
+    assert outcomes == sorted(
+        [sc.OUTCOME_NO_REMOTE] * 4
+        + [sc.OUTCOME_PULLED, sc.OUTCOME_BELOW_THRESHOLD, sc.OUTCOME_LOCAL_HIT, sc.OUTCOME_EXPIRED]
+    )
     write_table(spans_to_table(list(spans)), tmp_path)
     row = check_recorded_row(tmp_path)
-    assert (row["pulled"], row["below_threshold"], row["local_hit"], row["expired"], row["no_remote"]) == (1, 1, 1, 1, 4)
+    assert (row["pulled"], row["below_threshold"], row["local_hit"], row["expired"], row["no_remote"]) == (
+        1,
+        1,
+        1,
+        1,
+        4,
+    )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import require_vllm
+
 from kvtrace import semconv as sc
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -22,11 +22,12 @@ require_vllm("nixl")
 import vllm_pd as pd  # noqa: E402
 import vllm_rig as rig  # noqa: E402
 import vllm_scenario as scenario  # noqa: E402
+from opentelemetry.semconv.resource import ResourceAttributes  # noqa: E402
+from opentelemetry.trace import SpanKind  # noqa: E402
+
 from kvtrace.agent import kv_transfer_of  # noqa: E402
 from kvtrace.store.schema import SPAN_KINDS  # noqa: E402
 from kvtrace.vllm.config import public_request_id  # noqa: E402
-from opentelemetry.semconv.resource import ResourceAttributes  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
 
 AGENT_SESSION = scenario.AGENT_SESSION
 AGENT_MAX_TOKENS = scenario.AGENT_MAX_TOKENS
@@ -56,12 +57,18 @@ def test_turn_1_pulls_what_vllm_counts(rig_run):
 def test_d2p_transfer_span_in_the_requests_trace(rig_run):
     t1 = rig_run["t1"]
     dec = _decision(rig_run, t1)
-    [xfer] = _rows(rig_run["traces"], "SELECT * FROM kv_transfers WHERE request_id = ? AND direction = ?",
-                   [t1.request_id, sc.DIRECTION_D2P])
+    [xfer] = _rows(
+        rig_run["traces"],
+        "SELECT * FROM kv_transfers WHERE request_id = ? AND direction = ?",
+        [t1.request_id, sc.DIRECTION_D2P],
+    )
     assert xfer["trace_id"] == t1.trace_id == dec["trace_id"]
     assert xfer["parent_span_id"] == dec["span_id"]
-    assert (xfer["status"], xfer["tokens"], xfer["peer_engine_id"]) == (sc.TRANSFER_OK, dec["pulled_tokens"],
-                                                                      rig_run["d"].engine_id)
+    assert (xfer["status"], xfer["tokens"], xfer["peer_engine_id"]) == (
+        sc.TRANSFER_OK,
+        dec["pulled_tokens"],
+        rig_run["d"].engine_id,
+    )
     assert xfer["bytes"] == xfer["blocks"] * rig.BLOCK_BYTES > 0
     assert xfer["remote_request_id"] == rig_run["t0"].d_params["remote_request_id"]
 
@@ -103,7 +110,10 @@ def test_streaming_finish_chunk_carries_kv_transfer_params(rig_run, turn):
     assert params["do_remote_decode"] is True and params["remote_engine_id"] == rig_run["d"].engine_id
     summary = params[sc.KV_PARAMS_KEY]
     assert (summary[sc.KVT_ROLE], summary[sc.KVT_DECISION], summary[sc.KVT_TRACE_ID]) == (
-        sc.ROLE_DECODE, sc.OUTCOME_PULLED, t.trace_id)
+        sc.ROLE_DECODE,
+        sc.OUTCOME_PULLED,
+        t.trace_id,
+    )
     assert summary[sc.KVT_RETAINED_BLOCKS] == len(params["remote_block_ids"][0])
 
 
@@ -116,15 +126,19 @@ def agent_run(rig_run):
 
 
 def _decision_of(run, request_id, role=sc.ROLE_PREFILL):
-    rows = _rows(run["traces"], "SELECT * FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
-                 [request_id, role])
+    rows = _rows(
+        run["traces"], "SELECT * FROM kv_decisions WHERE request_id = ? AND engine_role = ?", [request_id, role]
+    )
     assert len(rows) == 1, rows
     return rows[0]
 
 
 def _d2p_transfer(run, request_id):
-    [xfer] = _rows(run["traces"], "SELECT * FROM kv_transfers WHERE request_id = ? AND direction = ?",
-                   [request_id, sc.DIRECTION_D2P])
+    [xfer] = _rows(
+        run["traces"],
+        "SELECT * FROM kv_transfers WHERE request_id = ? AND direction = ?",
+        [request_id, sc.DIRECTION_D2P],
+    )
     return xfer
 
 
@@ -138,7 +152,10 @@ def test_agent_stream_last_chunk_carries_kv_transfer(agent_run, index):
     kvt = kv_transfer_of(last)
     assert t.kv_transfer == t.last_kv_transfer == t.result.kv_transfer == kvt
     assert (kvt[sc.KVT_TRACE_ID], kvt[sc.KVT_SESSION_ID], kvt[sc.KVT_TURN]) == (
-        t.result.trace_id, AGENT_SESSION, t.proxy_turn)
+        t.result.trace_id,
+        AGENT_SESSION,
+        t.proxy_turn,
+    )
     assert (t.result.session_id, t.result.turn, t.result.error) == (AGENT_SESSION, index, None)
     assert kvt[sc.KVT_FALLBACK] == sc.FALLBACK_NONE
     assert kvt[sc.KVT_DECODE][sc.KVT_ROLE] == sc.ROLE_DECODE and kvt[sc.KVT_PREFILL][sc.KVT_ROLE] == sc.ROLE_PREFILL
@@ -148,16 +165,29 @@ def test_agent_turn_0_is_not_offered(agent_run):
     t0 = agent_run["agent"][0]
     kvt = t0.kv_transfer
     fields = (sc.KVT_OFFERED, sc.KVT_OFFER_REASON, sc.KVT_DECISION, sc.KVT_PULLED_TOKENS, sc.KVT_REMOTE_TOKENS)
-    assert {k: kvt[k] for k in fields} == {sc.KVT_OFFERED: False, sc.KVT_OFFER_REASON: sc.OFFER_NO_ENTRY,
-                                           sc.KVT_DECISION: sc.OUTCOME_NO_REMOTE, sc.KVT_PULLED_TOKENS: 0,
-                                           sc.KVT_REMOTE_TOKENS: 0}
+    assert {k: kvt[k] for k in fields} == {
+        sc.KVT_OFFERED: False,
+        sc.KVT_OFFER_REASON: sc.OFFER_NO_ENTRY,
+        sc.KVT_DECISION: sc.OUTCOME_NO_REMOTE,
+        sc.KVT_PULLED_TOKENS: 0,
+        sc.KVT_REMOTE_TOKENS: 0,
+    }
     dec = _decision_of(agent_run, kvt[sc.KVT_REQUEST_ID])
     assert (dec["outcome"], dec["direction"], dec["pulled_tokens"], dec["remote_tokens"]) == (
-        sc.OUTCOME_NO_REMOTE, sc.DIRECTION_D2P, 0, 0)
+        sc.OUTCOME_NO_REMOTE,
+        sc.DIRECTION_D2P,
+        0,
+        0,
+    )
     assert (dec["session_id"], dec["turn"], dec["trace_id"]) == (AGENT_SESSION, t0.proxy_turn, t0.result.trace_id)
     [req] = _rows(agent_run["traces"], "SELECT * FROM requests WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
     assert (req["offered"], req["offer_reason"], req["outcome"], req["pulled_tokens"], req["http_status"]) == (
-        False, sc.OFFER_NO_ENTRY, sc.OUTCOME_NO_REMOTE, 0, 200)
+        False,
+        sc.OFFER_NO_ENTRY,
+        sc.OUTCOME_NO_REMOTE,
+        0,
+        200,
+    )
 
 
 def test_agent_turn_1_pulls_from_decode(agent_run):
@@ -168,23 +198,51 @@ def test_agent_turn_1_pulls_from_decode(agent_run):
     assert kvt[sc.KVT_PROMPT_TOKENS] - t0.kv_transfer[sc.KVT_PROMPT_TOKENS] >= agent_run["agent_new_tokens"]
     dec = _decision_of(agent_run, kvt[sc.KVT_REQUEST_ID])
     assert (dec["outcome"], dec["direction"], dec["peer_engine_id"]) == (
-        sc.OUTCOME_PULLED, sc.DIRECTION_D2P, agent_run["d"].engine_id)
+        sc.OUTCOME_PULLED,
+        sc.DIRECTION_D2P,
+        agent_run["d"].engine_id,
+    )
     assert kvt[sc.KVT_PULLED_TOKENS] == dec["pulled_tokens"] == agent_run["agent_metric_delta"] >= 64
-    assert {k: kvt[k] for k in (sc.KVT_OFFERED, sc.KVT_OFFER_REASON, sc.KVT_DECISION, sc.KVT_PEER_ENGINE_ID,
-                                sc.KVT_LOCAL_HIT_TOKENS, sc.KVT_REMOTE_TOKENS, sc.KVT_PROMPT_TOKENS)} == {
-        sc.KVT_OFFERED: True, sc.KVT_OFFER_REASON: sc.OFFER_OFFERED, sc.KVT_DECISION: sc.OUTCOME_PULLED,
-        sc.KVT_PEER_ENGINE_ID: agent_run["d"].engine_id, sc.KVT_LOCAL_HIT_TOKENS: dec["local_hit_tokens"],
-        sc.KVT_REMOTE_TOKENS: dec["remote_tokens"], sc.KVT_PROMPT_TOKENS: dec["prompt_tokens"]}
+    assert {
+        k: kvt[k]
+        for k in (
+            sc.KVT_OFFERED,
+            sc.KVT_OFFER_REASON,
+            sc.KVT_DECISION,
+            sc.KVT_PEER_ENGINE_ID,
+            sc.KVT_LOCAL_HIT_TOKENS,
+            sc.KVT_REMOTE_TOKENS,
+            sc.KVT_PROMPT_TOKENS,
+        )
+    } == {
+        sc.KVT_OFFERED: True,
+        sc.KVT_OFFER_REASON: sc.OFFER_OFFERED,
+        sc.KVT_DECISION: sc.OUTCOME_PULLED,
+        sc.KVT_PEER_ENGINE_ID: agent_run["d"].engine_id,
+        sc.KVT_LOCAL_HIT_TOKENS: dec["local_hit_tokens"],
+        sc.KVT_REMOTE_TOKENS: dec["remote_tokens"],
+        sc.KVT_PROMPT_TOKENS: dec["prompt_tokens"],
+    }
     xfer = _d2p_transfer(agent_run, kvt[sc.KVT_REQUEST_ID])
     assert (xfer["status"], xfer["tokens"], kvt[sc.KVT_BYTES]) == (sc.TRANSFER_OK, dec["pulled_tokens"], xfer["bytes"])
     assert xfer["bytes"] == xfer["blocks"] * rig.BLOCK_BYTES > 0
     assert public_request_id(xfer["remote_request_id"]) == t0.kv_transfer[sc.KVT_REQUEST_ID]
     [req] = _rows(agent_run["traces"], "SELECT * FROM requests WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
     assert (req["offered"], req["offer_reason"], req["outcome"], req["pulled_tokens"], req["http_status"]) == (
-        True, sc.OFFER_OFFERED, sc.OUTCOME_PULLED, dec["pulled_tokens"], 200)
+        True,
+        sc.OFFER_OFFERED,
+        sc.OUTCOME_PULLED,
+        dec["pulled_tokens"],
+        200,
+    )
     [llm] = _rows(agent_run["traces"], "SELECT * FROM llm_calls WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
     assert (llm["outcome"], llm["pulled_tokens"], llm["session_id"], llm["turn"], llm["trace_id"]) == (
-        sc.OUTCOME_PULLED, dec["pulled_tokens"], AGENT_SESSION, 1, t1.result.trace_id)
+        sc.OUTCOME_PULLED,
+        dec["pulled_tokens"],
+        AGENT_SESSION,
+        1,
+        t1.result.trace_id,
+    )
 
 
 def _kind(kind: SpanKind) -> str:
@@ -194,10 +252,15 @@ def _kind(kind: SpanKind) -> str:
 def test_agent_proxy_connector_trace_tree(agent_run):
     t1 = agent_run["agent"][1]
     rid, trace_id = t1.kv_transfer[sc.KVT_REQUEST_ID], t1.result.trace_id
-    spans = {r["span_id"]: r for r in _rows(
-        agent_run["traces"],
-        "SELECT span_id, parent_span_id, name, kind, service_name, session_id, turn, request_id, engine_id "
-        "FROM spans WHERE trace_id = ?", [trace_id])}
+    spans = {
+        r["span_id"]: r
+        for r in _rows(
+            agent_run["traces"],
+            "SELECT span_id, parent_span_id, name, kind, service_name, session_id, turn, request_id, engine_id "
+            "FROM spans WHERE trace_id = ?",
+            [trace_id],
+        )
+    }
     chain = [spans[_d2p_transfer(agent_run, rid)["span_id"]]]
     while chain[-1]["parent_span_id"] and chain[-1]["parent_span_id"] in spans:
         chain.append(spans[chain[-1]["parent_span_id"]])
@@ -219,25 +282,44 @@ def test_agent_proxy_connector_trace_tree(agent_run):
     assert [s["turn"] for s in chain] == [t1.proxy_turn] * 5 + [1, 1, None]
     assert [s["engine_id"] for s in chain[:3]] == [agent_run["p"].engine_id] * 3
     # D's side of the same request hangs off the proxy's D leg
-    [leg] = [s for s in spans.values()
-             if s["parent_span_id"] == chain[4]["span_id"] and s["name"] == sc.SPAN_PROXY_DECODE]
+    [leg] = [
+        s for s in spans.values() if s["parent_span_id"] == chain[4]["span_id"] and s["name"] == sc.SPAN_PROXY_DECODE
+    ]
     [engine_d] = [s for s in spans.values() if s["parent_span_id"] == leg["span_id"]]
     assert (engine_d["name"], engine_d["engine_id"], engine_d["request_id"], leg["kind"]) == (
-        sc.SPAN_ENGINE_DECODE, agent_run["d"].engine_id, rid, client)
+        sc.SPAN_ENGINE_DECODE,
+        agent_run["d"].engine_id,
+        rid,
+        client,
+    )
 
 
 def test_agent_session_id_on_agent_proxy_and_connector_spans(agent_run):
     t0, t1 = agent_run["agent"]
     assert t0.result.trace_id == t1.result.trace_id  # one agent session = one trace
-    rows = _rows(agent_run["traces"], "SELECT service_name, name, session_id FROM spans WHERE trace_id = ?",
-                 [t1.result.trace_id])
-    assert {r["service_name"] for r in rows} == {pd.AGENT_SERVICE, pd.PROXY_SERVICE, agent_run["p"].service_name,
-                                                  agent_run["d"].service_name}
+    rows = _rows(
+        agent_run["traces"], "SELECT service_name, name, session_id FROM spans WHERE trace_id = ?", [t1.result.trace_id]
+    )
+    assert {r["service_name"] for r in rows} == {
+        pd.AGENT_SERVICE,
+        pd.PROXY_SERVICE,
+        agent_run["p"].service_name,
+        agent_run["d"].service_name,
+    }
     assert {r["session_id"] for r in rows} == {AGENT_SESSION}
-    assert {r["name"] for r in rows} >= {sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL,
-                                          sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE,
-                                          sc.SPAN_ENGINE_PREFILL, sc.SPAN_ENGINE_DECODE, sc.SPAN_KV_DECISION,
-                                          sc.SPAN_KV_TRANSFER, sc.SPAN_KV_RETENTION}
+    assert {r["name"] for r in rows} >= {
+        sc.SPAN_AGENT_SESSION,
+        sc.SPAN_AGENT_TURN,
+        sc.SPAN_AGENT_LLM_CALL,
+        sc.SPAN_PROXY_REQUEST,
+        sc.SPAN_PROXY_PREFILL,
+        sc.SPAN_PROXY_DECODE,
+        sc.SPAN_ENGINE_PREFILL,
+        sc.SPAN_ENGINE_DECODE,
+        sc.SPAN_KV_DECISION,
+        sc.SPAN_KV_TRANSFER,
+        sc.SPAN_KV_RETENTION,
+    }
 
 
 def test_agent_turn_0_retention_on_decode_ends_read(agent_run):
@@ -245,7 +327,13 @@ def test_agent_turn_0_retention_on_decode_ends_read(agent_run):
     kvt = t0.kv_transfer
     [ret] = _rows(agent_run["traces"], "SELECT * FROM kv_retention WHERE request_id = ?", [kvt[sc.KVT_REQUEST_ID]])
     assert (ret["outcome"], ret["engine_id"], ret["session_id"], ret["turn"], ret["trace_id"], ret["ttl_s"]) == (
-        sc.RETENTION_READ, agent_run["d"].engine_id, AGENT_SESSION, t0.proxy_turn, t0.result.trace_id, 480)
+        sc.RETENTION_READ,
+        agent_run["d"].engine_id,
+        AGENT_SESSION,
+        t0.proxy_turn,
+        t0.result.trace_id,
+        480,
+    )
     assert (ret["blocks"], ret["bytes"]) == (kvt[sc.KVT_RETAINED_BLOCKS], kvt[sc.KVT_RETAINED_BYTES])
     assert ret["bytes"] == ret["blocks"] * rig.BLOCK_BYTES > 0
 
@@ -261,11 +349,15 @@ def test_connector_spans_come_from_each_engines_scheduler_process(rig_run):
     pids = rig_run["pids"]
     assert {s.name: sorted(pids[s.name]) for s in servers} == {s.name: titles for s in servers}
     assert all(len(found) == 1 for s in servers for found in pids[s.name].values())
-    got = _rows(rig_run["traces"],
-                "SELECT DISTINCT service_name, engine_id, engine_role, ResourceAttributes[?] AS pid "
-                "FROM spans WHERE substrate = ?", [ResourceAttributes.PROCESS_PID, sc.SUBSTRATE_VLLM])
+    got = _rows(
+        rig_run["traces"],
+        "SELECT DISTINCT service_name, engine_id, engine_role, ResourceAttributes[?] AS pid "
+        "FROM spans WHERE substrate = ?",
+        [ResourceAttributes.PROCESS_PID, sc.SUBSTRATE_VLLM],
+    )
     assert {tuple(r.values()) for r in got} == {
-        (s.service_name, s.engine_id, s.role, str(pids[s.name]["VLLM::EngineCore"][0])) for s in servers}
+        (s.service_name, s.engine_id, s.role, str(pids[s.name]["VLLM::EngineCore"][0])) for s in servers
+    }
 
 
 def test_every_engine_thread_may_use_every_cpu(rig_run):

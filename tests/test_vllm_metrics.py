@@ -25,8 +25,8 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import require_vllm
+
 from kvtrace import semconv as sc
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -45,10 +45,17 @@ def _ids(seed: int, n: int) -> list[int]:
 
 
 def _turn(proxy_url: str, prompt: list[int], max_tokens: int) -> dict:
-    body = {"model": pd.MODEL, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-            "ignore_eos": True, "conversation_id": CONVERSATION}
-    req = urllib.request.Request(proxy_url + "/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    body = {
+        "model": pd.MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "conversation_id": CONVERSATION,
+    }
+    req = urllib.request.Request(
+        proxy_url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())
 
@@ -61,20 +68,41 @@ def run(tmp_path_factory):
     p = pd.Server("p", "prefill", model, traces, base)
     d = pd.Server("d", "decode", model, traces, base)
     proxy_port = pc.free_port()
-    prom = pc.Prometheus(base / "prometheus", {"vllm": [f"127.0.0.1:{p.port}", f"127.0.0.1:{d.port}"],
-                                               "kvtrace-proxy": [f"127.0.0.1:{proxy_port}"]},
-                         fix_vllm_colons={"vllm"})
+    prom = pc.Prometheus(
+        base / "prometheus",
+        {"vllm": [f"127.0.0.1:{p.port}", f"127.0.0.1:{d.port}"], "kvtrace-proxy": [f"127.0.0.1:{proxy_port}"]},
+        fix_vllm_colons={"vllm"},
+    )
     proxy = None
     out = {"traces": traces}
     servers = pd.Rig([p, d])
     try:
         servers.start(deadline_s=600)  # start-up takes minutes when the shared cores are busy
         proxy = subprocess.Popen(
-            [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(proxy_port), "--prefiller-host", "127.0.0.1",
-             "--prefiller-port", str(p.port), "--decoder-host", "127.0.0.1", "--decoder-port", str(d.port),
-             "--traces", str(traces), "--read-timeout", "300"],
-            stdout=open(base / "proxy.log", "wb"), stderr=subprocess.STDOUT,
-            env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"})
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "proxy",
+                "--port",
+                str(proxy_port),
+                "--prefiller-host",
+                "127.0.0.1",
+                "--prefiller-port",
+                str(p.port),
+                "--decoder-host",
+                "127.0.0.1",
+                "--decoder-port",
+                str(d.port),
+                "--traces",
+                str(traces),
+                "--read-timeout",
+                "300",
+            ],
+            stdout=open(base / "proxy.log", "wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "KVTRACE_BATCH_DELAY_MS": "200"},
+        )
         servers.wait_for(lambda: pc.healthy(f"http://127.0.0.1:{proxy_port}"), deadline_s=60, what="kvtrace proxy")
         prom.start()
         prom.wait_up()
@@ -87,9 +115,14 @@ def run(tmp_path_factory):
         out["t2"] = _turn(url, a2, 4)
         held = out["t2"][sc.RESPONSE_KV_TRANSFER][sc.KVT_RETAINED_BLOCKS]
         # all six decisions reached vLLM's /metrics, and D holds turn 2's blocks only
-        prom.wait_for(lambda: prom.query(f"sum({sc.METRIC_KV_DECISIONS}_total) == 6")
-                      and prom.query(f"sum({sc.METRIC_KV_RETAINED_BLOCKS}) == {held}"), 120,
-                      "vLLM's connector metrics in Prometheus")
+        prom.wait_for(
+            lambda: (
+                prom.query(f"sum({sc.METRIC_KV_DECISIONS}_total) == 6")
+                and prom.query(f"sum({sc.METRIC_KV_RETAINED_BLOCKS}) == {held}")
+            ),
+            120,
+            "vLLM's connector metrics in Prometheus",
+        )
         prom.wait_scraped_after(time.time())
         # the queries with no data, until none: a ``rate(...[1m])`` needs two samples of a series in its
         # window, and a series born at a request's end may have had one scrape since
@@ -122,8 +155,11 @@ def test_the_turns_did_what_the_metrics_must_show(run):
     outcomes = [run[t][sc.RESPONSE_KV_TRANSFER][sc.KVT_DECISION] for t in ("t0", "t1", "t2")]
     assert outcomes == [sc.OUTCOME_NO_REMOTE, sc.OUTCOME_PULLED, sc.OUTCOME_BELOW_THRESHOLD]
     assert run["got"]["decisions"][(sc.DIRECTION_D2P, sc.OUTCOME_PULLED)] == 1
-    assert run["got"]["tokens"][(sc.DIRECTION_D2P, sc.SOURCE_PULLED)] == run["t1"][sc.RESPONSE_KV_TRANSFER][
-        sc.KVT_PULLED_TOKENS] >= 64
+    assert (
+        run["got"]["tokens"][(sc.DIRECTION_D2P, sc.SOURCE_PULLED)]
+        == run["t1"][sc.RESPONSE_KV_TRANSFER][sc.KVT_PULLED_TOKENS]
+        >= 64
+    )
 
 
 def test_counters_equal_spans(run):

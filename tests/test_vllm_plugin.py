@@ -9,8 +9,8 @@ import sys
 import types
 
 import pytest
-
 from conftest import require_vllm
+
 from kvtrace.vllm import imports, plugin, streampatch
 
 CHAT = "vllm.entrypoints.openai.chat_completion.serving"
@@ -131,7 +131,7 @@ def test_patch_where_vllm_lacks_stream_params():
     assert streampatch.patch_serving_module(module) == "patched"
     assert streampatch.patch_serving_module(module) == "already"
     fn = module.OpenAIServingChat.chat_completion_stream_generator
-    assert getattr(fn, "__kvtrace_stream_patch__") is True
+    assert fn.__kvtrace_stream_patch__ is True
 
 
 def test_noop_where_vllm_streams_params_natively():

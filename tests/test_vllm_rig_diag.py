@@ -19,10 +19,9 @@ from pathlib import Path
 from urllib.error import HTTPError
 
 import pytest
-
 import vllm_diag as diag
-from conftest import require_vllm
 import vllm_pd as pd
+from conftest import require_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_py_spy = pytest.mark.skipif(diag.py_spy() is None, reason="py-spy not installed (dev extra)")
@@ -42,8 +41,9 @@ TREE = textwrap.dedent("""
 def _server(tmp_path: Path, name: str, code: str) -> pd.Server:
     server = pd.Server(name, "prefill", tmp_path, tmp_path / "traces", tmp_path)
     with open(server.log_path, "wb") as log:
-        server.proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+        server.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return server
 
 
@@ -51,8 +51,12 @@ def _server(tmp_path: Path, name: str, code: str) -> pd.Server:
 def tree(tmp_path):
     server = _server(tmp_path, "fake-p", TREE.format(log_line="fake server started"))
     rig = pd.Rig([server])
-    rig.wait_for(lambda: "started" in diag.tail(server.log_path) and len(diag.process_tree(server.proc.pid)) == 2,
-                 deadline_s=30, what="the fake server and its child", interval=0.05)
+    rig.wait_for(
+        lambda: "started" in diag.tail(server.log_path) and len(diag.process_tree(server.proc.pid)) == 2,
+        deadline_s=30,
+        what="the fake server and its child",
+        interval=0.05,
+    )
     yield rig, server
     for pid in reversed(diag.process_tree(server.proc.pid)):
         os.kill(pid, signal.SIGKILL)
@@ -120,10 +124,19 @@ def test_a_decode_leg_that_does_not_finish_is_retried_once_then_fails(tmp_path, 
             self.send_response(200)
             self.end_headers()
             if not body["stream"]:  # P's leg
-                self.wfile.write(json.dumps({"choices": [{"text": "x", "finish_reason": "length"}],
-                                             "kv_transfer_params": {"remote_engine_id": "p-engine"}}).encode())
+                self.wfile.write(
+                    json.dumps(
+                        {
+                            "choices": [{"text": "x", "finish_reason": "length"}],
+                            "kv_transfer_params": {"remote_engine_id": "p-engine"},
+                        }
+                    ).encode()
+                )
                 return
-            for event in ({"choices": [{"text": "a", "finish_reason": None}]}, {"error": {"message": "KV load failed"}}):
+            for event in (
+                {"choices": [{"text": "a", "finish_reason": None}]},
+                {"error": {"message": "KV load failed"}},
+            ):
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
 
@@ -133,16 +146,22 @@ def test_a_decode_leg_that_does_not_finish_is_retried_once_then_fails(tmp_path, 
     fakes = [HTTPServer(("127.0.0.1", 0), Fake) for _ in range(2)]
     for httpd in fakes:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    p, d = (pd.Server(name, role, tmp_path, tmp_path, tmp_path, port=httpd.server_port)
-            for name, role, httpd in zip("pd", ("prefill", "decode"), fakes))
+    p, d = (
+        pd.Server(name, role, tmp_path, tmp_path, tmp_path, port=httpd.server_port)
+        for name, role, httpd in zip("pd", ("prefill", "decode"), fakes)
+    )
     try:
         with pytest.raises(pd.LegFailed, match=r"D's leg of conv-x-t0-r1 did not finish: last chunk \{'error'"):
             pd.run_turn(pd.Rig([p, d]), p, d, session="conv-x", turn=0, prompt=[5, 6], cached=None, max_tokens=2)
     finally:
         for httpd in fakes:
             httpd.shutdown()
-    assert seen == [(p.port, "conv-x-t0-r0", False), (d.port, "conv-x-t0-r0", True),
-                    (p.port, "conv-x-t0-r1", False), (d.port, "conv-x-t0-r1", True)]
+    assert seen == [
+        (p.port, "conv-x-t0-r0", False),
+        (d.port, "conv-x-t0-r0", True),
+        (p.port, "conv-x-t0-r1", False),
+        (d.port, "conv-x-t0-r1", True),
+    ]
     assert "conv-x turn 0 attempt 0 failed: LegFailed(" in capsys.readouterr().out
 
 
@@ -175,18 +194,39 @@ FAKE_RUN = textwrap.dedent("""
 @needs_py_spy
 def test_stall_script_dumps_stacks_on_the_shm_warning_and_on_silence(tmp_path, monkeypatch):
     script = _stall_script()
-    monkeypatch.setattr(script, "_child_command", lambda args, connector, run_dir: [sys.executable, "-c", FAKE_RUN,
-                                                                                   str(run_dir)])
+    monkeypatch.setattr(
+        script, "_child_command", lambda args, connector, run_dir: [sys.executable, "-c", FAKE_RUN, str(run_dir)]
+    )
     monkeypatch.setattr(script, "POLL_S", 0.2)
     out = tmp_path / "out"
-    rc = script.main(["--runs", "1", "--connector", "plain", "--layout", "mp", "--out", str(out), "--stall-s", "1",
-                      "--max-dumps", "2", "--run-timeout", "4", "--sample-threads"])
+    rc = script.main(
+        [
+            "--runs",
+            "1",
+            "--connector",
+            "plain",
+            "--layout",
+            "mp",
+            "--out",
+            str(out),
+            "--stall-s",
+            "1",
+            "--max-dumps",
+            "2",
+            "--run-timeout",
+            "4",
+            "--sample-threads",
+        ]
+    )
     assert rc == 1
     [result] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert (result["connector"], result["layout"], result["shm_warnings"]) == ("plain", "mp", 1)
     first, second, last = result["stall_reasons"]  # at most --max-dumps, then the timeout's own dump
-    assert (first, second[:len("no progress for ")], last) == (
-        "shared-memory stall warning #1", "no progress for ", "run timeout 4.0s")
+    assert (first, second[: len("no progress for ")], last) == (
+        "shared-memory stall warning #1",
+        "no progress for ",
+        "run timeout 4.0s",
+    )
     assert result["rc"] == -signal.SIGKILL and len(result["stacks"]) == 3
     samples = (Path(result["dir"]) / "threads.log").read_text().splitlines()
     assert samples and all(line.startswith("@ +") for line in samples)  # the fake run has no vLLM process
@@ -214,19 +254,32 @@ def test_plain_runs_load_every_vllm_plugin_but_kvtraces(monkeypatch):
 def test_rig_stop_terminates_every_server(tmp_path):
     servers = [_server(tmp_path, name, "import time; print('up', flush=True); time.sleep(600)") for name in ("a", "b")]
     rig = pd.Rig(servers)
-    rig.wait_for(lambda: all("up" in diag.tail(s.log_path) for s in servers), deadline_s=30, what="both up",
-                 interval=0.05)
+    rig.wait_for(
+        lambda: all("up" in diag.tail(s.log_path) for s in servers), deadline_s=30, what="both up", interval=0.05
+    )
     rig.stop()
     assert [s.proc.returncode for s in servers] == [-signal.SIGTERM, -signal.SIGTERM]
 
 
 def test_stall_script_summarizes_several_outputs(tmp_path, capsys):
     def result(run, connector, rc, wall, shm):
-        return {"run": run, "connector": connector, "layout": "mp", "rc": rc, "wall_s": wall, "load_mean": 10.0,
-                "load_max": 12.0, "shm_warnings": shm, "stacks": ["s"] * shm, "pytest": None}
+        return {
+            "run": run,
+            "connector": connector,
+            "layout": "mp",
+            "rc": rc,
+            "wall_s": wall,
+            "load_mean": 10.0,
+            "load_max": 12.0,
+            "shm_warnings": shm,
+            "stacks": ["s"] * shm,
+            "pytest": None,
+        }
 
-    for name, rows in {"a": [result(0, "plain", 0, 300.0, 0), result(1, "kvtrace", 1, 500.0, 1)],
-                       "b": [result(0, "plain", 0, 400.0, 2), result(1, "kvtrace", 0, 200.0, 0)]}.items():
+    for name, rows in {
+        "a": [result(0, "plain", 0, 300.0, 0), result(1, "kvtrace", 1, 500.0, 1)],
+        "b": [result(0, "plain", 0, 400.0, 2), result(1, "kvtrace", 0, 200.0, 0)],
+    }.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert _stall_script().summarize([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
@@ -250,8 +303,9 @@ PINNED = textwrap.dedent("""
 def test_unpin_lets_every_thread_of_a_server_use_every_cpu(tmp_path):
     server = _server(tmp_path, "pinned", PINNED)
     try:
-        pd.Rig([server]).wait_for(lambda: "pinned" in diag.tail(server.log_path), deadline_s=30, what="pinned",
-                                  interval=0.05)
+        pd.Rig([server]).wait_for(
+            lambda: "pinned" in diag.tail(server.log_path), deadline_s=30, what="pinned", interval=0.05
+        )
         tids = [int(t.name) for t in Path(f"/proc/{server.proc.pid}/task").glob("*")]
         assert {frozenset(os.sched_getaffinity(t)) for t in tids} == {frozenset({max(os.sched_getaffinity(0))})}
         assert server.unpin() == 2  # the main thread and the one it started

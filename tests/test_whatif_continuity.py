@@ -21,17 +21,29 @@ async def _record(directory: str, keep_reasoning: bool) -> None:
     from kvtrace.proxy.config import ProxyConfig, Worker
     from kvtrace.sim.cluster import SimCluster
 
-    providers = [kvtrace.configure(name, traces_dir=directory, handle_sigterm=False)
-                 for name in ("kvtrace-proxy", "kvtrace-bench")]
+    providers = [
+        kvtrace.configure(name, traces_dir=directory, handle_sigterm=False)
+        for name in ("kvtrace-proxy", "kvtrace-bench")
+    ]
     try:
         async with SimCluster(1, 1, time_scale=SCALE, traces_dir=directory) as cluster:
-            cfg = ProxyConfig(prefill=[Worker("127.0.0.1", w.port) for w in cluster.prefill],
-                              decode=[Worker("127.0.0.1", w.port) for w in cluster.decode], port=0)
+            cfg = ProxyConfig(
+                prefill=[Worker("127.0.0.1", w.port) for w in cluster.prefill],
+                decode=[Worker("127.0.0.1", w.port) for w in cluster.decode],
+                port=0,
+            )
             proxy = await server.start(cfg, tracer_provider=providers[0])
             try:
                 scenario = scenarios.get("reasoning-strip").with_(keep_reasoning=keep_reasoning)
-                await bench.arun_bench(proxy.url, scenario=scenario, sessions=2, tracer_provider=providers[1],
-                                       time_scale=0.0, clients=2, nonce="c")
+                await bench.arun_bench(
+                    proxy.url,
+                    scenario=scenario,
+                    sessions=2,
+                    tracer_provider=providers[1],
+                    time_scale=0.0,
+                    clients=2,
+                    nonce="c",
+                )
             finally:
                 await proxy.close()
     finally:

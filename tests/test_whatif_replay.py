@@ -18,14 +18,14 @@ import math
 import re
 
 import pytest
+from whatif_check import check_recorded_row
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
-from kvtrace.store import connect as open_store
 from kvtrace.analysis.whatif import COLUMNS, load, recommend, replay, run
 from kvtrace.cli import main
+from kvtrace.store import connect as open_store
 from kvtrace.testing.synth import PROXY, SIM_D, SIM_P, SpanBuilder
-from whatif_check import check_recorded_row
 
 S = 1000.0  # ms per s
 BPT = 1024  # KV bytes per token
@@ -38,13 +38,26 @@ RESOURCE = {sc.SUBSTRATE: sc.SUBSTRATE_SIM, sc.SIM_TIME_SCALE: 1.0}
 #  retention start s, retained tokens, retention end s, retention outcome)
 TURNS = [
     ("A", 0, 0.0, 1000, 0, 0, sc.OUTCOME_NO_REMOTE, 0, 0.0, 200.0, None, 1.0, 1104, 11.005, sc.RETENTION_READ),
-    ("A", 1, 11.0, 1300, 992, 1104, sc.OUTCOME_PULLED, 112, 5.0, 60.0, 9.9, 12.0, 1408, 112.004,
-     sc.RETENTION_READ),
-    ("A", 2, 112.0, 1500, 1296, 1408, sc.OUTCOME_PULLED, 112, 4.0, 50.0, 99.9, 113.0, 1600, END_S,
-     sc.RETENTION_RELEASED),
+    ("A", 1, 11.0, 1300, 992, 1104, sc.OUTCOME_PULLED, 112, 5.0, 60.0, 9.9, 12.0, 1408, 112.004, sc.RETENTION_READ),
+    (
+        "A",
+        2,
+        112.0,
+        1500,
+        1296,
+        1408,
+        sc.OUTCOME_PULLED,
+        112,
+        4.0,
+        50.0,
+        99.9,
+        113.0,
+        1600,
+        END_S,
+        sc.RETENTION_RELEASED,
+    ),
     ("B", 0, 5.0, 500, 0, 0, sc.OUTCOME_NO_REMOTE, 0, 0.0, 80.0, None, 6.0, 544, 8.0, sc.RETENTION_RELEASED),
-    ("B", 1, 8.0, 560, 496, 544, sc.OUTCOME_BELOW_THRESHOLD, 0, 0.0, 30.0, 1.9, 9.0, 576, END_S,
-     sc.RETENTION_RELEASED),
+    ("B", 1, 8.0, 560, 496, 544, sc.OUTCOME_BELOW_THRESHOLD, 0, 0.0, 30.0, 1.9, 9.0, 576, END_S, sc.RETENTION_RELEASED),
 ]
 
 
@@ -64,36 +77,86 @@ def build(directory, time_scale: float = 1.0, b_ttl: float | None = None) -> Non
         ident = {sc.GEN_AI_REQUEST_ID: rid, sc.SESSION_ID: sess, sc.TURN_INDEX: turn}
         t = at * S - 1.0  # the proxy's request starts 1 ms before P decides
         offered = remote > 0
-        req_attrs = {**ident, sc.REQUEST_TTFT_MS: ttft, sc.PROXY_OFFER: offered,
-                     sc.PROXY_OFFER_REASON: sc.OFFER_OFFERED if offered else sc.OFFER_NO_ENTRY,
-                     sc.PROXY_CONVERSATION_TTL_S: 450.0 / time_scale}
+        req_attrs = {
+            **ident,
+            sc.REQUEST_TTFT_MS: ttft,
+            sc.PROXY_OFFER: offered,
+            sc.PROXY_OFFER_REASON: sc.OFFER_OFFERED if offered else sc.OFFER_NO_ENTRY,
+            sc.PROXY_CONVERSATION_TTL_S: 450.0 / time_scale,
+        }
         if age is not None:
             req_attrs[sc.PROXY_ENTRY_AGE_S] = age / time_scale
         req = b.span(sc.SPAN_PROXY_REQUEST, t, t + ttft + 100, service=PROXY, kind="SERVER", attrs=req_attrs)
         computed = prompt - hit - pulled
-        p_span = b.span(sc.SPAN_ENGINE_PREFILL, t + 0.5, t + 0.5 + xfer + computed / 10, parent=req,
-                        service=SIM_P, resource=p_res,
-                        attrs={**ident, sc.KV_PROMPT_TOKENS: prompt, sc.REQUEST_CACHED_TOKENS: hit + pulled})
-        d_attrs = {**ident, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_OUTCOME: outcome, sc.KV_PROMPT_TOKENS: prompt,
-                   sc.KV_LOCAL_HIT_TOKENS: hit, sc.KV_REMOTE_TOKENS: remote, sc.KV_PULLED_TOKENS: pulled,
-                   sc.KV_RECOMPUTED_TOKENS: prompt - hit - pulled, sc.KV_THRESHOLD: 64,
-                   sc.KV_LOAD_FAILURE_POLICY: "fail"}
+        p_span = b.span(
+            sc.SPAN_ENGINE_PREFILL,
+            t + 0.5,
+            t + 0.5 + xfer + computed / 10,
+            parent=req,
+            service=SIM_P,
+            resource=p_res,
+            attrs={**ident, sc.KV_PROMPT_TOKENS: prompt, sc.REQUEST_CACHED_TOKENS: hit + pulled},
+        )
+        d_attrs = {
+            **ident,
+            sc.KV_DIRECTION: sc.DIRECTION_D2P,
+            sc.KV_OUTCOME: outcome,
+            sc.KV_PROMPT_TOKENS: prompt,
+            sc.KV_LOCAL_HIT_TOKENS: hit,
+            sc.KV_REMOTE_TOKENS: remote,
+            sc.KV_PULLED_TOKENS: pulled,
+            sc.KV_RECOMPUTED_TOKENS: prompt - hit - pulled,
+            sc.KV_THRESHOLD: 64,
+            sc.KV_LOAD_FAILURE_POLICY: "fail",
+        }
         if offered:
             gap = (at - prev_ret[sess]) * time_scale  # model s
             d_attrs.update({sc.KV_PEER_ENGINE_ID: d_id, sc.KV_EXPIRY_REMAINING_S: ttl - gap})
-        dec = b.span(sc.SPAN_KV_DECISION, at * S, at * S + xfer, parent=p_span, service=SIM_P, resource=p_res,
-                     attrs=d_attrs)
+        dec = b.span(
+            sc.SPAN_KV_DECISION, at * S, at * S + xfer, parent=p_span, service=SIM_P, resource=p_res, attrs=d_attrs
+        )
         if pulled:
-            b.span(sc.SPAN_KV_TRANSFER, at * S, at * S + xfer, parent=dec, service=SIM_P, resource=p_res,
-                   attrs={**ident, sc.KV_DIRECTION: sc.DIRECTION_D2P, sc.KV_TRANSFER_TOKENS: pulled,
-                          sc.KV_TRANSFER_BLOCKS: pulled // BS, sc.KV_TRANSFER_BYTES: pulled * BPT,
-                          sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK})
-        d_span = b.span(sc.SPAN_ENGINE_DECODE, t + 20, r0 * S, parent=req, service=SIM_D, resource=d_res,
-                        attrs={**ident, sc.KV_PROMPT_TOKENS: prompt})
-        b.span(sc.SPAN_KV_RETENTION, r0 * S, r1 * S, parent=d_span, service=SIM_D, resource=d_res,
-               attrs={**ident, sc.KV_RETENTION_BLOCKS: tokens // BS, sc.KV_RETENTION_TOKENS: tokens,
-                      sc.KV_RETENTION_BYTES: tokens * BPT, sc.KV_RETENTION_TTL_S: ttl,
-                      sc.KV_RETENTION_OUTCOME: r_out})
+            b.span(
+                sc.SPAN_KV_TRANSFER,
+                at * S,
+                at * S + xfer,
+                parent=dec,
+                service=SIM_P,
+                resource=p_res,
+                attrs={
+                    **ident,
+                    sc.KV_DIRECTION: sc.DIRECTION_D2P,
+                    sc.KV_TRANSFER_TOKENS: pulled,
+                    sc.KV_TRANSFER_BLOCKS: pulled // BS,
+                    sc.KV_TRANSFER_BYTES: pulled * BPT,
+                    sc.KV_TRANSFER_STATUS: sc.TRANSFER_OK,
+                },
+            )
+        d_span = b.span(
+            sc.SPAN_ENGINE_DECODE,
+            t + 20,
+            r0 * S,
+            parent=req,
+            service=SIM_D,
+            resource=d_res,
+            attrs={**ident, sc.KV_PROMPT_TOKENS: prompt},
+        )
+        b.span(
+            sc.SPAN_KV_RETENTION,
+            r0 * S,
+            r1 * S,
+            parent=d_span,
+            service=SIM_D,
+            resource=d_res,
+            attrs={
+                **ident,
+                sc.KV_RETENTION_BLOCKS: tokens // BS,
+                sc.KV_RETENTION_TOKENS: tokens,
+                sc.KV_RETENTION_BYTES: tokens * BPT,
+                sc.KV_RETENTION_TTL_S: ttl,
+                sc.KV_RETENTION_OUTCOME: r_out,
+            },
+        )
         prev_ret[sess] = r0
     b.write(directory)
 
@@ -118,42 +181,131 @@ RECORDED_INTERVALS = [(r0, r1, n) for *_, r0, n, r1, _ in TURNS]
 
 def test_turn_gaps_view(store):
     con = open_store(store)
-    got = rows(con, "SELECT session_id, turn, engine_id, tokens, bytes, ttl_s, retention_outcome, next_turn, "
-                    "next_engine_id, gap_s, expiry_gap_s, entry_age_s, offer_ttl_s, offered, offer_reason, outcome, "
-                    "pulled_tokens, round(held_s, 3) AS held_s, time_scale FROM turn_gaps ORDER BY session_id, turn")
+    got = rows(
+        con,
+        "SELECT session_id, turn, engine_id, tokens, bytes, ttl_s, retention_outcome, next_turn, "
+        "next_engine_id, gap_s, expiry_gap_s, entry_age_s, offer_ttl_s, offered, offer_reason, outcome, "
+        "pulled_tokens, round(held_s, 3) AS held_s, time_scale FROM turn_gaps ORDER BY session_id, turn",
+    )
     base = dict(engine_id="d0", ttl_s=480.0, next_engine_id="p0", offer_ttl_s=450.0, time_scale=1.0)
     assert got == [
-        dict(session_id="A", turn=0, tokens=1104, bytes=1104 * BPT, retention_outcome="read", next_turn=1, gap_s=10.0,
-             expiry_gap_s=10.0, entry_age_s=9.9, offered=True, offer_reason="offered", outcome="pulled",
-             pulled_tokens=112, held_s=10.005, **base),
-        dict(session_id="A", turn=1, tokens=1408, bytes=1408 * BPT, retention_outcome="read", next_turn=2,
-             gap_s=100.0, expiry_gap_s=100.0, entry_age_s=99.9, offered=True, offer_reason="offered",
-             outcome="pulled", pulled_tokens=112, held_s=100.004, **base),
-        dict(session_id="A", turn=2, tokens=1600, bytes=1600 * BPT, retention_outcome="released", next_turn=None,
-             gap_s=None, expiry_gap_s=None, entry_age_s=None, offered=None, offer_reason=None, outcome=None,
-             pulled_tokens=None, held_s=87.0, **{**base, "next_engine_id": None, "offer_ttl_s": None}),
-        dict(session_id="B", turn=0, tokens=544, bytes=544 * BPT, retention_outcome="released", next_turn=1,
-             gap_s=2.0, expiry_gap_s=2.0, entry_age_s=1.9, offered=True, offer_reason="offered",
-             outcome="below_threshold", pulled_tokens=0, held_s=2.0, **base),
-        dict(session_id="B", turn=1, tokens=576, bytes=576 * BPT, retention_outcome="released", next_turn=None,
-             gap_s=None, expiry_gap_s=None, entry_age_s=None, offered=None, offer_reason=None, outcome=None,
-             pulled_tokens=None, held_s=191.0, **{**base, "next_engine_id": None, "offer_ttl_s": None}),
+        dict(
+            session_id="A",
+            turn=0,
+            tokens=1104,
+            bytes=1104 * BPT,
+            retention_outcome="read",
+            next_turn=1,
+            gap_s=10.0,
+            expiry_gap_s=10.0,
+            entry_age_s=9.9,
+            offered=True,
+            offer_reason="offered",
+            outcome="pulled",
+            pulled_tokens=112,
+            held_s=10.005,
+            **base,
+        ),
+        dict(
+            session_id="A",
+            turn=1,
+            tokens=1408,
+            bytes=1408 * BPT,
+            retention_outcome="read",
+            next_turn=2,
+            gap_s=100.0,
+            expiry_gap_s=100.0,
+            entry_age_s=99.9,
+            offered=True,
+            offer_reason="offered",
+            outcome="pulled",
+            pulled_tokens=112,
+            held_s=100.004,
+            **base,
+        ),
+        dict(
+            session_id="A",
+            turn=2,
+            tokens=1600,
+            bytes=1600 * BPT,
+            retention_outcome="released",
+            next_turn=None,
+            gap_s=None,
+            expiry_gap_s=None,
+            entry_age_s=None,
+            offered=None,
+            offer_reason=None,
+            outcome=None,
+            pulled_tokens=None,
+            held_s=87.0,
+            **{**base, "next_engine_id": None, "offer_ttl_s": None},
+        ),
+        dict(
+            session_id="B",
+            turn=0,
+            tokens=544,
+            bytes=544 * BPT,
+            retention_outcome="released",
+            next_turn=1,
+            gap_s=2.0,
+            expiry_gap_s=2.0,
+            entry_age_s=1.9,
+            offered=True,
+            offer_reason="offered",
+            outcome="below_threshold",
+            pulled_tokens=0,
+            held_s=2.0,
+            **base,
+        ),
+        dict(
+            session_id="B",
+            turn=1,
+            tokens=576,
+            bytes=576 * BPT,
+            retention_outcome="released",
+            next_turn=None,
+            gap_s=None,
+            expiry_gap_s=None,
+            entry_age_s=None,
+            offered=None,
+            offer_reason=None,
+            outcome=None,
+            pulled_tokens=None,
+            held_s=191.0,
+            **{**base, "next_engine_id": None, "offer_ttl_s": None},
+        ),
     ]
 
 
 def test_recorded_setting_gives_back_the_recorded_run(store):
     rec = load(open_store(store))
-    assert (rec.ttl_s, rec.threshold, rec.offer_ttl_s, rec.offer_margin_s, rec.time_scale) == (480.0, 64, 450.0, 30.0,
-                                                                                               1.0)
+    assert (rec.ttl_s, rec.threshold, rec.offer_ttl_s, rec.offer_margin_s, rec.time_scale) == (
+        480.0,
+        64,
+        450.0,
+        30.0,
+        1.0,
+    )
     assert rec.pool_bytes == {"d0": POOL}
     assert rec.calibration.prefill_tokens_per_ms[None] == pytest.approx(10.0)
     r = replay(rec, 480.0, 64)
     gib_s, peak = _held(RECORDED_INTERVALS)
     assert r.row == {
-        "ttl_s": 480.0, "threshold": 64, "decisions": 5, "pulled": 2, "expired": 0, "below_threshold": 1,
-        "no_remote": 2, "local_hit": 0, "failed": 0, "pulled_tokens": 224, "recomputed_tokens": 1000 + 196 + 92 + 500 + 64,
-        "gib_s_held": pytest.approx(gib_s, rel=1e-12), "peak_gib_held": pytest.approx(peak, rel=1e-12),
-        "ttft_mean_ms": pytest.approx((200 + 60 + 50 + 80 + 30) / 5), "ttft_p90_ms": pytest.approx(152.0),
+        "ttl_s": 480.0,
+        "threshold": 64,
+        "decisions": 5,
+        "pulled": 2,
+        "expired": 0,
+        "below_threshold": 1,
+        "no_remote": 2,
+        "local_hit": 0,
+        "failed": 0,
+        "pulled_tokens": 224,
+        "recomputed_tokens": 1000 + 196 + 92 + 500 + 64,
+        "gib_s_held": pytest.approx(gib_s, rel=1e-12),
+        "peak_gib_held": pytest.approx(peak, rel=1e-12),
+        "ttft_mean_ms": pytest.approx((200 + 60 + 50 + 80 + 30) / 5),
+        "ttft_p90_ms": pytest.approx(152.0),
         "recorded": True,
     }
     assert r.failures == 0
@@ -164,15 +316,27 @@ def test_shorter_ttl_drops_the_long_gap(store):
     """TTL 60: the proxy offers entries up to 30 s old, so A's turn 2 (100 s later) recomputes; D
     holds A's turn-1 blocks until the TTL (12 + 60) and A's last blocks until 113 + 60."""
     r = replay(load(open_store(store)), 60.0, 64)
-    gib_s, peak = _held([(1.0, 11.005, 1104), (12.0, 72.0, 1408), (113.0, 173.0, 1600), (6.0, 8.0, 544),
-                         (9.0, 69.0, 576)])
+    gib_s, peak = _held(
+        [(1.0, 11.005, 1104), (12.0, 72.0, 1408), (113.0, 173.0, 1600), (6.0, 8.0, 544), (9.0, 69.0, 576)]
+    )
     ttft_a2 = 50.0 + (204 - 92) / 10.0 - 4.0  # 112 more tokens at 10/ms, no transfer
     assert r.row == {
-        "ttl_s": 60.0, "threshold": 64, "decisions": 5, "pulled": 1, "expired": 0, "below_threshold": 1,
-        "no_remote": 3, "local_hit": 0, "failed": 0, "pulled_tokens": 112, "recomputed_tokens": 1000 + 196 + 204 + 500 + 64,
-        "gib_s_held": pytest.approx(gib_s, rel=1e-9), "peak_gib_held": pytest.approx(peak, rel=1e-12),
+        "ttl_s": 60.0,
+        "threshold": 64,
+        "decisions": 5,
+        "pulled": 1,
+        "expired": 0,
+        "below_threshold": 1,
+        "no_remote": 3,
+        "local_hit": 0,
+        "failed": 0,
+        "pulled_tokens": 112,
+        "recomputed_tokens": 1000 + 196 + 204 + 500 + 64,
+        "gib_s_held": pytest.approx(gib_s, rel=1e-9),
+        "peak_gib_held": pytest.approx(peak, rel=1e-12),
         "ttft_mean_ms": pytest.approx((200 + 60 + ttft_a2 + 80 + 30) / 5),
-        "ttft_p90_ms": pytest.approx(152.0), "recorded": False,
+        "ttft_p90_ms": pytest.approx(152.0),
+        "recorded": False,
     }
     assert [sc.OUTCOMES[c] for c in r.codes] == ["no_remote", "no_remote", "below_threshold", "pulled", "no_remote"]
 
@@ -181,12 +345,16 @@ def test_ttl_zero_holds_nothing_and_higher_threshold_recomputes(store):
     rec = load(open_store(store))
     zero = replay(rec, 0.0, 64).row
     assert (zero["pulled"], zero["no_remote"], zero["below_threshold"], zero["gib_s_held"], zero["peak_gib_held"]) == (
-        0, 5, 0, 0.0, 0.0)
+        0,
+        5,
+        0,
+        0.0,
+        0.0,
+    )
     high = replay(rec, 480.0, 128)
     assert (high.row["pulled"], high.row["below_threshold"], high.row["no_remote"]) == (0, 3, 2)
     # A's blocks are released when turn 1 and turn 2 decline them (at 11 and 112)
-    gib_s, _ = _held([(1.0, 11.0, 1104), (12.0, 112.0, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544),
-                      (9.0, END_S, 576)])
+    gib_s, _ = _held([(1.0, 11.0, 1104), (12.0, 112.0, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544), (9.0, END_S, 576)])
     assert high.row["gib_s_held"] == pytest.approx(gib_s, rel=1e-9)
 
 
@@ -199,8 +367,9 @@ def test_offer_of_dropped_blocks_is_an_expired_failure(store):
     assert (r.row["pulled"], r.row["expired"], r.failures) == (1, 1, 1)
     assert r.row["ttft_mean_ms"] == pytest.approx((200 + 60 + 80 + 30) / 4)
     assert math.isnan(r.ttft_ms[4])  # decisions in start order: A0, B0, B1, A1, A2
-    gib_s, _ = _held([(1.0, 11.005, 1104), (12.0, 116.0, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544),
-                      (9.0, 113.0, 576)])
+    gib_s, _ = _held(
+        [(1.0, 11.005, 1104), (12.0, 116.0, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544), (9.0, 113.0, 576)]
+    )
     assert r.row["gib_s_held"] == pytest.approx(gib_s, rel=1e-9)
     # 6 s left: the read goes ahead
     assert replay(rec, 106.0, 64, offer_margin_s=0.0).row["pulled"] == 2
@@ -215,11 +384,15 @@ def test_decode_workers_with_different_ttls(store, tmp_path, capsys):
     rec = load(open_store(tmp_path / "mixed"))
     assert (rec.ttls, rec.ttl_s, rec.mixed, rec.d_engines) == ([10.0, 480.0], 480.0, True, ["d0", "d1"])
     mine = replay(rec, None, 64)
-    gib_s, peak = _held([(1.0, 11.005, 1104), (12.0, 112.004, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544),
-                         (9.0, 19.0, 576)])
+    gib_s, peak = _held(
+        [(1.0, 11.005, 1104), (12.0, 112.004, 1408), (113.0, END_S, 1600), (6.0, 8.0, 544), (9.0, 19.0, 576)]
+    )
     assert mine.row["recorded"] and mine.row["ttl_s"] is None
     assert (mine.row["gib_s_held"], mine.row["pulled"], mine.row["below_threshold"]) == (
-        pytest.approx(gib_s, rel=1e-12), 2, 1)
+        pytest.approx(gib_s, rel=1e-12),
+        2,
+        1,
+    )
     assert mine.peak_bytes == {"d0": 1600 * BPT, "d1": 576 * BPT}
     check_recorded_row(tmp_path / "mixed")
     single = replay(load(open_store(store)), 480.0, 64).row
@@ -270,8 +443,24 @@ def test_cli_json_csv_and_help(store, tmp_path, capsys):
     assert [(r["ttl_s"], r["threshold"], r["recorded"]) for r in data] == [(60.0, 64, False), (480.0, 64, True)]
     assert "Recommendation: decoder_kv_blocks_ttl" in err and "kvtrace.engine.prefill spans" in err
     csv_path = tmp_path / "w.csv"
-    assert main(["whatif", "--traces", str(store), "--ttl", "60", "--threshold", "64", "--format", "csv",
-                 "-o", str(csv_path)]) == 0
+    assert (
+        main(
+            [
+                "whatif",
+                "--traces",
+                str(store),
+                "--ttl",
+                "60",
+                "--threshold",
+                "64",
+                "--format",
+                "csv",
+                "-o",
+                str(csv_path),
+            ]
+        )
+        == 0
+    )
     lines = csv_path.read_text().splitlines()
     assert lines[0] == ",".join(COLUMNS) and len(lines) == 3  # 60/64 and the recorded 480/64
     assert lines[2].endswith(",true")
@@ -282,12 +471,15 @@ def test_cli_json_csv_and_help(store, tmp_path, capsys):
         assert re.search(rf"\n\s+{column}\s", help_text), column
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--ttl", "a,b"], "invalid list value"),
-    (["--ttl", "-5"], "invalid list value"),
-    (["--budget-gib", "0"], "--budget-gib must be > 0"),
-    (["--offer-margin", "-1"], "--offer-margin must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ttl", "a,b"], "invalid list value"),
+        (["--ttl", "-5"], "invalid list value"),
+        (["--budget-gib", "0"], "--budget-gib must be > 0"),
+        (["--offer-margin", "-1"], "--offer-margin must be >= 0"),
+    ],
+)
 def test_cli_rejects_bad_arguments(store, capsys, argv, message):
     try:
         code = main(["whatif", "--traces", str(store), *argv])

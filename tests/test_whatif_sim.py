@@ -29,12 +29,12 @@ import math
 from dataclasses import replace
 
 import pytest
+from whatif_check import check_recorded_row
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
-from kvtrace.store import connect as open_store
 from kvtrace.analysis.whatif import load, replay
-from whatif_check import check_recorded_row
+from kvtrace.store import connect as open_store
 
 SCALE = 4.0
 SEED = 7
@@ -56,7 +56,8 @@ def scenarios():
     fewer streamed tokens, less wall time for the compression to multiply), test logs of
     800-1600 tokens (prefill compute, not the harness, is most of a TTFT); pause-resume pauses
     12 s before the resumed turn."""
-    from kvtrace.bench.distributions import Constant, Uniform as U
+    from kvtrace.bench.distributions import Constant
+    from kvtrace.bench.distributions import Uniform as U
     from kvtrace.bench.scenarios import CODING_AGENT, LLM, PAUSE_RESUME, SHORT_FOLLOWUPS, Tool
 
     def sized(step):
@@ -85,20 +86,35 @@ async def _run(directory: str, ttl: float, threshold: int, n_prefill: int) -> No
     from kvtrace.proxy.config import ProxyConfig, Worker
     from kvtrace.sim.cluster import SimCluster
 
-    kv = {"kv_connector_extra_config": {"decoder_kv_blocks_ttl": ttl, "kv_recompute_threshold": threshold,
-                                        "kv_lease_duration": 600.0}}
+    kv = {
+        "kv_connector_extra_config": {
+            "decoder_kv_blocks_ttl": ttl,
+            "kv_recompute_threshold": threshold,
+            "kv_lease_duration": 600.0,
+        }
+    }
     proxy_provider = kvtrace.configure("kvtrace-proxy", traces_dir=directory, handle_sigterm=False)
     bench_provider = kvtrace.configure("kvtrace-bench", traces_dir=directory, handle_sigterm=False)
     try:
         async with SimCluster(n_prefill, 1, kv_config=kv, time_scale=SCALE, traces_dir=directory) as cluster:
-            cfg = ProxyConfig(prefill=[Worker("127.0.0.1", w.port) for w in cluster.prefill],
-                              decode=[Worker("127.0.0.1", w.port) for w in cluster.decode], port=0,
-                              conversation_ttl_s=(ttl - OFFER_MARGIN_S) / SCALE)
+            cfg = ProxyConfig(
+                prefill=[Worker("127.0.0.1", w.port) for w in cluster.prefill],
+                decode=[Worker("127.0.0.1", w.port) for w in cluster.decode],
+                port=0,
+                conversation_ttl_s=(ttl - OFFER_MARGIN_S) / SCALE,
+            )
             proxy = await server.start(cfg, tracer_provider=proxy_provider)
             try:
                 work = workload()
-                await bench.arun_bench(proxy.url, workload=work, tracer_provider=bench_provider,
-                                       time_scale=1.0 / SCALE, clients=len(work.sessions), seed=SEED, nonce="w")
+                await bench.arun_bench(
+                    proxy.url,
+                    workload=work,
+                    tracer_provider=bench_provider,
+                    time_scale=1.0 / SCALE,
+                    clients=len(work.sessions),
+                    seed=SEED,
+                    nonce="w",
+                )
             finally:
                 await proxy.close()
     finally:
@@ -132,16 +148,20 @@ def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
         why = unfaithful(timing(rec_con), timing(sim))
         if why is None:
             break
-        print(f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: attempt {attempt + 1} not comparable "
-              f"({why}){'; running it again' if attempt + 1 < ATTEMPTS else ''}")
+        print(
+            f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: attempt {attempt + 1} not comparable "
+            f"({why}){'; running it again' if attempt + 1 < ATTEMPTS else ''}"
+        )
     return rec_con, sim, why
 
 
 def timing(con) -> dict:
     """Turn gaps by (session, turn), model s, the mean TTFT of turn 0 (no reuse possible in any
     setting: the same work every run), model ms, and how long the workload took, model s."""
-    gaps = {(r["session_id"], r["turn"]): r["gap_s"] for r in rows(con, "SELECT session_id, turn, gap_s FROM turn_gaps "
-                                                                    "WHERE gap_s IS NOT NULL")}
+    gaps = {
+        (r["session_id"], r["turn"]): r["gap_s"]
+        for r in rows(con, "SELECT session_id, turn, gap_s FROM turn_gaps WHERE gap_s IS NOT NULL")
+    }
     ref = rows(con, "SELECT avg(ttft_ms) AS t FROM requests WHERE turn = 0")[0]["t"]
     length = rows(con, "SELECT (max(end_ns) - min(start_ns)) / 1e9 AS s FROM requests")[0]["s"]
     return {"gaps": gaps, "reference_ms": ref * SCALE, "length_s": length * SCALE}
@@ -164,8 +184,13 @@ def unfaithful(reference: dict, run: dict) -> str | None:
 
 def measured(con) -> dict:
     """What the simulator did: decisions by outcome, GiB·s held (model s), mean TTFT (model ms)."""
-    mix = {r["outcome"]: r["n"] for r in rows(con, "SELECT outcome, count(*) AS n FROM kv_decisions "
-                                                  f"WHERE direction = '{sc.DIRECTION_D2P}' GROUP BY outcome")}
+    mix = {
+        r["outcome"]: r["n"]
+        for r in rows(
+            con,
+            f"SELECT outcome, count(*) AS n FROM kv_decisions WHERE direction = '{sc.DIRECTION_D2P}' GROUP BY outcome",
+        )
+    }
     held = rows(con, "SELECT sum(byte_seconds) AS bs FROM kv_retention")[0]["bs"] or 0.0
     ttft = rows(con, "SELECT avg(ttft_ms) AS t FROM requests")[0]["t"]
     return {"outcomes": {o: mix.get(o, 0) for o in OUTCOMES}, "gib_s": held * SCALE / 2**30, "ttft": ttft * SCALE}
@@ -173,8 +198,11 @@ def measured(con) -> dict:
 
 def per_decision(con) -> list[dict]:
     """The d2p decisions in the replay's order (start, span id), keyed by session and turn."""
-    return rows(con, "SELECT session_id, turn, outcome, local_hit_tokens FROM kv_decisions "
-                     f"WHERE direction = '{sc.DIRECTION_D2P}' ORDER BY start_ns, span_id")
+    return rows(
+        con,
+        "SELECT session_id, turn, outcome, local_hit_tokens FROM kv_decisions "
+        f"WHERE direction = '{sc.DIRECTION_D2P}' ORDER BY start_ns, span_id",
+    )
 
 
 def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
@@ -190,17 +218,27 @@ def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
         predicted = {(d["session_id"], d["turn"]): sc.OUTCOMES[c] for d, c in zip(order, r.codes)}
         actual = {(d["session_id"], d["turn"]): d for d in per_decision(sim)}
         recorded_hits = {(d["session_id"], d["turn"]): d["local_hit_tokens"] for d in order}
-        out.append({
-            "setting": setting, "replay": {o: r.row[o] for o in OUTCOMES}, "sim": got["outcomes"],
-            "gib_s": (r.row["gib_s_held"], got["gib_s"]), "ttft": (r.row["ttft_mean_ms"], got["ttft"]),
-            "predicted": predicted, "actual": actual, "recorded_hits": recorded_hits, "unfaithful": why,
-            "recorded": {o: replay(rec, *RECORDED).row[o] for o in OUTCOMES},
-            "gib_s_by_ttl": {t: replay(rec, t, RECORDED[1]).row["gib_s_held"] for t, _ in SETTINGS[:3]},
-        })
-        print(f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: replay {out[-1]['replay']} | sim "
-              f"{got['outcomes']} | GiB·s {r.row['gib_s_held']:.2f} vs {got['gib_s']:.2f} "
-              f"({_rel(r.row['gib_s_held'], got['gib_s']):+.1%}) | mean TTFT {r.row['ttft_mean_ms']:.1f} vs "
-              f"{got['ttft']:.1f} ms ({_rel(r.row['ttft_mean_ms'], got['ttft']):+.1%})")
+        out.append(
+            {
+                "setting": setting,
+                "replay": {o: r.row[o] for o in OUTCOMES},
+                "sim": got["outcomes"],
+                "gib_s": (r.row["gib_s_held"], got["gib_s"]),
+                "ttft": (r.row["ttft_mean_ms"], got["ttft"]),
+                "predicted": predicted,
+                "actual": actual,
+                "recorded_hits": recorded_hits,
+                "unfaithful": why,
+                "recorded": {o: replay(rec, *RECORDED).row[o] for o in OUTCOMES},
+                "gib_s_by_ttl": {t: replay(rec, t, RECORDED[1]).row["gib_s_held"] for t, _ in SETTINGS[:3]},
+            }
+        )
+        print(
+            f"{n_prefill}P+1D TTL {setting[0]:g} threshold {setting[1]}: replay {out[-1]['replay']} | sim "
+            f"{got['outcomes']} | GiB·s {r.row['gib_s_held']:.2f} vs {got['gib_s']:.2f} "
+            f"({_rel(r.row['gib_s_held'], got['gib_s']):+.1%}) | mean TTFT {r.row['ttft_mean_ms']:.1f} vs "
+            f"{got['ttft']:.1f} ms ({_rel(r.row['ttft_mean_ms'], got['ttft']):+.1%})"
+        )
     return out
 
 
@@ -223,11 +261,14 @@ def _check_1p(result: dict) -> None:
 
 def _skip_if_unchecked(results: list[dict]) -> None:
     """After every robust assertion passed: say so when the machine never let the timing be compared."""
-    busy = [f"TTL {r['setting'][0]:g} threshold {r['setting'][1]}: {r['unfaithful']}" for r in results
-            if r["unfaithful"]]
+    busy = [
+        f"TTL {r['setting'][0]:g} threshold {r['setting'][1]}: {r['unfaithful']}" for r in results if r["unfaithful"]
+    ]
     if busy:
-        pytest.skip(f"decisions checked; GiB·s / TTFT not comparable on this busy machine after {ATTEMPTS} "
-                    f"attempts ({'; '.join(busy)})")
+        pytest.skip(
+            f"decisions checked; GiB·s / TTFT not comparable on this busy machine after {ATTEMPTS} "
+            f"attempts ({'; '.join(busy)})"
+        )
 
 
 @pytest.mark.slow
@@ -274,8 +315,10 @@ def test_two_prefill_workers_differ_only_where_routing_changed_the_local_hit(tmp
         same = [k for k, d in result["actual"].items() if result["recorded_hits"].get(k) == d["local_hit_tokens"]]
         changed = len(result["actual"]) - len(same)
         wrong = [k for k in same if result["predicted"][k] != result["actual"][k]["outcome"]]
-        print(f"  {len(same)} decisions with the recorded local hit: {len(wrong)} mispredicted; {changed} routed to a "
-              "P holding a different prefix")
+        print(
+            f"  {len(same)} decisions with the recorded local hit: {len(wrong)} mispredicted; {changed} routed to a "
+            "P holding a different prefix"
+        )
         assert set(result["actual"]) == set(result["predicted"])
         assert wrong == []
         if not result["unfaithful"]:

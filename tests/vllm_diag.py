@@ -54,8 +54,8 @@ def kernel_view(pid: int, *, stacks: bool = True) -> str:
     for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
         try:
             stat = (task / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
             wchan = (task / "wchan").read_text().strip() or "-"
         except (OSError, ValueError):
             continue

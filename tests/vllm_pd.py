@@ -53,8 +53,6 @@ class LegFailed(Exception):
     """D answered without a finished completion (e.g. its KV load failed: NIXL handshake timeout)."""
 
 
-
-
 def plugins_without_kvtrace() -> str:
     """``VLLM_PLUGINS`` value that loads every vLLM general plugin except kvtrace's."""
     from importlib.metadata import entry_points
@@ -96,42 +94,82 @@ class Server:
 
     def kv_transfer_config(self) -> dict:
         extra = {"bidirectional_kv_xfer": True, "kv_recompute_threshold": 64, "decoder_kv_blocks_ttl": self.ttl_s}
-        ktc = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
-               "engine_id": self.engine_id, "kv_connector_extra_config": extra}
+        ktc = {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_both",
+            "kv_buffer_device": "cpu",
+            "engine_id": self.engine_id,
+            "kv_connector_extra_config": extra,
+        }
         if self.connector == "kvtrace":  # kv_load_failure_policy: vLLM's default, fail
-            extra[sc.KV_PARAMS_KEY] = {"traces_dir": str(self.traces_dir), "role": self.role,
-                                       "service_name": self.service_name}
+            extra[sc.KV_PARAMS_KEY] = {
+                "traces_dir": str(self.traces_dir),
+                "role": self.role,
+                "service_name": self.service_name,
+            }
             ktc.update(kv_connector="KVTraceNixlConnector", kv_connector_module_path="kvtrace.vllm.connector")
         return ktc
 
     def env(self) -> dict:
         env = {
             **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": "1",  # a 2-layer model gains nothing from a second OpenMP thread per engine
-            "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(self.log_dir / "cache"),
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CACHE_ROOT": str(self.log_dir / "cache"),
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
         }
         if self.layout == "uni":
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.connector == "kvtrace":
             # process.pid on the spans' resource: the test checks which process made them
-            env.update(KVTRACE_NIXL_PROGRESS_DELAY_US="500", KVTRACE_BATCH_DELAY_MS="200",
-                       OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="process")
+            env.update(
+                KVTRACE_NIXL_PROGRESS_DELAY_US="500",
+                KVTRACE_BATCH_DELAY_MS="200",
+                OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="process",
+            )
         else:
             env["VLLM_PLUGINS"] = plugins_without_kvtrace()
         return env
 
     def start(self) -> None:
         if self.layout not in LAYOUTS or self.connector not in CONNECTORS:
-            raise ValueError(f"layout {self.layout!r} not in {LAYOUTS} or connector {self.connector!r} not in {CONNECTORS}")
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--served-model-name", MODEL, "--load-format", "dummy", "--enforce-eager", "--dtype", "bfloat16",
-               "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--block-size", "128",
-               "--distributed-executor-backend", self.layout, "--kv-transfer-config", json.dumps(self.kv_transfer_config())]
+            raise ValueError(
+                f"layout {self.layout!r} not in {LAYOUTS} or connector {self.connector!r} not in {CONNECTORS}"
+            )
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            MODEL,
+            "--load-format",
+            "dummy",
+            "--enforce-eager",
+            "--dtype",
+            "bfloat16",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "4096",
+            "--block-size",
+            "128",
+            "--distributed-executor-backend",
+            self.layout,
+            "--kv-transfer-config",
+            json.dumps(self.kv_transfer_config()),
+        ]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def ready(self) -> bool:
         """True once /health answers 200; RigError if the server exited."""
@@ -212,8 +250,12 @@ class Rig:
         """Start every server at once and wait until all answer /health."""
         for s in self.servers:
             s.start()
-        self.wait_for(lambda: all([s.ready() for s in self.servers]), deadline_s=deadline_s,
-                      what="every vLLM server answering /health", interval=1.0)
+        self.wait_for(
+            lambda: all([s.ready() for s in self.servers]),
+            deadline_s=deadline_s,
+            what="every vLLM server answering /health",
+            interval=1.0,
+        )
         self.progress("servers ready: " + ", ".join(f"{s.name}={s.engine_pids()}" for s in self.servers))
         if self.unpin:
             self.progress("threads unpinned from one core: " + ", ".join(f"{s.name}={s.unpin()}" for s in self.servers))
@@ -279,8 +321,20 @@ class Turn:
     p_error: str | None = None
 
 
-def run_turn(rig: Rig, p: Server, d: Server, *, session: str, turn: int, prompt, cached: dict | None,
-             max_tokens: int, chat: bool = False, attempts: int = 2, p_fails: bool = False) -> Turn:
+def run_turn(
+    rig: Rig,
+    p: Server,
+    d: Server,
+    *,
+    session: str,
+    turn: int,
+    prompt,
+    cached: dict | None,
+    max_tokens: int,
+    chat: bool = False,
+    attempts: int = 2,
+    p_fails: bool = False,
+) -> Turn:
     """One proxied turn; retried once on an HTTP error (a NIXL handshake timeout fails the load
     and, under kv_load_failure_policy=fail, the request); a silent server fails the rig at once.
     ``p_fails``: P is expected to fail the request (a declined expired read); the D leg is then
@@ -289,9 +343,20 @@ def run_turn(rig: Rig, p: Server, d: Server, *, session: str, turn: int, prompt,
     only there)."""
     for attempt in range(attempts):
         try:
-            done = rig.call(f"{session} turn {turn} (attempt {attempt})", _turn, p, d, session=session, turn=turn,
-                            prompt=prompt, cached=cached, max_tokens=max_tokens, chat=chat, suffix=f"r{attempt}",
-                            p_fails=p_fails)
+            done = rig.call(
+                f"{session} turn {turn} (attempt {attempt})",
+                _turn,
+                p,
+                d,
+                session=session,
+                turn=turn,
+                prompt=prompt,
+                cached=cached,
+                max_tokens=max_tokens,
+                chat=chat,
+                suffix=f"r{attempt}",
+                p_fails=p_fails,
+            )
             rig.progress(f"{session} turn {turn} done")
             return done
         except (urllib.error.HTTPError, LegFailed) as exc:
@@ -308,10 +373,20 @@ def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fa
     payload = {"messages": prompt} if chat else {"prompt": prompt, "return_token_ids": True}
     ctx = {sc.CTX_SESSION_ID: session, sc.CTX_TURN: turn}
     p_tp = _traceparent(trace_id)
-    p_kv = {**(cached or {}), "do_remote_decode": True, "do_remote_prefill": False,
-            sc.KV_PARAMS_KEY: {**ctx, sc.CTX_TRACEPARENT: p_tp}}
-    p_body = {"model": MODEL, **payload, "max_tokens": 1, "stream": False, "ignore_eos": True,
-              "kv_transfer_params": p_kv}
+    p_kv = {
+        **(cached or {}),
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        sc.KV_PARAMS_KEY: {**ctx, sc.CTX_TRACEPARENT: p_tp},
+    }
+    p_body = {
+        "model": MODEL,
+        **payload,
+        "max_tokens": 1,
+        "stream": False,
+        "ignore_eos": True,
+        "kv_transfer_params": p_kv,
+    }
     try:
         p_resp = _post(p.url + route, p_body, {"X-Request-Id": rid, "traceparent": p_tp})
     except urllib.error.HTTPError as exc:
@@ -322,11 +397,20 @@ def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fa
     if p_fails:
         return Turn(rid, trace_id, prompt, p_params, None, [], [], p_error=str(p_resp.get("choices")))
     d_tp = _traceparent(trace_id)
-    d_kv = {**{k: v for k, v in p_params.items() if k != sc.KV_PARAMS_KEY},
-            sc.KV_PARAMS_KEY: {**ctx, sc.CTX_TRACEPARENT: d_tp}}
+    d_kv = {
+        **{k: v for k, v in p_params.items() if k != sc.KV_PARAMS_KEY},
+        sc.KV_PARAMS_KEY: {**ctx, sc.CTX_TRACEPARENT: d_tp},
+    }
     stream = d.connector == "kvtrace"
-    d_body = {"model": MODEL, **payload, "max_tokens": max_tokens, "min_tokens": max_tokens, "stream": stream,
-              "ignore_eos": True, "kv_transfer_params": d_kv}
+    d_body = {
+        "model": MODEL,
+        **payload,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": True,
+        "kv_transfer_params": d_kv,
+    }
     headers = {"X-Request-Id": rid, "traceparent": d_tp}
     chunks = _stream(d.url + route, d_body, headers) if stream else [_post(d.url + route, d_body, headers)]
     output_ids: list[int] = []
@@ -354,8 +438,17 @@ class AgentTurn:
     reply: str
 
 
-async def run_agent_session(rig: Rig, p: Server, d: Server, traces: Path, *, session: str,
-                            user_turns: list[str], max_tokens: list[int], attempts: int = 2) -> list[AgentTurn]:
+async def run_agent_session(
+    rig: Rig,
+    p: Server,
+    d: Server,
+    traces: Path,
+    *,
+    session: str,
+    user_turns: list[str],
+    max_tokens: list[int],
+    attempts: int = 2,
+) -> list[AgentTurn]:
     """A streaming chat session: agent session -> one agent turn per user message -> traced
     ``openai`` call -> kvtrace proxy (started here on port 0, P = ``p``, D = ``d``) -> P and D.
     Agent and proxy export Parquet into ``traces``; both providers are flushed and shut down
@@ -369,12 +462,14 @@ async def run_agent_session(rig: Rig, p: Server, d: Server, traces: Path, *, ses
 
     proxy_tp = telemetry.configure(PROXY_SERVICE, traces_dir=traces, handle_sigterm=False)
     agent_tp = telemetry.configure(AGENT_SERVICE, traces_dir=traces, handle_sigterm=False)
-    config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)],
-                         read_timeout_s=REQUEST_TIMEOUT_S)
+    config = ProxyConfig(
+        prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)], read_timeout_s=REQUEST_TIMEOUT_S
+    )
     running = await start(config, proxy_tp, port=0)
     try:
-        return await _agent_turns(rig, running.url, Agent(agent_tp, name="vllm-e2e-agent"), session, user_turns,
-                                  max_tokens, attempts)
+        return await _agent_turns(
+            rig, running.url, Agent(agent_tp, name="vllm-e2e-agent"), session, user_turns, max_tokens, attempts
+        )
     finally:
         await running.close()
         for provider in (agent_tp, proxy_tp):
@@ -387,8 +482,9 @@ async def _agent_turns(rig, url, agent, session, user_turns, max_tokens, attempt
 
     from kvtrace.agent import TracedAsyncOpenAI
 
-    client = TracedAsyncOpenAI(base_url=url + "/v1", api_key="kvtrace-e2e", max_retries=0,
-                               timeout=REQUEST_TIMEOUT_S + 10, agent=agent)
+    client = TracedAsyncOpenAI(
+        base_url=url + "/v1", api_key="kvtrace-e2e", max_retries=0, timeout=REQUEST_TIMEOUT_S + 10, agent=agent
+    )
     messages: list[dict] = []
     turns: list[AgentTurn] = []
     sent = 0
@@ -421,8 +517,12 @@ async def _agent_call(client, messages: list[dict], max_tokens: int) -> AgentTur
     from kvtrace.agent import last_kv_transfer
 
     stream = await client.chat.completions.create(
-        model=MODEL, messages=list(messages), max_tokens=max_tokens, stream=True,
-        extra_body={"min_tokens": max_tokens, "ignore_eos": True})
+        model=MODEL,
+        messages=list(messages),
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"min_tokens": max_tokens, "ignore_eos": True},
+    )
     chunks = [chunk async for chunk in stream]
     reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return AgentTurn(-1, -1, 0, chunks, stream.kv_transfer, last_kv_transfer(), stream.result, reply)

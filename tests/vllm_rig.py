@@ -79,9 +79,16 @@ def make_tiny_model(directory: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- scheduler objects
-def vllm_config(model_dir: Path, *, extra: dict, kv_role: str = "kv_both", block_size: int = 16,
-                connector: str = "KVTraceNixlConnector", module_path: str | None = "kvtrace.vllm.connector",
-                engine_id: str = "engine-under-test"):
+def vllm_config(
+    model_dir: Path,
+    *,
+    extra: dict,
+    kv_role: str = "kv_both",
+    block_size: int = 16,
+    connector: str = "KVTraceNixlConnector",
+    module_path: str | None = "kvtrace.vllm.connector",
+    engine_id: str = "engine-under-test",
+):
     """A VllmConfig for a scheduler-only test (CPU device, prefix caching on)."""
     from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 
@@ -89,8 +96,11 @@ def vllm_config(model_dir: Path, *, extra: dict, kv_role: str = "kv_both", block
     return VllmConfig(
         model_config=model_config,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=16, max_num_batched_tokens=4096, max_model_len=4096,
-            is_encoder_decoder=False, enable_chunked_prefill=True,
+            max_num_seqs=16,
+            max_num_batched_tokens=4096,
+            max_model_len=4096,
+            is_encoder_decoder=False,
+            enable_chunked_prefill=True,
         ),
         cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
         kv_transfer_config=KVTransferConfig(
@@ -135,8 +145,15 @@ _ids = count(1)
 _hash_ready = False
 
 
-def request(prompt: list[int], *, params: dict | None = None, max_tokens: int = 4, block_size: int = 16,
-            request_id: str | None = None, trace_headers: dict | None = None):
+def request(
+    prompt: list[int],
+    *,
+    params: dict | None = None,
+    max_tokens: int = 4,
+    block_size: int = 16,
+    request_id: str | None = None,
+    trace_headers: dict | None = None,
+):
     """A v1 Request as the engine core builds it (internal id = chatcmpl-<X>-<8 chars>)."""
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
@@ -162,8 +179,16 @@ def request(prompt: list[int], *, params: dict | None = None, max_tokens: int = 
     return req
 
 
-def runner_output(reqs, *, finished_sending=None, finished_recving=None, failed_recving=None,
-                  invalid_block_ids=None, stats=None, token_id: int = 7):
+def runner_output(
+    reqs,
+    *,
+    finished_sending=None,
+    finished_recving=None,
+    failed_recving=None,
+    invalid_block_ids=None,
+    stats=None,
+    token_id: int = 7,
+):
     """A ModelRunnerOutput with one sampled token per running request and connector output."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 

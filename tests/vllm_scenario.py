@@ -41,8 +41,9 @@ AGENT_SESSION = "conv-agent"
 AGENT_MAX_TOKENS = [100, 4]
 AGENT_TURNS = [
     " ".join(f"step {i}: the agent reads file {i} and calls tool number {i * 7} again." for i in range(16)),
-    " ".join(f"follow-up {i}: now the agent reads file {i + 40} and calls tool number {i * 11} again."
-             for i in range(5)),
+    " ".join(
+        f"follow-up {i}: now the agent reads file {i + 40} and calls tool number {i * 11} again." for i in range(5)
+    ),
 ]
 SPAN_WAIT_S = 60
 D2_TTL_S = 10
@@ -65,14 +66,22 @@ def rows(traces: Path, sql: str, params: list) -> list[dict]:
 def servers(base: Path, model: Path, *, layout: str = "uni", connector: str = "kvtrace") -> dict:
     traces = base / "traces"
     kw = dict(layout=layout, connector=connector)
-    return {"traces": traces,
-            "p": pd.Server("p", "prefill", model, traces, base, **kw),
-            "d": pd.Server("d", "decode", model, traces, base, ttl_s=480, **kw),
-            "d2": pd.Server("d2", "decode", model, traces, base, ttl_s=D2_TTL_S, **kw)}
+    return {
+        "traces": traces,
+        "p": pd.Server("p", "prefill", model, traces, base, **kw),
+        "d": pd.Server("d", "decode", model, traces, base, ttl_s=480, **kw),
+        "d2": pd.Server("d2", "decode", model, traces, base, ttl_s=D2_TTL_S, **kw),
+    }
 
 
-def run(base: Path, *, layout: str = "uni", connector: str = "kvtrace", ready_s: float = pd.READY_TIMEOUT_S,
-        unpin: bool = True) -> dict:
+def run(
+    base: Path,
+    *,
+    layout: str = "uni",
+    connector: str = "kvtrace",
+    ready_s: float = pd.READY_TIMEOUT_S,
+    unpin: bool = True,
+) -> dict:
     """Start P, D and D2 (ready within ``ready_s``; ``unpin``: undo vLLM's pinning, see
     vllm_pd.Server.unpin), drive every conversation, stop the servers.  Returns what the test
     reads (turns, metric deltas, pids, wall time)."""
@@ -122,8 +131,9 @@ def _conversations_a_c(rig: pd.Rig, out: dict) -> None:
     before = p.external_kv_tokens()
     a1 = a0 + t0.output_ids + ids(2, 122)
     t1 = pd.run_turn(rig, p, d, session="conv-a", turn=1, prompt=a1, cached=t0.d_params, max_tokens=4)
-    out["metric_delta"] = rig.wait_for(lambda: p.external_kv_tokens() - before, deadline_s=30,
-                                       what="P's external_kv_transfer counter")
+    out["metric_delta"] = rig.wait_for(
+        lambda: p.external_kv_tokens() - before, deadline_s=30, what="P's external_kv_transfer counter"
+    )
     a2 = a1 + t1.output_ids + ids(3, 30)
     t2 = pd.run_turn(rig, p, d, session="conv-a", turn=2, prompt=a2, cached=t1.d_params, max_tokens=4)
     chat = [{"role": "user", "content": "turn 0: the agent reads file 3 and calls tool number 21 again. " * 8}]
@@ -136,14 +146,28 @@ def _conversation_b(rig: pd.Rig, out: dict, traced: bool) -> None:
     b0 = ids(7, 300)
     u0 = pd.run_turn(rig, p, d2, session="conv-b", turn=0, prompt=b0, cached=None, max_tokens=100)
     if traced:
-        rig.wait_for(lambda: rows(traces, "SELECT outcome FROM kv_retention WHERE request_id = ? AND outcome IS NOT NULL",
-                                  [u0.request_id]), deadline_s=D2_TTL_S + SPAN_WAIT_S,
-                     what="D2 releasing conversation B's blocks")
+        rig.wait_for(
+            lambda: rows(
+                traces, "SELECT outcome FROM kv_retention WHERE request_id = ? AND outcome IS NOT NULL", [u0.request_id]
+            ),
+            deadline_s=D2_TTL_S + SPAN_WAIT_S,
+            what="D2 releasing conversation B's blocks",
+        )
     else:  # no spans: the TTL itself is the condition
         expires = time.monotonic() + D2_TTL_S + 2
         rig.wait_for(lambda: time.monotonic() >= expires, deadline_s=D2_TTL_S + 5, what="D2's TTL")
-    u1 = pd.run_turn(rig, p, d2, session="conv-b", turn=1, prompt=b0 + u0.output_ids + ids(8, 122),
-                     cached=u0.d_params, max_tokens=4, p_fails=True, attempts=1)
+    u1 = pd.run_turn(
+        rig,
+        p,
+        d2,
+        session="conv-b",
+        turn=1,
+        prompt=b0 + u0.output_ids + ids(8, 122),
+        cached=u0.d_params,
+        max_tokens=4,
+        p_fails=True,
+        attempts=1,
+    )
     out.update(u0=u0, u1=u1)
 
 
@@ -151,13 +175,25 @@ def _wait_for_spans(rig: pd.Rig, out: dict) -> None:
     """Every span the assertions need, exported before the servers stop."""
     traces = out["traces"]
     for turn in (out["t1"], out["t2"], out["u1"]):
-        rig.wait_for(lambda: rows(traces, "SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
-                                  [turn.request_id, sc.ROLE_PREFILL]), deadline_s=SPAN_WAIT_S,
-                     what=f"P's decision span for {turn.request_id}")
+        rig.wait_for(
+            lambda: rows(
+                traces,
+                "SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
+                [turn.request_id, sc.ROLE_PREFILL],
+            ),
+            deadline_s=SPAN_WAIT_S,
+            what=f"P's decision span for {turn.request_id}",
+        )
     for turn in (out["t1"], out["u1"]):
-        rig.wait_for(lambda: rows(traces, "SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?",
-                                  [turn.request_id, sc.DIRECTION_D2P]), deadline_s=SPAN_WAIT_S,
-                     what=f"P's d2p transfer span for {turn.request_id}")
+        rig.wait_for(
+            lambda: rows(
+                traces,
+                "SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?",
+                [turn.request_id, sc.DIRECTION_D2P],
+            ),
+            deadline_s=SPAN_WAIT_S,
+            what=f"P's d2p transfer span for {turn.request_id}",
+        )
     rig.progress("spans exported")
 
 
@@ -167,14 +203,18 @@ def _agent_session(rig: pd.Rig, p, d, traces: Path, model: Path, traced: bool) -
     from tokenizers import Tokenizer
 
     started, before = time.monotonic(), p.external_kv_tokens()
-    turns = asyncio.run(pd.run_agent_session(rig, p, d, traces, session=AGENT_SESSION, user_turns=AGENT_TURNS,
-                                             max_tokens=AGENT_MAX_TOKENS))
+    turns = asyncio.run(
+        pd.run_agent_session(
+            rig, p, d, traces, session=AGENT_SESSION, user_turns=AGENT_TURNS, max_tokens=AGENT_MAX_TOKENS
+        )
+    )
     new_tokens = len(Tokenizer.from_file(str(model / "tokenizer.json")).encode(AGENT_TURNS[1]).ids)
     out = {"agent": turns, "agent_new_tokens": new_tokens}
     if not traced:  # plain vLLM streams no kv_transfer_params: the proxy offers nothing
         return out
-    out["agent_metric_delta"] = rig.wait_for(lambda: p.external_kv_tokens() - before, deadline_s=30,
-                                             what="P's external_kv_transfer counter (agent turn 1)")
+    out["agent_metric_delta"] = rig.wait_for(
+        lambda: p.external_kv_tokens() - before, deadline_s=30, what="P's external_kv_transfer counter (agent turn 1)"
+    )
     rid0, rid1 = ((t.kv_transfer or {}).get(sc.KVT_REQUEST_ID) for t in turns)
     waits = [
         ("SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?", [rid0, sc.ROLE_PREFILL]),
@@ -186,6 +226,8 @@ def _agent_session(rig: pd.Rig, p, d, traces: Path, model: Path, traced: bool) -
     ]
     for sql, params in waits:
         rig.wait_for(lambda: rows(traces, sql, params), deadline_s=SPAN_WAIT_S, what=f"{sql} {params}")
-    rig.progress(f"agent session through the kvtrace proxy: {time.monotonic() - started:.1f}s, "
-                 f"attempts per turn {[t.attempts for t in turns]}")
+    rig.progress(
+        f"agent session through the kvtrace proxy: {time.monotonic() - started:.1f}s, "
+        f"attempts per turn {[t.attempts for t in turns]}"
+    )
     return out

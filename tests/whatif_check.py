@@ -30,9 +30,15 @@ def recorded_outcomes(traces_dir) -> dict:
     from kvtrace.store.views import connect
 
     con = connect(traces_dir)
-    mix = {r["outcome"]: r for r in rows(con, "SELECT outcome, count(*) AS n, sum(pulled_tokens) AS pulled, "
-                                              "sum(recomputed_tokens) AS recomputed FROM kv_decisions "
-                                              f"WHERE direction = '{sc.DIRECTION_D2P}' GROUP BY outcome")}
+    mix = {
+        r["outcome"]: r
+        for r in rows(
+            con,
+            "SELECT outcome, count(*) AS n, sum(pulled_tokens) AS pulled, "
+            "sum(recomputed_tokens) AS recomputed FROM kv_decisions "
+            f"WHERE direction = '{sc.DIRECTION_D2P}' GROUP BY outcome",
+        )
+    }
     scale = rows(con, "SELECT max(time_scale) AS s FROM turn_gaps")[0]["s"] or 1.0
     held = rows(con, "SELECT sum(byte_seconds) AS bs FROM kv_retention")[0]["bs"] or 0.0
     ttft = rows(con, "SELECT avg(ttft_ms) AS t FROM requests WHERE ttft_ms IS NOT NULL")[0]["t"]

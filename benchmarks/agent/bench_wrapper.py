@@ -38,15 +38,33 @@ class NullExporter(SpanExporter):
 
 def sse_body(tokens: int) -> bytes:
     def chunk(delta, finish=None, **extra):
-        return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        return {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
 
     events = [chunk({"role": "assistant", "content": ""})] + [chunk({"content": "tok "}) for _ in range(tokens)]
     events.append(chunk({}, "length"))
     usage = {"prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens}
-    events.append({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
-                   "usage": usage,
-                   sc.RESPONSE_KV_TRANSFER: {sc.KVT_DECISION: sc.OUTCOME_PULLED, sc.KVT_PULLED_TOKENS: 96, sc.KVT_REQUEST_ID: "r"}})
+    events.append(
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [],
+            "usage": usage,
+            sc.RESPONSE_KV_TRANSFER: {
+                sc.KVT_DECISION: sc.OUTCOME_PULLED,
+                sc.KVT_PULLED_TOKENS: 96,
+                sc.KVT_REQUEST_ID: "r",
+            },
+        }
+    )
     return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
 
 
@@ -95,8 +113,12 @@ async def main(calls: int, tokens: int) -> None:
     provider.shutdown()
     p, t = results["plain"], results["traced"]
     for name, xs in results.items():
-        print(f"{name:7s} mean {statistics.mean(xs):8.1f} us  p50 {statistics.median(xs):8.1f} us  ({len(xs)} calls, {tokens} chunks)")
-    print(f"added   mean {statistics.mean(t) - statistics.mean(p):8.1f} us  p50 {statistics.median(t) - statistics.median(p):8.1f} us")
+        print(
+            f"{name:7s} mean {statistics.mean(xs):8.1f} us  p50 {statistics.median(xs):8.1f} us  ({len(xs)} calls, {tokens} chunks)"
+        )
+    print(
+        f"added   mean {statistics.mean(t) - statistics.mean(p):8.1f} us  p50 {statistics.median(t) - statistics.median(p):8.1f} us"
+    )
     print(f"ratio traced/plain (p50) {statistics.median(t) / statistics.median(p):.3f}")
 
 

@@ -32,8 +32,8 @@ import numpy as np
 import pyarrow as pa
 
 from kvtrace import semconv as sc
-from kvtrace.testing.synth import BASE_NS, write_table
 from kvtrace.store.schema import SCHEMA, TS
+from kvtrace.testing.synth import BASE_NS, write_table
 
 TURNS = 8
 TURN_MS, GAP_MS = 10_000, 1_000
@@ -45,8 +45,16 @@ AGENT = [
     (sc.SPAN_AGENT_TOOL_CALL, 3000, 6000, None),
     (sc.SPAN_AGENT_APP_WORK, 6000, 6500, None),
 ]
-FILLERS = [sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE, sc.SPAN_ENGINE_PREFILL,
-           sc.SPAN_ENGINE_DECODE, sc.SPAN_KV_DECISION, sc.SPAN_KV_TRANSFER, sc.SPAN_KV_RETENTION]
+FILLERS = [
+    sc.SPAN_PROXY_REQUEST,
+    sc.SPAN_PROXY_PREFILL,
+    sc.SPAN_PROXY_DECODE,
+    sc.SPAN_ENGINE_PREFILL,
+    sc.SPAN_ENGINE_DECODE,
+    sc.SPAN_KV_DECISION,
+    sc.SPAN_KV_TRANSFER,
+    sc.SPAN_KV_RETENTION,
+]
 PER_TURN = len(AGENT) + 2 * len(FILLERS)
 PER_SESSION = 1 + TURNS * PER_TURN
 
@@ -70,16 +78,20 @@ def _maps(keys: list[str], columns: list[np.ndarray], n: int, typ) -> pa.MapArra
     if k == 0:
         return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], typ))
     vals = np.stack(columns, axis=1).ravel() if k > 1 else columns[0]
-    return pa.MapArray.from_arrays(offsets, pa.array(np.tile(np.array(keys, dtype=object), n), pa.string()),
-                                   pa.array(vals, typ))
+    return pa.MapArray.from_arrays(
+        offsets, pa.array(np.tile(np.array(keys, dtype=object), n), pa.string()), pa.array(vals, typ)
+    )
 
 
 def empty_lists(n: int) -> tuple[pa.ListArray, pa.ListArray, pa.ListArray]:
     """``n`` empty lists of timestamps, of strings and of string maps (the event and link columns)."""
     offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
     empty_map = pa.MapArray.from_arrays(pa.array([0], pa.int32()), pa.array([], pa.string()), pa.array([], pa.string()))
-    return (pa.ListArray.from_arrays(offsets, pa.array([], TS)),
-            pa.ListArray.from_arrays(offsets, pa.array([], pa.string())), pa.ListArray.from_arrays(offsets, empty_map))
+    return (
+        pa.ListArray.from_arrays(offsets, pa.array([], TS)),
+        pa.ListArray.from_arrays(offsets, pa.array([], pa.string())),
+        pa.ListArray.from_arrays(offsets, empty_map),
+    )
 
 
 def session_batch(first: int, count: int) -> pa.Table:
@@ -107,9 +119,27 @@ def session_batch(first: int, count: int) -> pa.Table:
         pa.array(starts).cast(TS),
         pa.array(np.char.mod("%032x", sess).astype(object), pa.string()),
         pa.array(np.char.mod("%016x", sess * m + idx + 1).astype(object), pa.string()),
-        const(""), const(""), pa.array(names, pa.string()), const("Internal"), const("kvtrace-bench"), no_map,
-        const(""), const(""), span_map, pa.array(ends - starts), const("Unset"), const(""),
-        empty_ts, empty_str, empty_maps, empty_str, empty_str, empty_str, empty_maps, int_map, float_map,
+        const(""),
+        const(""),
+        pa.array(names, pa.string()),
+        const("Internal"),
+        const("kvtrace-bench"),
+        no_map,
+        const(""),
+        const(""),
+        span_map,
+        pa.array(ends - starts),
+        const("Unset"),
+        const(""),
+        empty_ts,
+        empty_str,
+        empty_maps,
+        empty_str,
+        empty_str,
+        empty_str,
+        empty_maps,
+        int_map,
+        float_map,
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
@@ -118,8 +148,9 @@ def _typed(mask: np.ndarray, key: str, values: np.ndarray, typ) -> pa.MapArray:
     offsets = np.zeros(len(mask) + 1, dtype=np.int32)
     np.cumsum(mask, out=offsets[1:])
     k = int(mask.sum())
-    return pa.MapArray.from_arrays(pa.array(offsets), pa.array(np.full(k, key, dtype=object), pa.string()),
-                                   pa.array(values[mask], typ))
+    return pa.MapArray.from_arrays(
+        pa.array(offsets), pa.array(np.full(k, key, dtype=object), pa.string()), pa.array(values[mask], typ)
+    )
 
 
 def build_store(directory: Path, spans: int, per_file: int = 1_000_000) -> int:
@@ -140,8 +171,10 @@ def _timed(fn, repeat: int = 3) -> float:
 
 
 # every column of the views, so DuckDB prunes none of the work (the dashboard reads them all)
-SUM_SQL = ("SELECT count(*), sum(wall_ms), sum(input_processing_ms), sum(generation_ms), sum(tool_wait_ms), "
-           "sum(app_work_ms), sum(unattributed_ms), sum(turns), min(start_ns), max(end_ns) FROM {}")
+SUM_SQL = (
+    "SELECT count(*), sum(wall_ms), sum(input_processing_ms), sum(generation_ms), sum(tool_wait_ms), "
+    "sum(app_work_ms), sum(unattributed_ms), sum(turns), min(start_ns), max(end_ns) FROM {}"
+)
 
 
 def bench_queries(directory: Path, threads: int) -> None:
@@ -153,7 +186,9 @@ def bench_queries(directory: Path, threads: int) -> None:
     con.execute(f"SET threads = {threads}")
     n = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
     scan = _timed(lambda: con.sql("SELECT count(*) FROM spans").fetchall())
-    full = _timed(lambda: con.sql("SELECT count(*), sum(duration_ms), count(DISTINCT session_id) FROM spans").fetchall())
+    full = _timed(
+        lambda: con.sql("SELECT count(*), sum(duration_ms), count(DISTINCT session_id) FROM spans").fetchall()
+    )
     sess = _timed(lambda: con.sql(SUM_SQL.format("session_breakdown")).fetchall())
     turns = _timed(lambda: con.sql(SUM_SQL.format("turn_breakdown")).fetchall())
     top = _timed(lambda: sessions.breakdown(con, limit=1000))
@@ -163,8 +198,10 @@ def bench_queries(directory: Path, threads: int) -> None:
     print(f"store: {n:,} spans, {row[0]:,} sessions, threads={threads}")
     print(f"  baseline count(*) scan            {scan:7.3f} s")
     print(f"  baseline scan + session_id map     {full:7.3f} s")
-    print(f"  session_breakdown (all sessions)   {sess:7.3f} s   target <= {TARGET_S:.1f} s (issue #14)  "
-          f"{'HOLDS' if sess <= TARGET_S else 'MISSED'}  ({sess / full:.2f}x the session_id scan)")
+    print(
+        f"  session_breakdown (all sessions)   {sess:7.3f} s   target <= {TARGET_S:.1f} s (issue #14)  "
+        f"{'HOLDS' if sess <= TARGET_S else 'MISSED'}  ({sess / full:.2f}x the session_id scan)"
+    )
     print(f"  turn_breakdown (all turns)         {turns:7.3f} s   ({turns / full:.2f}x the session_id scan)")
     print(f"  sessions.breakdown top 1000        {top:7.3f} s   (sessions page table)")
     print(f"  sessions.turns of one session      {drill:7.3f} s   (drill-down)")
@@ -190,15 +227,19 @@ def bench_dashboard(directory: Path) -> None:
     t = time.perf_counter()
     at.switch_page("app_pages/reuse.py").run()
     reuse_page = time.perf_counter() - t
-    print(f"dashboard (AppTest): sessions page first render {first:.2f} s (target <= {TARGET_S:.1f} s: "
-          f"{'HOLDS' if first <= TARGET_S else 'MISSED'}), rerun from cache {cached:.2f} s, KV reuse page {reuse_page:.2f} s")
+    print(
+        f"dashboard (AppTest): sessions page first render {first:.2f} s (target <= {TARGET_S:.1f} s: "
+        f"{'HOLDS' if first <= TARGET_S else 'MISSED'}), rerun from cache {cached:.2f} s, KV reuse page {reuse_page:.2f} s"
+    )
     from kvtrace.dashboards.serve import PRELOAD
 
     served = _served_first_render(app)
-    print(f"  first render as `kvtrace dashboard` serves it {served:.2f} s (target: "
-          f"{'HOLDS' if served <= TARGET_S else 'MISSED'}): its launcher imports {', '.join(PRELOAD)} and "
-          "opens DuckDB, and the server scans installed packages for components, at start; fresh "
-          "caches and connection")
+    print(
+        f"  first render as `kvtrace dashboard` serves it {served:.2f} s (target: "
+        f"{'HOLDS' if served <= TARGET_S else 'MISSED'}): its launcher imports {', '.join(PRELOAD)} and "
+        "opens DuckDB, and the server scans installed packages for components, at start; fresh "
+        "caches and connection"
+    )
 
 
 def _served_first_render(app: Path) -> float:
@@ -242,8 +283,10 @@ def main() -> int:
     args = p.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-analysis-"))
     try:
-        for label, spans, fn in (("big", args.spans, lambda d: bench_queries(d, args.threads)),
-                                 ("dash", args.dashboard_spans, bench_dashboard)):
+        for label, spans, fn in (
+            ("big", args.spans, lambda d: bench_queries(d, args.threads)),
+            ("dash", args.dashboard_spans, bench_dashboard),
+        ):
             if spans <= 0:
                 continue
             d = root / label

@@ -83,11 +83,16 @@ def load_chdb(parquet: Path, db: Path, threads: int):
     backend = ChdbBackend(str(db))
     backend.command(f"SET max_threads = {threads}")
     t = time.perf_counter()
-    if not backend.query(f"SELECT count() AS n FROM system.tables WHERE database = 'otel'").column("n")[0].as_py():
+    if not backend.query("SELECT count() AS n FROM system.tables WHERE database = 'otel'").column("n")[0].as_py():
         load.create_table(backend, TABLE)
         glob = literal(str(parquet / "**" / "*.parquet"), CLICKHOUSE)
-        backend.command(ddl.render(f"INSERT INTO {{table}} SELECT * EXCEPT (SpanAttributesInt, SpanAttributesFloat) "
-                                   f"FROM file({glob}, Parquet) SETTINGS max_insert_threads = {threads}", TABLE))
+        backend.command(
+            ddl.render(
+                f"INSERT INTO {{table}} SELECT * EXCEPT (SpanAttributesInt, SpanAttributesFloat) "
+                f"FROM file({glob}, Parquet) SETTINGS max_insert_threads = {threads}",
+                TABLE,
+            )
+        )
     return backend, time.perf_counter() - t
 
 
@@ -114,7 +119,9 @@ def first_page(con, clickhouse: bool) -> dict:
 
     if clickhouse:
         span = sessions.time_span(con)
-        window = Filters(start_ns=span["end_ns"] // 10**9 * 10**9 - DAY_NS, end_ns=(span["end_ns"] // 10**9 + 1) * 10**9)
+        window = Filters(
+            start_ns=span["end_ns"] // 10**9 * 10**9 - DAY_NS, end_ns=(span["end_ns"] // 10**9 + 1) * 10**9
+        )
         sessions.facets(con, window)
     else:
         sessions.facets(con)
@@ -127,7 +134,8 @@ def first_page(con, clickhouse: bool) -> dict:
 def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
         math.isclose(a[k], b[k], rel_tol=1e-6) if isinstance(a[k], float) and b[k] is not None else a[k] == b[k]
-        for k in a)
+        for k in a
+    )
 
 
 def bench(parquet: Path, db: Path, days: int, threads: int, repeat: int = REPEAT) -> None:
@@ -144,16 +152,24 @@ def bench(parquet: Path, db: Path, days: int, threads: int, repeat: int = REPEAT
     t0 = sessions.time_span(duck)["start_ns"]
     day = Filters(start_ns=t0 + days // 2 * DAY_NS, end_ns=t0 + (days // 2 + 1) * DAY_NS)
     one = sessions.list_sessions(duck, day, limit=1)[0]
-    print(f"{n:,} spans over {days} days; chDB load {load_s:.1f} s ({n / load_s:,.0f} spans/s; 0 = loaded before); "
-          f"threads {threads}")
+    print(
+        f"{n:,} spans over {days} days; chDB load {load_s:.1f} s ({n / load_s:,.0f} spans/s; 0 = loaded before); "
+        f"threads {threads}"
+    )
     print(f"parquet {_du(parquet) / 2**30:.2f} GiB, chDB {_du(db) / 2**30:.2f} GiB")
     rows = []
     cases = [
-        ("count(*) of spans", lambda c: c.sql("SELECT count(*) FROM spans").fetchall()[0][0],
-         lambda c: c.query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()),
+        (
+            "count(*) of spans",
+            lambda c: c.sql("SELECT count(*) FROM spans").fetchall()[0][0],
+            lambda c: c.query("SELECT count(*) AS n FROM spans").column("n")[0].as_py(),
+        ),
         ("session_breakdown, one day", lambda c: sessions.totals(c, day), lambda c: sessions.totals(c, day)),
-        ("session_breakdown, one session", lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist()[0],
-         lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist()[0]),
+        (
+            "session_breakdown, one session",
+            lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist()[0],
+            lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist()[0],
+        ),
         ("dashboard first page", lambda c: first_page(c, False), lambda c: first_page(c, True)),
     ]
     for label, on_duck, on_ch in cases:
@@ -163,14 +179,21 @@ def bench(parquet: Path, db: Path, days: int, threads: int, repeat: int = REPEAT
         read = (backend.rows_read - before) / repeat
         check = "" if label == "dashboard first page" else ("same" if _equal(d[2], c[2]) else "DIFFERENT")
         rows.append((label, d, c, read, check))
-        print(f"  {label:32s} DuckDB {d[0]:8.2f} / {d[1]:8.2f} s   chDB {c[0]:8.2f} / {c[1]:8.2f} s  "
-              f"chDB read {read / n:6.1%} of the rows  {check}", flush=True)
-    print("\n| query | DuckDB cold s | DuckDB warm s | chDB cold s | chDB warm s | chDB/DuckDB (warm) "
-          "| chDB rows read / spans | answers |")
+        print(
+            f"  {label:32s} DuckDB {d[0]:8.2f} / {d[1]:8.2f} s   chDB {c[0]:8.2f} / {c[1]:8.2f} s  "
+            f"chDB read {read / n:6.1%} of the rows  {check}",
+            flush=True,
+        )
+    print(
+        "\n| query | DuckDB cold s | DuckDB warm s | chDB cold s | chDB warm s | chDB/DuckDB (warm) "
+        "| chDB rows read / spans | answers |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for label, d, c, read, check in rows:
-        print(f"| {label} | {d[0]:.2f} | {d[1]:.2f} | {c[0]:.2f} | {c[1]:.2f} | {c[1] / d[1]:.2f} | {read / n:.2f} "
-              f"| {check or '–'} |")
+        print(
+            f"| {label} | {d[0]:.2f} | {d[1]:.2f} | {c[0]:.2f} | {c[1]:.2f} | {c[1] / d[1]:.2f} | {read / n:.2f} "
+            f"| {check or '–'} |"
+        )
     day_rows = sessions.totals(duck, day)
     print(f"\none day: {day_rows['sessions']:,} sessions, {day_rows['turns']:,} turns; one session: {one}")
 
@@ -192,7 +215,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dir", help="work directory, kept and reused (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--repeat", type=int, default=REPEAT, help=f"runs per query: cold + best of the rest (default {REPEAT})")
+    p.add_argument(
+        "--repeat", type=int, default=REPEAT, help=f"runs per query: cold + best of the rest (default {REPEAT})"
+    )
     args = p.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-ch-"))
     parquet, db = root / "parquet", root / "chdb"

@@ -38,24 +38,39 @@ from kvtrace.store.exporter import ParquetSpanExporter
 
 def make_spans(n: int) -> list:
     memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource({sc.SERVICE_NAME: "kvtrace-sim-prefill", sc.ENGINE_ID: "p0",
-                                                 sc.ENGINE_ROLE: sc.ROLE_PREFILL}))
+    provider = TracerProvider(
+        resource=Resource({sc.SERVICE_NAME: "kvtrace-sim-prefill", sc.ENGINE_ID: "p0", sc.ENGINE_ROLE: sc.ROLE_PREFILL})
+    )
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("kvtrace.vllm")
     for i in range(n):
-        tracer.start_span(sc.SPAN_KV_DECISION, attributes={
-            sc.GEN_AI_REQUEST_ID: f"req-{i // 4}", sc.SESSION_ID: f"s-{i // 40}", sc.TURN_INDEX: i % 10,
-            sc.ENGINE_ID: "p0", sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.KV_DIRECTION: sc.DIRECTION_D2P,
-            sc.KV_OUTCOME: sc.OUTCOMES[i % 6], sc.KV_PROMPT_TOKENS: 4000 + i, sc.KV_LOCAL_HIT_TOKENS: 100,
-            sc.KV_REMOTE_TOKENS: 3900, sc.KV_PULLED_TOKENS: 3800, sc.KV_RECOMPUTED_TOKENS: 100,
-            sc.KV_THRESHOLD: 64, sc.KV_EXPIRY_REMAINING_S: 470.5 - i * 1e-3, sc.KV_PEER_ENGINE_ID: "d0",
-            sc.KV_LOAD_FAILURE_POLICY: "fail", sc.KV_EXPIRY_DEADLINE: 12345.678 + i,
-        }).end()
+        tracer.start_span(
+            sc.SPAN_KV_DECISION,
+            attributes={
+                sc.GEN_AI_REQUEST_ID: f"req-{i // 4}",
+                sc.SESSION_ID: f"s-{i // 40}",
+                sc.TURN_INDEX: i % 10,
+                sc.ENGINE_ID: "p0",
+                sc.ENGINE_ROLE: sc.ROLE_PREFILL,
+                sc.KV_DIRECTION: sc.DIRECTION_D2P,
+                sc.KV_OUTCOME: sc.OUTCOMES[i % 6],
+                sc.KV_PROMPT_TOKENS: 4000 + i,
+                sc.KV_LOCAL_HIT_TOKENS: 100,
+                sc.KV_REMOTE_TOKENS: 3900,
+                sc.KV_PULLED_TOKENS: 3800,
+                sc.KV_RECOMPUTED_TOKENS: 100,
+                sc.KV_THRESHOLD: 64,
+                sc.KV_EXPIRY_REMAINING_S: 470.5 - i * 1e-3,
+                sc.KV_PEER_ENGINE_ID: "d0",
+                sc.KV_LOAD_FAILURE_POLICY: "fail",
+                sc.KV_EXPIRY_DEADLINE: 12345.678 + i,
+            },
+        ).end()
     return list(memory.get_finished_spans())
 
 
 def batches(spans: list, size: int) -> list:
-    return [spans[i:i + size] for i in range(0, len(spans), size)]
+    return [spans[i : i + size] for i in range(0, len(spans), size)]
 
 
 def bench_encode(chunks) -> tuple[float, list[bytes]]:
@@ -121,8 +136,12 @@ def main() -> None:
     t_ingest = bench_ingest(bodies, n)
     t_e2e = bench_e2e(chunks, n)
     body_bytes = sum(map(len, bodies))
-    rates = {"sdk_encode": n / t_encode, "parquet_direct": n / t_parquet,
-             "otlp_http_ingest": n / t_ingest, "otlp_http_e2e": n / t_e2e}
+    rates = {
+        "sdk_encode": n / t_encode,
+        "parquet_direct": n / t_parquet,
+        "otlp_http_ingest": n / t_ingest,
+        "otlp_http_e2e": n / t_e2e,
+    }
     print(f"spans={n} batch={args.batch} otlp_bytes_per_span={body_bytes / n:.0f}")
     for name, rate in rates.items():
         print(f"{name:18s} {rate:12,.0f} spans/s")

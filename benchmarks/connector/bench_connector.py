@@ -39,8 +39,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-HOOKS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
-         "update_connector_output", "get_kv_connector_stats", "request_finished_all_groups")
+HOOKS = (
+    "on_new_request",
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "get_kv_connector_stats",
+    "request_finished_all_groups",
+)
 BS = 16
 
 
@@ -92,9 +99,16 @@ def _calls(i: int, conn_tag: str):
     prompt = [5 + (i + k) % 400 for k in range(256)]
     params = {"do_remote_decode": True, "do_remote_prefill": False}
     if pull:
-        params.update(remote_block_ids=[list(range(16))], remote_engine_id="d", remote_request_id=f"d-{i}",
-                      remote_host="127.0.0.1", remote_port=5601, tp_size=1, remote_num_tokens=250,
-                      remote_blocks_expiry_time=time.perf_counter() + 300)
+        params.update(
+            remote_block_ids=[list(range(16))],
+            remote_engine_id="d",
+            remote_request_id=f"d-{i}",
+            remote_host="127.0.0.1",
+            remote_port=5601,
+            tp_size=1,
+            remote_num_tokens=250,
+            remote_blocks_expiry_time=time.perf_counter() + 300,
+        )
     req = rig.request(prompt, params=params, max_tokens=1, block_size=BS, request_id=f"chatcmpl-{conn_tag}{i}-abcd1234")
     local = 64
     ext = 250 - local if pull else 0
@@ -107,7 +121,9 @@ def _calls(i: int, conn_tag: str):
         from kvtrace.vllm.metrics import KVTraceConnectorStats
 
         stats = KVTraceConnectorStats.wrap(stats)
-    out = KVConnectorOutput(finished_recving={req.request_id} if pull else None, kv_connector_stats=stats if pull else None)
+    out = KVConnectorOutput(
+        finished_recving={req.request_id} if pull else None, kv_connector_stats=stats if pull else None
+    )
     sched_out = SchedulerOutput.make_empty()
 
     def finish(c):
@@ -162,8 +178,8 @@ def _export_stall(model_dir: Path, steps: int, batch: int, writer_process: bool)
     to kvtrace's writer process (KVTRACE_WRITER_PROCESS=1) instead of writing in this process."""
     import threading
 
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from kvtrace.store.exporter import ParquetSpanExporter
 
@@ -220,23 +236,36 @@ def _export_stall(model_dir: Path, steps: int, batch: int, writer_process: bool)
         return xs[min(len(xs) - 1, int(q * len(xs)))] / 1000
 
     mode = "writer process" if writer_process else "in-process Parquet export"
-    print(f"scheduler step while exporting {batch}-span batches ({mode}; {len(exports)} exports, median "
-          f"{statistics.median(exports) / 1e6 if exports else float('nan'):.1f} ms each), {steps} steps, us:")
+    print(
+        f"scheduler step while exporting {batch}-span batches ({mode}; {len(exports)} exports, median "
+        f"{statistics.median(exports) / 1e6 if exports else float('nan'):.1f} ms each), {steps} steps, us:"
+    )
     print(f"  {'':12s} {'p50':>8s} {'p99':>8s} {'max':>9s}")
     for name, xs in (("no export", quiet), ("exporting", busy)):
         print(f"  {name:12s} {pct(xs, 0.5):8.1f} {pct(xs, 0.99):8.1f} {max(xs) / 1000:9.1f}")
-    print(f"  added: p50 {pct(busy, 0.5) - pct(quiet, 0.5):+.1f} us, p99 {pct(busy, 0.99) - pct(quiet, 0.99):+.1f} us, "
-          f"max {(max(busy) - max(quiet)) / 1000:+.1f} us (target: no stall, p99 added <= 2 ms)")
+    print(
+        f"  added: p50 {pct(busy, 0.5) - pct(quiet, 0.5):+.1f} us, p99 {pct(busy, 0.99) - pct(quiet, 0.99):+.1f} us, "
+        f"max {(max(busy) - max(quiet)) / 1000:+.1f} us (target: no stall, p99 added <= 2 ms)"
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--spans", choices=("deferred", "sync"), default="deferred")
-    ap.add_argument("--metrics", choices=("both", "on", "off"), default="both",
-                    help="kvtrace metrics in the measured connector; both = also a metrics-off connector")
-    ap.add_argument("--export-stall", type=int, default=0, metavar="STEPS",
-                    help="instead: scheduler-step time with and without a Parquet export running (STEPS steps)")
+    ap.add_argument(
+        "--metrics",
+        choices=("both", "on", "off"),
+        default="both",
+        help="kvtrace metrics in the measured connector; both = also a metrics-off connector",
+    )
+    ap.add_argument(
+        "--export-stall",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="instead: scheduler-step time with and without a Parquet export running (STEPS steps)",
+    )
     ap.add_argument("--batch", type=int, default=2048, help="--export-stall: spans per export (default 2048)")
     ap.add_argument("--writer-process", action="store_true", help="--export-stall: export via the writer process")
     args = ap.parse_args(argv)
@@ -256,7 +285,7 @@ def main(argv=None) -> int:
     clock = time.perf_counter_ns
     order = list(conns.items())
     for i in range(args.requests):
-        for tag, conn in order[i % len(order):] + order[: i % len(order)]:  # rotate: same noise for each
+        for tag, conn in order[i % len(order) :] + order[: i % len(order)]:  # rotate: same noise for each
             for hook, call in _calls(i, tag):
                 t0 = clock()
                 result = call(conn)
@@ -268,8 +297,10 @@ def main(argv=None) -> int:
     drain_ms = (clock() - t0) / 1e6
     provider.shutdown()
     warm = args.requests // 10
-    print(f"spans={args.spans} metrics={args.metrics} requests={args.requests} (first {warm} dropped as warm-up); "
-          "median ns per call")
+    print(
+        f"spans={args.spans} metrics={args.metrics} requests={args.requests} (first {warm} dropped as warm-up); "
+        "median ns per call"
+    )
     med = {k: statistics.median(v[warm:]) for k, v in samples.items()}
     extra = f" {'off':>9s} {'on-off':>8s} {'on/off':>6s}" if "metrics_off" in conns else ""
     print(f"{'hook':30s} {'bare':>9s} {'kvtrace':>9s} {'added':>9s} {'ratio':>6s}{extra}")
@@ -288,8 +319,10 @@ def main(argv=None) -> int:
         print(f"metrics cost per request (sum of hook medians): {on - off:.0f} ns ({on / off:.3f}x of metrics off)")
     if payloads:
         with_kv, nixl_only = _observe_cost(model_dir, payloads)
-        print(f"API server observe() per stats payload: {with_kv:.0f} ns with vllm:kvtrace_* vs {nixl_only:.0f} ns "
-              f"NIXL only ({with_kv / nixl_only:.2f}x; {len(payloads)} payloads)")
+        print(
+            f"API server observe() per stats payload: {with_kv:.0f} ns with vllm:kvtrace_* vs {nixl_only:.0f} ns "
+            f"NIXL only ({with_kv / nixl_only:.2f}x; {len(payloads)} payloads)"
+        )
     if deferred:
         print(f"span backlog after the run drained in {drain_ms:.1f} ms ({'ok' if drained else 'TIMED OUT'})")
     verdict = "OK" if worst <= 10_000 and drained else "OVER"

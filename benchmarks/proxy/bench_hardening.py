@@ -65,8 +65,22 @@ class Proxy:
     def __init__(self, p: FakeWorker, d: FakeWorker, logdir: str) -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
-        cmd = [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(self.port), "--prefiller-port",
-               str(p.port), "--decoder-port", str(d.port), "--prefiller-host", HOST, "--decoder-host", HOST]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvtrace.cli",
+            "proxy",
+            "--port",
+            str(self.port),
+            "--prefiller-port",
+            str(p.port),
+            "--decoder-port",
+            str(d.port),
+            "--prefiller-host",
+            HOST,
+            "--decoder-host",
+            HOST,
+        ]
         helptext = subprocess.run(cmd[:4] + ["--help"], capture_output=True, text=True).stdout
         self.hardened = "--request-timeout" in helptext
         if self.hardened:
@@ -117,12 +131,14 @@ async def long_ids(proxy, p, d) -> dict:
     statuses: dict = {}
     ids = iter(range(1000))
     async with aiohttp.ClientSession() as http:
+
         async def worker():
             for i in ids:
                 conv = f"{i:05d}" + "y" * (512 * 1024)
                 async with http.post(proxy.url + CHAT, json=body(conversation_id=conv)) as r:
                     await r.read()
                     statuses[r.status] = statuses.get(r.status, 0) + 1
+
         await asyncio.gather(*(worker() for _ in range(8)))
         async with http.get(proxy.url + "/health") as r:
             health = await r.json()
@@ -195,16 +211,20 @@ async def garbage(proxy, p, d, hold_s: float) -> dict:
     except (TimeoutError, asyncio.IncompleteReadError) as exc:
         return {"client": f"broken response ({type(exc).__name__})", "held": f"{time.monotonic() - t0:.1f} s"}
     ok = got.complete and len(got.status_lines) == 1 and got.body.endswith(b"data: [DONE]\n\n")
-    return {"client": f"status lines {got.status_lines}, chunked body complete={got.complete}, "
-                      f"ends with [DONE]={ok}", "held": f"{time.monotonic() - t0:.1f} s"}
+    return {
+        "client": f"status lines {got.status_lines}, chunked body complete={got.complete}, ends with [DONE]={ok}",
+        "held": f"{time.monotonic() - t0:.1f} s",
+    }
 
 
 async def surrogate(proxy, p, d) -> dict:
     async with aiohttp.ClientSession() as http:
+
         async def post(data: bytes) -> int:
             async with http.post(proxy.url + CHAT, data=data) as r:
                 await r.read()
                 return r.status
+
         good = json.dumps(body()).encode()
         bad = json.dumps(body(conversation_id="x\ud800")).encode()
         statuses = await asyncio.gather(post(bad), *(post(good) for _ in range(300)))
@@ -225,20 +245,36 @@ async def health_100k(logdir: str) -> dict:
         t0 = time.perf_counter()
         await app.health(None)
         times.append((time.perf_counter() - t0) * 1000)
-    return {"client": "GET /health", "held": f"{statistics.median(times):.3f} ms of blocked loop per call",
-            "rss_growth_mib": "-", "rss_peak_mib": "-"}
+    return {
+        "client": "GET /health",
+        "held": f"{statistics.median(times):.3f} ms of blocked loop per call",
+        "rss_growth_mib": "-",
+        "rss_peak_mib": "-",
+    }
 
 
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    cases = ["long-ids", "health-100k", "big-prefill", "big-decode", "trickle", "slow-clients", "half-body",
-             "garbage", "surrogate"]
+    cases = [
+        "long-ids",
+        "health-100k",
+        "big-prefill",
+        "big-decode",
+        "trickle",
+        "slow-clients",
+        "half-body",
+        "garbage",
+        "surrogate",
+    ]
     ap.add_argument("--cases", nargs="+", default=cases, choices=cases)
     ap.add_argument("--hold-s", type=float, default=15.0, help="give up waiting after this many s")
     args = ap.parse_args()
     logdir = tempfile.mkdtemp(prefix="kvtrace-bench-hardening-")
-    line = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "z" * 65_000},
-                                               "finish_reason": None}]}).encode() + b"\n\n"
+    line = (
+        b"data: "
+        + json.dumps({"choices": [{"index": 0, "delta": {"content": "z" * 65_000}, "finish_reason": None}]}).encode()
+        + b"\n\n"
+    )
     first = b'data: {"choices":[{"index":0,"delta":{"content":"t0"},"finish_reason":null}]}\n\n'
     runs = {
         "long-ids": lambda: with_proxy(long_ids, logdir),
@@ -248,17 +284,25 @@ async def main() -> int:
         "trickle": lambda: with_proxy(trickle, logdir, d_kwargs={"trickle_s": 1.0}, hold_s=args.hold_s),
         "slow-clients": lambda: with_proxy(slow_clients, logdir, hold_s=args.hold_s),
         "half-body": lambda: with_proxy(half_body, logdir, hold_s=args.hold_s),
-        "garbage": lambda: with_proxy(garbage, logdir, hold_s=args.hold_s,
-                                      d_kwargs={"script": [first, b'data: {"finish_reason":"stop","choices":5}\n\n']}),
+        "garbage": lambda: with_proxy(
+            garbage,
+            logdir,
+            hold_s=args.hold_s,
+            d_kwargs={"script": [first, b'data: {"finish_reason":"stop","choices":5}\n\n']},
+        ),
         "surrogate": lambda: with_proxy(surrogate, logdir),
     }
-    print(f"# kvtrace proxy from {os.path.dirname(os.path.dirname(__import__('kvtrace').__file__))}; "
-          f"limits given when supported: {LIMITS}; logs in {logdir}")
+    print(
+        f"# kvtrace proxy from {os.path.dirname(os.path.dirname(__import__('kvtrace').__file__))}; "
+        f"limits given when supported: {LIMITS}; logs in {logdir}"
+    )
     print(f"{'case':<13} {'rss +MiB':>9} {'peak MiB':>9}  held / cost | client saw")
     for name in args.cases:
         row = await runs[name]()
-        print(f"{name:<13} {row['rss_growth_mib']:>9} {row['rss_peak_mib']:>9}  {row['held']} | {row['client']}",
-              flush=True)
+        print(
+            f"{name:<13} {row['rss_growth_mib']:>9} {row['rss_peak_mib']:>9}  {row['held']} | {row['client']}",
+            flush=True,
+        )
     return 0
 
 

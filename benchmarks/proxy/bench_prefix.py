@@ -80,7 +80,7 @@ async def load(http, url: str, args, variant: str, tag: str) -> tuple[list[float
             t0 = time.perf_counter()
             try:
                 text = await answer(http, url, messages, args.max_tokens, extra)
-            except (asyncio.TimeoutError, aiohttp.ClientError, RuntimeError) as exc:
+            except (TimeoutError, aiohttp.ClientError, RuntimeError) as exc:
                 errors.append(f"{key} turn {len(messages) // 2}: {type(exc).__name__} {exc}")
                 messages = []  # start a new conversation
                 continue
@@ -102,25 +102,36 @@ async def measure(args, urls: dict, pids: dict) -> dict:
                     for name in ("on", "off"):
                         run_args = argparse.Namespace(**{**vars(args), "concurrency": conc})
                         tag = f"{variant}-{conc}-{rnd}-{name}"
-                        await load(http, urls[name], argparse.Namespace(**{**vars(run_args), "requests": conc * 4}),
-                                   variant, tag + "w")  # warm-up: connections
+                        await load(
+                            http,
+                            urls[name],
+                            argparse.Namespace(**{**vars(run_args), "requests": conc * 4}),
+                            variant,
+                            tag + "w",
+                        )  # warm-up: connections
                         c0 = cpu_s(pids[name])[1]  # the proxy and its writer process
                         lat, n = await load(http, urls[name], run_args, variant, tag)
                         c1 = cpu_s(pids[name])[1]
-                        out.setdefault((variant, conc, name), []).append(((c1 - c0) / n * 1e6, pct(lat, 50), pct(lat, 99)))
+                        out.setdefault((variant, conc, name), []).append(
+                            ((c1 - c0) / n * 1e6, pct(lat, 50), pct(lat, 99))
+                        )
     return out
 
 
 def report(out: dict, concurrency: list[int]) -> None:
-    print(f"{'variant':<16} {'conc':>4} {'cpu us/req on':>13} {'off':>6} {'on/off':>6} {'p50 on':>7} {'off':>7} "
-          f"{'p99 on':>7} {'off':>7}  cpu on/off per round")
+    print(
+        f"{'variant':<16} {'conc':>4} {'cpu us/req on':>13} {'off':>6} {'on/off':>6} {'p50 on':>7} {'off':>7} "
+        f"{'p99 on':>7} {'off':>7}  cpu on/off per round"
+    )
     for conc in concurrency:
         for variant in VARIANTS:
             on, off = out[(variant, conc, "on")], out[(variant, conc, "off")]
             med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
             rounds = " ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(on, off))
-            print(f"{variant:<16} {conc:>4} {med(on, 0):13.0f} {med(off, 0):6.0f} {med(on, 0) / med(off, 0):6.2f} "
-                  f"{med(on, 1):7.2f} {med(off, 1):7.2f} {med(on, 2):7.2f} {med(off, 2):7.2f}  {rounds}")
+            print(
+                f"{variant:<16} {conc:>4} {med(on, 0):13.0f} {med(off, 0):6.0f} {med(on, 0) / med(off, 0):6.2f} "
+                f"{med(on, 1):7.2f} {med(off, 1):7.2f} {med(on, 2):7.2f} {med(off, 2):7.2f}  {rounds}"
+            )
 
 
 def unit_cost(args, n: int = 2000) -> None:
@@ -129,16 +140,20 @@ def unit_cost(args, n: int = 2000) -> None:
 
     system = {"role": "system", "content": system_prompt(args.system_words)}
     reply_sse = b"".join(
-        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
-        for i in range(args.max_tokens))
+        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n'
+        % i
+        for i in range(args.max_tokens)
+    )
     print("# in process: prefix work per request (chain + find + check + served, reply rebuilt from the SSE)")
     print(f"{'messages':>8} {'us/request':>10}")
     for turns in (1, args.turns // 2 or 1, args.turns):
         table = chains.PrefixTable()
         history = [system]
         for t in range(turns):
-            history += [{"role": "user", "content": f"step {t} " + "detail " * args.user_words},
-                        {"role": "assistant", "content": "tok " * args.max_tokens}]
+            history += [
+                {"role": "user", "content": f"step {t} " + "detail " * args.user_words},
+                {"role": "assistant", "content": "tok " * args.max_tokens},
+            ]
         history.append({"role": "user", "content": "next " + "detail " * args.user_words})
         t0 = time.perf_counter()
         for i in range(n):
@@ -167,23 +182,62 @@ async def main() -> int:
     logs = tempfile.mkdtemp(prefix="kvtrace-bench-prefix-")
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(spawn([sys.executable, "-m", "kvtrace.cli", "sim", "--no-cost", "--prefill-port", str(p_port),
-                            "--decode-port", str(d_port)] + ([] if args.no_traces else ["--traces", os.path.join(logs, "sim")]),
-                           logs, "sim", metrics=False))
+        procs.append(
+            spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvtrace.cli",
+                    "sim",
+                    "--no-cost",
+                    "--prefill-port",
+                    str(p_port),
+                    "--decode-port",
+                    str(d_port),
+                ]
+                + ([] if args.no_traces else ["--traces", os.path.join(logs, "sim")]),
+                logs,
+                "sim",
+                metrics=False,
+            )
+        )
         urls = {}
         for name, port in (("on", on_port), ("off", off_port)):
-            cmd = [sys.executable, "-m", "kvtrace.cli", "proxy", "--port", str(port), "--prefiller-port", str(p_port),
-                   "--decoder-port", str(d_port)] + ([] if args.no_traces else ["--traces", os.path.join(logs, name)])
-            procs.append(spawn(cmd + ([] if name == "on" else ["--no-prefix-match"]), logs, f"proxy-{name}", {"KVTRACE_METRICS": "0"}))
+            cmd = [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "proxy",
+                "--port",
+                str(port),
+                "--prefiller-port",
+                str(p_port),
+                "--decoder-port",
+                str(d_port),
+            ] + ([] if args.no_traces else ["--traces", os.path.join(logs, name)])
+            procs.append(
+                spawn(
+                    cmd + ([] if name == "on" else ["--no-prefix-match"]),
+                    logs,
+                    f"proxy-{name}",
+                    {"KVTRACE_METRICS": "0"},
+                )
+            )
             urls[name] = f"http://{HOST}:{port}"
-        for url, proc in ((f"http://{HOST}:{p_port}", procs[0]), (f"http://{HOST}:{d_port}", procs[0]),
-                          (urls["on"], procs[1]), (urls["off"], procs[2])):
+        for url, proc in (
+            (f"http://{HOST}:{p_port}", procs[0]),
+            (f"http://{HOST}:{d_port}", procs[0]),
+            (urls["on"], procs[1]),
+            (urls["off"], procs[2]),
+        ):
             await wait_ready(url, proc)
         out = await measure(args, urls, {"on": procs[1].pid, "off": procs[2].pid})
-        print(f"# zero-cost simulator 1P+1D; streaming chat, {args.turns}-turn conversations, system prompt "
-              f"{args.system_words} words, user {args.user_words}, max_tokens {args.max_tokens}; {args.requests} "
-              f"requests x {args.rounds} rounds per cell; traces={'off' if args.no_traces else 'parquet'}; "
-              f"cpus={os.cpu_count()}")
+        print(
+            f"# zero-cost simulator 1P+1D; streaming chat, {args.turns}-turn conversations, system prompt "
+            f"{args.system_words} words, user {args.user_words}, max_tokens {args.max_tokens}; {args.requests} "
+            f"requests x {args.rounds} rounds per cell; traces={'off' if args.no_traces else 'parquet'}; "
+            f"cpus={os.cpu_count()}"
+        )
         print("# proxy CPU per request with prefix matching on vs off (--no-prefix-match), medians over rounds")
         report(out, args.concurrency)
         print(f"# failed or stuck requests (> {REQUEST_TIMEOUT_S:g} s): {len(errors)}; traces and logs in {logs}")

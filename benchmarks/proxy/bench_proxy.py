@@ -220,7 +220,9 @@ async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
             "direct_reuse": lambda w: one_direct_reuse(http, p_url, d_url, args.max_tokens, w, kept),
         }
         for name, url in urls.items():
-            calls[name] = (lambda u, c: lambda w: one_stream(http, u, args.max_tokens, w, conv=c))(url, name != STATELESS)
+            calls[name] = (lambda u, c: lambda w: one_stream(http, u, args.max_tokens, w, conv=c))(
+                url, name != STATELESS
+            )
         names = list(calls)
         for conc in args.concurrency:
             n = max(args.requests, conc * 8)
@@ -230,7 +232,7 @@ async def bench(args, urls: dict, p_url: str, d_url: str, pids: dict) -> dict:
                 await load(calls[name], conc, max(conc * 2, 20))  # warm-up: connections, caches
             await flush(http, urls)
             for r in range(args.rounds):
-                for name in names[r % len(names):] + names[: r % len(names)]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     c0 = cpu_s(pids.get(name))
                     lat, elapsed = await load(calls[name], conc, per_round)
                     acc[name].add(lat, elapsed, c0, cpu_s(pids.get(name)))
@@ -258,7 +260,7 @@ async def lag_phase(args, urls: dict, conc: int) -> dict:
     per_round = -(-args.lag_requests // args.rounds)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for r in range(args.rounds):
-            for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+            for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                 url = urls[mode]
                 async with http.get(url + "/lagprobe/start") as resp:
                     await resp.read()
@@ -287,39 +289,53 @@ def report(results: dict, modes: list[str], concurrency: list[int]) -> None:
     """One row per mode and concurrency; "vs PD" columns are against ``direct_pd`` (the P/D work a
     proxy must do), "vs D" against ``direct_d``.  ``cpu``: CPU of the proxy process per request;
     ``cpu+ch``: with its child processes (the writer process)."""
-    print(f"{'mode':<12} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'+p50 PD':>8} {'+p99 PD':>8} "
-          f"{'+p50 D':>7} {'+p99 D':>7} {'tput/PD':>7} {'tput/D':>7} {'cpu us':>7} {'cpu+ch':>7}")
+    print(
+        f"{'mode':<12} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'+p50 PD':>8} {'+p99 PD':>8} "
+        f"{'+p50 D':>7} {'+p99 D':>7} {'tput/PD':>7} {'tput/D':>7} {'cpu us':>7} {'cpu+ch':>7}"
+    )
     for conc in concurrency:
         d50, d99, drps, *_ = results[("direct_d", conc)]
         pd50, pd99, pdrps, *_ = results[("direct_pd", conc)]
         for mode in modes:
             p50, p99, rps, cpu, cpu_all = results[(mode, conc)]
             cpu_cols = f"{cpu:7.0f} {cpu_all:7.0f}" if cpu is not None else f"{'-':>7} {'-':>7}"
-            print(f"{mode:<12} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:7.0f} {p50 - pd50:8.3f} {p99 - pd99:8.3f} "
-                  f"{p50 - d50:7.3f} {p99 - d99:7.3f} {rps / pdrps:7.1%} {rps / drps:7.1%} {cpu_cols}")
+            print(
+                f"{mode:<12} {conc:>4} {p50:8.3f} {p99:8.3f} {rps:7.0f} {p50 - pd50:8.3f} {p99 - pd99:8.3f} "
+                f"{p50 - d50:7.3f} {p99 - d99:7.3f} {rps / pdrps:7.1%} {rps / drps:7.1%} {cpu_cols}"
+            )
 
 
 def report_lag(lag: dict, args, conc: int) -> None:
     print(f"\n# event-loop lag (1 ms probe), {args.lag_requests} requests per mode at c={conc}, ms")
-    print("(GIL hold: the most thread CPU one stretch of export work took in the proxy process: a\n"
-          " writer-process exporter's longest slice, else the longest export call; load does not inflate it)")
-    print(f"{'mode':<12} {'samples':>7} {'exports':>7} {'p50':>6} {'p99':>6} {'max':>7} {'in-exp':>7} "
-          f"{'p99 exp':>7} {'max exp':>7} {'GIL hold':>9}")
+    print(
+        "(GIL hold: the most thread CPU one stretch of export work took in the proxy process: a\n"
+        " writer-process exporter's longest slice, else the longest export call; load does not inflate it)"
+    )
+    print(
+        f"{'mode':<12} {'samples':>7} {'exports':>7} {'p50':>6} {'p99':>6} {'max':>7} {'in-exp':>7} "
+        f"{'p99 exp':>7} {'max exp':>7} {'GIL hold':>9}"
+    )
     for mode, o in lag.items():
         hold = o["slice"] if o["slice"] is not None else o["export_cpu"]
         hold_s = f"{hold:9.2f}" if hold is not None else f"{'-':>9}"
-        print(f"{mode:<12} {len(o['lags']):>7} {o['exports']:>7} {_q(o['lags'], .5):>6} {_q(o['lags'], .99):>6} "
-              f"{_q(o['lags'], 1):>7} {len(o['export']):>7} {_q(o['export'], .99):>7} {_q(o['export'], 1):>7} {hold_s}")
+        print(
+            f"{mode:<12} {len(o['lags']):>7} {o['exports']:>7} {_q(o['lags'], 0.5):>6} {_q(o['lags'], 0.99):>6} "
+            f"{_q(o['lags'], 1):>7} {len(o['export']):>7} {_q(o['export'], 0.99):>7} {_q(o['export'], 1):>7} {hold_s}"
+        )
 
 
 def report_metrics(results: dict, concurrency: list[int]) -> None:
     """What Prometheus metrics cost the proxy: metrics on (scraped every second) vs off, same run."""
     print("\n# metrics on vs off (kvtrace vs kv_nometric)")
-    print(f"{'conc':>4} {'+p50 ms':>8} {'+p99 ms':>8} {'tput on/off':>11} {'cpu us/req on':>13} {'off':>6} {'on/off':>6}")
+    print(
+        f"{'conc':>4} {'+p50 ms':>8} {'+p99 ms':>8} {'tput on/off':>11} {'cpu us/req on':>13} {'off':>6} {'on/off':>6}"
+    )
     for conc in concurrency:
         on50, on99, onrps, oncpu, _ = results[("kvtrace", conc)]
         off50, off99, offrps, offcpu, _ = results[("kv_nometric", conc)]
-        cpu = (f"{oncpu:13.0f} {offcpu:6.0f} {oncpu / offcpu:6.2f}" if oncpu and offcpu else f"{'-':>13} {'-':>6} {'-':>6}")
+        cpu = (
+            f"{oncpu:13.0f} {offcpu:6.0f} {oncpu / offcpu:6.2f}" if oncpu and offcpu else f"{'-':>13} {'-':>6} {'-':>6}"
+        )
         print(f"{conc:>4} {on50 - off50:8.3f} {on99 - off99:8.3f} {onrps / offrps:11.1%} {cpu}")
 
 
@@ -331,7 +347,9 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
     def verdict(ok: bool) -> str:
         return "HOLDS" if ok else "MISSED"
 
-    others = [m for m in ("kv_stateless", "kv_notrace", "kv_sdk", "kv_inproc", "baseline") if (m, concurrency[0]) in results]
+    others = [
+        m for m in ("kv_stateless", "kv_notrace", "kv_sdk", "kv_inproc", "baseline") if (m, concurrency[0]) in results
+    ]
 
     def added(mode: str, conc: int) -> tuple[float, float]:
         (p50, p99), (pd50, pd99) = results[(mode, conc)][:2], results[("direct_pd", conc)][:2]
@@ -342,33 +360,46 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
 
     if 1 in concurrency:
         on50, on99 = added("kvtrace", 1)
-        print(f"c=1 +p99 vs direct P->D {on99:.2f} ms (<= 2 ms): {verdict(on99 <= 2.0)}   "
-              + beside(lambda m: f"{added(m, 1)[1]:.2f}"))
-        print(f"c=1 +p50 vs direct P->D {on50:.2f} ms (<= 0.5 ms): {verdict(on50 <= 0.5)}   "
-              + beside(lambda m: f"{added(m, 1)[0]:.2f}"))
+        print(
+            f"c=1 +p99 vs direct P->D {on99:.2f} ms (<= 2 ms): {verdict(on99 <= 2.0)}   "
+            + beside(lambda m: f"{added(m, 1)[1]:.2f}")
+        )
+        print(
+            f"c=1 +p50 vs direct P->D {on50:.2f} ms (<= 0.5 ms): {verdict(on50 <= 0.5)}   "
+            + beside(lambda m: f"{added(m, 1)[0]:.2f}")
+        )
         if ("kv_notrace", 1) in results:
             off99 = added("kv_notrace", 1)[1]
-            print(f"c=1 +p99 traces on {on99:.2f} ms vs off {off99:.2f} ms: {on99 - off99:+.2f} ms (<= 1.5 ms): "
-                  f"{verdict(on99 - off99 <= 1.5)}")
+            print(
+                f"c=1 +p99 traces on {on99:.2f} ms vs off {off99:.2f} ms: {on99 - off99:+.2f} ms (<= 1.5 ms): "
+                f"{verdict(on99 - off99 <= 1.5)}"
+            )
     if 16 in concurrency:
+
         def tput(mode: str, base: str = "direct_pd") -> float:
             return results[(mode, 16)][2] / results[(base, 16)][2]
 
-        print(f"c=16 throughput {tput('kvtrace'):.1%} of direct P->D (>= 80 %): {verdict(tput('kvtrace') >= 0.8)}   "
-              + beside(lambda m: f"{tput(m):.1%}"))
+        print(
+            f"c=16 throughput {tput('kvtrace'):.1%} of direct P->D (>= 80 %): {verdict(tput('kvtrace') >= 0.8)}   "
+            + beside(lambda m: f"{tput(m):.1%}")
+        )
         same = tput("kvtrace", "direct_reuse")
-        print(f"c=16 throughput with the same worker work: multi-turn kvtrace {same:.1%} of direct P->D with reuse, "
-              f"kv_stateless {tput(STATELESS):.1%} of direct P->D (>= 80 %): "
-              f"{verdict(same >= 0.8)}, {verdict(tput(STATELESS) >= 0.8)}")
+        print(
+            f"c=16 throughput with the same worker work: multi-turn kvtrace {same:.1%} of direct P->D with reuse, "
+            f"kv_stateless {tput(STATELESS):.1%} of direct P->D (>= 80 %): "
+            f"{verdict(same >= 0.8)}, {verdict(tput(STATELESS) >= 0.8)}"
+        )
     for conc in concurrency:
         if ("forwarder", conc) not in results or results[("forwarder", conc)][3] is None:
             continue
         fwd = results[("forwarder", conc)][3]
         own, with_writer = results[("kvtrace", conc)][3:5]
-        print(f"c={conc} CPU/request {own:.0f} us ({with_writer:.0f} us with the writer process) vs forwarder "
-              f"{fwd:.0f} us: {own / fwd:.2f}x ({with_writer / fwd:.2f}x) (<= 1.5x): {verdict(own / fwd <= 1.5)} "
-              f"({verdict(with_writer / fwd <= 1.5)})   "
-              + beside(lambda m: f"{results[(m, conc)][4] / fwd:.2f}x" if results[(m, conc)][4] else "-"))
+        print(
+            f"c={conc} CPU/request {own:.0f} us ({with_writer:.0f} us with the writer process) vs forwarder "
+            f"{fwd:.0f} us: {own / fwd:.2f}x ({with_writer / fwd:.2f}x) (<= 1.5x): {verdict(own / fwd <= 1.5)} "
+            f"({verdict(with_writer / fwd <= 1.5)})   "
+            + beside(lambda m: f"{results[(m, conc)][4] / fwd:.2f}x" if results[(m, conc)][4] else "-")
+        )
     for conc, by_mode in (lag or {}).items():
         report_lag_target(by_mode, conc, verdict)
 
@@ -382,16 +413,26 @@ def report_lag_target(lag: dict, conc: int, verdict) -> None:
         if worst is None:
             print(f"c={conc} max loop lag while exports run: no export overlapped a probe sample")
         else:
-            print(f"c={conc} max loop lag while exports run {worst:.2f} ms (<= 2 ms): {verdict(worst <= 2.0)}   "
-                  + "; ".join(f"{m} {max(o['export']) if o['export'] else max(o['lags'], default=0):.2f}"
-                              for m, o in lag.items() if m != "kvtrace")
-                  + " (no export: max of all samples: the machine's own scheduling lag)")
+            print(
+                f"c={conc} max loop lag while exports run {worst:.2f} ms (<= 2 ms): {verdict(worst <= 2.0)}   "
+                + "; ".join(
+                    f"{m} {max(o['export']) if o['export'] else max(o['lags'], default=0):.2f}"
+                    for m, o in lag.items()
+                    if m != "kvtrace"
+                )
+                + " (no export: max of all samples: the machine's own scheduling lag)"
+            )
         hold = lag["kvtrace"]["slice"]
         if hold is not None:
-            print(f"c={conc} longest GIL hold by export work in the proxy {hold:.2f} ms (<= 2 ms): "
-                  f"{verdict(hold <= 2.0)}   "
-                  + "; ".join(f"{m} {o['slice'] if o['slice'] is not None else o['export_cpu'] or 0:.2f}"
-                              for m, o in lag.items() if m != "kvtrace" and (o["slice"] or o["export_cpu"])))
+            print(
+                f"c={conc} longest GIL hold by export work in the proxy {hold:.2f} ms (<= 2 ms): "
+                f"{verdict(hold <= 2.0)}   "
+                + "; ".join(
+                    f"{m} {o['slice'] if o['slice'] is not None else o['export_cpu'] or 0:.2f}"
+                    for m, o in lag.items()
+                    if m != "kvtrace" and (o["slice"] or o["export_cpu"])
+                )
+            )
 
 
 async def scrape(url: str, interval: float = 1.0) -> None:
@@ -412,8 +453,12 @@ def spawn(cmd: list[str], log_dir: str, name: str, env: dict | None = None) -> s
 def kvtrace_modes(args, traces: str) -> dict[str, tuple[list[str], dict]]:
     """mode -> (extra ``kvtrace proxy`` arguments, environment) of every kvtrace proxy compared."""
     t = ["--traces", traces]
-    modes = {"kvtrace": (t, {}), "kv_inproc": (t, {"KVTRACE_WRITER_PROCESS": "0"}), "kv_notrace": ([], {}),
-             "kv_sdk": (t, {"KVTRACE_PROXY_FASTSPANS": "0"})}
+    modes = {
+        "kvtrace": (t, {}),
+        "kv_inproc": (t, {"KVTRACE_WRITER_PROCESS": "0"}),
+        "kv_notrace": ([], {}),
+        "kv_sdk": (t, {"KVTRACE_PROXY_FASTSPANS": "0"}),
+    }
     if args.metrics == "both":
         modes["kv_nometric"] = (t, {"KVTRACE_METRICS": "0"})
     modes[STATELESS] = (t + ["--no-prefix-match"], {})
@@ -436,31 +481,75 @@ async def main() -> int:
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per concurrency level")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--baseline-cmd", help="another proxy; {port} {host} {prefill_port} {decode_port} are filled in")
-    ap.add_argument("--metrics", choices=("both", "on", "off"), default="both",
-                    help="kvtrace proxies with Prometheus metrics on, off, or both side by side (default)")
+    ap.add_argument(
+        "--metrics",
+        choices=("both", "on", "off"),
+        default="both",
+        help="kvtrace proxies with Prometheus metrics on, off, or both side by side (default)",
+    )
     ap.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), help="event loop of the kvtrace proxies")
     ap.add_argument("--loop-ab", action="store_true", help="also run kvtrace under the other event loop")
     ap.add_argument("--lag-requests", type=int, default=3000, help="requests per mode in the lag phase (0: none)")
-    ap.add_argument("--lag-concurrency", type=int, nargs="+", default=[1, 16],
-                    help="concurrency of the lag phase, one phase each (default 1 and 16: at 16 the 2-core "
-                         "machine's scheduling shows in every proxy's lag, exporting or not)")
+    ap.add_argument(
+        "--lag-concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 16],
+        help="concurrency of the lag phase, one phase each (default 1 and 16: at 16 the 2-core "
+        "machine's scheduling shows in every proxy's lag, exporting or not)",
+    )
     args = ap.parse_args()
 
     p_port, d_port, f_port, b_port = (free_port() for _ in range(4))
     procs: dict[str, subprocess.Popen] = {}
     tmp = tempfile.mkdtemp(prefix="kvtrace-bench-proxy-")  # traces and process logs
     try:
-        procs["sim"] = spawn([sys.executable, "-m", "kvtrace.cli", "sim", "--no-cost", "--prefill-port", str(p_port),
-                              "--decode-port", str(d_port)], tmp, "sim")
+        procs["sim"] = spawn(
+            [
+                sys.executable,
+                "-m",
+                "kvtrace.cli",
+                "sim",
+                "--no-cost",
+                "--prefill-port",
+                str(p_port),
+                "--decode-port",
+                str(d_port),
+            ],
+            tmp,
+            "sim",
+        )
         p_url, d_url = f"http://{HOST}:{p_port}", f"http://{HOST}:{d_port}"
         urls = {}
-        procs["forwarder"] = spawn([sys.executable, str(HERE / "forwarder.py"), "--port", str(f_port), "--prefill-port",
-                                    str(p_port), "--decode-port", str(d_port)], tmp, "forwarder")
+        procs["forwarder"] = spawn(
+            [
+                sys.executable,
+                str(HERE / "forwarder.py"),
+                "--port",
+                str(f_port),
+                "--prefill-port",
+                str(p_port),
+                "--decode-port",
+                str(d_port),
+            ],
+            tmp,
+            "forwarder",
+        )
         urls["forwarder"] = f"http://{HOST}:{f_port}"
         for mode, (extra, env) in kvtrace_modes(args, os.path.join(tmp, "traces")).items():
             port = free_port()
-            cmd = [sys.executable, str(HERE / "lagprobe.py"), "proxy", "--port", str(port), "--prefiller-port",
-                   str(p_port), "--decoder-port", str(d_port), *extra]
+            cmd = [
+                sys.executable,
+                str(HERE / "lagprobe.py"),
+                "proxy",
+                "--port",
+                str(port),
+                "--prefiller-port",
+                str(p_port),
+                "--decoder-port",
+                str(d_port),
+                *extra,
+            ]
             procs[mode] = spawn(cmd, tmp, mode, env)
             urls[mode] = f"http://{HOST}:{port}"
         if args.baseline_cmd:
@@ -470,8 +559,11 @@ async def main() -> int:
         for url, name in [(p_url, "sim"), (d_url, "sim")] + [(u, n) for n, u in urls.items()]:
             await wait_ready(url, procs[name])
         pids = {name: procs[name].pid for name in urls}
-        scrapers = [asyncio.create_task(scrape(urls[m])) for m in urls
-                    if m.startswith("kv") and m != "kv_nometric" and args.metrics != "off"]
+        scrapers = [
+            asyncio.create_task(scrape(urls[m]))
+            for m in urls
+            if m.startswith("kv") and m != "kv_nometric" and args.metrics != "off"
+        ]
         try:
             results = await bench(args, urls, p_url, d_url, pids)
             lag = {conc: await lag_phase(args, urls, conc) for conc in args.lag_concurrency if args.lag_requests > 0}
@@ -481,9 +573,11 @@ async def main() -> int:
         from kvtrace.proxy.cli import loop_factory
 
         loop = "uvloop" if loop_factory(args.loop) is not None else "asyncio"
-        print(f"# zero-cost simulator 1P+1D, max_tokens={args.max_tokens}, streaming chat, {args.rounds} rounds, "
-              f"kvtrace loop={loop}, metrics={args.metrics}, cpus={os.cpu_count()}, "
-              f"load={os.getloadavg()[0]:.1f}")
+        print(
+            f"# zero-cost simulator 1P+1D, max_tokens={args.max_tokens}, streaming chat, {args.rounds} rounds, "
+            f"kvtrace loop={loop}, metrics={args.metrics}, cpus={os.cpu_count()}, "
+            f"load={os.getloadavg()[0]:.1f}"
+        )
         report(results, ["direct_d", "direct_pd", "direct_reuse", *urls], args.concurrency)
         for conc, by_mode in (lag or {}).items():
             report_lag(by_mode, args, conc)

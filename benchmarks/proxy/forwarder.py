@@ -23,8 +23,12 @@ SESSIONS = web.AppKey("sessions", dict)
 async def handle(request: web.Request) -> web.StreamResponse:
     p, d = request.app[SESSIONS]["p"], request.app[SESSIONS]["d"]
     body = await request.json()
-    p_body = {**body, "max_tokens": 1, "stream": False,
-              "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    p_body = {
+        **body,
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+    }
     p_body.pop("stream_options", None)
     async with p.post(request.path, json=p_body) as r:
         params = (await r.json()).get("kv_transfer_params")
@@ -48,8 +52,10 @@ def app(prefill_port: int, decode_port: int) -> web.Application:
     application.router.add_get("/health", health)
 
     async def sessions(application: web.Application):
-        made = {name: aiohttp.ClientSession(f"http://{HOST}:{port}", connector=aiohttp.TCPConnector(limit=0))
-                for name, port in (("p", prefill_port), ("d", decode_port))}
+        made = {
+            name: aiohttp.ClientSession(f"http://{HOST}:{port}", connector=aiohttp.TCPConnector(limit=0))
+            for name, port in (("p", prefill_port), ("d", decode_port))
+        }
         application[SESSIONS] = made
         yield
         for session in made.values():

@@ -96,12 +96,17 @@ class Probe:
         writer-process exporter measured so far."""
         self.task.cancel()
         slices = [getattr(e, "max_slice_cpu_s", None) for e in self.watch.exporters]
-        return web.json_response({
-            "lags": [lag * 1e3 for lag, _ in self.samples], "flags": [flag for _, flag in self.samples],
-            "exports": self.watch.started - self.exports_at_start,
-            "max_slice_cpu_ms": max((s * 1e3 for s in slices if s is not None), default=None),
-            "max_export_cpu_ms": self.watch.max_export_cpu_s * 1e3 if self.watch.started > self.exports_at_start else None,
-        })
+        return web.json_response(
+            {
+                "lags": [lag * 1e3 for lag, _ in self.samples],
+                "flags": [flag for _, flag in self.samples],
+                "exports": self.watch.started - self.exports_at_start,
+                "max_slice_cpu_ms": max((s * 1e3 for s in slices if s is not None), default=None),
+                "max_export_cpu_ms": self.watch.max_export_cpu_s * 1e3
+                if self.watch.started > self.exports_at_start
+                else None,
+            }
+        )
 
 
 _create_app = server.create_app

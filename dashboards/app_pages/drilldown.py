@@ -42,11 +42,19 @@ if not turns.empty:
     long = turns.melt(id_vars=["turn"], value_vars=list(PART_LABELS), var_name="part", value_name="ms")
     long["part"] = long["part"].map(PART_LABELS)
     parts = list(PART_LABELS.values())
-    chart(st, alt.Chart(ranked(long, "part", parts)).mark_bar().encode(
-        x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms:Q", stack="zero"),
-        color=alt.Color("part:N", sort=parts, scale=part_colours()), order=alt.Order("rank:Q"),
-        tooltip=["turn", "part", alt.Tooltip("ms:Q", format=",.1f")],
-    ).properties(height=220))
+    chart(
+        st,
+        alt.Chart(ranked(long, "part", parts))
+        .mark_bar()
+        .encode(
+            x=alt.X("turn:O", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("ms:Q", stack="zero"),
+            color=alt.Color("part:N", sort=parts, scale=part_colours()),
+            order=alt.Order("rank:Q"),
+            tooltip=["turn", "part", alt.Tooltip("ms:Q", format=",.1f")],
+        )
+        .properties(height=220),
+    )
     table(st, turns.drop(columns=["session_id", "end_ns"]))
 
 spans = q(sessions.spans_of_session, directory, session_id, limit=MAX_SPANS, clip_ns=info["end_ns"])
@@ -54,15 +62,35 @@ st.subheader(f"Spans ({len(spans)}{'+, first ' + str(MAX_SPANS) if len(spans) >=
 if spans:
     frame = waterfall(spans)
     dense = ROW_PX * len(frame) > MAX_PX  # then thin out the labels rather than stack them
-    chart(st, alt.Chart(frame).mark_bar().encode(
-        x=alt.X("start_ms:Q", title="ms since the session's first span"),
-        x2="bar_end_ms:Q",
-        y=alt.Y("label:N", sort=None, title=None,
-                axis=alt.Axis(labelLimit=320, labelOverlap="greedy" if dense else False)),
-        color=alt.Color("lane:N", title="lane"),
-        tooltip=["name", "service_name", "engine_id", "turn", "request_id",
-                 alt.Tooltip("duration_ms:Q", format=",.2f"), "status_code", "clipped"],
-    ).properties(height=MAX_PX if dense else alt.Step(ROW_PX)))
-    st.caption("Retention spans still held after the session ended are cut at its end (clipped). Bars shorter than "
-               f"{MIN_BAR:.1%} of the session (KV transfers, decisions) are drawn at that width so they stay visible; "
-               "their tooltip has the real duration.")
+    chart(
+        st,
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("start_ms:Q", title="ms since the session's first span"),
+            x2="bar_end_ms:Q",
+            y=alt.Y(
+                "label:N",
+                sort=None,
+                title=None,
+                axis=alt.Axis(labelLimit=320, labelOverlap="greedy" if dense else False),
+            ),
+            color=alt.Color("lane:N", title="lane"),
+            tooltip=[
+                "name",
+                "service_name",
+                "engine_id",
+                "turn",
+                "request_id",
+                alt.Tooltip("duration_ms:Q", format=",.2f"),
+                "status_code",
+                "clipped",
+            ],
+        )
+        .properties(height=MAX_PX if dense else alt.Step(ROW_PX)),
+    )
+    st.caption(
+        "Retention spans still held after the session ended are cut at its end (clipped). Bars shorter than "
+        f"{MIN_BAR:.1%} of the session (KV transfers, decisions) are drawn at that width so they stay visible; "
+        "their tooltip has the real duration."
+    )

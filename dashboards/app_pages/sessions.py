@@ -21,8 +21,12 @@ if no_data(facets, directory):
 
 cols = st.columns(7)  # the totals, filled in below: one query computes them with the table's rows
 left, mid, right = st.columns([2, 1, 1])
-order = left.selectbox("Sort by", list(sessions.SORTABLE), index=list(sessions.SORTABLE).index("wall_ms"),
-                       format_func=lambda column: column.replace("_", " "))
+order = left.selectbox(
+    "Sort by",
+    list(sessions.SORTABLE),
+    index=list(sessions.SORTABLE).index("wall_ms"),
+    format_func=lambda column: column.replace("_", " "),
+)
 descending = mid.toggle("Descending", value=True)
 limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, step=100)
 overview = q(sessions.overview, directory, filters, order=order, descending=descending, limit=int(limit))
@@ -39,20 +43,37 @@ parts = list(PART_LABELS.values())
 if not top.empty:
     long = top.melt(id_vars=["session_id"], value_vars=list(PART_LABELS), var_name="part", value_name="ms")
     long["part"] = long["part"].map(PART_LABELS)
-    chart(st, alt.Chart(ranked(long, "part", parts)).mark_bar().encode(
-        y=alt.Y("session_id:N", sort=list(top["session_id"]), title=None, axis=alt.Axis(labelLimit=240)),
-        x=alt.X("ms:Q", stack="zero", title="ms"),
-        color=alt.Color("part:N", sort=parts, title="part", scale=part_colours()),
-        order=alt.Order("rank:Q"),
-        tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
-    ).properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order.replace('_', ' ')}"))
+    chart(
+        st,
+        alt.Chart(ranked(long, "part", parts))
+        .mark_bar()
+        .encode(
+            y=alt.Y("session_id:N", sort=list(top["session_id"]), title=None, axis=alt.Axis(labelLimit=240)),
+            x=alt.X("ms:Q", stack="zero", title="ms"),
+            color=alt.Color("part:N", sort=parts, title="part", scale=part_colours()),
+            order=alt.Order("rank:Q"),
+            tooltip=["session_id", "part", alt.Tooltip("ms:Q", format=",.1f")],
+        )
+        .properties(height=alt.Step(20), title=f"First {len(top)} sessions by {order.replace('_', ' ')}"),
+    )
 
 totals = pd.DataFrame({"part": parts, "ms": [tot[k] for k in PART_LABELS]})
-chart(st, alt.Chart(ranked(totals, "part", parts)).mark_bar().encode(
-    x=alt.X("ms:Q", stack="normalize", title="share of all wall time", axis=alt.Axis(format="%")),
-    color=alt.Color("part:N", sort=parts, title=None, scale=part_colours(),
-                    legend=alt.Legend(orient="bottom", direction="horizontal")),  # five entries: taller than the bar
-    order=alt.Order("rank:Q"),
-    tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")],
-).properties(height=40, title="All sessions"))
+chart(
+    st,
+    alt.Chart(ranked(totals, "part", parts))
+    .mark_bar()
+    .encode(
+        x=alt.X("ms:Q", stack="normalize", title="share of all wall time", axis=alt.Axis(format="%")),
+        color=alt.Color(
+            "part:N",
+            sort=parts,
+            title=None,
+            scale=part_colours(),
+            legend=alt.Legend(orient="bottom", direction="horizontal"),
+        ),  # five entries: taller than the bar
+        order=alt.Order("rank:Q"),
+        tooltip=["part", alt.Tooltip("ms:Q", format=",.1f")],
+    )
+    .properties(height=40, title="All sessions"),
+)
 table(st, rows.drop(columns=["end_ns"]))

@@ -22,7 +22,8 @@ an agent on ``tracer_provider`` / the global provider outside one.  State lives 
 from __future__ import annotations
 
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import baggage, trace
 from opentelemetry.trace import TracerProvider

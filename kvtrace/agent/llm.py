@@ -117,7 +117,7 @@ class LLMCall:
         self._tokens: list[object] = []
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> "LLMCall":
+    def start(self) -> LLMCall:
         """Start the span (child of the current context) and the clock."""
         self.span = self.agent.tracer.start_span(sc.SPAN_AGENT_LLM_CALL, kind=SpanKind.CLIENT, attributes=self._attrs)
         ctx = self.span.get_span_context()
@@ -146,7 +146,7 @@ class LLMCall:
     def extra_body(self) -> dict[str, str]:
         return actx.extra_body()
 
-    def __enter__(self) -> "LLMCall":
+    def __enter__(self) -> LLMCall:
         if self.span is None:
             self.start()
         self._tokens.append(otel_context.attach(self.context()))
@@ -167,7 +167,7 @@ class LLMCall:
         else:
             self.finish()
 
-    async def __aenter__(self) -> "LLMCall":
+    async def __aenter__(self) -> LLMCall:
         return self.__enter__()
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -209,8 +209,9 @@ class LLMCall:
             return self.result
         self._ended = True
         try:
-            return self._finish(input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted,
-                                cached_tokens)
+            return self._finish(
+                input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted, cached_tokens
+            )
         except Exception:
             log.exception("kvtrace: finishing an llm_call span failed")
             return self.result
@@ -228,8 +229,9 @@ class LLMCall:
             self.result.error = type(exc).__qualname__
         return self.finish(**measured)
 
-    def _finish(self, input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted,
-                cached_tokens=None):
+    def _finish(
+        self, input_tokens, output_tokens, kv_transfer, finish_reasons, output_text, interrupted, cached_tokens=None
+    ):
         result, span = self.result, self.span
         if result is None or span is None:
             return None

@@ -180,7 +180,9 @@ def _finish_response(call: LLMCall, response: Any) -> None:
         texts, reasons = [], []
         for choice in getattr(response, "choices", None) or []:
             message = getattr(choice, "message", None)
-            texts.append((getattr(message, "content", None) if message is not None else getattr(choice, "text", None)) or "")
+            texts.append(
+                (getattr(message, "content", None) if message is not None else getattr(choice, "text", None)) or ""
+            )
             if getattr(choice, "finish_reason", None):
                 reasons.append(choice.finish_reason)
         inp, out = _usage(response)
@@ -251,7 +253,13 @@ def _chunk_text(chunk: Any, reasons: list[str]) -> tuple[str, bool]:
         if piece:
             text.append(piece)
         extra = getattr(delta, "model_extra", None) or {}
-        if piece or getattr(delta, "tool_calls", None) or getattr(delta, "refusal", None) or extra.get("reasoning_content") or extra.get("reasoning"):
+        if (
+            piece
+            or getattr(delta, "tool_calls", None)
+            or getattr(delta, "refusal", None)
+            or extra.get("reasoning_content")
+            or extra.get("reasoning")
+        ):
             content = True
     return "".join(text), content
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Callable
 from contextvars import Token
-from typing import Any, Callable
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -49,8 +50,8 @@ class SpanScope:
         make_attributes: Callable[[], dict],
         kind: SpanKind = SpanKind.INTERNAL,
         *,
-        on_enter: Callable[["SpanScope"], Any] | None = None,
-        on_exit: Callable[["SpanScope"], None] | None = None,
+        on_enter: Callable[[SpanScope], Any] | None = None,
+        on_exit: Callable[[SpanScope], None] | None = None,
         extra_context: Callable[[], otel_context.Context] | None = None,
     ) -> None:
         self._tracer = tracer
@@ -63,7 +64,7 @@ class SpanScope:
         self.span: Span | None = None
         self._tokens: list[object] = []
         self._value: Any = None
-        self.factory: Callable[[], "SpanScope"] | None = None  # set when scopes carry per-use state
+        self.factory: Callable[[], SpanScope] | None = None  # set when scopes carry per-use state
 
     # -- context manager ----------------------------------------------------------------
     def __enter__(self) -> Any:
@@ -101,7 +102,7 @@ class SpanScope:
         self.__exit__(exc_type, exc, tb)
 
     # -- decorator ----------------------------------------------------------------------
-    def fresh(self) -> "SpanScope":
+    def fresh(self) -> SpanScope:
         """An unentered copy (a decorator opens one per call)."""
         if self.factory is not None:
             return self.factory()

@@ -90,8 +90,12 @@ def identify(con) -> dict | None:
     if not found or any(found[0][k] is None for k in ("preset", "prefix_caching", "bidirectional")):
         return None
     r = found[0]
-    return {"preset": r["preset"], "prefix_caching": r["prefix_caching"] == "true",
-            "bidirectional": r["bidirectional"] == "true", "time_scale": float(r["time_scale"] or 1.0)}
+    return {
+        "preset": r["preset"],
+        "prefix_caching": r["prefix_caching"] == "true",
+        "bidirectional": r["bidirectional"] == "true",
+        "time_scale": float(r["time_scale"] or 1.0),
+    }
 
 
 def load(con, directory: str, repeat: int = 0) -> Arm | None:
@@ -122,10 +126,17 @@ def merge(runs: list[Arm]) -> Arm:
     first = runs[0]
     if len({(a.preset, a.key, a.time_scale) for a in runs}) != 1:
         raise ValueError(f"runs {', '.join(a.directory for a in runs)} are not repeats of one arm")
-    return Arm(os.path.dirname(first.directory) if len(runs) > 1 else first.directory, first.preset,
-               first.prefix_caching, first.bidirectional, first.time_scale,
-               [v for a in runs for v in a.values], math.fsum(a.gib_s for a in runs) / len(runs),
-               max(a.peak_gib for a in runs), len(runs))
+    return Arm(
+        os.path.dirname(first.directory) if len(runs) > 1 else first.directory,
+        first.preset,
+        first.prefix_caching,
+        first.bidirectional,
+        first.time_scale,
+        [v for a in runs for v in a.values],
+        math.fsum(a.gib_s for a in runs) / len(runs),
+        max(a.peak_gib for a in runs),
+        len(runs),
+    )
 
 
 def tables(arms: list[Arm], *, seed: int = 0) -> list[PresetTable]:
@@ -147,8 +158,11 @@ def tables(arms: list[Arm], *, seed: int = 0) -> list[PresetTable]:
 
 
 def _mean(arm: Arm, metric: str, turn) -> float | None:
-    xs = [v for m, t, _, v in arm.values if m == metric and (turn == compare.ALL or (
-        turn == compare.LATER and t is not None and t >= 1) or t == turn)]
+    xs = [
+        v
+        for m, t, _, v in arm.values
+        if m == metric and (turn == compare.ALL or (turn == compare.LATER and t is not None and t >= 1) or t == turn)
+    ]
     return math.fsum(xs) / len(xs) if xs else None
 
 
@@ -168,12 +182,24 @@ def table_rows(t: PresetTable) -> tuple[list[str], list[list[str]]]:
     turns = sorted({tn for a in arms for m, tn, _, _ in a.values if m == "ttft_ms" and tn is not None})
     ms = lambda v: "–" if v is None else f"{v:,.1f}"  # noqa: E731
     body = []
-    for metric, label, groups in (("ttft_ms", "TTFT", [*turns, compare.LATER, compare.ALL]),
-                                  ("turn_latency_ms", "task latency", [compare.LATER, compare.ALL])):
+    for metric, label, groups in (
+        ("ttft_ms", "TTFT", [*turns, compare.LATER, compare.ALL]),
+        ("turn_latency_ms", "task latency", [compare.LATER, compare.ALL]),
+    ):
         for g in groups:
-            name = f"{label} turn {g} (ms)" if isinstance(g, int) else f"{label} {'turns >= 1' if g == compare.LATER else 'all turns'} (ms)"
-            body.append([name, *(ms(_mean(a, metric, g)) for a in arms),
-                         _gain(t.published, metric, g), _gain(t.incremental, metric, g)])
+            name = (
+                f"{label} turn {g} (ms)"
+                if isinstance(g, int)
+                else f"{label} {'turns >= 1' if g == compare.LATER else 'all turns'} (ms)"
+            )
+            body.append(
+                [
+                    name,
+                    *(ms(_mean(a, metric, g)) for a in arms),
+                    _gain(t.published, metric, g),
+                    _gain(t.incremental, metric, g),
+                ]
+            )
     body.append(["D KV held (GiB·s)", *(f"{a.gib_s:,.2f}" for a in arms), "–", "–"])
     body.append(["D KV peak (GiB)", *(f"{a.peak_gib:,.3f}" for a in arms), "–", "–"])
     return cols, body
@@ -187,12 +213,16 @@ def markdown(ts: list[PresetTable]) -> str:
     for t in ts:
         first = next(iter(t.arms.values()))
         runs = f"{first.repeats} run{'s' if first.repeats > 1 else ''} per arm"
-        parts.append(f"### {t.preset} (simulated time; time scale {first.time_scale:g}; {runs}; "
-                     f"{first.directory})\n\n" + md_table(*table_rows(t)))
-    parts.append("Gain = mean(bidir off) / mean(bidir on) with its bootstrap 95% interval "
-                 "(kvtrace.analysis.compare): above 1 bidirectional transfer is faster. Published: P prefix cache "
-                 "off, as the vendor benchmark ran; incremental: P prefix cache on, as production runs. D KV held: "
-                 "retention spans (blocks kept for the next turn), GiB x simulated seconds, and the peak held at once.")
+        parts.append(
+            f"### {t.preset} (simulated time; time scale {first.time_scale:g}; {runs}; "
+            f"{first.directory})\n\n" + md_table(*table_rows(t))
+        )
+    parts.append(
+        "Gain = mean(bidir off) / mean(bidir on) with its bootstrap 95% interval "
+        "(kvtrace.analysis.compare): above 1 bidirectional transfer is faster. Published: P prefix cache "
+        "off, as the vendor benchmark ran; incremental: P prefix cache on, as production runs. D KV held: "
+        "retention spans (blocks kept for the next turn), GiB x simulated seconds, and the peak held at once."
+    )
     return "\n\n".join(parts) + "\n"
 
 
@@ -214,7 +244,9 @@ def from_directory(root: str | os.PathLike) -> list[Arm]:
         seen[arm_dir] = seen.get(arm_dir, -1) + 1  # runs under one arm directory are its repeats
         arm = load(connect(directory), directory, seen[arm_dir])
         if arm is None:
-            raise ValueError(f"{directory} is not a simulator run that records its arm "
-                             f"({sc.ENGINE_PREFIX_CACHING}, {sc.KV_BIDIRECTIONAL})")
+            raise ValueError(
+                f"{directory} is not a simulator run that records its arm "
+                f"({sc.ENGINE_PREFIX_CACHING}, {sc.KV_BIDIRECTIONAL})"
+            )
         out.append(arm)
     return out

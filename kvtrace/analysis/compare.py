@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -105,10 +105,20 @@ def compare(a: Iterable[Value], b: Iterable[Value], *, seed: int = 0, n_boot: in
         for group in groups:
             ra, rb = ga.get((metric, group), {}), gb.get((metric, group), {})
             va, vb = [v for vs in ra.values() for v in vs], [v for vs in rb.values() for v in vs]
-            row = {"metric": metric, "turn": group, "n_a": len(va), "n_b": len(vb),
-                   "a_mean": _mean(va) if va else None, "b_mean": _mean(vb) if vb else None,
-                   "ratio": None, "ci_low": None, "ci_high": None, "noise": None, "significant": False,
-                   "verdict": NO_DATA}
+            row = {
+                "metric": metric,
+                "turn": group,
+                "n_a": len(va),
+                "n_b": len(vb),
+                "a_mean": _mean(va) if va else None,
+                "b_mean": _mean(vb) if vb else None,
+                "ratio": None,
+                "ci_low": None,
+                "ci_high": None,
+                "noise": None,
+                "significant": False,
+                "verdict": NO_DATA,
+            }
             if va and vb and row["a_mean"] > 0:
                 row["ratio"] = row["b_mean"] / row["a_mean"]
                 row["ci_low"], row["ci_high"] = bootstrap_ratio(va, vb, _seed(seed, metric, group), n_boot)

@@ -16,47 +16,86 @@ import re
 from kvtrace.analysis import compare, latency, palette, retention, reuse, sessions, text, whatif_summary
 from kvtrace.store.views.breakdown import PRECEDENCE
 
+TIME_NOTE = (
+    "Times are wall-clock as recorded (wall ms). Traces of `kvtrace sim` or `kvtrace demo` replayed with "
+    "`--time-scale S` ran S times faster than the simulated GPUs: multiply by S for model time."
+)
 
-TIME_NOTE = ("Times are wall-clock as recorded (wall ms). Traces of `kvtrace sim` or `kvtrace demo` replayed with "
-             "`--time-scale S` ran S times faster than the simulated GPUs: multiply by S for model time.")
 
-
-def build(con, directory: str, *, compare_con=None, compare_dir: str | None = None,
-          plots: bool = True) -> tuple[list[tuple[str, str]], dict[str, bytes]]:
+def build(
+    con, directory: str, *, compare_con=None, compare_dir: str | None = None, plots: bool = True
+) -> tuple[list[tuple[str, str]], dict[str, bytes]]:
     """(sections as (kind, content) with kind ``md`` or ``plot``, plots name → PNG bytes)."""
     facets = sessions.facets(con)
     when = "–"
     if facets.get("start_ns") is not None:
         when = f"{_utc(facets['start_ns'])} – {_utc(facets['end_ns'])} UTC"
-    doc: list[tuple[str, str]] = [("md", "\n".join([
-        "# kvtrace report", "",
-        f"- traces: `{directory}`", f"- spans: {facets['spans']:,}", f"- time: {when}",
-        f"- services: {', '.join(facets['services']) or '–'}",
-        f"- substrates: {', '.join(facets['substrates']) or '–'}",
-        "", TIME_NOTE,
-    ]))]
-    doc.append(("md", "## Where agent time goes\n\nEach session's wall time split into five parts that sum to "
-                f"it; overlaps counted once by precedence {' > '.join(PRECEDENCE)}; app work includes "
-                "unattributed time; user pauses are the spans an agent marks as waiting for its user.\n\n"
-                + text.md_table(*text.breakdown_totals_rows(con)) + "\n\n"
-                + "Longest sessions (wall ms):\n\n" + text.md_table(*text.breakdown_rows(con, limit=20))))
+    doc: list[tuple[str, str]] = [
+        (
+            "md",
+            "\n".join(
+                [
+                    "# kvtrace report",
+                    "",
+                    f"- traces: `{directory}`",
+                    f"- spans: {facets['spans']:,}",
+                    f"- time: {when}",
+                    f"- services: {', '.join(facets['services']) or '–'}",
+                    f"- substrates: {', '.join(facets['substrates']) or '–'}",
+                    "",
+                    TIME_NOTE,
+                ]
+            ),
+        )
+    ]
+    doc.append(
+        (
+            "md",
+            "## Where agent time goes\n\nEach session's wall time split into five parts that sum to "
+            f"it; overlaps counted once by precedence {' > '.join(PRECEDENCE)}; app work includes "
+            "unattributed time; user pauses are the spans an agent marks as waiting for its user.\n\n"
+            + text.md_table(*text.breakdown_totals_rows(con))
+            + "\n\n"
+            + "Longest sessions (wall ms):\n\n"
+            + text.md_table(*text.breakdown_rows(con, limit=20)),
+        )
+    )
     doc.append(("plot", "breakdown"))
-    doc.append(("md", "## KV reuse\n\n" + text.md_table(*text.reuse_rows(con)) + "\n\n"
-                + text.md_table(*text.decision_mix_rows(con)) + "\n\nP's prompt tokens by source:\n\n"
-                + text.md_table(*text.tokens_by_source_rows(con))))
+    doc.append(
+        (
+            "md",
+            "## KV reuse\n\n"
+            + text.md_table(*text.reuse_rows(con))
+            + "\n\n"
+            + text.md_table(*text.decision_mix_rows(con))
+            + "\n\nP's prompt tokens by source:\n\n"
+            + text.md_table(*text.tokens_by_source_rows(con)),
+        )
+    )
     doc.append(("plot", "tokens_by_source"))
-    doc.append(("md", "## Retention on decode workers\n\n" + text.md_table(*text.retention_rows(con))
-                + f"\n\n{text.NEVER_READ_NOTE[0].upper()}{text.NEVER_READ_NOTE[1:]}."))
+    doc.append(
+        (
+            "md",
+            "## Retention on decode workers\n\n"
+            + text.md_table(*text.retention_rows(con))
+            + f"\n\n{text.NEVER_READ_NOTE[0].upper()}{text.NEVER_READ_NOTE[1:]}.",
+        )
+    )
     doc.append(("plot", "retention"))
     doc.append(("md", whatif_summary.report_section(con)))
     doc.append(("md", "## Latency by turn index\n\n" + text.md_table(*text.latency_rows(con))))
     doc.append(("plot", "ttft_by_turn"))
     if compare_con is not None:
         rows = compare.compare_runs(compare_con, con)
-        doc.append(("md", f"## Comparison with `{compare_dir}` (baseline)\n\nPer metric and turn index: mean of "
-                    "each run, ratio = this run / baseline (below 1 = this run is faster), its bootstrap 95% "
-                    "interval, and the verdict (faster / slower when the interval excludes 1; "
-                    "`kvtrace.analysis.compare`).\n\n" + text.md_table(*text.compare_rows(rows))))
+        doc.append(
+            (
+                "md",
+                f"## Comparison with `{compare_dir}` (baseline)\n\nPer metric and turn index: mean of "
+                "each run, ratio = this run / baseline (below 1 = this run is faster), its bootstrap 95% "
+                "interval, and the verdict (faster / slower when the interval excludes 1; "
+                "`kvtrace.analysis.compare`).\n\n" + text.md_table(*text.compare_rows(rows)),
+            )
+        )
     images = render_plots(con) if plots else {}
     return [d for d in doc if d[0] == "md" or d[1] in images], images
 
@@ -75,11 +114,15 @@ def to_html(doc: list[tuple[str, str]], images: dict[str, bytes]) -> str:
             body.append(f'<img alt="{content}" src="data:image/png;base64,{data}">')
         else:
             body.append(_md_to_html(content))
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
-             "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>kvtrace report</title><style>{style}"
-            f"</style></head><body>{''.join(body)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
+        "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>kvtrace report</title><style>{style}"
+        f"</style></head><body>{''.join(body)}</body></html>\n"
+    )
 
 
 def _inline(md: str) -> str:
@@ -95,9 +138,13 @@ def _md_to_html(md: str) -> str:
             continue
         if table:
             head, rows = table[0], [r for r in table[2:]]
-            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
-                       + "</table>")
+            out.append(
+                "<table><tr>"
+                + "".join(f"<th>{_inline(c)}</th>" for c in head)
+                + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+                + "</table>"
+            )
             table = []
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
@@ -119,8 +166,12 @@ def render_plots(con) -> dict[str, bytes]:
     import matplotlib.pyplot as plt
 
     out = {}
-    for name, draw in (("breakdown", _breakdown), ("tokens_by_source", _tokens), ("retention", _retention),
-                       ("ttft_by_turn", _ttft)):
+    for name, draw in (
+        ("breakdown", _breakdown),
+        ("tokens_by_source", _tokens),
+        ("retention", _retention),
+        ("ttft_by_turn", _ttft),
+    ):
         fig, ax = plt.subplots(figsize=(9, 4))
         try:
             if draw(con, ax):
@@ -174,8 +225,9 @@ def _retention(con, ax) -> bool:
     t0 = min(r["t"] for r in rows)
     for engine in sorted({r["engine_id"] for r in rows}, key=str):
         pts = [r for r in rows if r["engine_id"] == engine]
-        ax.step([(r["t"] - t0) / 1e9 for r in pts], [r["bytes_held"] / 2**30 for r in pts], where="post",
-                label=str(engine))
+        ax.step(
+            [(r["t"] - t0) / 1e9 for r in pts], [r["bytes_held"] / 2**30 for r in pts], where="post", label=str(engine)
+        )
     ax.set_xlabel("wall s since the first retention")
     ax.set_ylabel("GiB held")
     ax.set_title("KV held on decode workers")
@@ -197,4 +249,4 @@ def _ttft(con, ax) -> bool:
 
 
 def _utc(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

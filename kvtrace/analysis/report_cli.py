@@ -48,8 +48,7 @@ def run(args) -> int:
     if plots and _missing("matplotlib"):
         raise CLIError("plots need matplotlib: pip install 'kvtrace[report]' (or pass --no-plots)")
     try:
-        doc, images = report.build(con, source.describe(args), compare_con=base, compare_dir=args.compare,
-                                   plots=plots)
+        doc, images = report.build(con, source.describe(args), compare_con=base, compare_dir=args.compare, plots=plots)
     except ClickHouseError as exc:
         raise CLIError(str(exc)) from None
     if args.format == "html":

@@ -67,6 +67,7 @@ FROM (
 ) AS rates
 """
 
+
 def _break_even_sql(rates: str) -> str:
     return f"""
 WITH rate AS ({rates}),

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from kvtrace import semconv as sc
-from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 from kvtrace.analysis.scope import narrowed
+from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 
 SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s")
 
@@ -28,18 +28,31 @@ LIMIT $limit
 
 # (name, aggregate, wrapper) of each total: TOTALS_SQL groups them, OVERVIEW_SQL takes them over all
 # rows as window aggregates (``total_<name>``) beside the top rows, so one query computes the view once
-_TOTALS = (("sessions", "count(*)", "{}"), ("turns", "sum(turns)", "coalesce({}, 0)::BIGINT"),
-           *((c, f"sum({c})", "coalesce({}, 0)") for c in (
-               "wall_ms", "input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "user_pause_ms",
-               "unattributed_ms")),
-           ("start_ns", "min(start_ns)", "{}"), ("end_ns", "max(end_ns)", "{}"),
-           ("kv_gib_s", "sum(kv_gib_s)", "coalesce({}, 0)"))
-TOTALS_SQL = ("SELECT " + ", ".join(w.format(a) + f" AS {n}" for n, a, w in _TOTALS)
-              + " FROM session_breakdown {where}")
+_TOTALS = (
+    ("sessions", "count(*)", "{}"),
+    ("turns", "sum(turns)", "coalesce({}, 0)::BIGINT"),
+    *(
+        (c, f"sum({c})", "coalesce({}, 0)")
+        for c in (
+            "wall_ms",
+            "input_processing_ms",
+            "generation_ms",
+            "tool_wait_ms",
+            "app_work_ms",
+            "user_pause_ms",
+            "unattributed_ms",
+        )
+    ),
+    ("start_ns", "min(start_ns)", "{}"),
+    ("end_ns", "max(end_ns)", "{}"),
+    ("kv_gib_s", "sum(kv_gib_s)", "coalesce({}, 0)"),
+)
+TOTALS_SQL = "SELECT " + ", ".join(w.format(a) + f" AS {n}" for n, a, w in _TOTALS) + " FROM session_breakdown {where}"
 assert BREAKDOWN_SQL.count("\nFROM session_breakdown") == 1  # where OVERVIEW_SQL adds the totals
 OVERVIEW_SQL = BREAKDOWN_SQL.replace(
-    "\nFROM session_breakdown", "".join(f",\n       {w.format(a + ' OVER ()')} AS total_{n}" for n, a, w in _TOTALS)
-    + "\nFROM session_breakdown")
+    "\nFROM session_breakdown",
+    "".join(f",\n       {w.format(a + ' OVER ()')} AS total_{n}" for n, a, w in _TOTALS) + "\nFROM session_breakdown",
+)
 
 TURNS_SQL = """
 SELECT session_id, turn, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms,
@@ -100,8 +113,9 @@ LANES = {
 }
 
 
-def breakdown(con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True,
-              limit: int = 1000) -> pa.Table:
+def breakdown(
+    con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True, limit: int = 1000
+) -> pa.Table:
     """Rows of ``session_breakdown`` sorted by ``order`` (one of :data:`SORTABLE`)."""
     return _sorted(con, BREAKDOWN_SQL, filters, order, descending, limit)
 
@@ -120,8 +134,9 @@ def totals(con, filters: Filters | None = None) -> dict:
     return one(narrowed(con, filters), TOTALS_SQL.format(where=clause), params)
 
 
-def overview(con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True,
-             limit: int = 1000) -> dict:
+def overview(
+    con, filters: Filters | None = None, *, order: str = "wall_ms", descending: bool = True, limit: int = 1000
+) -> dict:
     """``{"totals": totals(...), "rows": breakdown(...)}`` from one computation of the view (the
     sessions page shows both)."""
     out = _sorted(con, OVERVIEW_SQL, filters, order, descending, limit)

@@ -87,32 +87,71 @@ def reuse_rows(con, filters: Filters | None = None) -> tuple[list[str], list[lis
 
 
 def decision_mix_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
-    rows = [[r["direction"] or "–", r["outcome"] or "–", num(r["decisions"]), num(r["pulled_tokens"]),
-             num(r["recomputed_tokens"])] for r in reuse.decision_mix(con, filters).to_pylist()]
+    rows = [
+        [
+            r["direction"] or "–",
+            r["outcome"] or "–",
+            num(r["decisions"]),
+            num(r["pulled_tokens"]),
+            num(r["recomputed_tokens"]),
+        ]
+        for r in reuse.decision_mix(con, filters).to_pylist()
+    ]
     return ["direction", "outcome", "decisions", "pulled tokens", "recomputed tokens"], rows
 
 
 def tokens_by_source_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
-    rows = [[num(r["turn"]), num(r["requests"]), num(r["local_hit_tokens"]), num(r["pulled_tokens"]),
-             num(r["computed_tokens"])] for r in reuse.tokens_by_source(con, filters).to_pylist()]
+    rows = [
+        [
+            num(r["turn"]),
+            num(r["requests"]),
+            num(r["local_hit_tokens"]),
+            num(r["pulled_tokens"]),
+            num(r["computed_tokens"]),
+        ]
+        for r in reuse.tokens_by_source(con, filters).to_pylist()
+    ]
     return ["turn", "P requests", "local hit", "pulled", "computed"], rows
 
 
 def retention_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
-    rows = [[r["engine_id"] or "–", num(r["retained"]), num(r["read"]), num(r["expired"]), num(r["released"]),
-             gib(r["peak_bytes"]), f"{(r['byte_seconds'] or 0) / 2**30:,.1f}", num(r["blocks_never_read"])]
-            for r in retention.summary(con, filters)]
-    return ["D engine", "retained", "read", "expired", "released", "peak GiB", "GiB·s (wall)", "blocks never read"], rows
+    rows = [
+        [
+            r["engine_id"] or "–",
+            num(r["retained"]),
+            num(r["read"]),
+            num(r["expired"]),
+            num(r["released"]),
+            gib(r["peak_bytes"]),
+            f"{(r['byte_seconds'] or 0) / 2**30:,.1f}",
+            num(r["blocks_never_read"]),
+        ]
+        for r in retention.summary(con, filters)
+    ]
+    return [
+        "D engine",
+        "retained",
+        "read",
+        "expired",
+        "released",
+        "peak GiB",
+        "GiB·s (wall)",
+        "blocks never read",
+    ], rows
 
 
-NEVER_READ_NOTE = ("'blocks never read' and the bytes behind them add up every turn's retention that no next turn "
-                   "read, over the whole run: a total of what was held in vain, not an amount held at one time "
-                   "(that is the peak)")
+NEVER_READ_NOTE = (
+    "'blocks never read' and the bytes behind them add up every turn's retention that no next turn "
+    "read, over the whole run: a total of what was held in vain, not an amount held at one time "
+    "(that is the peak)"
+)
 
 
 def latency_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
-    rows = [[num(r["turn"]), num(r["calls"]), ms(r["ttft_p50_ms"]), ms(r["ttft_p90_ms"]), ms(r["task_p50_ms"])]
-            for r in latency.by_turn(con, filters).to_pylist()]
+    rows = [
+        [num(r["turn"]), num(r["calls"]), ms(r["ttft_p50_ms"]), ms(r["ttft_p90_ms"]), ms(r["task_p50_ms"])]
+        for r in latency.by_turn(con, filters).to_pylist()
+    ]
     return ["turn", "LLM calls", "TTFT p50 wall ms", "TTFT p90 wall ms", "turn p50 wall ms"], rows
 
 
@@ -120,13 +159,34 @@ def ci(r: dict) -> str:
     return "–" if r["ci_low"] is None else f"{r['ci_low']:.2f}–{r['ci_high']:.2f}"
 
 
-def compare_rows(rows: list[dict], labels: tuple[str, str] = ("baseline", "candidate")) -> tuple[list[str], list[list[str]]]:
+def compare_rows(
+    rows: list[dict], labels: tuple[str, str] = ("baseline", "candidate")
+) -> tuple[list[str], list[list[str]]]:
     """:func:`kvtrace.analysis.compare.compare` rows (A = baseline, B = candidate) as a table."""
     base, cand = labels
-    body = [[r["metric"], str(r["turn"]), f"{r['n_a']:,} / {r['n_b']:,}", ms(r["a_mean"]), ms(r["b_mean"]),
-             ratio(r["ratio"]), ci(r), r["verdict"]] for r in rows]
-    return ["metric", "turn", f"n ({base} / {cand})", f"{base} mean wall ms", f"{cand} mean wall ms", "ratio",
-            "95% CI", "verdict"], body
+    body = [
+        [
+            r["metric"],
+            str(r["turn"]),
+            f"{r['n_a']:,} / {r['n_b']:,}",
+            ms(r["a_mean"]),
+            ms(r["b_mean"]),
+            ratio(r["ratio"]),
+            ci(r),
+            r["verdict"],
+        ]
+        for r in rows
+    ]
+    return [
+        "metric",
+        "turn",
+        f"n ({base} / {cand})",
+        f"{base} mean wall ms",
+        f"{cand} mean wall ms",
+        "ratio",
+        "95% CI",
+        "verdict",
+    ], body
 
 
 # -- A/B comparison (``kvtrace demo``) -----------------------------------------------------------
@@ -135,26 +195,50 @@ def model_s(value, time_scale: float) -> str:
     return "–" if value is None else f"{value * time_scale / 1e3:,.2f}"
 
 
-def ttft_rows(rows: list[dict], time_scale: float, labels: tuple[str, str] = ("baseline", "bidir"),
-              metric: str = "ttft_ms") -> tuple[list[str], list[list[str]]]:
+def ttft_rows(
+    rows: list[dict], time_scale: float, labels: tuple[str, str] = ("baseline", "bidir"), metric: str = "ttft_ms"
+) -> tuple[list[str], list[list[str]]]:
     """The ``metric`` rows of :func:`kvtrace.analysis.compare.compare` (per turn, then turns >= 1
     pooled): the mean of both runs in wall ms and in model seconds (wall × ``time_scale``), the
     ratio, its bootstrap interval and the verdict."""
     base, cand = labels
-    cols = ["turn", "calls" if metric == "ttft_ms" else "turns", f"{base} wall ms", f"{cand} wall ms", "ratio",
-            "95% CI", f"model s: {base} → {cand}", "verdict"]
-    body = [[LATER_LABEL if r["turn"] == compare.LATER else str(r["turn"]), num(r["n_b"]), ms(r["a_mean"]),
-             ms(r["b_mean"]), ratio(r["ratio"]), ci(r),
-             f"{model_s(r['a_mean'], time_scale)} → {model_s(r['b_mean'], time_scale)}", r["verdict"]]
-            for r in rows if r["metric"] == metric and r["turn"] != compare.ALL]
+    cols = [
+        "turn",
+        "calls" if metric == "ttft_ms" else "turns",
+        f"{base} wall ms",
+        f"{cand} wall ms",
+        "ratio",
+        "95% CI",
+        f"model s: {base} → {cand}",
+        "verdict",
+    ]
+    body = [
+        [
+            LATER_LABEL if r["turn"] == compare.LATER else str(r["turn"]),
+            num(r["n_b"]),
+            ms(r["a_mean"]),
+            ms(r["b_mean"]),
+            ratio(r["ratio"]),
+            ci(r),
+            f"{model_s(r['a_mean'], time_scale)} → {model_s(r['b_mean'], time_scale)}",
+            r["verdict"],
+        ]
+        for r in rows
+        if r["metric"] == metric and r["turn"] != compare.ALL
+    ]
     return cols, body
 
 
 LATER_LABEL = "turns ≥1"
 
 
-def prefill_work_rows(baseline_con, candidate_con, rows: list[dict], labels: tuple[str, str] = ("baseline", "bidir"),
-                      filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
+def prefill_work_rows(
+    baseline_con,
+    candidate_con,
+    rows: list[dict],
+    labels: tuple[str, str] = ("baseline", "bidir"),
+    filters: Filters | None = None,
+) -> tuple[list[str], list[list[str]]]:
     """Per turn of ``rows`` (:func:`kvtrace.analysis.compare.compare`): mean prompt tokens per P
     request, what P computed in each run, and what the candidate pulled or hit locally (all means
     per P request, from :func:`reuse.tokens_by_source`)."""
@@ -168,10 +252,24 @@ def prefill_work_rows(baseline_con, candidate_con, rows: list[dict], labels: tup
             continue
         b, c = b_tok.get(r["turn"]), c_tok.get(r["turn"])
         prompt = None if not c or not c["requests"] else sum(c[k] for k in _SOURCES) / c["requests"]
-        body.append([num(r["turn"]), "–" if prompt is None else f"{prompt:,.0f}", per(b, "computed_tokens"),
-                     per(c, "computed_tokens"), per(c, "pulled_tokens"), per(c, "local_hit_tokens")])
-    cols = ["turn", "prompt tokens", f"computed ({base})", f"computed ({cand})", f"pulled ({cand})",
-            f"local hit ({cand})"]
+        body.append(
+            [
+                num(r["turn"]),
+                "–" if prompt is None else f"{prompt:,.0f}",
+                per(b, "computed_tokens"),
+                per(c, "computed_tokens"),
+                per(c, "pulled_tokens"),
+                per(c, "local_hit_tokens"),
+            ]
+        )
+    cols = [
+        "turn",
+        "prompt tokens",
+        f"computed ({base})",
+        f"computed ({cand})",
+        f"pulled ({cand})",
+        f"local hit ({cand})",
+    ]
     return cols, body
 
 
@@ -198,30 +296,58 @@ def saved_groups(baseline_con, candidate_con) -> list[dict]:
     ``baseline_ms``, ``candidate_ms`` (mean TTFT) and ``ratio``."""
     base = {(r["session_id"], r["turn"]): r for r in query_rows(baseline_con, CALL_WORK_SQL)}
     cand = {(r["session_id"], r["turn"]): r for r in query_rows(candidate_con, CALL_WORK_SQL)}
-    saved = [(base[k]["computed_tokens"] - cand[k]["computed_tokens"], base[k]["ttft_ms"], cand[k]["ttft_ms"])
-             for k in base.keys() & cand.keys()]
+    saved = [
+        (base[k]["computed_tokens"] - cand[k]["computed_tokens"], base[k]["ttft_ms"], cand[k]["ttft_ms"])
+        for k in base.keys() & cand.keys()
+    ]
     out = []
     for lo, hi in SAVED_BUCKETS:
         group = [g for g in saved if (lo is None or g[0] >= lo) and (hi is None or g[0] < hi)]
         label = f"< {hi:,}" if lo is None else f"≥ {lo:,}" if hi is None else f"{lo:,} – {hi:,}"
         n = len(group)
-        row = {"label": label, "calls": n, "saved_tokens": None, "baseline_ms": None, "candidate_ms": None,
-               "ratio": None}
+        row = {
+            "label": label,
+            "calls": n,
+            "saved_tokens": None,
+            "baseline_ms": None,
+            "candidate_ms": None,
+            "ratio": None,
+        }
         if n:
-            row.update(saved_tokens=sum(g[0] for g in group) / n, baseline_ms=sum(g[1] for g in group) / n,
-                       candidate_ms=sum(g[2] for g in group) / n)
+            row.update(
+                saved_tokens=sum(g[0] for g in group) / n,
+                baseline_ms=sum(g[1] for g in group) / n,
+                candidate_ms=sum(g[2] for g in group) / n,
+            )
             row["ratio"] = row["candidate_ms"] / row["baseline_ms"] if row["baseline_ms"] else None
         out.append(row)
     return out
 
 
-def saved_rows(groups: list[dict], time_scale: float,
-               labels: tuple[str, str] = ("baseline", "bidir")) -> tuple[list[str], list[list[str]]]:
+def saved_rows(
+    groups: list[dict], time_scale: float, labels: tuple[str, str] = ("baseline", "bidir")
+) -> tuple[list[str], list[list[str]]]:
     """:func:`saved_groups` as a table: mean TTFT in wall ms and model seconds, and the ratio."""
     base, cand = labels
-    cols = ["tokens not recomputed", "calls", "mean tokens", f"{base} wall ms", f"{cand} wall ms", "ratio",
-            f"model s: {base} → {cand}"]
-    out = [[g["label"], num(g["calls"]), "–" if g["saved_tokens"] is None else f"{g['saved_tokens']:,.0f}",
-            ms(g["baseline_ms"]), ms(g["candidate_ms"]), ratio(g["ratio"]),
-            f"{model_s(g['baseline_ms'], time_scale)} → {model_s(g['candidate_ms'], time_scale)}"] for g in groups]
+    cols = [
+        "tokens not recomputed",
+        "calls",
+        "mean tokens",
+        f"{base} wall ms",
+        f"{cand} wall ms",
+        "ratio",
+        f"model s: {base} → {cand}",
+    ]
+    out = [
+        [
+            g["label"],
+            num(g["calls"]),
+            "–" if g["saved_tokens"] is None else f"{g['saved_tokens']:,.0f}",
+            ms(g["baseline_ms"]),
+            ms(g["candidate_ms"]),
+            ratio(g["ratio"]),
+            f"{model_s(g['baseline_ms'], time_scale)} → {model_s(g['candidate_ms'], time_scale)}",
+        ]
+        for g in groups
+    ]
     return cols, out

@@ -48,15 +48,40 @@ from kvtrace.analysis.whatif_data import FATE_READ, FATE_RELEASED, FATE_UNCONSUM
 
 DEFAULT_TTLS = (0, 30, 60, 120, 240, 480, 900, 1800)
 DEFAULT_THRESHOLDS = (16, 32, 64, 128, 256, 512)
-COLUMNS = ("ttl_s", "threshold", "decisions", "pulled", "expired", "below_threshold", "no_remote", "local_hit",
-           "failed", "pulled_tokens", "recomputed_tokens", "gib_s_held", "peak_gib_held", "ttft_mean_ms",
-           "ttft_p90_ms", "recorded")
+COLUMNS = (
+    "ttl_s",
+    "threshold",
+    "decisions",
+    "pulled",
+    "expired",
+    "below_threshold",
+    "no_remote",
+    "local_hit",
+    "failed",
+    "pulled_tokens",
+    "recomputed_tokens",
+    "gib_s_held",
+    "peak_gib_held",
+    "ttft_mean_ms",
+    "ttft_p90_ms",
+    "recorded",
+)
 OUTCOME_COLUMNS = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
 GIB = float(2**30)
 TTFT_TOLERANCE = 0.05  # "within 5 % of the best TTFT"
 
-__all__ = ["COLUMNS", "DEFAULT_THRESHOLDS", "DEFAULT_TTLS", "Replay", "WhatIfError", "load", "recommend", "replay",
-           "run", "settings_grid"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_THRESHOLDS",
+    "DEFAULT_TTLS",
+    "Replay",
+    "WhatIfError",
+    "load",
+    "recommend",
+    "replay",
+    "run",
+    "settings_grid",
+]
 
 
 @dataclass
@@ -102,11 +127,14 @@ class _Fixed:
         # where each candidate end falls among its D's starts (:func:`_first_start_at`; monotone
         # in the time, so it commutes with the min / max / where that pick the end), in threads
         with ThreadPoolExecutor(2) as pool:
-            places = pool.map(lambda t: _first_start_at(rec, t), (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec))
+            places = pool.map(
+                lambda t: _first_start_at(rec, t), (rec.r_start_ns, rec.r_end_ns, self.read_end, self.t_dec)
+            )
             self._decisions(rec, pulled_rec, xfer_pulled)
             self.k_start, self.k_rec_end, self.k_read_end, self.k_t_dec = places
         self.same_read, self.same_released, self.same_unconsumed = (
-            rec.r_fate == f for f in (FATE_READ, FATE_RELEASED, FATE_UNCONSUMED))
+            rec.r_fate == f for f in (FATE_READ, FATE_RELEASED, FATE_UNCONSUMED)
+        )
         self.n_r, self.r_index = rec.retentions, np.arange(rec.retentions, dtype=np.intp)
         self.cum_bytes = [np.cumsum(rec.r_bytes[part]) for part in rec.r_by_engine]
         self.bytes_f = rec.r_bytes.astype(float)
@@ -129,8 +157,14 @@ class _Fixed:
             return np.where(lost & rec.d_fail_policy, np.nan, out) * rec.time_scale
 
         # TTFT (model ms; NaN: unknown, or the request fails) by outcome: FAILED, EXPIRED, PULLED, other
-        self.ttft = np.concatenate([ttft(self.recomputed_not, rec.d_xfer_ms, True), ttft(self.recomputed_not, 0.0, True),
-                                    ttft(self.recomputed_pulled, xfer_pulled, False), ttft(self.recomputed_not, 0.0, False)])
+        self.ttft = np.concatenate(
+            [
+                ttft(self.recomputed_not, rec.d_xfer_ms, True),
+                ttft(self.recomputed_not, 0.0, True),
+                ttft(self.recomputed_pulled, xfer_pulled, False),
+                ttft(self.recomputed_not, 0.0, False),
+            ]
+        )
         n = rec.decisions
         self.ttft_at = np.full(len(kvrules.CODE), 3 * n, dtype=np.intp)  # outcome code -> offset in ttft
         self.ttft_at[[kvrules.FAILED, kvrules.EXPIRED, kvrules.PULLED]] = [0, n, 2 * n]
@@ -166,17 +200,20 @@ class _Fixed:
         n, start = rec.retentions, rec.r_start_ns
         k_exp = _first_start_at(rec, expiry)
         held, k_end = np.empty(3 * n), np.empty(3 * n, dtype=np.int32)
-        cases = ((self.read_end, self.k_read_end, self.same_read), (self.t_dec, self.k_t_dec, self.same_released),
-                 (None, None, self.same_unconsumed & same_ttl))
+        cases = (
+            (self.read_end, self.k_read_end, self.same_read),
+            (self.t_dec, self.k_t_dec, self.same_released),
+            (None, None, self.same_unconsumed & same_ttl),
+        )
         for i, (end, k, same) in enumerate(cases):
             e = np.minimum(end, expiry) if end is not None else expiry.copy()
             np.copyto(e, rec.r_end_ns, where=same)
             np.maximum(e, start, out=e)
             np.subtract(e, start, out=e)
-            np.multiply(self.bytes_f, e, out=held[i * n:(i + 1) * n])
+            np.multiply(self.bytes_f, e, out=held[i * n : (i + 1) * n])
             ke = np.minimum(k, k_exp) if k is not None else k_exp.copy()
             np.copyto(ke, self.k_rec_end, where=same)
-            np.maximum(ke, self.k_start, out=k_end[i * n:(i + 1) * n], casting="unsafe")
+            np.maximum(ke, self.k_start, out=k_end[i * n : (i + 1) * n], casting="unsafe")
         return held, k_end
 
     def threshold(self, rec: Recorded, threshold: int) -> np.ndarray:
@@ -191,8 +228,9 @@ def _fixed(rec: Recorded) -> _Fixed:
     return rec._fixed
 
 
-def prepare(rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float | None = None,
-            workers: int | None = None) -> None:
+def prepare(
+    rec: Recorded, grid: list[tuple[float, int]], offer_margin_s: float | None = None, workers: int | None = None
+) -> None:
     """Compute what the settings of ``grid`` share before replaying them in threads (``workers``
     threads, default: CPU count, at most 4)."""
     fx = _fixed(rec)
@@ -246,8 +284,9 @@ def replay(rec: Recorded, ttl_s: float | None, threshold: int, offer_margin_s: f
         "peak_gib_held": max(peaks.values(), default=0) / GIB,
         "ttft_mean_ms": mean,
         "ttft_p90_ms": float(np.percentile(valid, 90, overwrite_input=True)) if valid.size else None,
-        "recorded": bool(ttl_s == (None if rec.mixed else rec.ttl_s) and threshold == rec.threshold
-                         and margin == rec.offer_margin_s),
+        "recorded": bool(
+            ttl_s == (None if rec.mixed else rec.ttl_s) and threshold == rec.threshold and margin == rec.offer_margin_s
+        ),
     }
     lost = (codes == kvrules.EXPIRED) | (codes == kvrules.FAILED)
     failures = int(np.count_nonzero(lost & rec.d_fail_policy))  # the request fails under policy "fail"
@@ -298,8 +337,13 @@ def _peak(k_end: np.ndarray, nbytes: np.ndarray, held_by_start: np.ndarray) -> i
     return int((held_by_start - np.cumsum(gone)).max())
 
 
-def run(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: float | None = None,
-        workers: int | None = None) -> tuple[Recorded, list[Replay]]:
+def run(
+    con,
+    ttls=DEFAULT_TTLS,
+    thresholds=DEFAULT_THRESHOLDS,
+    offer_margin_s: float | None = None,
+    workers: int | None = None,
+) -> tuple[Recorded, list[Replay]]:
     """Load the store and replay every setting of the grid (recorded setting included), in
     TTL-then-threshold order; ``workers`` threads (numpy releases the GIL; default: CPU count, at most 4)."""
     rec = load(con)
@@ -324,10 +368,19 @@ def recommend(rec: Recorded, results: list[Replay], budget_gib: float | None = N
     best = min(pool, key=lambda r: (r.row[metric], r.row["ttl_s"]))
     pick, why_ttl = _ttl(pool, best, metric, budget_gib)
     recorded = next((r for r in results if r.row["recorded"]), None)
-    return {"ttl_s": pick.row["ttl_s"], "threshold": threshold, "row": pick.row, "best": best.row,
-            "recorded": recorded.row if recorded else None, "metric": metric, "why_threshold": why_threshold,
-            "why_ttl": why_ttl, "failures": pick.failures, "peak_bytes": pick.peak_bytes,
-            "offer_margin_s": pick.offer_margin_s}
+    return {
+        "ttl_s": pick.row["ttl_s"],
+        "threshold": threshold,
+        "row": pick.row,
+        "best": best.row,
+        "recorded": recorded.row if recorded else None,
+        "metric": metric,
+        "why_threshold": why_threshold,
+        "why_ttl": why_ttl,
+        "failures": pick.failures,
+        "peak_bytes": pick.peak_bytes,
+        "offer_margin_s": pick.offer_margin_s,
+    }
 
 
 def _threshold(rec: Recorded, thresholds: list[int]) -> tuple[int, str]:
@@ -347,10 +400,12 @@ def _ttl(pool: list[Replay], best: Replay, metric: str, budget_gib: float | None
         return pick, f"smallest TTL within {TTFT_TOLERANCE:.0%} of the best {metric}"
     fits = [r for r in pool if r.row["peak_gib_held"] <= budget_gib]
     if fits:
-        return min(fits, key=lambda r: (r.row[metric], r.row["ttl_s"])), \
-            f"best {metric} with peak GiB held <= {budget_gib:g}"
-    return min(pool, key=lambda r: (r.row["peak_gib_held"], r.row[metric])), \
-        f"no setting fits {budget_gib:g} GiB: the one holding the least"
+        return min(
+            fits, key=lambda r: (r.row[metric], r.row["ttl_s"])
+        ), f"best {metric} with peak GiB held <= {budget_gib:g}"
+    return min(
+        pool, key=lambda r: (r.row["peak_gib_held"], r.row[metric])
+    ), f"no setting fits {budget_gib:g} GiB: the one holding the least"
 
 
 def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
@@ -358,30 +413,40 @@ def recommendation_lines(rec: Recorded, rc: dict) -> list[str]:
     row, recd, metric = rc["row"], rc["recorded"], rc["metric"]
     cal = rec.calibration
     unit = "ms" if metric == "ttft_mean_ms" else "tokens"
-    out = [f"Recommendation: decoder_kv_blocks_ttl {row['ttl_s']:g} s, kv_recompute_threshold {rc['threshold']} "
-           f"(proxy --conversation-ttl {max(row['ttl_s'] - rc['offer_margin_s'], 0):g} s with the "
-           f"{rc['offer_margin_s']:g} s offer margin)."]
+    out = [
+        f"Recommendation: decoder_kv_blocks_ttl {row['ttl_s']:g} s, kv_recompute_threshold {rc['threshold']} "
+        f"(proxy --conversation-ttl {max(row['ttl_s'] - rc['offer_margin_s'], 0):g} s with the "
+        f"{rc['offer_margin_s']:g} s offer margin)."
+    ]
     out.append(f"- threshold: {rc['why_threshold']}.")
-    out.append(f"- TTL: {rc['why_ttl']} ({_v(rc['best'][metric])} {unit} at TTL {rc['best']['ttl_s']:g} s); this "
-               f"setting: {_v(row[metric])} {unit}, {row['gib_s_held']:,.2f} GiB·s held, peak "
-               f"{row['peak_gib_held']:,.3f} GiB on one D{_share(rec, rc['peak_bytes'])}, {rc['failures']} predicted "
-               "failed requests.")
+    out.append(
+        f"- TTL: {rc['why_ttl']} ({_v(rc['best'][metric])} {unit} at TTL {rc['best']['ttl_s']:g} s); this "
+        f"setting: {_v(row[metric])} {unit}, {row['gib_s_held']:,.2f} GiB·s held, peak "
+        f"{row['peak_gib_held']:,.3f} GiB on one D{_share(rec, rc['peak_bytes'])}, {rc['failures']} predicted "
+        "failed requests."
+    )
     if recd is not None:
-        out.append(f"- recorded (TTL {_ttl_text(rec, recd['ttl_s'])}, threshold {recd['threshold']}): "
-                   f"{_v(recd[metric])} {unit}, "
-                   f"{recd['gib_s_held']:,.2f} GiB·s, peak {recd['peak_gib_held']:,.3f} GiB, "
-                   f"{recd['pulled']:,} pulled / {recd['decisions']:,} decisions.")
+        out.append(
+            f"- recorded (TTL {_ttl_text(rec, recd['ttl_s'])}, threshold {recd['threshold']}): "
+            f"{_v(recd[metric])} {unit}, "
+            f"{recd['gib_s_held']:,.2f} GiB·s, peak {recd['peak_gib_held']:,.3f} GiB, "
+            f"{recd['pulled']:,} pulled / {recd['decisions']:,} decisions."
+        )
     rate = cal.prefill_tokens_per_ms.get(None)
-    out.append(f"- calibration (from the traces only): prefill {_v(rate and rate * 1000 / rec.time_scale)} tokens/model s "
-               f"from {cal.prefill_requests.get(None, 0):,} {sc.SPAN_ENGINE_PREFILL} spans; d2p transfer "
-               f"{_v(cal.xfer_overhead_ms.get(None))} ms + {_v(cal.xfer_ms_per_token.get(None), 5)} ms/token (wall), "
-               f"{_v(cal.bytes_per_ms and cal.bytes_per_ms / 1e6, 2)} GB/s, from {cal.transfers.get(None, 0):,} "
-               f"{sc.SPAN_KV_TRANSFER} spans; gaps from {cal.samples.get(sc.SPAN_KV_RETENTION, 0):,} "
-               f"{sc.SPAN_KV_RETENTION} and {rec.decisions:,} {sc.SPAN_KV_DECISION} spans; TTFT from "
-               f"{cal.samples.get(sc.SPAN_PROXY_REQUEST, 0):,} {sc.SPAN_PROXY_REQUEST} spans.")
+    out.append(
+        f"- calibration (from the traces only): prefill {_v(rate and rate * 1000 / rec.time_scale)} tokens/model s "
+        f"from {cal.prefill_requests.get(None, 0):,} {sc.SPAN_ENGINE_PREFILL} spans; d2p transfer "
+        f"{_v(cal.xfer_overhead_ms.get(None))} ms + {_v(cal.xfer_ms_per_token.get(None), 5)} ms/token (wall), "
+        f"{_v(cal.bytes_per_ms and cal.bytes_per_ms / 1e6, 2)} GB/s, from {cal.transfers.get(None, 0):,} "
+        f"{sc.SPAN_KV_TRANSFER} spans; gaps from {cal.samples.get(sc.SPAN_KV_RETENTION, 0):,} "
+        f"{sc.SPAN_KV_RETENTION} and {rec.decisions:,} {sc.SPAN_KV_DECISION} spans; TTFT from "
+        f"{cal.samples.get(sc.SPAN_PROXY_REQUEST, 0):,} {sc.SPAN_PROXY_REQUEST} spans."
+    )
     if not rec.offer_margin_known:
-        out.append("- the traces do not record the proxy's --conversation-ttl: offer margin assumed "
-                   f"{rec.offer_margin_s:g} s (pass --offer-margin).")
+        out.append(
+            "- the traces do not record the proxy's --conversation-ttl: offer margin assumed "
+            f"{rec.offer_margin_s:g} s (pass --offer-margin)."
+        )
     return out
 
 

@@ -28,16 +28,33 @@ def add_arguments(parser) -> None:
     from kvtrace.analysis.whatif import DEFAULT_THRESHOLDS, DEFAULT_TTLS
 
     source.add_arguments(parser)
-    parser.add_argument("--ttl", type=_numbers(float), default=list(DEFAULT_TTLS), metavar="S,S,...",
-                        help="decoder_kv_blocks_ttl values to replay, model seconds (default "
-                        f"{','.join(map(str, DEFAULT_TTLS))})")
-    parser.add_argument("--threshold", type=_numbers(int), default=list(DEFAULT_THRESHOLDS), metavar="N,N,...",
-                        help=f"kv_recompute_threshold values (default {','.join(map(str, DEFAULT_THRESHOLDS))})")
-    parser.add_argument("--offer-margin", type=float, metavar="S",
-                        help="the proxy offers D's blocks while younger than TTL minus S (default: the recorded "
-                        "decoder_kv_blocks_ttl minus the recorded --conversation-ttl)")
-    parser.add_argument("--budget-gib", type=float, metavar="G",
-                        help="recommend the best TTFT whose peak KV held on one D stays within G GiB")
+    parser.add_argument(
+        "--ttl",
+        type=_numbers(float),
+        default=list(DEFAULT_TTLS),
+        metavar="S,S,...",
+        help=f"decoder_kv_blocks_ttl values to replay, model seconds (default {','.join(map(str, DEFAULT_TTLS))})",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=_numbers(int),
+        default=list(DEFAULT_THRESHOLDS),
+        metavar="N,N,...",
+        help=f"kv_recompute_threshold values (default {','.join(map(str, DEFAULT_THRESHOLDS))})",
+    )
+    parser.add_argument(
+        "--offer-margin",
+        type=float,
+        metavar="S",
+        help="the proxy offers D's blocks while younger than TTL minus S (default: the recorded "
+        "decoder_kv_blocks_ttl minus the recorded --conversation-ttl)",
+    )
+    parser.add_argument(
+        "--budget-gib",
+        type=float,
+        metavar="G",
+        help="recommend the best TTFT whose peak KV held on one D stays within G GiB",
+    )
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument("--output", "-o", metavar="FILE", help="write the rows here instead of stdout")
 
@@ -87,7 +104,8 @@ def run(args) -> int:
 
     Example:  kvtrace whatif --traces kvtrace-traces/bidir --ttl 30,120,480 --threshold 64,256
     """
-    from kvtrace.analysis.whatif import WhatIfError, recommend, recommendation_lines, run as replay_all
+    from kvtrace.analysis.whatif import WhatIfError, recommend, recommendation_lines
+    from kvtrace.analysis.whatif import run as replay_all
     from kvtrace.errors import CLIError
     from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError

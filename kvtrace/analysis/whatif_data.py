@@ -45,9 +45,18 @@ from kvtrace import kvrules
 from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
 from kvtrace.analysis.common import rows, table
+from kvtrace.analysis.whatif_sql import (
+    BANDWIDTH_SQL,
+    CALIBRATION_VIEWS,
+    DECISIONS_SQL,
+    PAIRING_TABLES,
+    POOLS_SQL,
+    REQUEST_COLUMNS,
+    RETENTIONS_SQL,
+    RUN_SQL,
+)
 from kvtrace.store.reader import query
 from kvtrace.store.views import gaps as gv
-from kvtrace.analysis.whatif_sql import BANDWIDTH_SQL, CALIBRATION_VIEWS, DECISIONS_SQL, PAIRING_TABLES, POOLS_SQL, REQUEST_COLUMNS, RETENTIONS_SQL, RUN_SQL
 
 FATE_UNCONSUMED, FATE_READ, FATE_RELEASED = 0, 1, 2
 DEFAULT_OFFER_MARGIN_S = 30.0  # the proxy's default: --conversation-ttl 450 s for decoder_kv_blocks_ttl 480 s
@@ -177,8 +186,10 @@ def _single(values, what: str, default=None):
     if not vals:
         return default
     if len(vals) > 1:
-        raise WhatIfError(f"the traces mix several {what} ({', '.join(f'{v:g}' for v in vals)}); replay one run "
-                          "at a time (kvtrace whatif --traces DIR of one run)")
+        raise WhatIfError(
+            f"the traces mix several {what} ({', '.join(f'{v:g}' for v in vals)}); replay one run "
+            "at a time (kvtrace whatif --traces DIR of one run)"
+        )
     return vals[0]
 
 
@@ -254,14 +265,30 @@ def _load(cur, lap) -> Recorded:
     lap("retentions -> numpy")
     p_engines, d_engines = rec.pop("p_engines"), rec.pop("d_engines")
     pools = {r["engine_id"]: r["pool_bytes"] for r in pool_rows if r["pool_bytes"]}
-    out = Recorded(**rec, p_engines=p_engines, d_engines=d_engines, pool_bytes=pools, ttl_s=float(ttl), ttls=ttls,
-                   threshold=threshold, offer_ttl_s=float(offer_ttl), offer_margin_s=float(ttl - offer_ttl),
-                   offer_margin_known=margin_known, time_scale=scale, window_end_ns=int(run["window_end_ns"]),
-                   calibration=calib)
+    out = Recorded(
+        **rec,
+        p_engines=p_engines,
+        d_engines=d_engines,
+        pool_bytes=pools,
+        ttl_s=float(ttl),
+        ttls=ttls,
+        threshold=threshold,
+        offer_ttl_s=float(offer_ttl),
+        offer_margin_s=float(ttl - offer_ttl),
+        offer_margin_known=margin_known,
+        time_scale=scale,
+        window_end_ns=int(run["window_end_ns"]),
+        calibration=calib,
+    )
     bounds = np.searchsorted(out.r_engine, np.arange(len(d_engines) + 1))
     out.r_by_engine = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-    calib.samples.update({sc.SPAN_KV_DECISION: out.decisions, sc.SPAN_KV_RETENTION: out.retentions,
-                          sc.SPAN_PROXY_REQUEST: int(np.count_nonzero(~np.isnan(out.d_ttft_ms)))})
+    calib.samples.update(
+        {
+            sc.SPAN_KV_DECISION: out.decisions,
+            sc.SPAN_KV_RETENTION: out.retentions,
+            sc.SPAN_PROXY_REQUEST: int(np.count_nonzero(~np.isnan(out.d_ttft_ms))),
+        }
+    )
     lap("pools, the rest")
     return out
 
@@ -282,14 +309,24 @@ def _decisions(dec: pa.Table) -> tuple[np.ndarray, dict]:
     p_engines, d_engine = _codes(dec, "engine_id")
     code = _lookup(dec, "outcome", sc.OUTCOMES).astype(np.int8)  # sc.OUTCOMES order = kvrules codes
     return order, dict(
-        p_engines=p_engines, d_engine=d_engine, d_start_ns=_np(dec, "start_ns", 0, np.int64),
-        d_prompt=_np(dec, "prompt_tokens", 0, np.int64), d_local=_np(dec, "local_hit_tokens", 0, np.int64),
-        d_remote=_np(dec, "remote_tokens", 0, np.int64), d_offered=_np(dec, "offered", False, bool),
-        d_age_s=_np(dec, "entry_age_s", math.nan, float), d_remaining_s=_np(dec, "remaining_s", math.nan, float),
-        d_code=code, d_pulled=_np(dec, "pulled_tokens", 0, np.int64),
+        p_engines=p_engines,
+        d_engine=d_engine,
+        d_start_ns=_np(dec, "start_ns", 0, np.int64),
+        d_prompt=_np(dec, "prompt_tokens", 0, np.int64),
+        d_local=_np(dec, "local_hit_tokens", 0, np.int64),
+        d_remote=_np(dec, "remote_tokens", 0, np.int64),
+        d_offered=_np(dec, "offered", False, bool),
+        d_age_s=_np(dec, "entry_age_s", math.nan, float),
+        d_remaining_s=_np(dec, "remaining_s", math.nan, float),
+        d_code=code,
+        d_pulled=_np(dec, "pulled_tokens", 0, np.int64),
         d_recomputed=_np(dec, "recomputed_tokens", 0, np.int64),
-        d_fail_policy=_lookup(dec, "policy", ["recompute"]) != 0, d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
-        d_ttft_ms=_np(dec, "ttft_ms", math.nan, float), d_has_entry=None, d_gap_s=None, d_diverged=_np(dec, "diverged", False, bool),
+        d_fail_policy=_lookup(dec, "policy", ["recompute"]) != 0,
+        d_xfer_ms=_np(dec, "xfer_ms", 0.0, float),
+        d_ttft_ms=_np(dec, "ttft_ms", math.nan, float),
+        d_has_entry=None,
+        d_gap_s=None,
+        d_diverged=_np(dec, "diverged", False, bool),
     )
 
 
@@ -298,12 +335,26 @@ def _retention_arrays(ret: pa.Table) -> dict:
     D engine, then start: the replay sweeps each engine's holds)."""
     d_engines, r_engine = _codes(ret, "engine_id")
     start = _np(ret, "start_ns", 0, np.int64)
-    out = {name: _np(ret, name, fill, dtype) for name, fill, dtype in (
-        ("gap_s", math.nan, float), ("expiry_gap_s", math.nan, float), ("next_tokens", 0, np.int64),
-        ("ttl_s", None, float), ("end_ns", 0, np.int64), ("bytes", 0, np.int64))}
-    return dict(out, d_engines=d_engines, r_engine=r_engine, start_ns=start, order=np.lexsort((start, r_engine)),
-                ttl_null=pc.is_null(ret.column("ttl_s")).to_numpy(zero_copy_only=False),
-                outcome=_lookup(ret, "outcome", sc.RETENTION_OUTCOMES))
+    out = {
+        name: _np(ret, name, fill, dtype)
+        for name, fill, dtype in (
+            ("gap_s", math.nan, float),
+            ("expiry_gap_s", math.nan, float),
+            ("next_tokens", 0, np.int64),
+            ("ttl_s", None, float),
+            ("end_ns", 0, np.int64),
+            ("bytes", 0, np.int64),
+        )
+    }
+    return dict(
+        out,
+        d_engines=d_engines,
+        r_engine=r_engine,
+        start_ns=start,
+        order=np.lexsort((start, r_engine)),
+        ttl_null=pc.is_null(ret.column("ttl_s")).to_numpy(zero_copy_only=False),
+        outcome=_lookup(ret, "outcome", sc.RETENTION_OUTCOMES),
+    )
 
 
 def _retentions(rec: dict, ret: dict, d_order: np.ndarray, ttl: float) -> None:
@@ -345,10 +396,19 @@ def _retentions(rec: dict, ret: dict, d_order: np.ndarray, ttl: float) -> None:
     # tell from a read (its retention span ends "read"); the simulator records "released"
     fate[(released | read) & has & nxt_offered & declined] = FATE_RELEASED
     rec.update(
-        d_engines=ret["d_engines"], d_has_entry=has_entry, d_remote=remote, d_age_s=age, d_gap_s=gap, d_ttl_s=d_ttl,
+        d_engines=ret["d_engines"],
+        d_has_entry=has_entry,
+        d_remote=remote,
+        d_age_s=age,
+        d_gap_s=gap,
+        d_ttl_s=d_ttl,
         r_ttl_s=r_ttl[order],
-        r_engine=ret["r_engine"][order], r_start_ns=ret["start_ns"][order], r_end_ns=ret["end_ns"][order],
-        r_bytes=ret["bytes"][order], r_next=r_next[order], r_fate=fate[order],
+        r_engine=ret["r_engine"][order],
+        r_start_ns=ret["start_ns"][order],
+        r_end_ns=ret["end_ns"][order],
+        r_bytes=ret["bytes"][order],
+        r_next=r_next[order],
+        r_fate=fate[order],
     )
 
 

@@ -13,7 +13,13 @@ import pyarrow as pa
 from kvtrace.analysis.common import filtered
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.whatif import (
-    COLUMNS, DEFAULT_THRESHOLDS, DEFAULT_TTLS, WhatIfError, recommend, recommendation_lines, run,
+    COLUMNS,
+    DEFAULT_THRESHOLDS,
+    DEFAULT_TTLS,
+    WhatIfError,
+    recommend,
+    recommendation_lines,
+    run,
 )
 
 # turn_gaps has no service / substrate columns: those filters select sessions
@@ -33,8 +39,13 @@ ORDER BY start_ns LIMIT $limit
 """
 
 
-def advice(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s: float | None = None,
-           budget_gib: float | None = None) -> dict:
+def advice(
+    con,
+    ttls=DEFAULT_TTLS,
+    thresholds=DEFAULT_THRESHOLDS,
+    offer_margin_s: float | None = None,
+    budget_gib: float | None = None,
+) -> dict:
     """Replay the whole store on the grid: ``rows`` (the :data:`~.whatif.COLUMNS` plus
     ``failures``, requests predicted to fail), ``recommendation`` (see :func:`~.whatif.recommend`),
     ``lines`` (its printed form), the recorded setting and D's KV pool sizes.  ``error``: why there
@@ -46,11 +57,20 @@ def advice(con, ttls=DEFAULT_TTLS, thresholds=DEFAULT_THRESHOLDS, offer_margin_s
     rc = recommend(rec, results, budget_gib)
     rows = [{**r.row, "failures": r.failures, "offer_margin_s": r.offer_margin_s} for r in results]
     return {
-        "error": None, "rows": rows, "lines": recommendation_lines(rec, rc),
+        "error": None,
+        "rows": rows,
+        "lines": recommendation_lines(rec, rc),
         "recommendation": {k: rc[k] for k in ("ttl_s", "threshold", "metric", "why_ttl", "why_threshold")},
-        "recorded": {"ttl_s": rec.ttl_s, "ttls": rec.ttls, "threshold": rec.threshold, "offer_margin_s": rec.offer_margin_s,
-                     "offer_margin_known": rec.offer_margin_known, "time_scale": rec.time_scale},
-        "pool_bytes": dict(rec.pool_bytes), "break_even_tokens": rec.calibration.break_even_tokens,
+        "recorded": {
+            "ttl_s": rec.ttl_s,
+            "ttls": rec.ttls,
+            "threshold": rec.threshold,
+            "offer_margin_s": rec.offer_margin_s,
+            "offer_margin_known": rec.offer_margin_known,
+            "time_scale": rec.time_scale,
+        },
+        "pool_bytes": dict(rec.pool_bytes),
+        "break_even_tokens": rec.calibration.break_even_tokens,
     }
 
 
@@ -66,7 +86,8 @@ def pareto(rows: list[dict], x: str = "gib_s_held", y: str = "ttft_mean_ms") -> 
     out = []
     for r in rows:
         front = r[y] is not None and not any(
-            o[y] is not None and o[x] <= r[x] and o[y] <= r[y] and (o[x] < r[x] or o[y] < r[y]) for o in rows)
+            o[y] is not None and o[x] <= r[x] and o[y] <= r[y] and (o[x] < r[x] or o[y] < r[y]) for o in rows
+        )
         out.append({**r, "pareto": front})
     return out
 
@@ -77,9 +98,11 @@ def report_section(con) -> str:
     from kvtrace.analysis.text import md_table
 
     a = advice(con)
-    head = ("## What-if: retention TTL and recompute threshold\n\nThe recorded d2p decisions replayed with vLLM's "
-            "rules under other `decoder_kv_blocks_ttl` / `kv_recompute_threshold` settings (`kvtrace whatif`; "
-            "model seconds).\n\n")
+    head = (
+        "## What-if: retention TTL and recompute threshold\n\nThe recorded d2p decisions replayed with vLLM's "
+        "rules under other `decoder_kv_blocks_ttl` / `kv_recompute_threshold` settings (`kvtrace whatif`; "
+        "model seconds).\n\n"
+    )
     if a["error"]:
         return head + f"Nothing to replay: {a['error']}."
     th = a["recommendation"]["threshold"]

@@ -59,8 +59,10 @@ class ArmsResult:
         return head + "\n\n" + arms_analysis.markdown(self.tables)
 
     def to_dict(self) -> dict:
-        return {"traces_dir": self.traces_dir,
-                "runs": {f"{p}/{arm_dir(c, b)}/r{k}": r.to_dict() for (p, c, b, k), r in self.results.items()}}
+        return {
+            "traces_dir": self.traces_dir,
+            "runs": {f"{p}/{arm_dir(c, b)}/r{k}": r.to_dict() for (p, c, b, k), r in self.results.items()},
+        }
 
 
 def _free_port() -> int:
@@ -74,8 +76,9 @@ async def _ready(url: str, proc: subprocess.Popen, log: str) -> None:
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise bench.BenchError(f"kvtrace {proc.args[3]} exited ({proc.returncode}): {_last_line(log)} "
-                                       f"(log: {log})")
+                raise bench.BenchError(
+                    f"kvtrace {proc.args[3]} exited ({proc.returncode}): {_last_line(log)} (log: {log})"
+                )
             try:
                 async with http.get(url + "/health") as r:
                     if r.status == 200:
@@ -118,16 +121,57 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-async def _one(run_dir: str, preset: str, prefix_caching: bool, bidirectional: bool, scale: float, link: str,
-               cfg: dict, progress: bool) -> bench.BenchResult:
+async def _one(
+    run_dir: str,
+    preset: str,
+    prefix_caching: bool,
+    bidirectional: bool,
+    scale: float,
+    link: str,
+    cfg: dict,
+    progress: bool,
+) -> bench.BenchResult:
     p_port, d_port, proxy_port = _free_port(), _free_port(), _free_port()
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
     cli = [sys.executable, "-m", "kvtrace.cli"]
-    sim = [*cli, "sim", "--preset", preset, "--link", link, "--time-scale", f"{scale:g}", "--host", HOST,
-           "--prefill-port", str(p_port), "--decode-port", str(d_port), "--traces", run_dir,
-           "--kv-transfer-config", json.dumps(kv)] + ([] if prefix_caching else ["--no-enable-prefix-caching", "prefill"])
-    proxy = [*cli, "proxy", "--host", HOST, "--port", str(proxy_port), "--prefiller-host", HOST, "--prefiller-port",
-             str(p_port), "--decoder-host", HOST, "--decoder-port", str(d_port), "--traces", run_dir]
+    sim = [
+        *cli,
+        "sim",
+        "--preset",
+        preset,
+        "--link",
+        link,
+        "--time-scale",
+        f"{scale:g}",
+        "--host",
+        HOST,
+        "--prefill-port",
+        str(p_port),
+        "--decode-port",
+        str(d_port),
+        "--traces",
+        run_dir,
+        "--kv-transfer-config",
+        json.dumps(kv),
+    ] + ([] if prefix_caching else ["--no-enable-prefix-caching", "prefill"])
+    proxy = [
+        *cli,
+        "proxy",
+        "--host",
+        HOST,
+        "--port",
+        str(proxy_port),
+        "--prefiller-host",
+        HOST,
+        "--prefiller-port",
+        str(p_port),
+        "--decoder-host",
+        HOST,
+        "--decoder-port",
+        str(d_port),
+        "--traces",
+        run_dir,
+    ]
     log = run_dir + ".log"
     os.makedirs(run_dir, exist_ok=True)
     env = {**os.environ, "KVTRACE_METRICS": "0"}
@@ -136,18 +180,30 @@ async def _one(run_dir: str, preset: str, prefix_caching: bool, bidirectional: b
         try:
             for cmd in (sim, proxy):
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
-            for url, proc in ((f"http://{HOST}:{p_port}", procs[0]), (f"http://{HOST}:{d_port}", procs[0]),
-                              (f"http://{HOST}:{proxy_port}", procs[1])):
+            for url, proc in (
+                (f"http://{HOST}:{p_port}", procs[0]),
+                (f"http://{HOST}:{d_port}", procs[0]),
+                (f"http://{HOST}:{proxy_port}", procs[1]),
+            ):
                 await _ready(url, proc, log)
             label = arms_analysis.arm_label(prefix_caching, bidirectional)
-            return await bench.arun_bench(f"http://{HOST}:{proxy_port}", traces_dir=run_dir, progress=progress,
-                                          label=label, **cfg)
+            return await bench.arun_bench(
+                f"http://{HOST}:{proxy_port}", traces_dir=run_dir, progress=progress, label=label, **cfg
+            )
         finally:
             _stop(procs[::-1])
 
 
-async def arun_arms(traces_dir: str, *, presets: tuple[str, ...] = PRESETS, sim_time_scale: float | None = None,
-                    link: str = LINK, progress: bool = False, repeat: int = 1, **config: Any) -> ArmsResult:
+async def arun_arms(
+    traces_dir: str,
+    *,
+    presets: tuple[str, ...] = PRESETS,
+    sim_time_scale: float | None = None,
+    link: str = LINK,
+    progress: bool = False,
+    repeat: int = 1,
+    **config: Any,
+) -> ArmsResult:
     """Run the workload (``config`` = :class:`~kvtrace.bench.bench.BenchConfig` fields) in the four
     arms of each preset; ``traces_dir`` must be empty or missing.  ``sim_time_scale`` None: the
     preset's :data:`TIME_SCALES` entry."""
@@ -170,7 +226,8 @@ async def arun_arms(traces_dir: str, *, presets: tuple[str, ...] = PRESETS, sim_
             for prefix_caching, bidirectional in arms_analysis.ARMS:
                 run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
                 results[(preset, prefix_caching, bidirectional, rep)] = await _one(
-                    run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress)
+                    run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress
+                )
     found = arms_analysis.from_directory(traces_dir)
     return ArmsResult(arms_analysis.tables(found), results, traces_dir)  # the bootstrap seed kvtrace report uses
 

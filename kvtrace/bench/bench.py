@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import kvtrace
-from kvtrace.bench import scenarios as scn
-from kvtrace.analysis import compare
-from kvtrace.bench import stats
 from kvtrace.agent.api import Agent
+from kvtrace.analysis import compare
+from kvtrace.bench import scenarios as scn
+from kvtrace.bench import stats
 from kvtrace.bench.runner import Collector, Pacer, RequestRecord, RunOptions, SessionRunner, Sleep
 from kvtrace.bench.workload import Workload, from_scenario
 
@@ -79,8 +79,9 @@ class BenchConfig:
             from kvtrace.bench import vllm_inputs
 
             try:
-                return vllm_inputs.load(self.input, seed=seed, nonce=nonce, sessions=sessions or self.sessions,
-                                        max_tokens=self.max_tokens)
+                return vllm_inputs.load(
+                    self.input, seed=seed, nonce=nonce, sessions=sessions or self.sessions, max_tokens=self.max_tokens
+                )
             except vllm_inputs.InputError as exc:
                 raise BenchError(str(exc)) from None
         scenario = self.scenario if isinstance(self.scenario, scn.Scenario) else _scenario(self.scenario)
@@ -117,8 +118,13 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {
-            "url": self.url, "label": self.label, "workload": self.workload, "model": self.model,
-            "config": self.config, "duration_s": self.duration_s, "summary": self.summary(),
+            "url": self.url,
+            "label": self.label,
+            "workload": self.workload,
+            "model": self.model,
+            "config": self.config,
+            "duration_s": self.duration_s,
+            "summary": self.summary(),
             "requests": [asdict(r) for r in self.requests],
             "turns": [asdict(t) for t in self.turns],
             "sessions": [asdict(s) for s in self.sessions],
@@ -139,8 +145,13 @@ class ABResult:
         return {"a": self.a.to_dict(), "b": self.b.to_dict(), "comparison": self.comparison}
 
     def format(self) -> str:
-        return "\n\n".join([self.a.format(), self.b.format(),
-                            f"A/B: B={self.b.url} over A={self.a.url}\n" + stats.format_comparison(self.comparison)])
+        return "\n\n".join(
+            [
+                self.a.format(),
+                self.b.format(),
+                f"A/B: B={self.b.url} over A={self.a.url}\n" + stats.format_comparison(self.comparison),
+            ]
+        )
 
 
 class Progress:
@@ -158,8 +169,9 @@ class Progress:
         now = time.perf_counter()
         if self.enabled and (now - self.last > 0.1 or self.done >= self.total):
             self.last = now
-            self.stream.write(f"\r[{self.label}] requests {self.done}/{self.total} errors {self.errors} "
-                              f"{now - self.t0:.1f}s ")
+            self.stream.write(
+                f"\r[{self.label}] requests {self.done}/{self.total} errors {self.errors} {now - self.t0:.1f}s "
+            )
             self.stream.flush()
 
     def close(self) -> None:
@@ -183,8 +195,13 @@ class _Side:
         from kvtrace.agent.openai_wrap import TracedAsyncOpenAI
 
         self.url, self.label, self.cfg, self.agent, self.sleep = url, label, cfg, agent, sleep
-        self.client = TracedAsyncOpenAI(base_url=api_base(url), api_key=cfg.api_key or "EMPTY", max_retries=0,
-                                        timeout=cfg.request_timeout_s, agent=agent)
+        self.client = TracedAsyncOpenAI(
+            base_url=api_base(url),
+            api_key=cfg.api_key or "EMPTY",
+            max_retries=0,
+            timeout=cfg.request_timeout_s,
+            agent=agent,
+        )
         self.progress = progress
         self.result: BenchResult | None = None
 
@@ -203,11 +220,15 @@ class _Side:
         cfg = self.cfg
         if self.result is None:
             workload = cfg.build(cfg.seed, nonce)
-            self.result = BenchResult(self.url, self.label, workload.name, await self.model(), {**cfg.as_dict(), "url": self.url})
+            self.result = BenchResult(
+                self.url, self.label, workload.name, await self.model(), {**cfg.as_dict(), "url": self.url}
+            )
             if cfg.warmup:
                 warm = cfg.build(cfg.seed + 1, nonce + "w", sessions=cfg.warmup)
                 warm.sessions = warm.sessions[: cfg.warmup]
-                await self._execute(warm, Collector(time.perf_counter()), f"{tag}-{self.label}w", f"{self.label} warm-up")
+                await self._execute(
+                    warm, Collector(time.perf_counter()), f"{tag}-{self.label}w", f"{self.label} warm-up"
+                )
         workload = cfg.build(cfg.seed, nonce)
         out = Collector(time.perf_counter(), repeat=rep)
         t0 = time.perf_counter()
@@ -219,13 +240,26 @@ class _Side:
 
     async def _execute(self, workload: Workload, out: Collector, prefix: str, label: str) -> None:
         cfg = self.cfg
-        opts = RunOptions(model=self.result.model, time_scale=cfg.time_scale, ignore_eos=cfg.ignore_eos,
-                          request_timeout_s=cfg.request_timeout_s, scenario=workload.name,
-                          thinking=workload.thinking, keep_reasoning=workload.keep_reasoning)
+        opts = RunOptions(
+            model=self.result.model,
+            time_scale=cfg.time_scale,
+            ignore_eos=cfg.ignore_eos,
+            request_timeout_s=cfg.request_timeout_s,
+            scenario=workload.name,
+            thinking=workload.thinking,
+            keep_reasoning=workload.keep_reasoning,
+        )
         bar = Progress(self.progress, workload.n_llm_calls, label)
         out.on_request = bar
-        runner = SessionRunner(self.client, self.agent, opts, out, slots=asyncio.Semaphore(cfg.clients),
-                               pacer=Pacer(cfg.request_rate, cfg.seed, self.sleep), sleep=self.sleep)
+        runner = SessionRunner(
+            self.client,
+            self.agent,
+            opts,
+            out,
+            slots=asyncio.Semaphore(cfg.clients),
+            pacer=Pacer(cfg.request_rate, cfg.seed, self.sleep),
+            sleep=self.sleep,
+        )
         plans = iter(workload.sessions)
 
         async def worker() -> None:
@@ -248,7 +282,9 @@ def _provider(tracer_provider, traces_dir):
     return kvtrace.configure("kvtrace-bench", traces_dir=traces_dir, handle_sigterm=False), True
 
 
-async def _drive(urls: list[tuple[str, str]], cfg: BenchConfig, tracer_provider, traces_dir, progress, sleep) -> list[BenchResult]:
+async def _drive(
+    urls: list[tuple[str, str]], cfg: BenchConfig, tracer_provider, traces_dir, progress, sleep
+) -> list[BenchResult]:
     cfg.validate()
     provider, owned = _provider(tracer_provider, traces_dir)
     agent = Agent(provider, name="kvtrace-bench")
@@ -268,15 +304,31 @@ async def _drive(urls: list[tuple[str, str]], cfg: BenchConfig, tracer_provider,
             provider.force_flush()
 
 
-async def arun_bench(url: str, *, tracer_provider=None, traces_dir: str | None = None, progress: bool = False,
-                     sleep: Sleep = asyncio.sleep, label: str = "A", **config: Any) -> BenchResult:
+async def arun_bench(
+    url: str,
+    *,
+    tracer_provider=None,
+    traces_dir: str | None = None,
+    progress: bool = False,
+    sleep: Sleep = asyncio.sleep,
+    label: str = "A",
+    **config: Any,
+) -> BenchResult:
     """Run the workload against ``url``; ``config`` = :class:`BenchConfig` fields."""
     (result,) = await _drive([(url, label)], _config(config), tracer_provider, traces_dir, progress, sleep)
     return result
 
 
-async def arun_ab(url_a: str, url_b: str, *, tracer_provider=None, traces_dir: str | None = None, progress: bool = False,
-                  sleep: Sleep = asyncio.sleep, **config: Any) -> ABResult:
+async def arun_ab(
+    url_a: str,
+    url_b: str,
+    *,
+    tracer_provider=None,
+    traces_dir: str | None = None,
+    progress: bool = False,
+    sleep: Sleep = asyncio.sleep,
+    **config: Any,
+) -> ABResult:
     """The same seeded workload against ``url_a`` (A) and ``url_b`` (B), repeats interleaved."""
     cfg = _config(config)
     a, b = await _drive([(url_a, "A"), (url_b, "B")], cfg, tracer_provider, traces_dir, progress, sleep)

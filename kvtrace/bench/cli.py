@@ -10,19 +10,25 @@ import math
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvtrace.bench.scenarios import SCENARIOS
 
-    p.add_argument("--url", help="OpenAI-compatible endpoint (A), e.g. the kvtrace proxy: http://127.0.0.1:8000 "
-                   "(not with --arms)")
+    p.add_argument(
+        "--url", help="OpenAI-compatible endpoint (A), e.g. the kvtrace proxy: http://127.0.0.1:8000 (not with --arms)"
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--scenario", choices=list(SCENARIOS), help="built-in agent scenario")
-    src.add_argument("--input", metavar="FILE", help="vLLM multi-turn conversations JSON, generate_conversations "
-                     "config JSON, or a kvtrace_scenario JSON")
+    src.add_argument(
+        "--input",
+        metavar="FILE",
+        help="vLLM multi-turn conversations JSON, generate_conversations config JSON, or a kvtrace_scenario JSON",
+    )
     p.add_argument("--traces", metavar="DIR", help="write the bench's spans (Parquet) into DIR")
     p.add_argument("--json", metavar="FILE", help="write summary and per-request/turn/session stats as JSON")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--sessions", type=int, help="sessions to run (scenario default; input files: the first N)")
     p.add_argument("--clients", type=int, default=4, help="LLM requests in flight at most (default 4)")
     p.add_argument("--max-active-conversations", type=int, help="sessions open at once (default: --clients)")
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson arrivals (default: no pacing)")
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests/s, Poisson arrivals (default: no pacing)"
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (same seed = same workload)")
     p.add_argument("--warmup", type=int, default=0, metavar="N", help="run N extra sessions first, not counted")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply tool waits, app work and pauses (0 = none)")
@@ -31,19 +37,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
     p.add_argument("--api-key", help="bearer token for the endpoint (default: none)")
     p.add_argument("--ab-url", metavar="URL2", help="A/B: run the same workload against URL2 (B) and compare")
-    p.add_argument("--repeat", type=int, default=1, help="run the workload N times (A/B: interleaved) for a noise estimate")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="run the workload N times (A/B: interleaved) for a noise estimate"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     arms = p.add_argument_group("published vs production (--arms)")
-    arms.add_argument("--arms", action="store_true",
-                      help="run the workload on simulated 1P+1D clusters in four arms, P prefix cache off/on x "
-                      "bidirectional off/on, per preset, over the EFA link; each run's traces go to "
-                      "--traces DIR/<preset>/<arm>/r<k> (--repeat N: N runs per arm, interleaved); prints each "
-                      "preset's table with the published gain (cache off) beside the incremental gain (cache on)")
-    arms.add_argument("--presets", nargs="+", default=None, metavar="PRESET",
-                      help="cost presets for --arms (default: qwen3-32b glm5-fp8)")
-    arms.add_argument("--sim-time-scale", type=float, default=None,
-                      help="--arms: simulated time compression (default per preset: qwen3-32b 5, glm5-fp8 1); "
-                      "times are reported in simulated ms")
+    arms.add_argument(
+        "--arms",
+        action="store_true",
+        help="run the workload on simulated 1P+1D clusters in four arms, P prefix cache off/on x "
+        "bidirectional off/on, per preset, over the EFA link; each run's traces go to "
+        "--traces DIR/<preset>/<arm>/r<k> (--repeat N: N runs per arm, interleaved); prints each "
+        "preset's table with the published gain (cache off) beside the incremental gain (cache on)",
+    )
+    arms.add_argument(
+        "--presets",
+        nargs="+",
+        default=None,
+        metavar="PRESET",
+        help="cost presets for --arms (default: qwen3-32b glm5-fp8)",
+    )
+    arms.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=None,
+        help="--arms: simulated time compression (default per preset: qwen3-32b 5, glm5-fp8 1); "
+        "times are reported in simulated ms",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +86,19 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
     config = dict(
-        model=args.model, sessions=args.sessions, clients=args.clients,
-        max_active_conversations=args.max_active_conversations, request_rate=args.request_rate, seed=args.seed,
-        warmup=args.warmup, time_scale=args.time_scale, repeat=args.repeat, ignore_eos=not args.no_ignore_eos,
-        max_tokens=args.max_tokens, request_timeout_s=args.request_timeout, api_key=args.api_key,
+        model=args.model,
+        sessions=args.sessions,
+        clients=args.clients,
+        max_active_conversations=args.max_active_conversations,
+        request_rate=args.request_rate,
+        seed=args.seed,
+        warmup=args.warmup,
+        time_scale=args.time_scale,
+        repeat=args.repeat,
+        ignore_eos=not args.no_ignore_eos,
+        max_tokens=args.max_tokens,
+        request_timeout_s=args.request_timeout,
+        api_key=args.api_key,
     )
     if args.scenario:
         config["scenario"] = args.scenario
@@ -105,8 +134,14 @@ def _arms(args: argparse.Namespace, config: dict) -> int:
     presets = tuple(args.presets or arms.PRESETS)
     repeat = config.pop("repeat")  # N runs of each arm, interleaved (not N passes inside one run)
     try:
-        result = arms.run_arms(args.traces, presets=presets, sim_time_scale=args.sim_time_scale,
-                               progress=not args.no_progress, repeat=repeat, **config)
+        result = arms.run_arms(
+            args.traces,
+            presets=presets,
+            sim_time_scale=args.sim_time_scale,
+            progress=not args.no_progress,
+            repeat=repeat,
+            **config,
+        )
     except (bench.BenchError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     _report(result, args.json)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import openai
 
@@ -136,8 +136,17 @@ class _Abort(Exception):
 
 
 class SessionRunner:
-    def __init__(self, client, agent: Agent, opts: RunOptions, out: Collector, *,
-                 slots: asyncio.Semaphore, pacer: Pacer, sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        client,
+        agent: Agent,
+        opts: RunOptions,
+        out: Collector,
+        *,
+        slots: asyncio.Semaphore,
+        pacer: Pacer,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self.client, self.agent, self.opts, self.out = client, agent, opts, out
         self.slots, self.pacer, self.sleep = slots, pacer, sleep
 
@@ -214,8 +223,15 @@ class SessionRunner:
         q0 = time.perf_counter()
         await self.pacer.wait()
         async with self.slots:
-            rec = RequestRecord(sid, turn.index, calls[0], turn.label, time.perf_counter() - self.out.t0,
-                                max_tokens=action.max_tokens, wait_ms=(time.perf_counter() - q0) * 1e3)
+            rec = RequestRecord(
+                sid,
+                turn.index,
+                calls[0],
+                turn.label,
+                time.perf_counter() - self.out.t0,
+                max_tokens=action.max_tokens,
+                wait_ms=(time.perf_counter() - q0) * 1e3,
+            )
             calls[0] += 1
             extra = {"ignore_eos": True} if self.opts.ignore_eos else {}
             if self.opts.thinking:
@@ -223,11 +239,15 @@ class SessionRunner:
             stream = None
             try:
                 stream = await self.client.chat.completions.create(
-                    model=self.opts.model, messages=list(history), max_tokens=action.max_tokens, stream=True,
-                    extra_body=extra or None, timeout=self.opts.request_timeout_s,
+                    model=self.opts.model,
+                    messages=list(history),
+                    max_tokens=action.max_tokens,
+                    stream=True,
+                    extra_body=extra or None,
+                    timeout=self.opts.request_timeout_s,
                 )
                 answer = await _read(stream, action.interrupt_after)
-            except (openai.APIError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, openai.APIError, OSError) as exc:
                 rec.error = type(exc).__name__
                 raise _Abort(f"llm call {rec.call} failed: {rec.error}") from None
             finally:

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvtrace import semconv as sc
-from kvtrace.bench.distributions import Constant, Dist, DistributionError, Uniform, from_dict as dist_from_dict
+from kvtrace.bench.distributions import Constant, Dist, DistributionError, Uniform
+from kvtrace.bench.distributions import from_dict as dist_from_dict
 
 FILETYPE = "kvtrace_scenario"
 
@@ -76,7 +77,7 @@ class Scenario:
     thinking: bool = False  # send chat_template_kwargs.enable_thinking: the model reasons first
     keep_reasoning: bool = True  # send the answers' reasoning back in the history
 
-    def with_(self, **changes) -> "Scenario":
+    def with_(self, **changes) -> Scenario:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -101,16 +102,30 @@ def _turn_dict(t: TurnSpec) -> dict:
                 d["interrupt_after"] = s.interrupt_after.to_dict()
             steps.append({"llm": d})
         elif isinstance(s, Tool):
-            steps.append({"tool": {"names": list(s.names), "wait_s": s.wait_s.to_dict(), "output_tokens": s.output_tokens.to_dict()}})
+            steps.append(
+                {
+                    "tool": {
+                        "names": list(s.names),
+                        "wait_s": s.wait_s.to_dict(),
+                        "output_tokens": s.output_tokens.to_dict(),
+                    }
+                }
+            )
         else:
             steps.append({"work": {"name": s.name, "duration_s": s.duration_s.to_dict()}})
-    return {"label": t.label, "repeat": t.repeat, "pause_s": t.pause_s.to_dict(), "user_tokens": t.user_tokens.to_dict(), "steps": steps}
+    return {
+        "label": t.label,
+        "repeat": t.repeat,
+        "pause_s": t.pause_s.to_dict(),
+        "user_tokens": t.user_tokens.to_dict(),
+        "steps": steps,
+    }
 
 
 def from_dict(conf: dict) -> Scenario:
     """Parse a ``kvtrace_scenario`` JSON object; raises DistributionError (a ValueError)."""
     if not isinstance(conf, dict) or conf.get("filetype") != FILETYPE:
-        raise DistributionError(f"scenario: expected an object with \"filetype\": \"{FILETYPE}\"")
+        raise DistributionError(f'scenario: expected an object with "filetype": "{FILETYPE}"')
     turns_conf = conf.get("turns")
     if not isinstance(turns_conf, list) or not turns_conf:
         raise DistributionError("scenario: 'turns' must be a non-empty list")
@@ -139,22 +154,33 @@ def _turn_from(t: object, i: int) -> TurnSpec:
     for j, s in enumerate(t["steps"]):
         w = f"{where}.steps[{j}]"
         if not isinstance(s, dict) or len(s) != 1:
-            raise DistributionError(f"{w}: expected one of {{\"llm\": ...}}, {{\"tool\": ...}}, {{\"work\": ...}}")
-        (kind, body), = s.items()
+            raise DistributionError(f'{w}: expected one of {{"llm": ...}}, {{"tool": ...}}, {{"work": ...}}')
+        ((kind, body),) = s.items()
         if not isinstance(body, dict):
             raise DistributionError(f"{w}: '{kind}' must be an object")
         if kind == "llm":
             cut = body.get("interrupt_after")
-            steps.append(LLM(dist_from_dict(body.get("output_tokens"), f"{w}.output_tokens"),
-                             None if cut is None else dist_from_dict(cut, f"{w}.interrupt_after")))
+            steps.append(
+                LLM(
+                    dist_from_dict(body.get("output_tokens"), f"{w}.output_tokens"),
+                    None if cut is None else dist_from_dict(cut, f"{w}.interrupt_after"),
+                )
+            )
         elif kind == "tool":
             names = body.get("names") or [body.get("name") or "tool"]
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise DistributionError(f"{w}: 'names' must be a list of strings")
-            steps.append(Tool(tuple(names), dist_from_dict(body.get("wait_s", 0), f"{w}.wait_s"),
-                              dist_from_dict(body.get("output_tokens", 0), f"{w}.output_tokens")))
+            steps.append(
+                Tool(
+                    tuple(names),
+                    dist_from_dict(body.get("wait_s", 0), f"{w}.wait_s"),
+                    dist_from_dict(body.get("output_tokens", 0), f"{w}.output_tokens"),
+                )
+            )
         elif kind == "work":
-            steps.append(Work(str(body.get("name") or "work"), dist_from_dict(body.get("duration_s", 0), f"{w}.duration_s")))
+            steps.append(
+                Work(str(body.get("name") or "work"), dist_from_dict(body.get("duration_s", 0), f"{w}.duration_s"))
+            )
         else:
             raise DistributionError(f"{w}: unknown step {kind!r} (llm, tool, work)")
     repeat = t.get("repeat", 1)
@@ -205,9 +231,15 @@ RESEARCH_ASSISTANT = Scenario(
     description="gather sources (tool waits), compare, user correction, revise",
     system_tokens=U(200, 400),
     turns=(
-        TurnSpec("gather", U(40, 80), (Tool(("web_search",), U(1.0, 3.0), U(300, 600)),
-                                      Tool(("fetch_page",), U(0.5, 2.0), U(300, 600)),
-                                      LLM(U(150, 300)))),
+        TurnSpec(
+            "gather",
+            U(40, 80),
+            (
+                Tool(("web_search",), U(1.0, 3.0), U(300, 600)),
+                Tool(("fetch_page",), U(0.5, 2.0), U(300, 600)),
+                LLM(U(150, 300)),
+            ),
+        ),
         TurnSpec("compare", U(30, 60), (Work("rank_sources", U(0.05, 0.2)), LLM(U(200, 400))), pause_s=U(5.0, 30.0)),
         TurnSpec("correction", U(10, 30), (LLM(U(100, 200)),), pause_s=U(5.0, 20.0)),
         TurnSpec("revise", U(20, 40), (LLM(U(300, 500)),), pause_s=U(5.0, 30.0)),
@@ -304,8 +336,16 @@ REASONING_STRIP = Scenario(
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
-    for s in (CODING_AGENT, RESEARCH_ASSISTANT, PAUSE_RESUME, SHORT_FOLLOWUPS, NO_REUSE, INTERRUPTED, PARALLEL_TOOLS,
-              REASONING_STRIP)
+    for s in (
+        CODING_AGENT,
+        RESEARCH_ASSISTANT,
+        PAUSE_RESUME,
+        SHORT_FOLLOWUPS,
+        NO_REUSE,
+        INTERRUPTED,
+        PARALLEL_TOOLS,
+        REASONING_STRIP,
+    )
 }
 
 

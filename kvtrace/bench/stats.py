@@ -55,7 +55,9 @@ def _requests(requests) -> dict:
         "pulled_tokens": sum(r.pulled_tokens or 0 for r in requests),
         # continuity breaks: the proxy saw the prompt diverge from what D held and did not offer it
         "diverged": sum(1 for r in requests if r.offer_reason == sc.OFFER_DIVERGED),
-        "diverged_recomputed_tokens": sum(r.recomputed_tokens or 0 for r in requests if r.offer_reason == sc.OFFER_DIVERGED),
+        "diverged_recomputed_tokens": sum(
+            r.recomputed_tokens or 0 for r in requests if r.offer_reason == sc.OFFER_DIVERGED
+        ),
     }
 
 
@@ -69,16 +71,18 @@ def summarize(requests, turns, sessions) -> dict:
     per_turn = []
     for idx in sorted(set(by_turn_req) | set(by_turn)):
         reqs, trs = by_turn_req.get(idx, []), by_turn.get(idx, [])
-        per_turn.append({
-            "turn": idx,
-            "labels": sorted({t.label for t in trs}),
-            **{k: v for k, v in _requests(reqs).items() if k != "count"},
-            "requests": len(reqs),
-            "turns": len(trs),
-            "turn_latency_ms": describe(t.latency_ms for t in trs if t.error is None),
-            "tool_ms": describe(t.tool_ms for t in trs),
-            "work_ms": describe(t.work_ms for t in trs),
-        })
+        per_turn.append(
+            {
+                "turn": idx,
+                "labels": sorted({t.label for t in trs}),
+                **{k: v for k, v in _requests(reqs).items() if k != "count"},
+                "requests": len(reqs),
+                "turns": len(trs),
+                "turn_latency_ms": describe(t.latency_ms for t in trs if t.error is None),
+                "tool_ms": describe(t.tool_ms for t in trs),
+                "work_ms": describe(t.work_ms for t in trs),
+            }
+        )
     return {
         "requests": _requests(requests),
         "per_turn": per_turn,
@@ -97,8 +101,11 @@ def values(result) -> list[tuple]:
     TTFT of every request that got a first token, latency of every request that completed, latency
     of every completed turn."""
     out = [("ttft_ms", r.turn, r.repeat, r.ttft_ms) for r in result.requests if r.ttft_ms is not None]
-    out += [("latency_ms", r.turn, r.repeat, r.latency_ms) for r in result.requests
-            if r.error is None and r.latency_ms is not None]
+    out += [
+        ("latency_ms", r.turn, r.repeat, r.latency_ms)
+        for r in result.requests
+        if r.error is None and r.latency_ms is not None
+    ]
     out += [("turn_latency_ms", t.turn, t.repeat, t.latency_ms) for t in result.turns if t.error is None]
     return out
 
@@ -130,20 +137,44 @@ def format_summary(summary: dict, title: str = "") -> str:
         f"pulled tokens {req['pulled_tokens']}  outcomes {_outcomes(req['outcomes'])}"
     )
     if req.get("diverged"):
-        out.append(f"continuity breaks {req['diverged']} (prompt diverged from what D held; P recomputed "
-                   f"{req['diverged_recomputed_tokens']} tokens on them)")
+        out.append(
+            f"continuity breaks {req['diverged']} (prompt diverged from what D held; P recomputed "
+            f"{req['diverged_recomputed_tokens']} tokens on them)"
+        )
     header = ["turn", "reqs", "ttft p50", "ttft p90", "tpot p50", "lat p50", "turn p50", "turn p90", "outcomes"]
     rows = [
-        [str(t["turn"]), str(t["requests"]), _f(_p(t["ttft_ms"])), _f(_p(t["ttft_ms"], "p90")), _f(_p(t["tpot_ms"]), 2),
-         _f(_p(t["latency_ms"])), _f(_p(t["turn_latency_ms"])), _f(_p(t["turn_latency_ms"], "p90")), _outcomes(t["outcomes"])]
+        [
+            str(t["turn"]),
+            str(t["requests"]),
+            _f(_p(t["ttft_ms"])),
+            _f(_p(t["ttft_ms"], "p90")),
+            _f(_p(t["tpot_ms"]), 2),
+            _f(_p(t["latency_ms"])),
+            _f(_p(t["turn_latency_ms"])),
+            _f(_p(t["turn_latency_ms"], "p90")),
+            _outcomes(t["outcomes"]),
+        ]
         for t in summary["per_turn"]
     ]
-    rows.append(["all", str(req["count"]), _f(_p(req["ttft_ms"])), _f(_p(req["ttft_ms"], "p90")), _f(_p(req["tpot_ms"]), 2),
-                 _f(_p(req["latency_ms"])), "", "", ""])
+    rows.append(
+        [
+            "all",
+            str(req["count"]),
+            _f(_p(req["ttft_ms"])),
+            _f(_p(req["ttft_ms"], "p90")),
+            _f(_p(req["tpot_ms"]), 2),
+            _f(_p(req["latency_ms"])),
+            "",
+            "",
+            "",
+        ]
+    )
     out.append(_table(header, rows))
     s = summary["sessions"]
-    out.append(f"sessions {s['count']}  errors {s['errors']}  wall p50 {_f(_p(s['wall_ms']))} ms  "
-               f"active p50 {_f(_p(s['active_ms']))} ms  (times in ms)")
+    out.append(
+        f"sessions {s['count']}  errors {s['errors']}  wall p50 {_f(_p(s['wall_ms']))} ms  "
+        f"active p50 {_f(_p(s['active_ms']))} ms  (times in ms)"
+    )
     return "\n".join(out)
 
 
@@ -154,11 +185,20 @@ def _outcomes(counts: dict) -> str:
 def format_comparison(rows: list[dict], label_a: str = "A", label_b: str = "B") -> str:
     header = ["metric", "turn", f"{label_a} mean", f"{label_b} mean", "B/A", "95% CI", "noise", "verdict"]
     body = [
-        [r["metric"], str(r["turn"]), _f(r["a_mean"]), _f(r["b_mean"]),
-         _f(r["ratio"], 3), f"{_f(r['ci_low'], 3)}-{_f(r['ci_high'], 3)}",
-         "-" if r["noise"] is None else f"{math.exp(r['noise']) - 1:.1%}", r["verdict"]]
+        [
+            r["metric"],
+            str(r["turn"]),
+            _f(r["a_mean"]),
+            _f(r["b_mean"]),
+            _f(r["ratio"], 3),
+            f"{_f(r['ci_low'], 3)}-{_f(r['ci_high'], 3)}",
+            "-" if r["noise"] is None else f"{math.exp(r['noise']) - 1:.1%}",
+            r["verdict"],
+        ]
         for r in rows
     ]
-    note = ("verdict: B against A, faster/slower when the bootstrap 95% CI of B/A (means) excludes 1 and, with "
-            "--repeat, the ratio is beyond the repeats' spread (noise)")
+    note = (
+        "verdict: B against A, faster/slower when the bootstrap 95% CI of B/A (means) excludes 1 and, with "
+        "--repeat, the ratio is beyond the repeats' spread (noise)"
+    )
     return _table(header, body) + "\n" + note

@@ -23,7 +23,8 @@ import re
 from pathlib import Path
 
 from kvtrace.bench import scenarios
-from kvtrace.bench.distributions import Constant, DistributionError, from_dict as dist_from_dict
+from kvtrace.bench.distributions import Constant, DistributionError
+from kvtrace.bench.distributions import from_dict as dist_from_dict
 from kvtrace.bench.workload import LLMAction, SessionPlan, TurnPlan, Workload, from_scenario, words
 
 GENERATE = "generate_conversations"
@@ -40,8 +41,15 @@ def count_tokens(text: str) -> int:
     return len(_WORD.findall(text or ""))
 
 
-def load(path: str | Path, *, seed: int = 0, nonce: str = "", sessions: int | None = None,
-         max_tokens: int | None = None, default_max_tokens: int = 256) -> Workload:
+def load(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    nonce: str = "",
+    sessions: int | None = None,
+    max_tokens: int | None = None,
+    default_max_tokens: int = 256,
+) -> Workload:
     """The workload described by ``path`` (see the module docstring)."""
     path = Path(path)
     try:
@@ -52,7 +60,9 @@ def load(path: str | Path, *, seed: int = 0, nonce: str = "", sessions: int | No
         raise InputError(f"{path} is not valid JSON: {exc}") from None
     try:
         if isinstance(conf, list):
-            wl = conversations(conf, max_tokens=max_tokens, default_max_tokens=default_max_tokens, seed=seed, nonce=nonce)
+            wl = conversations(
+                conf, max_tokens=max_tokens, default_max_tokens=default_max_tokens, seed=seed, nonce=nonce
+            )
         elif isinstance(conf, dict) and conf.get("filetype") == GENERATE:
             wl = generate(conf, seed=seed, nonce=nonce, base_dir=path.parent, max_tokens=max_tokens)
         elif isinstance(conf, dict) and conf.get("filetype") == scenarios.FILETYPE:
@@ -70,8 +80,9 @@ def load(path: str | Path, *, seed: int = 0, nonce: str = "", sessions: int | No
     return wl
 
 
-def conversations(items: list, *, max_tokens: int | None = None, default_max_tokens: int = 256, seed: int = 0,
-                  nonce: str = "") -> Workload:
+def conversations(
+    items: list, *, max_tokens: int | None = None, default_max_tokens: int = 256, seed: int = 0, nonce: str = ""
+) -> Workload:
     """Plans from a ShareGPT-like conversation list (ids must be unique).  A non-empty ``nonce``
     is put before the first user message of each conversation (one word) so that a repeat does not
     hit P's prefix cache filled by an earlier run of the same file."""
@@ -79,7 +90,7 @@ def conversations(items: list, *, max_tokens: int | None = None, default_max_tok
     plans: list[SessionPlan] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("messages"), list) or not item["messages"]:
-            raise InputError(f"conversation [{i}]: expected {{\"id\": ..., \"messages\": [non-empty list]}}")
+            raise InputError(f'conversation [{i}]: expected {{"id": ..., "messages": [non-empty list]}}')
         conv_id = str(item.get("id", i))
         if conv_id in seen:
             raise InputError(f"conversation id {conv_id!r} appears more than once")
@@ -97,7 +108,7 @@ def _conversation(index: int, conv_id: str, messages: list, max_tokens, default_
     system, turns, pending = "", [], []
     for j, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-            raise InputError(f"conversation {conv_id!r} message [{j}]: expected {{\"role\", \"content\": str}}")
+            raise InputError(f'conversation {conv_id!r} message [{j}]: expected {{"role", "content": str}}')
         role, content = m.get("role"), m.get("content") or ""
         if role == "system" and not turns and not pending:
             system += content
@@ -110,7 +121,9 @@ def _conversation(index: int, conv_id: str, messages: list, max_tokens, default_
         else:
             pending.append(content)
     if pending:
-        turns.append(TurnPlan(len(turns), "user", 0.0, "\n".join(pending), [LLMAction(max_tokens or default_max_tokens)]))
+        turns.append(
+            TurnPlan(len(turns), "user", 0.0, "\n".join(pending), [LLMAction(max_tokens or default_max_tokens)])
+        )
     if not turns:
         raise InputError(f"conversation {conv_id!r} has no user message")
     return SessionPlan(index, conv_id, system, turns)
@@ -136,7 +149,9 @@ class _Corpus:
         return " ".join(self.words[start:end])
 
 
-def generate(conf: dict, *, seed: int = 0, nonce: str = "", base_dir: Path = Path("."), max_tokens: int | None = None) -> Workload:
+def generate(
+    conf: dict, *, seed: int = 0, nonce: str = "", base_dir: Path = Path("."), max_tokens: int | None = None
+) -> Workload:
     """Synthetic conversations per vLLM's ``generate_conversations`` (words as tokens)."""
     for name in ("num_conversations", "text_files", "prompt_input", "prompt_output"):
         if name not in conf:
@@ -155,7 +170,9 @@ def generate(conf: dict, *, seed: int = 0, nonce: str = "", base_dir: Path = Pat
     d_turns = dist_from_dict(pin["num_turns"], "prompt_input.num_turns")
     d_in = dist_from_dict(pin["num_tokens"], "prompt_input.num_tokens")
     d_prefix = dist_from_dict(pin["prefix_num_tokens"], "prompt_input.prefix_num_tokens")
-    d_common = dist_from_dict(pin.get("common_prefix_num_tokens", Constant(0).to_dict()), "prompt_input.common_prefix_num_tokens")
+    d_common = dist_from_dict(
+        pin.get("common_prefix_num_tokens", Constant(0).to_dict()), "prompt_input.common_prefix_num_tokens"
+    )
     d_out = dist_from_dict(pout["num_tokens"], "prompt_output.num_tokens")
 
     rng = random.Random(f"kvtrace-bench:generate:{seed}")

@@ -124,7 +124,12 @@ def _session(scenario: Scenario, index: int, system: str, rng: random.Random, no
         for _ in range(spec.repeat):
             t = len(turns)
             tag = f"{nonce}s{index}t{t}:"
-            turn = TurnPlan(t, spec.label, _seconds(spec.pause_s, rng) if t else 0.0, words(rng, _count(spec.user_tokens, rng, 1), tag))
+            turn = TurnPlan(
+                t,
+                spec.label,
+                _seconds(spec.pause_s, rng) if t else 0.0,
+                words(rng, _count(spec.user_tokens, rng, 1), tag),
+            )
             for step in spec.steps:
                 turn.actions.append(_action(step, rng))
             turns.append(turn)
@@ -136,7 +141,9 @@ def _action(step, rng: random.Random) -> Action:
         cut = None if step.interrupt_after is None else _count(step.interrupt_after, rng, 1)
         return LLMAction(_count(step.output_tokens, rng, 1), cut)
     if isinstance(step, Tool):
-        return ToolAction([ToolCall(n, _seconds(step.wait_s, rng), words(rng, _count(step.output_tokens, rng))) for n in step.names])
+        return ToolAction(
+            [ToolCall(n, _seconds(step.wait_s, rng), words(rng, _count(step.output_tokens, rng))) for n in step.names]
+        )
     if isinstance(step, Work):
         return WorkAction(step.name, _seconds(step.duration_s, rng))
     raise TypeError(f"unknown step {step!r}")

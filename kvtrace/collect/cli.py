@@ -13,34 +13,67 @@ DEFAULT_HTTP = "127.0.0.1:4318"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--otlp-grpc", metavar="HOST:PORT", default=None,
-                        help=f"OTLP/gRPC listen address (e.g. {DEFAULT_GRPC}); 'off' to disable")
-    parser.add_argument("--otlp-http", metavar="HOST:PORT", default=None,
-                        help=f"OTLP/HTTP listen address for POST /v1/traces (e.g. {DEFAULT_HTTP}); 'off' to disable")
-    parser.add_argument("--traces", metavar="DIR", default=None,
-                        help="Parquet trace directory (default: $KVTRACE_TRACES_DIR)")
-    parser.add_argument("--max-queue-spans", type=int, default=None, metavar="N",
-                        help="spans held in memory before senders are told to retry later (default 200000)")
-    parser.add_argument("--max-queue-mib", type=int, default=None, metavar="MIB",
-                        help="MiB of converted spans held in memory before senders are told to retry later "
-                             "(default 256)")
-    parser.add_argument("--max-request-mib", type=int, default=None, metavar="MIB",
-                        help="largest request body, after decompression; larger ones get 413 (gRPC "
-                             "RESOURCE_EXHAUSTED) (default 64)")
-    parser.add_argument("--max-inflight-mib", type=int, default=None, metavar="MIB",
-                        help="MiB that all requests being received and converted may hold together; beyond it "
-                             "senders are told to retry later (default 256)")
-    parser.add_argument("--batch-delay-ms", type=int, default=None, metavar="MS",
-                        help="how long the writer gathers requests into one file (default 200); not used "
-                             "with --durable-ack")
-    parser.add_argument("--durable-ack", action="store_true",
-                        help="answer a request only once its spans are in an fsynced file (see 'What a crash "
-                             "can lose' above)")
+    parser.add_argument(
+        "--otlp-grpc",
+        metavar="HOST:PORT",
+        default=None,
+        help=f"OTLP/gRPC listen address (e.g. {DEFAULT_GRPC}); 'off' to disable",
+    )
+    parser.add_argument(
+        "--otlp-http",
+        metavar="HOST:PORT",
+        default=None,
+        help=f"OTLP/HTTP listen address for POST /v1/traces (e.g. {DEFAULT_HTTP}); 'off' to disable",
+    )
+    parser.add_argument(
+        "--traces", metavar="DIR", default=None, help="Parquet trace directory (default: $KVTRACE_TRACES_DIR)"
+    )
+    parser.add_argument(
+        "--max-queue-spans",
+        type=int,
+        default=None,
+        metavar="N",
+        help="spans held in memory before senders are told to retry later (default 200000)",
+    )
+    parser.add_argument(
+        "--max-queue-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="MiB of converted spans held in memory before senders are told to retry later (default 256)",
+    )
+    parser.add_argument(
+        "--max-request-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="largest request body, after decompression; larger ones get 413 (gRPC RESOURCE_EXHAUSTED) (default 64)",
+    )
+    parser.add_argument(
+        "--max-inflight-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="MiB that all requests being received and converted may hold together; beyond it "
+        "senders are told to retry later (default 256)",
+    )
+    parser.add_argument(
+        "--batch-delay-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="how long the writer gathers requests into one file (default 200); not used with --durable-ack",
+    )
+    parser.add_argument(
+        "--durable-ack",
+        action="store_true",
+        help="answer a request only once its spans are in an fsynced file (see 'What a crash can lose' above)",
+    )
 
 
 def _addresses(args) -> tuple[str | None, str | None]:
-    from kvtrace.errors import CLIError
     from kvtrace.collect.server import split_address
+    from kvtrace.errors import CLIError
 
     grpc_addr, http_addr = args.otlp_grpc, args.otlp_http
     if grpc_addr is None and http_addr is None:
@@ -62,9 +95,13 @@ def _limits(args) -> dict:
     """Collector keyword arguments from the size/delay flags given (the rest keep their defaults)."""
     from kvtrace.errors import CLIError
 
-    flags = [("max_queue_spans", "max_queue_spans", 1, 1), ("max_queue_mib", "max_queue_bytes", 1, 1 << 20),
-             ("max_request_mib", "max_request_bytes", 1, 1 << 20),
-             ("max_inflight_mib", "max_inflight_bytes", 1, 1 << 20), ("batch_delay_ms", "batch_delay_s", 0, 1e-3)]
+    flags = [
+        ("max_queue_spans", "max_queue_spans", 1, 1),
+        ("max_queue_mib", "max_queue_bytes", 1, 1 << 20),
+        ("max_request_mib", "max_request_bytes", 1, 1 << 20),
+        ("max_inflight_mib", "max_inflight_bytes", 1, 1 << 20),
+        ("batch_delay_ms", "batch_delay_s", 0, 1e-3),
+    ]
     out = {}
     for flag, kwarg, minimum, unit in flags:
         value = getattr(args, flag)
@@ -102,15 +139,16 @@ def run(args) -> int:
 
     Example: kvtrace collect --otlp-grpc 127.0.0.1:4317 --otlp-http 127.0.0.1:4318 --traces ./traces
     """
-    from kvtrace.errors import CLIError
     from kvtrace.collect.server import Collector
+    from kvtrace.errors import CLIError
 
     traces = settings.TRACES_DIR.get(args.traces)
     if not traces:
         raise CLIError("no trace directory: give --traces DIR or set KVTRACE_TRACES_DIR")
     grpc_addr, http_addr = _addresses(args)
-    collector = Collector(traces, grpc_address=grpc_addr, http_address=http_addr, durable_ack=args.durable_ack,
-                          **_limits(args))
+    collector = Collector(
+        traces, grpc_address=grpc_addr, http_address=http_addr, durable_ack=args.durable_ack, **_limits(args)
+    )
     try:
         collector.start()
     except (OSError, ValueError) as exc:
@@ -121,8 +159,10 @@ def run(args) -> int:
     if collector.grpc_port:
         print(f"kvtrace collect: OTLP/gRPC on {grpc_addr.rpartition(':')[0]}:{collector.grpc_port}", flush=True)
     if collector.http_port:
-        print(f"kvtrace collect: OTLP/HTTP on http://{http_addr.rpartition(':')[0]}:{collector.http_port}/v1/traces",
-              flush=True)
+        print(
+            f"kvtrace collect: OTLP/HTTP on http://{http_addr.rpartition(':')[0]}:{collector.http_port}/v1/traces",
+            flush=True,
+        )
     print(f"kvtrace collect: writing {traces}", flush=True)
     stop.wait()
     collector.stop()

@@ -22,11 +22,25 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from kvtrace.collect import otlp_convert
 from kvtrace.collect.limits import ByteBudget, Hold, RequestRefused
 from kvtrace.collect.queue import SpanQueue
-from kvtrace.collect.receiver import ACCEPTED, INTERNAL, MALFORMED, RETRY, TOO_LARGE, Outcome, ingest, rpc_status, write_failed
+from kvtrace.collect.receiver import (
+    ACCEPTED,
+    INTERNAL,
+    MALFORMED,
+    RETRY,
+    TOO_LARGE,
+    Outcome,
+    ingest,
+    rpc_status,
+    write_failed,
+)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_CODES = {MALFORMED: grpc.StatusCode.INVALID_ARGUMENT, RETRY: grpc.StatusCode.UNAVAILABLE,
-          TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED, INTERNAL: grpc.StatusCode.INTERNAL}
+_CODES = {
+    MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
+    RETRY: grpc.StatusCode.UNAVAILABLE,
+    TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    INTERNAL: grpc.StatusCode.INTERNAL,
+}
 
 
 class _Status(NamedTuple):  # a grpc.Status (what grpcio-status builds)
@@ -76,9 +90,16 @@ class _TraceService:
         )
 
 
-def start(queue: SpanQueue, address: str, *, workers: int = 4, max_concurrent: int = 8,
-          max_message_bytes: int = MAX_MESSAGE_BYTES, budget: ByteBudget | None = None,
-          durable: bool = False) -> tuple[grpc.Server, int]:
+def start(
+    queue: SpanQueue,
+    address: str,
+    *,
+    workers: int = 4,
+    max_concurrent: int = 8,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    budget: ByteBudget | None = None,
+    durable: bool = False,
+) -> tuple[grpc.Server, int]:
     """Bind ``address`` (``host:port``; port 0 = any) and start serving; returns (server, port)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvtrace-collect-grpc"),

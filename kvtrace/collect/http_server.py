@@ -23,7 +23,16 @@ from kvtrace.collect import otlp_convert
 from kvtrace.collect.limits import Body, ByteBudget, Hold, RequestRefused
 from kvtrace.collect.queue import SpanQueue
 from kvtrace.collect.receiver import (
-    ACCEPTED, INTERNAL, MALFORMED, RETRY, TOO_LARGE, UNSUPPORTED, Outcome, ingest, rpc_status, write_failed,
+    ACCEPTED,
+    INTERNAL,
+    MALFORMED,
+    RETRY,
+    TOO_LARGE,
+    UNSUPPORTED,
+    Outcome,
+    ingest,
+    rpc_status,
+    write_failed,
 )
 
 log = logging.getLogger(__name__)
@@ -39,12 +48,14 @@ def _reply(outcome: Outcome, as_json: bool) -> web.Response:
     message = outcome.response if outcome.response is not None else rpc_status(outcome)
     body = otlp_convert.to_json(message) if as_json else message.SerializeToString()
     headers = {"Retry-After": str(outcome.retry_after_s)} if outcome.kind == RETRY else None
-    return web.Response(status=_STATUS[outcome.kind], body=body,
-                        content_type=JSON if as_json else PROTOBUF, headers=headers)
+    return web.Response(
+        status=_STATUS[outcome.kind], body=body, content_type=JSON if as_json else PROTOBUF, headers=headers
+    )
 
 
-def make_app(queue: SpanQueue, *, budget: ByteBudget | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-             durable: bool = False) -> web.Application:
+def make_app(
+    queue: SpanQueue, *, budget: ByteBudget | None = None, max_body_bytes: int = MAX_BODY_BYTES, durable: bool = False
+) -> web.Application:
     """The aiohttp application serving ``POST /v1/traces`` into ``queue``; run it with
     ``auto_decompress=False`` (:class:`HTTPReceiver` does): it inflates bodies itself."""
     budget = budget or ByteBudget(4 * max_body_bytes)
@@ -91,8 +102,17 @@ def make_app(queue: SpanQueue, *, budget: ByteBudget | None = None, max_body_byt
 class HTTPReceiver:
     """Runs :func:`make_app` on a private event loop in a daemon thread (sync start/stop)."""
 
-    def __init__(self, queue: SpanQueue, host: str, port: int, *, grace_s: float = 5.0,
-                 budget: ByteBudget | None = None, max_body_bytes: int = MAX_BODY_BYTES, durable: bool = False) -> None:
+    def __init__(
+        self,
+        queue: SpanQueue,
+        host: str,
+        port: int,
+        *,
+        grace_s: float = 5.0,
+        budget: ByteBudget | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        durable: bool = False,
+    ) -> None:
         self.queue, self.host, self.requested_port, self.grace_s = queue, host, port, grace_s
         self._app_args = dict(budget=budget, max_body_bytes=max_body_bytes, durable=durable)
         self.port: int | None = None
@@ -112,8 +132,13 @@ class HTTPReceiver:
         return self.port
 
     async def _start(self) -> int:
-        self._runner = web.AppRunner(make_app(self.queue, **self._app_args), access_log=None, handle_signals=False,
-                                    shutdown_timeout=self.grace_s, auto_decompress=False)
+        self._runner = web.AppRunner(
+            make_app(self.queue, **self._app_args),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self.grace_s,
+            auto_decompress=False,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.requested_port, reuse_address=True)
         try:

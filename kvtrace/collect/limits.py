@@ -66,15 +66,18 @@ class Hold:
 
     def grow(self, n: int) -> None:
         if not self.budget.take(n):
-            raise RequestRefused(RETRY, f"collector busy: {self.budget.used} bytes of requests in flight "
-                                          f"(limit {self.budget.limit}); retry later")
+            raise RequestRefused(
+                RETRY,
+                f"collector busy: {self.budget.used} bytes of requests in flight "
+                f"(limit {self.budget.limit}); retry later",
+            )
         self.held += n
 
     def release(self) -> None:
         self.budget.give(self.held)
         self.held = 0
 
-    def __enter__(self) -> "Hold":
+    def __enter__(self) -> Hold:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -104,8 +104,24 @@ class _Columns:
     """Column lists gathered in one pass over the request."""
 
     def __init__(self) -> None:
-        self.scalars: dict[str, list] = {name: [] for name in (
-            "ts", "tid", "sid", "pid", "state", "name", "kind", "svc", "scope", "scope_ver", "dur", "code", "msg")}
+        self.scalars: dict[str, list] = {
+            name: []
+            for name in (
+                "ts",
+                "tid",
+                "sid",
+                "pid",
+                "state",
+                "name",
+                "kind",
+                "svc",
+                "scope",
+                "scope_ver",
+                "dur",
+                "code",
+                "msg",
+            )
+        }
         self.res_idx: list[int] = []
         self.resources: list[dict] = []
         self.attrs: list[dict] = []

@@ -141,11 +141,23 @@ class SpanQueue:
             if not self._items:
                 return None  # closed and drained
             if not self._closed and self.batch_delay_s > 0 and not self._durable:
-                self._cond.wait_for(lambda: self._closed or self._durable or self._queued >= self.max_batch_spans
-                                    or self._queued_bytes >= self.max_batch_bytes, self.batch_delay_s)
+                self._cond.wait_for(
+                    lambda: (
+                        self._closed
+                        or self._durable
+                        or self._queued >= self.max_batch_spans
+                        or self._queued_bytes >= self.max_batch_bytes
+                    ),
+                    self.batch_delay_s,
+                )
             batch, spans, nbytes = [], 0, 0
-            while self._items and (not batch or (spans + self._items[0].table.num_rows <= self.max_batch_spans
-                                                 and nbytes + self._items[0].nbytes <= self.max_batch_bytes)):
+            while self._items and (
+                not batch
+                or (
+                    spans + self._items[0].table.num_rows <= self.max_batch_spans
+                    and nbytes + self._items[0].nbytes <= self.max_batch_bytes
+                )
+            ):
                 item = self._items.popleft()
                 batch.append(item)
                 spans += item.table.num_rows

@@ -60,8 +60,11 @@ def ingest(queue: SpanQueue, request, *, retry_after_s: int = 1, durable: bool =
         return Outcome(MALFORMED, f"cannot convert spans: {exc}")
     queued = queue.offer(table, durable=durable)
     if queued is False:
-        return Outcome(RETRY, f"queue full ({queue.queued_spans} spans, {queue.queued_bytes} bytes queued); "
-                              "retry later", retry_after_s=retry_after_s)
+        return Outcome(
+            RETRY,
+            f"queue full ({queue.queued_spans} spans, {queue.queued_bytes} bytes queued); retry later",
+            retry_after_s=retry_after_s,
+        )
     response = ExportTraceServiceResponse()
     if rejected:
         response.partial_success.rejected_spans = rejected
@@ -74,8 +77,12 @@ def write_failed(exc: BaseException) -> Outcome:
     return Outcome(RETRY, f"writing the spans failed ({exc}); nothing was stored, retry later")
 
 
-_CODES = {MALFORMED: code_pb2.INVALID_ARGUMENT, UNSUPPORTED: code_pb2.INVALID_ARGUMENT,
-          TOO_LARGE: code_pb2.RESOURCE_EXHAUSTED, INTERNAL: code_pb2.INTERNAL}
+_CODES = {
+    MALFORMED: code_pb2.INVALID_ARGUMENT,
+    UNSUPPORTED: code_pb2.INVALID_ARGUMENT,
+    TOO_LARGE: code_pb2.RESOURCE_EXHAUSTED,
+    INTERNAL: code_pb2.INTERNAL,
+}
 
 
 def rpc_status(outcome: Outcome) -> status_pb2.Status:

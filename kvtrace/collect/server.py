@@ -79,24 +79,27 @@ class Collector:
         self._http: HTTPReceiver | None = None
         self._stopped = False
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         """Check the directory, start the writer and the listeners; OSError (one line) when the
         directory is not writable (:class:`kvtrace.store.access.NotWritable`) or a listener
         cannot bind."""
         ensure_writable(self.traces_dir)
         if self._sink is None:
             self._sink = TableSink(self.traces_dir, fsync=self.durable_ack)
-        self.queue = SpanQueue(self._sink, max_spans=self.max_queue_spans, max_bytes=self.max_queue_bytes,
-                               batch_delay_s=self.batch_delay_s)
+        self.queue = SpanQueue(
+            self._sink, max_spans=self.max_queue_spans, max_bytes=self.max_queue_bytes, batch_delay_s=self.batch_delay_s
+        )
         limits = dict(budget=self.budget, durable=self.durable_ack)
         try:
             if self.grpc_address:
                 self._grpc, self.grpc_port = grpc_server.start(
-                    self.queue, self.grpc_address, max_message_bytes=self.max_request_bytes, **limits)
+                    self.queue, self.grpc_address, max_message_bytes=self.max_request_bytes, **limits
+                )
             if self.http_address:
                 host, port = split_address(self.http_address)
-                self._http = HTTPReceiver(self.queue, host, port, grace_s=self.grace_s,
-                                          max_body_bytes=self.max_request_bytes, **limits)
+                self._http = HTTPReceiver(
+                    self.queue, host, port, grace_s=self.grace_s, max_body_bytes=self.max_request_bytes, **limits
+                )
                 self.http_port = self._http.start()
         except BaseException:
             self.stop()
@@ -122,10 +125,15 @@ class Collector:
             self._sink.shutdown()
         if self.queue is not None:
             st = self.queue.stats
-            log.info("kvtrace collect: stopped; %d spans accepted, %d written, %d lost, %d requests refused",
-                     st.accepted_spans, st.written_spans, st.lost_spans, st.refused_requests)
+            log.info(
+                "kvtrace collect: stopped; %d spans accepted, %d written, %d lost, %d requests refused",
+                st.accepted_spans,
+                st.written_spans,
+                st.lost_spans,
+                st.refused_requests,
+            )
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -51,14 +51,20 @@ START_GAP_S = 3.0  # model seconds between session starts
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--traces", help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces); "
-                        "runs go to DIR/bidir and DIR/baseline")
+    parser.add_argument(
+        "--traces",
+        help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces); runs go to DIR/bidir and DIR/baseline",
+    )
     parser.add_argument("--dashboard", action="store_true", help="open the dashboard on the traces afterwards")
     parser.add_argument("--port", type=int, default=8501, help="dashboard port (with --dashboard; default 8501)")
     parser.add_argument("--sessions", type=int, default=3, help="sessions per scenario (default 3)")
-    parser.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
-                        help=f"replay compression factor S (default {DEFAULT_TIME_SCALE:g}; larger is quicker, but "
-                        "then the harness's own per-request overhead blurs the TTFT comparison)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=DEFAULT_TIME_SCALE,
+        help=f"replay compression factor S (default {DEFAULT_TIME_SCALE:g}; larger is quicker, but "
+        "then the harness's own per-request overhead blurs the TTFT comparison)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (same workload in both runs)")
 
 
@@ -89,13 +95,17 @@ def run(args) -> int:
         _writable(d, CLIError)
     started = time.monotonic()
     _quiet_http_logs()
-    print(wrap(f"kvtrace demo: running the workload with bidirectional KV transfer on ({dirs['bidir']}) and off "
-               f"({dirs['baseline']}), in parallel ..."), flush=True)
+    print(
+        wrap(
+            f"kvtrace demo: running the workload with bidirectional KV transfer on ({dirs['bidir']}) and off "
+            f"({dirs['baseline']}), in parallel ..."
+        ),
+        flush=True,
+    )
     try:
         run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
     except Stopped as exc:
-        print(f"kvtrace demo: interrupted ({exc}); both runs stopped, what they recorded is in {root}",
-              file=sys.stderr)
+        print(f"kvtrace demo: interrupted ({exc}); both runs stopped, what they recorded is in {root}", file=sys.stderr)
         return 128 + exc.signum
     except RunFailed as exc:
         raise CLIError(str(exc)) from None
@@ -118,8 +128,9 @@ def run_both(dirs: dict[str, str], **kwargs) -> None:
     loop; a signal stops both)."""
     from kvtrace.demo import processes
 
-    processes.run_all(_run_process, {name: dict(directory=dirs[name], bidirectional=name == "bidir", **kwargs)
-                                     for name in RUNS})
+    processes.run_all(
+        _run_process, {name: dict(directory=dirs[name], bidirectional=name == "bidir", **kwargs) for name in RUNS}
+    )
 
 
 def _run_process(directory: str, **kwargs):
@@ -149,15 +160,24 @@ async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_s
 
     # LEASE_S: P's lease on blocks waiting for D (30 s in vLLM) is raised: compressed S times it
     # could be missed by a busy 2-core machine; it is not what the demo is about.
-    kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional, "decoder_kv_blocks_ttl": TTL_S,
-                                        "kv_lease_duration": LEASE_S}}
+    kv = {
+        "kv_connector_extra_config": {
+            "bidirectional_kv_xfer": bidirectional,
+            "decoder_kv_blocks_ttl": TTL_S,
+            "kv_lease_duration": LEASE_S,
+        }
+    }
     proxy_provider = kvtrace.configure("kvtrace-proxy", traces_dir=directory, handle_sigterm=False)
     try:
-        async with SimCluster(PREFILL_WORKERS, 1, preset="qwen3-32b", kv_config=kv, time_scale=time_scale,
-                              traces_dir=directory) as cluster:
-            cfg = ProxyConfig(prefill=[Worker("127.0.0.1", w.port) for w in cluster.prefill],
-                              decode=[Worker("127.0.0.1", w.port) for w in cluster.decode], port=0,
-                              conversation_ttl_s=(TTL_S - PROXY_MARGIN_S) / time_scale)
+        async with SimCluster(
+            PREFILL_WORKERS, 1, preset="qwen3-32b", kv_config=kv, time_scale=time_scale, traces_dir=directory
+        ) as cluster:
+            cfg = ProxyConfig(
+                prefill=[Worker("127.0.0.1", w.port) for w in cluster.prefill],
+                decode=[Worker("127.0.0.1", w.port) for w in cluster.decode],
+                port=0,
+                conversation_ttl_s=(TTL_S - PROXY_MARGIN_S) / time_scale,
+            )
             proxy = await server.start(cfg, tracer_provider=proxy_provider)
             try:
                 await drive(proxy.url, workload(sessions, seed), directory, time_scale, seed)
@@ -179,8 +199,9 @@ async def drive(url: str, workloads: list, directory: str, time_scale: float, se
 
     async def start(i: int, one) -> None:
         await asyncio.sleep(i * START_GAP_S / time_scale)
-        await bench.arun_bench(url, workload=one, tracer_provider=provider, time_scale=1.0 / time_scale,
-                               clients=1, seed=seed, nonce="demo")
+        await bench.arun_bench(
+            url, workload=one, tracer_provider=provider, time_scale=1.0 / time_scale, clients=1, seed=seed, nonce="demo"
+        )
 
     try:
         await asyncio.gather(*(start(i, one) for i, one in enumerate(workloads)))
@@ -202,7 +223,8 @@ def scenarios() -> list:
     """Demo versions of the built-in scenarios (names in :data:`SCENARIOS`) with realistic
     context sizes: tool outputs, file contents and pasted documents of thousands of tokens on
     top of a ~2k-token system prompt.  One LLM call per turn; times are model seconds."""
-    from kvtrace.bench.distributions import Constant, Uniform as U
+    from kvtrace.bench.distributions import Constant
+    from kvtrace.bench.distributions import Uniform as U
     from kvtrace.bench.scenarios import LLM, Scenario, Tool, TurnSpec, Work
 
     system = U(*SYSTEM_TOKENS)
@@ -212,28 +234,40 @@ def scenarios() -> list:
         "read three files (the failing module, its test, a helper), then run tests -> read the log -> patch, repeated",
         system_tokens=system,
         turns=(
-            TurnSpec("task", U(150, 300), (Tool(("read_file",) * 3, U(0.2, 0.5), U(3000, 5000)),
-                                           LLM(U(100, 200)))),
-            TurnSpec("test-fix", U(5, 20), (Work("apply_patch", U(0.05, 0.2)),
-                                            Tool(("run_tests",), U(2.0, 5.0), U(800, 2000)), LLM(U(100, 200))),
-                     repeat=5),
+            TurnSpec("task", U(150, 300), (Tool(("read_file",) * 3, U(0.2, 0.5), U(3000, 5000)), LLM(U(100, 200)))),
+            TurnSpec(
+                "test-fix",
+                U(5, 20),
+                (Work("apply_patch", U(0.05, 0.2)), Tool(("run_tests",), U(2.0, 5.0), U(800, 2000)), LLM(U(100, 200))),
+                repeat=5,
+            ),
         ),
     )
     research = Scenario(
-        "research-assistant", "gather pages (parallel tools), compare with one more page, user correction, revise",
+        "research-assistant",
+        "gather pages (parallel tools), compare with one more page, user correction, revise",
         system_tokens=system,
         turns=(
-            TurnSpec("gather", U(50, 100), (Tool(("web_search", "fetch_page"), U(1.0, 3.0), U(3000, 5000)),
-                                           LLM(U(150, 250)))),
-            TurnSpec("compare", U(30, 60), (Work("rank_sources", U(0.05, 0.2)),
-                                            Tool(("fetch_page",), U(0.5, 2.0), U(3000, 5000)), LLM(U(150, 250))),
-                     pause_s=U(5.0, 20.0)),
+            TurnSpec(
+                "gather", U(50, 100), (Tool(("web_search", "fetch_page"), U(1.0, 3.0), U(3000, 5000)), LLM(U(150, 250)))
+            ),
+            TurnSpec(
+                "compare",
+                U(30, 60),
+                (
+                    Work("rank_sources", U(0.05, 0.2)),
+                    Tool(("fetch_page",), U(0.5, 2.0), U(3000, 5000)),
+                    LLM(U(150, 250)),
+                ),
+                pause_s=U(5.0, 20.0),
+            ),
             TurnSpec("correction", U(10, 30), (LLM(U(100, 200)),), pause_s=U(3.0, 12.0)),
             TurnSpec("revise", U(20, 40), (LLM(U(150, 250)),), pause_s=U(3.0, 12.0)),
         ),
     )
     pause = Scenario(
-        "pause-resume", f"a pasted document, a follow-up, then a {RESUME_PAUSE_S:g} s pause (longer than "
+        "pause-resume",
+        f"a pasted document, a follow-up, then a {RESUME_PAUSE_S:g} s pause (longer than "
         f"D's {TTL_S:g} s retention) and two more turns",
         system_tokens=system,
         turns=(
@@ -244,7 +278,8 @@ def scenarios() -> list:
         ),
     )
     short = Scenario(
-        "short-followups", "a pasted document, then short answers to short follow-ups (under 64 new "
+        "short-followups",
+        "a pasted document, then short answers to short follow-ups (under 64 new "
         "tokens per turn: P recomputes them when it has the rest cached)",
         system_tokens=system,
         turns=(

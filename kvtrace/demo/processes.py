@@ -48,8 +48,10 @@ def run_all(target, jobs: dict[str, dict]) -> None:
     its own spawned process, all at once; returns when all succeeded.  Raises :class:`Stopped` on SIGINT/SIGTERM and
     :class:`RunFailed` when one fails (the others are stopped first)."""
     ctx = multiprocessing.get_context("spawn")
-    procs = {name: ctx.Process(target=_child, args=(target, kwargs), name=f"kvtrace-demo-{name}", daemon=True)
-             for name, kwargs in jobs.items()}
+    procs = {
+        name: ctx.Process(target=_child, args=(target, kwargs), name=f"kvtrace-demo-{name}", daemon=True)
+        for name, kwargs in jobs.items()
+    }
     with _signals_to(_raise_stopped):
         try:
             with _sigint_ignored():  # inherited by the children

@@ -65,7 +65,9 @@ class SyncSpans:
 
     def start(self, name: str, parent, attributes: dict, start_ns: int, kind: SpanKind = SpanKind.INTERNAL):
         """Start a span under ``parent`` (a handle, a remote SpanContext or None)."""
-        return self.tracer.start_span(name, context=_context(parent), kind=kind, attributes=attributes, start_time=start_ns)
+        return self.tracer.start_span(
+            name, context=_context(parent), kind=kind, attributes=attributes, start_time=start_ns
+        )
 
     @staticmethod
     def trace_id(span) -> int:
@@ -146,7 +148,7 @@ def _random_id(bits: int) -> int:
     return value
 
 
-_open: "weakref.WeakSet[DeferredSpans]" = weakref.WeakSet()
+_open: weakref.WeakSet[DeferredSpans] = weakref.WeakSet()
 
 
 def flush_all(timeout: float = 5.0) -> None:
@@ -155,7 +157,7 @@ def flush_all(timeout: float = 5.0) -> None:
         sink.flush(timeout)
 
 
-def _flush_at_exit(ref: "weakref.ref[DeferredSpans]") -> None:
+def _flush_at_exit(ref: weakref.ref[DeferredSpans]) -> None:
     sink = ref()
     if sink is not None:
         sink.flush(5.0)

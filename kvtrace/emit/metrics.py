@@ -37,11 +37,35 @@ from kvtrace import semconv as sc
 
 log = logging.getLogger(__name__)
 DECISIONS, TOKENS, TRANSFERS, ENDS, BYTE_SECONDS, RETAINED = (
-    "decisions", "prompt_tokens", "transfers", "retention_ends", "retained_byte_seconds", "retained")
+    "decisions",
+    "prompt_tokens",
+    "transfers",
+    "retention_ends",
+    "retained_byte_seconds",
+    "retained",
+)
 SEP = "|"
 # transfer duration buckets, s: NIXL's (vllm:nixl_xfer_time_seconds) plus sub-ms and long loads
-TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 10.0, 30.0)
+TRANSFER_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 def empty_payload() -> dict:
@@ -51,8 +75,14 @@ def empty_payload() -> dict:
 def is_empty(payload: dict | None) -> bool:
     if not payload:
         return True
-    return not (payload.get(DECISIONS) or payload.get(TOKENS) or payload.get(TRANSFERS) or payload.get(ENDS)
-                or payload.get(BYTE_SECONDS) or payload.get(RETAINED) is not None)
+    return not (
+        payload.get(DECISIONS)
+        or payload.get(TOKENS)
+        or payload.get(TRANSFERS)
+        or payload.get(ENDS)
+        or payload.get(BYTE_SECONDS)
+        or payload.get(RETAINED) is not None
+    )
 
 
 def merge(into: dict, other: dict | None) -> dict:
@@ -151,8 +181,9 @@ class KVPromMetrics:
     first event.
     """
 
-    def __init__(self, gauge, counter, histogram, labelnames: list[str],
-                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+    def __init__(
+        self, gauge, counter, histogram, labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+    ) -> None:
         names = list(labelnames)
         engines = {i: [str(v) for v in values] for i, values in per_engine_labelvalues.items()}
 
@@ -161,18 +192,31 @@ class KVPromMetrics:
             return {(i, SEP.join(v)): metric.labels(*ev, *v) for i, ev in engines.items() for v in values}
 
         dirs = [(d,) for d in sc.DIRECTIONS]
-        self.decisions = family(counter, sc.METRIC_KV_DECISIONS, (sc.LABEL_DIRECTION, sc.LABEL_OUTCOME),
-                                [(d, o) for d in sc.DIRECTIONS for o in sc.OUTCOMES])
-        self.tokens = family(counter, sc.METRIC_KV_PROMPT_TOKENS, (sc.LABEL_DIRECTION, sc.LABEL_SOURCE),
-                             [(d, s) for d in sc.DIRECTIONS for s in sc.TOKEN_SOURCES])
+        self.decisions = family(
+            counter,
+            sc.METRIC_KV_DECISIONS,
+            (sc.LABEL_DIRECTION, sc.LABEL_OUTCOME),
+            [(d, o) for d in sc.DIRECTIONS for o in sc.OUTCOMES],
+        )
+        self.tokens = family(
+            counter,
+            sc.METRIC_KV_PROMPT_TOKENS,
+            (sc.LABEL_DIRECTION, sc.LABEL_SOURCE),
+            [(d, s) for d in sc.DIRECTIONS for s in sc.TOKEN_SOURCES],
+        )
         self.bytes = family(counter, sc.METRIC_KV_TRANSFER_BYTES, (sc.LABEL_DIRECTION,), dirs)
-        self.duration = family(histogram, sc.METRIC_KV_TRANSFER_DURATION, (sc.LABEL_DIRECTION, sc.LABEL_STATUS),
-                               [(d, s) for d in sc.DIRECTIONS for s in sc.TRANSFER_STATUSES],
-                               buckets=list(TRANSFER_BUCKETS))
+        self.duration = family(
+            histogram,
+            sc.METRIC_KV_TRANSFER_DURATION,
+            (sc.LABEL_DIRECTION, sc.LABEL_STATUS),
+            [(d, s) for d in sc.DIRECTIONS for s in sc.TRANSFER_STATUSES],
+            buckets=list(TRANSFER_BUCKETS),
+        )
         self.blocks = family(gauge, sc.METRIC_KV_RETAINED_BLOCKS, (), [()], multiprocess_mode="mostrecent")
         self.retained = family(gauge, sc.METRIC_KV_RETAINED_BYTES, (), [()], multiprocess_mode="mostrecent")
-        self.ends = family(counter, sc.METRIC_KV_RETENTION_ENDS, (sc.LABEL_OUTCOME,),
-                           [(o,) for o in sc.RETENTION_OUTCOMES])
+        self.ends = family(
+            counter, sc.METRIC_KV_RETENTION_ENDS, (sc.LABEL_OUTCOME,), [(o,) for o in sc.RETENTION_OUTCOMES]
+        )
         self.byte_seconds = family(counter, sc.METRIC_KV_RETAINED_BYTE_SECONDS, (), [()])
         self._logged = False
 

@@ -322,7 +322,9 @@ class KVRecorder:
                 pulled = 0
                 recomputed = req.summary.get(sc.KVT_PROMPT_TOKENS, 0) - req.summary.get(sc.KVT_LOCAL_HIT_TOKENS, 0)
                 attrs = {sc.KV_PULLED_TOKENS: pulled, sc.KV_RECOMPUTED_TOKENS: recomputed}
-                req.summary.update({sc.KVT_PULLED_TOKENS: pulled, sc.KVT_RECOMPUTED_TOKENS: recomputed, sc.KVT_BYTES: 0})
+                req.summary.update(
+                    {sc.KVT_PULLED_TOKENS: pulled, sc.KVT_RECOMPUTED_TOKENS: recomputed, sc.KVT_BYTES: 0}
+                )
                 if error_type:
                     attrs[sc.ERROR_TYPE] = error_type
             self._end_decision(req, _OUTCOME_BY_STATUS.get(status, sc.OUTCOME_FAILED), attrs)
@@ -464,13 +466,19 @@ class KVRecorder:
         summary = req.summary
         summary[sc.KVT_DECISION] = outcome
         if self.metrics is not None:  # the span's final token attributes, mirrored in the summary
-            self.metrics.decision(req.direction, outcome, summary[sc.KVT_LOCAL_HIT_TOKENS],
-                                  summary[sc.KVT_PULLED_TOKENS], summary[sc.KVT_RECOMPUTED_TOKENS])
+            self.metrics.decision(
+                req.direction,
+                outcome,
+                summary[sc.KVT_LOCAL_HIT_TOKENS],
+                summary[sc.KVT_PULLED_TOKENS],
+                summary[sc.KVT_RECOMPUTED_TOKENS],
+            )
 
     def _count_transfer(self, req: _Request, status: str, end_ns: int) -> None:
         if self.metrics is not None:
-            self.metrics.transfer(req.transfer_direction, status, req.transfer_bytes,
-                                  (end_ns - req.transfer_start_ns) / 1e9)
+            self.metrics.transfer(
+                req.transfer_direction, status, req.transfer_bytes, (end_ns - req.transfer_start_ns) / 1e9
+            )
 
     def _end_retention(self, ret: _Retention, outcome: str) -> None:
         end_ns = self._clock()

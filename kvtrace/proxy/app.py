@@ -63,13 +63,18 @@ class _PResult:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> None:
+    def __init__(
+        self, config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None
+    ) -> None:
         self.config = config
         self.tracer = tracer(tracer_provider)
-        self.table = ConversationTable(config.conversation_ttl_s, config.max_conversations, clock,
-                                       config.max_table_bytes)
+        self.table = ConversationTable(
+            config.conversation_ttl_s, config.max_conversations, clock, config.max_table_bytes
+        )
         self.pool = Pool(config)
-        self.chains = chains.PrefixTable(config.max_conversations, config.max_chain_bytes) if config.prefix_match else None
+        self.chains = (
+            chains.PrefixTable(config.max_conversations, config.max_chain_bytes) if config.prefix_match else None
+        )
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
         on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
         self.metrics = ProxyMetrics(self.table) if on else None
@@ -239,8 +244,9 @@ class Proxy:
         try:
             async with asyncio.timeout_at(call.deadline):
                 try:
-                    async with client.session.post(call.req.path, data=body,
-                                                   headers=legs.headers(call.request_id, tp, call.auth)) as r:
+                    async with client.session.post(
+                        call.req.path, data=body, headers=legs.headers(call.request_id, tp, call.auth)
+                    ) as r:
                         out.status = r.status
                         out.data = await read_body(r, self.config.max_upstream_bytes)
                 except TooLarge:
@@ -360,8 +366,9 @@ class Proxy:
             if error is None and not patcher.done:
                 error = sc.ERROR_INCOMPLETE_STREAM
             if error is not None:
-                return await end_stream(call, request, resp, r, span, error, failure, due, ended,
-                                        self.config.max_upstream_bytes)
+                return await end_stream(
+                    call, request, resp, r, span, error, failure, due, ended, self.config.max_upstream_bytes
+                )
             if patcher.error is not None:
                 error = str(patcher.error.get("type") or "upstream_error")
             await resp.write_eof()
@@ -403,7 +410,11 @@ class Proxy:
         if error == sc.ERROR_DEADLINE_EXCEEDED:
             return self._deadline(call)
         if error is not None:
-            why = f"response exceeds {self.config.max_upstream_bytes} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
+            why = (
+                f"response exceeds {self.config.max_upstream_bytes} bytes"
+                if error == sc.ERROR_RESPONSE_TOO_LARGE
+                else error
+            )
             return self._decode_failed(call, error, f"decode worker {call.d_client.base} failed: {why}")
         if agg.kv_params is not None:
             self._on_params(call, agg.kv_params)
@@ -418,6 +429,7 @@ class Proxy:
         return call.json(body, 200)
 
     def _auth_headers(self, request: web.Request) -> dict:
-        auth = request.headers.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
+        auth = request.headers.get("Authorization") or (
+            f"Bearer {self.config.api_key}" if self.config.api_key else None
+        )
         return {"Authorization": auth} if auth else {}
-

@@ -91,8 +91,9 @@ class Call:
             end_leg(span, None, error_type or "unfinished")
         kv = self.kv_object()
         usage = self.usage or {}
-        local, pulled, prompt = (_count(kv[k]) for k in (sc.KVT_LOCAL_HIT_TOKENS, sc.KVT_PULLED_TOKENS,
-                                                          sc.KVT_PROMPT_TOKENS))
+        local, pulled, prompt = (
+            _count(kv[k]) for k in (sc.KVT_LOCAL_HIT_TOKENS, sc.KVT_PULLED_TOKENS, sc.KVT_PROMPT_TOKENS)
+        )
         lost = None
         if self.turn.dropped_tokens is not None and local is not None and prompt is not None:
             lost = max(0, min(self.turn.dropped_tokens, prompt) - local)
@@ -106,7 +107,9 @@ class Call:
                 sc.PROXY_PREFILL_ATTEMPTS: self.prefill_attempts if self.prefill_attempts > 1 else None,
                 sc.PROXY_DECODER_KV_TTL_S: self.decoder_ttl_s,
                 sc.GEN_AI_USAGE_INPUT_TOKENS: usage.get("prompt_tokens"),
-                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: local + pulled if local is not None and pulled is not None else None,
+                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: local + pulled
+                if local is not None and pulled is not None
+                else None,
                 sc.SESSION_REUSABLE_TOKENS_LOST: lost,
                 sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.get("completion_tokens"),
                 sc.GEN_AI_RESPONSE_FINISH_REASONS: tuple(self.finish_reasons) or None,
@@ -165,8 +168,18 @@ def stream_failure(call: Call, exc: Exception, request_timeout_s: float) -> tupl
     return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
 
 
-async def end_stream(call: Call, request: web.Request, resp: web.StreamResponse, r, span, error: str,
-                     failure: dict | None, due: bytes, ended: bool, max_upstream_bytes: int) -> web.StreamResponse:
+async def end_stream(
+    call: Call,
+    request: web.Request,
+    resp: web.StreamResponse,
+    r,
+    span,
+    error: str,
+    failure: dict | None,
+    due: bytes,
+    ended: bool,
+    max_upstream_bytes: int,
+) -> web.StreamResponse:
     """End a failed stream: an SSE error event and [DONE] (or a JSON error before it began;
     nothing when ``ended``: D failed after [DONE], the client already has its whole stream)."""
     r.close()

@@ -58,8 +58,9 @@ def _text(value: object) -> object:
         return ""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in value):
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
         return "".join(p["text"] for p in value)
     return codec.dumps(value)
 
@@ -82,8 +83,13 @@ def message_hash(prev: int, m: dict) -> int:
     content = m.get("content")
     reasoning = m.get("reasoning") or m.get("reasoning_content")
     calls = m.get("tool_calls")
-    key = (prev, m.get("role"), content if type(content) is str else _text(content),
-           "" if reasoning is None else _text(reasoning), _tools(calls) if calls else ())
+    key = (
+        prev,
+        m.get("role"),
+        content if type(content) is str else _text(content),
+        "" if reasoning is None else _text(reasoning),
+        _tools(calls) if calls else (),
+    )
     try:
         return hash(key)
     except TypeError:  # an unhashable role: the message's JSON stands in
@@ -128,7 +134,7 @@ class Reply:
             if _TOOL_CALLS not in line:
                 continue
             try:
-                obj = codec.loads(line.strip()[len(b"data:"):])
+                obj = codec.loads(line.strip()[len(b"data:") :])
                 for choice in obj.get("choices") or ():
                     for tc in (choice.get("delta") or {}).get("tool_calls") or ():
                         self._tool(tc)
@@ -154,8 +160,10 @@ class Reply:
         except (ValueError, UnicodeDecodeError):
             return None
         if self.tools:
-            msg["tool_calls"] = [{"function": {"name": name, "arguments": "".join(args)}}
-                                 for _, (name, args) in sorted(self.tools.items())]
+            msg["tool_calls"] = [
+                {"function": {"name": name, "arguments": "".join(args)}}
+                for _, (name, args) in sorted(self.tools.items())
+            ]
         return msg
 
 
@@ -187,8 +195,12 @@ class PrefixTable:
         return len(self._sessions)
 
     def health(self) -> dict:
-        return {"prefix_sessions": len(self._sessions), "prefix_index": len(self._index),
-                "prefix_table_bytes": self.nbytes, "prefix_evicted_lru": self.evicted_lru}
+        return {
+            "prefix_sessions": len(self._sessions),
+            "prefix_index": len(self._index),
+            "prefix_table_bytes": self.nbytes,
+            "prefix_evicted_lru": self.evicted_lru,
+        }
 
     # ------------------------------------------------------------------ lookups
     def find(self, hashes: list[int]) -> str | None:

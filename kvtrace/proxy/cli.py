@@ -26,14 +26,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces", metavar="DIR", help="Parquet trace directory (else KVTRACE_TRACES_DIR)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    p.add_argument("--prefiller-host", "--prefiller-hosts", dest="prefiller_hosts", nargs="+", default=["localhost"],
-                   metavar="HOST", help="prefill (P) workers' hosts, one per worker or one for all (default localhost)")
-    p.add_argument("--prefiller-port", "--prefiller-ports", dest="prefiller_ports", type=int, nargs="+", default=[8100],
-                   metavar="PORT", help="prefill workers' ports, paired with the hosts (default 8100)")
-    p.add_argument("--decoder-host", "--decoder-hosts", dest="decoder_hosts", nargs="+", default=["localhost"],
-                   metavar="HOST", help="decode (D) workers' hosts, one per worker or one for all (default localhost)")
-    p.add_argument("--decoder-port", "--decoder-ports", dest="decoder_ports", type=int, nargs="+", default=[8200],
-                   metavar="PORT", help="decode workers' ports, paired with the hosts (default 8200)")
+    p.add_argument(
+        "--prefiller-host",
+        "--prefiller-hosts",
+        dest="prefiller_hosts",
+        nargs="+",
+        default=["localhost"],
+        metavar="HOST",
+        help="prefill (P) workers' hosts, one per worker or one for all (default localhost)",
+    )
+    p.add_argument(
+        "--prefiller-port",
+        "--prefiller-ports",
+        dest="prefiller_ports",
+        type=int,
+        nargs="+",
+        default=[8100],
+        metavar="PORT",
+        help="prefill workers' ports, paired with the hosts (default 8100)",
+    )
+    p.add_argument(
+        "--decoder-host",
+        "--decoder-hosts",
+        dest="decoder_hosts",
+        nargs="+",
+        default=["localhost"],
+        metavar="HOST",
+        help="decode (D) workers' hosts, one per worker or one for all (default localhost)",
+    )
+    p.add_argument(
+        "--decoder-port",
+        "--decoder-ports",
+        dest="decoder_ports",
+        type=int,
+        nargs="+",
+        default=[8200],
+        metavar="PORT",
+        help="decode workers' ports, paired with the hosts (default 8200)",
+    )
     p.add_argument(
         "--conversation-ttl",
         type=float,
@@ -49,21 +79,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="P unreachable or 5xx: answer 502 (error) or let D prefill locally (decode_only)",
     )
     p.add_argument("--no-patch", action="store_true", help="do not add kv_transfer / x-kvtrace-trace-id to responses")
-    p.add_argument("--no-prefix-match", action="store_true",
-                   help="chat requests without a session id stay session-less, and no turn is checked for "
-                   f"continuity (else {settings.PROXY_PREFIX_MATCH.env}, default on)")
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, metavar="N",
-                   help="largest client request body accepted; larger ones get 413 (default 32 MiB)")
-    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds to connect to a worker before the request fails (default 10)")
+    p.add_argument(
+        "--no-prefix-match",
+        action="store_true",
+        help="chat requests without a session id stay session-less, and no turn is checked for "
+        f"continuity (else {settings.PROXY_PREFIX_MATCH.env}, default on)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        metavar="N",
+        help="largest client request body accepted; larger ones get 413 (default 32 MiB)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to connect to a worker before the request fails (default 10)",
+    )
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
-    p.add_argument("--loop", choices=LOOPS, default=None,
-                   help=f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})")
+    p.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default=None,
+        help=f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})",
+    )
     for flag, dest, kind, metavar, setting in _LIMITS:
         doc = setting.doc.split("): ", 1)[1]
         default = "unset" if setting.default is None else setting.default
-        p.add_argument(flag, dest=dest, type=kind, metavar=metavar, default=None,
-                       help=f"{doc} Default {default}; env {setting.env}.")
+        p.add_argument(
+            flag,
+            dest=dest,
+            type=kind,
+            metavar=metavar,
+            default=None,
+            help=f"{doc} Default {default}; env {setting.env}.",
+        )
 
 
 def build_config(args: argparse.Namespace):
@@ -181,4 +234,3 @@ def _tune_gc() -> None:
     gc.freeze()
     gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(gen0, _GC_GEN0_THRESHOLD), gen1, gen2)
-

@@ -115,8 +115,9 @@ def has_lone_surrogate(data: bytes, obj: object) -> bool:
     decodes with ``surrogatepass``) or from a UTF-16/32 body; bodies with none of those cost three
     byte searches, the others a walk over their strings.
     """
-    if not (b"\\ud" in data or b"\\uD" in data or b"\xed" in data or b"\x00" in data[:4]
-            or data[:1] in (b"\xff", b"\xfe")):
+    if not (
+        b"\\ud" in data or b"\\uD" in data or b"\xed" in data or b"\x00" in data[:4] or data[:1] in (b"\xff", b"\xfe")
+    ):
         return False
     stack = [obj]
     while stack:

@@ -69,14 +69,26 @@ class ProxyConfig:
             raise ValueError("need at least one prefill and one decode worker")
         if self.prefill_failure not in PREFILL_FAILURE_MODES:
             raise ValueError(f"prefill_failure must be one of {PREFILL_FAILURE_MODES}, not {self.prefill_failure!r}")
-        for name in ("conversation_ttl_s", "connect_timeout_s", "read_timeout_s", "request_timeout_s",
-                     "client_header_timeout_s", "client_body_timeout_s"):
+        for name in (
+            "conversation_ttl_s",
+            "connect_timeout_s",
+            "read_timeout_s",
+            "request_timeout_s",
+            "client_header_timeout_s",
+            "client_body_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.decoder_kv_ttl_s is not None and not self.decoder_kv_ttl_s > 0:
             raise ValueError("decoder_kv_ttl_s must be > 0")
-        for name in ("max_conversations", "max_body_bytes", "max_upstream_bytes", "max_table_bytes", "max_id_bytes",
-                     "max_chain_bytes"):
+        for name in (
+            "max_conversations",
+            "max_body_bytes",
+            "max_upstream_bytes",
+            "max_table_bytes",
+            "max_id_bytes",
+            "max_chain_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 

@@ -15,10 +15,53 @@ from kvtrace import exposition
 from kvtrace import semconv as sc
 
 # vLLM 0.32/0.33 buckets (vllm/v1/metrics/loggers.py), so the proxy's TTFT compares with vLLM's
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                   480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 _OUTCOMES = frozenset(sc.OUTCOMES)
 
 
@@ -30,12 +73,26 @@ class ProxyMetrics:
 
         self.registry = CollectorRegistry()
         doc = lambda name: sc.METRICS[name]["doc"]  # noqa: E731
-        self._requests = Counter(sc.METRIC_PROXY_REQUESTS, doc(sc.METRIC_PROXY_REQUESTS),
-                                 [sc.LABEL_STATUS, sc.LABEL_OFFER_REASON], registry=self.registry)
-        self._ttft = Histogram(sc.METRIC_PROXY_TTFT, doc(sc.METRIC_PROXY_TTFT), [sc.LABEL_OUTCOME],
-                               buckets=TTFT_BUCKETS, registry=self.registry)
-        self._latency = Histogram(sc.METRIC_PROXY_LATENCY, doc(sc.METRIC_PROXY_LATENCY), [sc.LABEL_OUTCOME],
-                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._requests = Counter(
+            sc.METRIC_PROXY_REQUESTS,
+            doc(sc.METRIC_PROXY_REQUESTS),
+            [sc.LABEL_STATUS, sc.LABEL_OFFER_REASON],
+            registry=self.registry,
+        )
+        self._ttft = Histogram(
+            sc.METRIC_PROXY_TTFT,
+            doc(sc.METRIC_PROXY_TTFT),
+            [sc.LABEL_OUTCOME],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            sc.METRIC_PROXY_LATENCY,
+            doc(sc.METRIC_PROXY_LATENCY),
+            [sc.LABEL_OUTCOME],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self._children: dict[tuple, object] = {}
         for outcome in (*sc.OUTCOMES, sc.OUTCOME_UNKNOWN):  # every series exists from the start
             self._child(self._ttft, outcome)
@@ -50,8 +107,9 @@ class ProxyMetrics:
             child = self._children[key] = family.labels(*labels)
         return child
 
-    def request_finished(self, status: int, offer_reason: str | None, outcome: str | None,
-                         ttft_ms: float | None, latency_ms: float) -> None:
+    def request_finished(
+        self, status: int, offer_reason: str | None, outcome: str | None, ttft_ms: float | None, latency_ms: float
+    ) -> None:
         """One request answered (its span's status, offer reason, P's outcome, TTFT, latency)."""
         self._child(self._requests, str(status), offer_reason or "").inc()
         label = outcome if outcome in _OUTCOMES else sc.OUTCOME_UNKNOWN
@@ -74,13 +132,19 @@ class _TableCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         health = self.table.health()  # what /health reports (drops a few stale entries, O(1))
-        yield GaugeMetricFamily(sc.METRIC_PROXY_CONVERSATIONS, sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS]["doc"],
-                                value=health["conversations"])
-        yield GaugeMetricFamily(sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE,
-                                sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE]["doc"],
-                                value=health["cached_conversations"])
-        evictions = CounterMetricFamily(sc.METRIC_PROXY_EVICTIONS, sc.METRICS[sc.METRIC_PROXY_EVICTIONS]["doc"],
-                                        labels=[sc.LABEL_REASON])
+        yield GaugeMetricFamily(
+            sc.METRIC_PROXY_CONVERSATIONS,
+            sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS]["doc"],
+            value=health["conversations"],
+        )
+        yield GaugeMetricFamily(
+            sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE,
+            sc.METRICS[sc.METRIC_PROXY_CONVERSATIONS_OFFERABLE]["doc"],
+            value=health["cached_conversations"],
+        )
+        evictions = CounterMetricFamily(
+            sc.METRIC_PROXY_EVICTIONS, sc.METRICS[sc.METRIC_PROXY_EVICTIONS]["doc"], labels=[sc.LABEL_REASON]
+        )
         evictions.add_metric([sc.EVICTION_LRU], health["evicted_lru"])
         evictions.add_metric([sc.EVICTION_STALE], health["evicted_stale"])
         yield evictions

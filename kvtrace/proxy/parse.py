@@ -90,8 +90,9 @@ def parse_request(raw: bytes, path: str, max_id_bytes: int = MAX_ID_BYTES) -> Cl
     try:
         body = codec.loads_text(raw)
     except codec.UnpairedSurrogate:
-        raise RequestError(400, "body holds an unpaired UTF-16 surrogate (e.g. \\ud800), which is not text",
-                           "invalid_unicode") from None
+        raise RequestError(
+            400, "body holds an unpaired UTF-16 surrogate (e.g. \\ud800), which is not text", "invalid_unicode"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"body is not valid JSON: {exc.__class__.__name__}", "invalid_json") from None
     except RecursionError:

@@ -50,5 +50,10 @@ class Retention:
                 "kvtrace proxy: --conversation-ttl %g s + %g s (vLLM's read margin) reaches D's block retention "
                 "%g s from %s: turns resumed after a pause may be offered blocks D has dropped; P then fails "
                 "the read and the proxy retries without them (decision 'expired'). Set --conversation-ttl "
-                "below %g s.", self.config.conversation_ttl_s, EXPIRY_SAFETY_MARGIN_S, decoder_ttl_s, source,
-                decoder_ttl_s - EXPIRY_SAFETY_MARGIN_S)
+                "below %g s.",
+                self.config.conversation_ttl_s,
+                EXPIRY_SAFETY_MARGIN_S,
+                decoder_ttl_s,
+                source,
+                decoder_ttl_s - EXPIRY_SAFETY_MARGIN_S,
+            )

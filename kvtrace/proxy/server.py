@@ -25,7 +25,9 @@ PROXY_KEY = web.AppKey("kvtrace_proxy", Proxy)
 _LINGERING_S = 10.0  # aiohttp's default lingering_time
 
 
-def create_app(config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None) -> web.Application:
+def create_app(
+    config: ProxyConfig, tracer_provider=None, clock=time.monotonic, metrics: bool | None = None
+) -> web.Application:
     proxy = Proxy(config, tracer_provider, clock, metrics)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[PROXY_KEY] = proxy
@@ -62,9 +64,13 @@ class Running:
 async def start(config: ProxyConfig, tracer_provider=None, clock=time.monotonic, port: int | None = None) -> Running:
     """Run the proxy on ``config.host`` / ``port`` (default ``config.port``; 0 = any free port)."""
     app = create_app(config, tracer_provider, clock)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           keepalive_timeout=config.client_header_timeout_s,
-                           lingering_time=min(_LINGERING_S, config.client_body_timeout_s))
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=config.client_header_timeout_s,
+        lingering_time=min(_LINGERING_S, config.client_body_timeout_s),
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port if port is None else port)
     await site.start()

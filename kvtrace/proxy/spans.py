@@ -24,9 +24,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from kvtrace import fastspans
+from kvtrace import fastspans, settings
 from kvtrace import semconv as sc
-from kvtrace import settings
 
 _incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 _outgoing = TraceContextTextMapPropagator()
@@ -94,7 +93,9 @@ class RequestTrace:
         value = baggage.get_baggage(sc.BAGGAGE_SESSION_ID, self.ctx_in)
         return str(value) if value else None
 
-    def set_identity(self, request_id: str, session_id: str | None, turn: int | None, extra: dict | None = None) -> None:
+    def set_identity(
+        self, request_id: str, session_id: str | None, turn: int | None, extra: dict | None = None
+    ) -> None:
         """Record who the request is (copied onto each leg span); ``extra`` attributes are set in the same call."""
         ident = {sc.GEN_AI_REQUEST_ID: request_id}
         if session_id:

@@ -25,7 +25,7 @@ read raises :class:`InvalidChunk`.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from kvtrace import semconv as sc
 from kvtrace.proxy.codec import dumps, loads
@@ -52,7 +52,7 @@ def _decode(line: bytes) -> dict | None:
     s = line.strip()
     if not s.startswith(_DATA):
         return None
-    payload = s[len(_DATA):].strip()
+    payload = s[len(_DATA) :].strip()
     if not payload or payload == _DONE:
         return None
     try:
@@ -289,7 +289,9 @@ class Aggregator:
 
     @staticmethod
     def _tool(tools: dict, tc: dict) -> None:
-        slot = tools.setdefault(_index(tc.get("index", len(tools))), {"id": None, "type": "function", "name": "", "args": []})
+        slot = tools.setdefault(
+            _index(tc.get("index", len(tools))), {"id": None, "type": "function", "name": "", "args": []}
+        )
         slot["id"] = tc.get("id") or slot["id"]
         slot["type"] = tc.get("type") or slot["type"]
         fn = tc.get("function") or {}

@@ -28,8 +28,8 @@ from __future__ import annotations
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import codec
@@ -68,7 +68,7 @@ class Turn:
     """One turn's view of the table: its index and the offer decision (``params``: the offered
     entry's params, decoded once)."""
 
-    table: "ConversationTable"
+    table: ConversationTable
     key: str | None
     index: int | None
     offered: bool

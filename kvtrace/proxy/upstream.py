@@ -9,8 +9,8 @@ and :func:`pump` read a worker's response and stop at ``max_upstream_bytes``
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import aiohttp
 
@@ -39,8 +39,9 @@ async def read_body(r: aiohttp.ClientResponse, cap: int) -> bytes:
     return b"".join(parts)
 
 
-async def pump(r: aiohttp.ClientResponse, cap: int, on_first: Callable[[], None],
-               sink: Callable[[bytes], Awaitable[None]]) -> str | None:
+async def pump(
+    r: aiohttp.ClientResponse, cap: int, on_first: Callable[[], None], sink: Callable[[bytes], Awaitable[None]]
+) -> str | None:
     """Pass ``r``'s body to ``sink`` chunk by chunk (``on_first`` before the first).  Returns the
     upstream error's class name, ``response_too_large`` past ``cap`` bytes, or None at its end."""
     n = 0

@@ -18,15 +18,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traces", metavar="DIR", help="write Parquet traces here (else KVTRACE_TRACES_DIR)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress simulated time by this factor")
     parser.add_argument("--no-cost", action="store_true", help="zero-cost mode: no simulated delays")
-    parser.add_argument("--kv-transfer-config", metavar="JSON",
-                        help="vLLM --kv-transfer-config JSON (bidirectional_kv_xfer defaults to true)")
+    parser.add_argument(
+        "--kv-transfer-config",
+        metavar="JSON",
+        help="vLLM --kv-transfer-config JSON (bidirectional_kv_xfer defaults to true)",
+    )
     parser.add_argument("--link", default="efa-3200", choices=sorted(LINKS), help="P<->D link preset")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--capacity-blocks", type=int, default=65536, help="KV blocks per worker")
     parser.add_argument("--model", help="served model name (default: accept any, list the preset)")
-    parser.add_argument("--no-enable-prefix-caching", nargs="*", choices=("prefill", "decode"), metavar="ROLE",
-                        help="vLLM's --no-enable-prefix-caching, per role: on the prefill and/or decode workers "
-                        "(no ROLE = both), as the published bidirectional benchmark ran P")
+    parser.add_argument(
+        "--no-enable-prefix-caching",
+        nargs="*",
+        choices=("prefill", "decode"),
+        metavar="ROLE",
+        help="vLLM's --no-enable-prefix-caching, per role: on the prefill and/or decode workers "
+        "(no ROLE = both), as the published bidirectional benchmark ran P",
+    )
 
 
 def _kv_config(raw: str | None) -> dict | None:
@@ -80,14 +88,32 @@ async def _serve(args, kv_config) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with SimCluster(
-        args.prefill, args.decode, preset=args.preset, kv_config=kv_config, time_scale=args.time_scale,
-        cost=not args.no_cost, traces_dir=args.traces, host=args.host, prefill_port=args.prefill_port,
-        decode_port=args.decode_port, block_size=args.block_size, capacity_blocks=args.capacity_blocks,
-        link=args.link, model=args.model, no_prefix_caching=_no_prefix_caching(args),
+        args.prefill,
+        args.decode,
+        preset=args.preset,
+        kv_config=kv_config,
+        time_scale=args.time_scale,
+        cost=not args.no_cost,
+        traces_dir=args.traces,
+        host=args.host,
+        prefill_port=args.prefill_port,
+        decode_port=args.decode_port,
+        block_size=args.block_size,
+        capacity_blocks=args.capacity_blocks,
+        link=args.link,
+        model=args.model,
+        no_prefix_caching=_no_prefix_caching(args),
     ) as cluster:
-        off = ", prefix caching off on " + "+".join(sorted(cluster.no_prefix_caching)) if cluster.no_prefix_caching else ""
-        print(f"kvtrace sim: preset {args.preset}, bidirectional={cluster.kv.bidirectional}, "
-              f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}{off}", flush=True)
+        off = (
+            ", prefix caching off on " + "+".join(sorted(cluster.no_prefix_caching))
+            if cluster.no_prefix_caching
+            else ""
+        )
+        print(
+            f"kvtrace sim: preset {args.preset}, bidirectional={cluster.kv.bidirectional}, "
+            f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}{off}",
+            flush=True,
+        )
         for url in cluster.prefill_urls:
             print(f"  prefill {url}", flush=True)
         for url in cluster.decode_urls:

@@ -33,18 +33,18 @@ and shut down on exit.  With metrics on, each worker serves ``GET /metrics`` lik
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.emit.metrics import KVMetrics
+from kvtrace.emit.recorder import KVRecorder
 from kvtrace.sim.costmodel import PRESETS, CostModel
 from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.kvcache import KVCache
-from kvtrace.sim.scheduler import KVConfig
 from kvtrace.sim.metrics import WorkerMetrics
+from kvtrace.sim.scheduler import KVConfig
 from kvtrace.sim.worker import SimWorker
-from kvtrace.emit.recorder import KVRecorder
 
 SERVICE = {sc.ROLE_PREFILL: "kvtrace-sim-prefill", sc.ROLE_DECODE: "kvtrace-sim-decode"}
 
@@ -98,7 +98,7 @@ class SimCluster:
         CostModel(preset, link, enabled=cost, time_scale=time_scale)  # validate early
 
     # ------------------------------------------------------------------ lifecycle
-    async def __aenter__(self) -> "SimCluster":
+    async def __aenter__(self) -> SimCluster:
         try:
             for i in range(self.n_prefill):
                 self.prefill.append(await self._start(sc.ROLE_PREFILL, i, self.prefill_port))
@@ -163,8 +163,9 @@ class SimCluster:
         else:
             import kvtrace
 
-            provider = kvtrace.configure(SERVICE[role], traces_dir=self.traces_dir, resource_attributes=attrs,
-                                         handle_sigterm=False)
+            provider = kvtrace.configure(
+                SERVICE[role], traces_dir=self.traces_dir, resource_attributes=attrs, handle_sigterm=False
+            )
         self._owned_providers.append(provider)
         return provider
 
@@ -183,13 +184,27 @@ class SimCluster:
             load_failure_policy=self.kv.kv_load_failure_policy,
             metrics=kv_metrics,
         )
-        engine = Engine(engine_id=engine_id, role=role, host=self.host, port=0, kv=self.kv,
-                        cache=KVCache(self.capacity_blocks, self.block_size), cost=cost, recorder=recorder,
-                        registry=self.registry, clock=self.clock, prefix_caching=role not in self.no_prefix_caching)
+        engine = Engine(
+            engine_id=engine_id,
+            role=role,
+            host=self.host,
+            port=0,
+            kv=self.kv,
+            cache=KVCache(self.capacity_blocks, self.block_size),
+            cost=cost,
+            recorder=recorder,
+            registry=self.registry,
+            clock=self.clock,
+            prefix_caching=role not in self.no_prefix_caching,
+        )
         model = self.model or self.preset
-        worker = SimWorker(engine, model=model, max_model_len=self.capacity_blocks * self.block_size,
-                           strict_model=self.model is not None,
-                           metrics=WorkerMetrics(model, kv_metrics) if kv_metrics is not None else None)
+        worker = SimWorker(
+            engine,
+            model=model,
+            max_model_len=self.capacity_blocks * self.block_size,
+            strict_model=self.model is not None,
+            metrics=WorkerMetrics(model, kv_metrics) if kv_metrics is not None else None,
+        )
         port = base_port + index if base_port else 0
         engine.port = await worker.start(self.host, port)
         return worker

@@ -98,13 +98,26 @@ _QWEN3_32B_PARAMS = 32.8e9
 _GLM5_PARAMS, _GLM5_ACTIVE = 744e9, 40e9
 PRESETS: dict[str, Preset] = {
     "qwen3-32b": Preset(
-        "qwen3-32b", bytes_per_token=64 * 8 * 128 * 2 * 2, active_params=_QWEN3_32B_PARAMS,
-        weight_bytes=2 * _QWEN3_32B_PARAMS, active_weight_bytes=2 * _QWEN3_32B_PARAMS,
-        attn_flops_per_pair=64 * 64 * 128 * 2 * 2, gpus=1),
+        "qwen3-32b",
+        bytes_per_token=64 * 8 * 128 * 2 * 2,
+        active_params=_QWEN3_32B_PARAMS,
+        weight_bytes=2 * _QWEN3_32B_PARAMS,
+        active_weight_bytes=2 * _QWEN3_32B_PARAMS,
+        attn_flops_per_pair=64 * 64 * 128 * 2 * 2,
+        gpus=1,
+    ),
     "glm5-fp8": Preset(
-        "glm5-fp8", bytes_per_token=78 * 656, active_params=_GLM5_ACTIVE, weight_bytes=_GLM5_PARAMS,
-        active_weight_bytes=_GLM5_ACTIVE, attn_flops_per_pair=78 * 64 * 2 * (576 + 512), gpus=8,
-        gemm_flops_per_s=H200_FP8, attn_window=2048, index_flops_per_pair=78 * 32 * 128 * 2),
+        "glm5-fp8",
+        bytes_per_token=78 * 656,
+        active_params=_GLM5_ACTIVE,
+        weight_bytes=_GLM5_PARAMS,
+        active_weight_bytes=_GLM5_ACTIVE,
+        attn_flops_per_pair=78 * 64 * 2 * (576 + 512),
+        gpus=8,
+        gemm_flops_per_s=H200_FP8,
+        attn_window=2048,
+        index_flops_per_pair=78 * 32 * 128 * 2,
+    ),
 }
 LINKS: dict[str, Link] = {
     "efa-3200": Link("efa-3200", 3200e9 / 8, TRANSFER_OVERHEAD_S, gpus=8),
@@ -128,8 +141,14 @@ def causal_pairs(new: int, ctx: int, window: int | None = None) -> int:
 class CostModel:
     """Durations for one worker under ``preset`` and ``link``; all 0 when disabled."""
 
-    def __init__(self, preset: str | Preset = "qwen3-32b", link: str | Link = "efa-3200", *, enabled: bool = True,
-                 time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        preset: str | Preset = "qwen3-32b",
+        link: str | Link = "efa-3200",
+        *,
+        enabled: bool = True,
+        time_scale: float = 1.0,
+    ) -> None:
         if isinstance(preset, str):
             if preset not in PRESETS:
                 raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
@@ -177,6 +196,6 @@ class CostModel:
         """Wall seconds to sleep for ``sim_s`` simulated seconds."""
         return sim_s / self.time_scale
 
-    def with_preset(self, **changes) -> "CostModel":
+    def with_preset(self, **changes) -> CostModel:
         """A copy with preset fields overridden (tests, what-if runs)."""
         return CostModel(replace(self.preset, **changes), self.link, enabled=self.enabled, time_scale=self.time_scale)

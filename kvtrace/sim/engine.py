@@ -21,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kvtrace import semconv as sc
+from kvtrace.emit.recorder import KVRecorder
 from kvtrace.sim import scheduler, tokenizer
 from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.holds import Hold, Holds
 from kvtrace.sim.kvcache import KVCache, NoSpace, block_hashes
-from kvtrace.emit.recorder import KVRecorder
 
 FINISH_LENGTH = "length"
 
@@ -48,7 +48,7 @@ class Registry:
     """Engines by engine id, shared by the workers of one cluster.  ``fail_pull(dst_engine_id,
     src_engine_id, remote_request_id) -> bool`` lets tests make a pull fail."""
 
-    engines: dict[str, "Engine"] = field(default_factory=dict)
+    engines: dict[str, Engine] = field(default_factory=dict)
     fail_pull: Callable[[str, str, str], bool] | None = None
 
 
@@ -56,7 +56,7 @@ class Registry:
 class Generation:
     """One request's life on an engine."""
 
-    engine: "Engine"
+    engine: Engine
     record_id: str
     internal_id: str
     prompt: list[int]
@@ -133,14 +133,26 @@ class Engine:
         registry.engines[engine_id] = self
 
     # ------------------------------------------------------------------ entry points
-    def submit(self, prompt: list[int], *, max_tokens: int, params: dict | None, request_id: str,
-               internal_id: str, seed: int | None = None, headers: dict | None = None,
-               thinking: bool = False) -> Generation:
+    def submit(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        params: dict | None,
+        request_id: str,
+        internal_id: str,
+        seed: int | None = None,
+        headers: dict | None = None,
+        thinking: bool = False,
+    ) -> Generation:
         need = self.blocks_needed(len(prompt), max_tokens)
         if need > self.cache.capacity:
-            raise EngineError(f"This request needs {need} KV blocks ({len(prompt)} prompt tokens + "
-                              f"{max_tokens} output tokens) but the worker holds {self.cache.capacity}.",
-                              400, "BadRequestError")
+            raise EngineError(
+                f"This request needs {need} KV blocks ({len(prompt)} prompt tokens + "
+                f"{max_tokens} output tokens) but the worker holds {self.cache.capacity}.",
+                400,
+                "BadRequestError",
+            )
         if params and params.get("do_remote_decode"):
             phase = sc.ROLE_PREFILL
         elif params and params.get("do_remote_prefill"):
@@ -149,10 +161,20 @@ class Engine:
             phase = sc.ROLE_BOTH
         # keyed by the unique internal id, recorded under the X-Request-Id (the join key), as the
         # real connector does
-        gen = Generation(self, internal_id, internal_id, prompt, max_tokens, params, phase,
-                         tokenizer.seed_for(prompt, seed), thinking=thinking)
-        self.recorder.request_started(internal_id, phase=phase, prompt_tokens=len(prompt), kv_params=params,
-                                      headers=headers, public_id=request_id)
+        gen = Generation(
+            self,
+            internal_id,
+            internal_id,
+            prompt,
+            max_tokens,
+            params,
+            phase,
+            tokenizer.seed_for(prompt, seed),
+            thinking=thinking,
+        )
+        self.recorder.request_started(
+            internal_id, phase=phase, prompt_tokens=len(prompt), kv_params=params, headers=headers, public_id=request_id
+        )
         return gen
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
@@ -204,9 +226,14 @@ class Engine:
     async def _remote_prefill(self, gen: Generation, count: int, load: bool) -> None:
         """D: pull the prompt's blocks from P (p2d); a full local hit only notifies P."""
         p = gen.params
-        common = dict(prompt_tokens=len(gen.prompt), local_hit_tokens=gen.local_hit,
-                      remote_tokens=len(gen.prompt), peer_engine_id=p.get("remote_engine_id"),
-                      remote_request_id=p.get("remote_request_id"), threshold=self.kv.threshold)
+        common = dict(
+            prompt_tokens=len(gen.prompt),
+            local_hit_tokens=gen.local_hit,
+            remote_tokens=len(gen.prompt),
+            peer_engine_id=p.get("remote_engine_id"),
+            remote_request_id=p.get("remote_request_id"),
+            threshold=self.kv.threshold,
+        )
         if not load:
             self.recorder.decision(gen.record_id, direction=sc.DIRECTION_P2D, outcome=sc.OUTCOME_LOCAL_HIT, **common)
             self._notify(p, sc.RETENTION_RELEASED)
@@ -219,13 +246,23 @@ class Engine:
         p = gen.params
         n = len(gen.prompt)
         if not self.kv.bidirectional or not scheduler.has_remote_blocks(p):
-            self.recorder.decision(gen.record_id, direction=sc.DIRECTION_D2P, outcome=sc.OUTCOME_NO_REMOTE,
-                                   prompt_tokens=n, local_hit_tokens=gen.local_hit)
+            self.recorder.decision(
+                gen.record_id,
+                direction=sc.DIRECTION_D2P,
+                outcome=sc.OUTCOME_NO_REMOTE,
+                prompt_tokens=n,
+                local_hit_tokens=gen.local_hit,
+            )
             return
         expiry = p.get("remote_blocks_expiry_time")
-        common = dict(prompt_tokens=n, local_hit_tokens=gen.local_hit, remote_tokens=p.get("remote_num_tokens") or 0,
-                      peer_engine_id=p.get("remote_engine_id"), remote_request_id=p.get("remote_request_id"),
-                      threshold=self.kv.threshold)
+        common = dict(
+            prompt_tokens=n,
+            local_hit_tokens=gen.local_hit,
+            remote_tokens=p.get("remote_num_tokens") or 0,
+            peer_engine_id=p.get("remote_engine_id"),
+            remote_request_id=p.get("remote_request_id"),
+            threshold=self.kv.threshold,
+        )
         if isinstance(expiry, (int, float)):
             common.update(expiry_deadline=float(expiry), expiry_remaining_s=round(float(expiry) - self.clock(), 6))
         if not load:
@@ -241,8 +278,14 @@ class Engine:
         src_id, remote_req = p.get("remote_engine_id"), p.get("remote_request_id")
         nblocks = math.ceil(count / self.cache.block_size)
         nbytes = nblocks * self.recorder.bytes_per_block
-        self.recorder.transfer_started(gen.record_id, direction=direction, tokens=count, blocks=nblocks,
-                                       peer_engine_id=src_id, remote_request_id=remote_req)
+        self.recorder.transfer_started(
+            gen.record_id,
+            direction=direction,
+            tokens=count,
+            blocks=nblocks,
+            peer_engine_id=src_id,
+            remote_request_id=remote_req,
+        )
         if direction == sc.DIRECTION_D2P and scheduler.read_expired(self.clock(), expiry):
             self.recorder.transfer_finished(gen.record_id, status=sc.TRANSFER_EXPIRED, error_type=sc.TRANSFER_EXPIRED)
             return self._load_failed(gen, "kv_expired")
@@ -312,8 +355,9 @@ class Engine:
             hashes = block_hashes(tokens, self.cache.block_size)
             self.cache.commit(gen.blocks[: len(hashes)], hashes)
         params = self._finished_params(gen, computed)
-        summary = self.recorder.request_finished(gen.record_id, output_tokens=len(gen.output),
-                                                 cached_tokens=gen.cached_tokens)
+        summary = self.recorder.request_finished(
+            gen.record_id, output_tokens=len(gen.output), cached_tokens=gen.cached_tokens
+        )
         out = dict(params) if params else {}
         out[sc.KV_PARAMS_KEY] = summary
         return out
@@ -334,8 +378,9 @@ class Engine:
             deadline = self.clock() + ttl
             if not is_p:
                 expiry = deadline
-                self.recorder.retention_started(gen.record_id, blocks=len(block_ids), tokens=computed,
-                                                expiry_deadline=deadline)
+                self.recorder.retention_started(
+                    gen.record_id, blocks=len(block_ids), tokens=computed, expiry_deadline=deadline
+                )
             self.holds.add(Hold(gen.internal_id, gen.record_id, block_ids, computed, deadline, retained=not is_p))
         return dict(
             do_remote_prefill=is_p,
@@ -362,8 +407,9 @@ class Engine:
         gen.done = True
         self._free(gen.blocks)
         gen.blocks = []
-        self.recorder.request_finished(gen.record_id, output_tokens=len(gen.output),
-                                       cached_tokens=gen.cached_tokens, error_type=error_type)
+        self.recorder.request_finished(
+            gen.record_id, output_tokens=len(gen.output), cached_tokens=gen.cached_tokens, error_type=error_type
+        )
 
     # ------------------------------------------------------------------ blocks
     def _free(self, block_ids: list[int]) -> None:

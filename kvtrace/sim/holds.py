@@ -10,8 +10,8 @@ its own ``loop.call_later`` timer, so blocks are released on time even with no t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from kvtrace import semconv as sc
 

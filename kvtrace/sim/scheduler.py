@@ -60,7 +60,7 @@ class KVConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, cfg: dict | None) -> "KVConfig":
+    def from_dict(cls, cfg: dict | None) -> KVConfig:
         """Parse the JSON object vLLM takes as ``--kv-transfer-config``."""
         cfg = dict(cfg or {})
         if not isinstance(cfg, dict):

@@ -90,7 +90,7 @@ def generate(seed: int, n: int, thinking: bool = False) -> tuple[list[int], list
     pieces = [_GEN_PIECES[(seed + i * 7919) % k] for i in range(n)]
     r = reasoning_words(n, thinking)
     if r:
-        pieces = [THINK, *pieces[:r], END_THINK, *pieces[r:n - 2]]
+        pieces = [THINK, *pieces[:r], END_THINK, *pieces[r : n - 2]]
     return [piece_id(p) for p in pieces], pieces
 
 
@@ -109,7 +109,7 @@ def split(pieces: list[str]) -> tuple[str, str | None]:
     """(content, reasoning or None) of a whole answer."""
     if pieces and pieces[0] == THINK and END_THINK in pieces:
         end = pieces.index(END_THINK)
-        return "".join(pieces[end + 1:]), "".join(pieces[1:end])
+        return "".join(pieces[end + 1 :]), "".join(pieces[1:end])
     return "".join(pieces), None
 
 

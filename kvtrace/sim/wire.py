@@ -79,8 +79,7 @@ def _prompt_ids(body: dict, chat: bool) -> list[int]:
         if any(t < 0 or t >= tokenizer.VOCAB_SIZE for t in ids):
             raise WireError(f"Token id out of vocabulary [0, {tokenizer.VOCAB_SIZE})", param="prompt")
     else:
-        raise WireError("prompt must be a string, a list of token ids, or a one-element list of either",
-                        param="prompt")
+        raise WireError("prompt must be a string, a list of token ids, or a one-element list of either", param="prompt")
     if not ids:
         raise WireError("The prompt cannot be empty", param="prompt")
     return ids
@@ -137,32 +136,97 @@ def usage(prompt: int, completion: int, full: bool = True) -> dict:
     return u
 
 
-def completion_body(rid: str, created: int, model: str, text: str, finish: str, prompt_n: int, out_n: int,
-                    kvp: dict | None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
-              "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None,
-              "weight_versions": None}
-    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],
-            "service_tier": None, "system_fingerprint": None, "usage": usage(prompt_n, out_n),
-            "kv_transfer_params": kvp, "ec_transfer_params": None, "metrics": None}
+def completion_body(
+    rid: str, created: int, model: str, text: str, finish: str, prompt_n: int, out_n: int, kvp: dict | None
+) -> dict:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "routed_experts": None,
+        "weight_versions": None,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(prompt_n, out_n),
+        "kv_transfer_params": kvp,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
 
 
-def chat_body(rid: str, created: int, model: str, text: str, finish: str, prompt_n: int, out_n: int,
-              kvp: dict | None, reasoning: str | None = None) -> dict:
-    message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-               "function_call": None, "reasoning": reasoning}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": None,
-              "token_ids": None, "routed_experts": None, "weight_versions": None}
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
-            "service_tier": None, "system_fingerprint": None, "usage": usage(prompt_n, out_n),
-            "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
-            "kv_transfer_params": kvp, "ec_transfer_params": None, "metrics": None}
+def chat_body(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    prompt_n: int,
+    out_n: int,
+    kvp: dict | None,
+    reasoning: str | None = None,
+) -> dict:
+    message = {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": reasoning,
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+        "routed_experts": None,
+        "weight_versions": None,
+    }
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(prompt_n, out_n),
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
+        "kv_transfer_params": kvp,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
 
 
-def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None, kvp: dict | None,
-                     cont_usage: dict | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
-              "prompt_token_ids": None, "token_ids": None, "weight_versions": None}
+def completion_chunk(
+    rid: str, created: int, model: str, text: str, finish: str | None, kvp: dict | None, cont_usage: dict | None = None
+) -> dict:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_token_ids": None,
+        "token_ids": None,
+        "weight_versions": None,
+    }
     chunk = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
     if cont_usage is not None:
         chunk["usage"] = cont_usage
@@ -179,8 +243,16 @@ def chat_role_chunk(rid: str, created: int, model: str, cont_usage: dict | None 
     return chunk
 
 
-def chat_chunk(rid: str, created: int, model: str, text: str, finish: str | None, kvp: dict | None,
-               cont_usage: dict | None = None, field: str = "content") -> dict:
+def chat_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str | None,
+    kvp: dict | None,
+    cont_usage: dict | None = None,
+    field: str = "content",
+) -> dict:
     """``field``: ``content``, or ``reasoning`` for a reasoning delta (vLLM's reasoning parser)."""
     choice = {"index": 0, "delta": {field: text}, "logprobs": None, "finish_reason": finish}
     if finish is not None:
@@ -196,11 +268,25 @@ def chat_chunk(rid: str, created: int, model: str, text: str, finish: str | None
 
 
 def usage_chunk(rid: str, created: int, model: str, chat: bool, prompt_n: int, out_n: int) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": [], "usage": usage(prompt_n, out_n, full=False)}
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage(prompt_n, out_n, full=False),
+    }
 
 
 def models_body(model: str, created: int, max_model_len: int) -> dict:
-    card = {"id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model,
-            "parent": None, "max_model_len": max_model_len, "permission": []}
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [],
+    }
     return {"object": "list", "data": [card]}

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer, wire
-from kvtrace.sim.engine import Engine, EngineError, FINISH_LENGTH
+from kvtrace.sim.engine import FINISH_LENGTH, Engine, EngineError
 from kvtrace.sim.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,15 @@ def _error(message: str, status: int, err_type: str, param: str | None = None) -
 class SimWorker:
     """aiohttp application around one :class:`Engine`."""
 
-    def __init__(self, engine: Engine, *, model: str, max_model_len: int, strict_model: bool = False,
-                 metrics: WorkerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model: str,
+        max_model_len: int,
+        strict_model: bool = False,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.model = model
@@ -53,12 +60,14 @@ class SimWorker:
         self.max_model_len = max_model_len
         self.created = int(time.time())
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
-        self.app.add_routes([
-            web.post("/v1/completions", self.completions),
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.get("/health", self.health),
-            web.get("/v1/models", self.models),
-        ])
+        self.app.add_routes(
+            [
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.get("/health", self.health),
+                web.get("/v1/models", self.models),
+            ]
+        )
         if metrics is not None:
             self.app.router.add_get("/metrics", self.prometheus)
             engine.on_first_token = metrics.first_token
@@ -109,9 +118,16 @@ class SimWorker:
         rid = f"chatcmpl-{base}" if chat else f"cmpl-{base}"
         internal = f"{rid}-{uuid.uuid4().hex[:8]}" if chat else f"{rid}-0-{uuid.uuid4().hex[:8]}"
         try:
-            gen = self.engine.submit(req.prompt_ids, max_tokens=req.max_tokens, params=req.kv_transfer_params,
-                                     request_id=base, internal_id=internal, seed=req.seed,
-                                     headers=dict(request.headers), thinking=req.thinking)
+            gen = self.engine.submit(
+                req.prompt_ids,
+                max_tokens=req.max_tokens,
+                params=req.kv_transfer_params,
+                request_id=base,
+                internal_id=internal,
+                seed=req.seed,
+                headers=dict(request.headers),
+                thinking=req.thinking,
+            )
         except EngineError as exc:
             return _error(str(exc), exc.status, exc.err_type)
         model = req.model or self.model
@@ -127,11 +143,17 @@ class SimWorker:
             raise
         kvp = gen.finish(FINISH_LENGTH)
         if not chat:
-            return _json(wire.completion_body(rid, int(time.time()), model, "".join(pieces), FINISH_LENGTH,
-                                              len(req.prompt_ids), len(pieces), kvp))
+            return _json(
+                wire.completion_body(
+                    rid, int(time.time()), model, "".join(pieces), FINISH_LENGTH, len(req.prompt_ids), len(pieces), kvp
+                )
+            )
         content, reasoning = tokenizer.split(pieces)
-        return _json(wire.chat_body(rid, int(time.time()), model, content, FINISH_LENGTH, len(req.prompt_ids),
-                                    len(pieces), kvp, reasoning))
+        return _json(
+            wire.chat_body(
+                rid, int(time.time()), model, content, FINISH_LENGTH, len(req.prompt_ids), len(pieces), kvp, reasoning
+            )
+        )
 
     async def _stream(self, request, req: wire.ParsedRequest, gen, rid: str, model: str) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)

@@ -14,8 +14,12 @@ FORMATS = ("table", "csv", "json", "parquet")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", help="SQL to run (views: see docs/query.md)")
     source.add_arguments(parser)
-    parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table (aligned text, default), csv, json (array of objects) or parquet (needs --output)")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (aligned text, default), csv, json (array of objects) or parquet (needs --output)",
+    )
     parser.add_argument("--output", metavar="FILE", help="write here instead of stdout (required for parquet)")
 
 

@@ -8,8 +8,11 @@ from kvtrace.store.runs import DEFAULT_TRACES_DIR
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--traces", metavar="DIR",
-                        help=f"trace directory, all runs under it (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
+    parser.add_argument(
+        "--traces",
+        metavar="DIR",
+        help=f"trace directory, all runs under it (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(directory):
         raise CLIError(f"trace directory {directory} does not exist")
     deleted = files.sweep_tree(directory, superseded_age_s=0.0, tmp_age_s=TMP_MAX_AGE_S)
-    print(f"kvtrace compact: {directory}: deleted {deleted} superseded or abandoned file{'s' * (deleted != 1)}; "
-          f"{len(files.list_files(directory))} Parquet files remain")
+    print(
+        f"kvtrace compact: {directory}: deleted {deleted} superseded or abandoned file{'s' * (deleted != 1)}; "
+        f"{len(files.list_files(directory))} Parquet files remain"
+    )
     return 0

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -113,7 +114,8 @@ def string_maps(dicts: Sequence[dict], where: str = "attributes") -> pa.Array:
     values = list(chain.from_iterable(d.values() for d in dicts))
     strs = [v if type(v) is str else _other_to_str(v) for v in values]
     return pa.MapArray.from_arrays(
-        offsets([len(d) for d in dicts]), strings(keys, f"{where} key"),
+        offsets([len(d) for d in dicts]),
+        strings(keys, f"{where} key"),
         strings(strs, where, lambda i: f"{where}[{text(keys[i])!r}]"),
     )
 
@@ -142,7 +144,7 @@ def _classify(attr_dicts: list[dict], distinct: dict, gid: np.ndarray, starts: n
         k = len(keys)
         if not k:
             continue
-        rows = order[bounds[g]:bounds[g + 1]]
+        rows = order[bounds[g] : bounds[g + 1]]
         flat = list(chain.from_iterable(map(dict.values, map(attr_dicts.__getitem__, rows.tolist()))))
         types = list(map(type, flat))
         pos = starts[rows] + np.arange(k)[:, None]  # keys x rows
@@ -200,9 +202,13 @@ def attribute_maps(attr_dicts: list[dict]) -> tuple[pa.Array, pa.Array, pa.Array
     keys = key_pool.take(pa.array(np.repeat(key_start[gid] - off[:-1], lengths) + np.arange(total)))
     ints = _demote_big_ints(vals, poss)
     floats = pa.array(vals[_FLOAT], pa.float64())
-    parts = [strings(vals[_STR], "SpanAttributes", _key_at(keys, poss[_STR])), ints.cast(pa.string()),
-             floats.cast(pa.string()), pa.array(list(map(_BOOL_STR.__getitem__, vals[_BOOL])), pa.string()),
-             strings(list(map(_tuple_to_str, vals[_OTHER])), "SpanAttributes", _key_at(keys, poss[_OTHER]))]
+    parts = [
+        strings(vals[_STR], "SpanAttributes", _key_at(keys, poss[_STR])),
+        ints.cast(pa.string()),
+        floats.cast(pa.string()),
+        pa.array(list(map(_BOOL_STR.__getitem__, vals[_BOOL])), pa.string()),
+        strings(list(map(_tuple_to_str, vals[_OTHER])), "SpanAttributes", _key_at(keys, poss[_OTHER])),
+    ]
     inverse = np.empty(total, dtype=np.intp)
     inverse[np.concatenate(poss)] = np.arange(total)
     strs = pa.concat_arrays(parts).take(pa.array(inverse))

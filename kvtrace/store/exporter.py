@@ -39,8 +39,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
@@ -134,7 +134,10 @@ class ParquetSpanExporter(SpanExporter):
                 self._failures += 1
                 log.error(
                     "kvtrace: Parquet export of %d spans to %s failed: %s",
-                    count, self.directory, exc, exc_info=self._failures == 1,
+                    count,
+                    self.directory,
+                    exc,
+                    exc_info=self._failures == 1,
                 )
                 return SpanExportResult.FAILURE
             self._maintain(force=False)
@@ -227,8 +230,7 @@ class ParquetSpanExporter(SpanExporter):
 
 def _to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
     """:func:`spans_to_table`, salvaging what converts (:func:`salvage_table`)."""
-    return salvage_table(spans, spans_to_table, lambda s, lo, hi: s[lo:hi], len,
-                         lambda s: getattr(s[0], "name", "?"))
+    return salvage_table(spans, spans_to_table, lambda s, lo, hi: s[lo:hi], len, lambda s: getattr(s[0], "name", "?"))
 
 
 def columns_table(cols: spancols.SpanColumns) -> pa.Table:

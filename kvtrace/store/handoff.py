@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -52,7 +52,7 @@ MAX_BACKOFF_S = 60.0
 STARTUP_S = 60.0  # added to the timeout until a new writer answered its first batch (imports)
 HEADER = struct.Struct("!cQI")  # tag, batch sequence number, payload length
 TAG_SPANS, TAG_END = b"S", b"E"
-_live: "weakref.WeakSet[WriterProcessExporter]" = weakref.WeakSet()
+_live: weakref.WeakSet[WriterProcessExporter] = weakref.WeakSet()
 
 
 class WriterFailed(Exception):
@@ -65,12 +65,24 @@ class WriterProcessExporter(SpanExporter):
     The keyword arguments are :class:`~kvtrace.store.exporter.ParquetSpanExporter`'s, used by the
     writer; ``timeout_s`` bounds every wait for the writer."""
 
-    def __init__(self, directory: str | os.PathLike, *, roll_bytes: int | None = None,
-                 roll_seconds: float | None = None, grace_seconds: float | None = None, fsync: bool = False,
-                 timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        roll_bytes: int | None = None,
+        roll_seconds: float | None = None,
+        grace_seconds: float | None = None,
+        fsync: bool = False,
+        timeout_s: float | None = None,
+    ) -> None:
         self.directory = os.fspath(directory)
-        self.options = {k: v for k, v in dict(roll_bytes=roll_bytes, roll_seconds=roll_seconds,
-                                               grace_seconds=grace_seconds, fsync=fsync).items() if v is not None}
+        self.options = {
+            k: v
+            for k, v in dict(
+                roll_bytes=roll_bytes, roll_seconds=roll_seconds, grace_seconds=grace_seconds, fsync=fsync
+            ).items()
+            if v is not None
+        }
         self.timeout_s = float(settings.WRITER_TIMEOUT_S.get(timeout_s))
         self._lock = threading.Lock()
         self._writer: _Writer | None = None
@@ -104,7 +116,7 @@ class WriterProcessExporter(SpanExporter):
                 for lo in range(0, len(spans), SLICE_SPANS):
                     if lo:
                         time.sleep(YIELD_S)
-                    payload = self._encode(spans[lo:lo + SLICE_SPANS])
+                    payload = self._encode(spans[lo : lo + SLICE_SPANS])
                     if payload:
                         writer.send(TAG_SPANS, self._seq, payload)
                 writer.send(TAG_END, self._seq, b"")
@@ -129,8 +141,11 @@ class WriterProcessExporter(SpanExporter):
             self._closed = True
             writer, self._writer = self._writer, None
         if writer is not None and not writer.finish(self.timeout_s):
-            log.error("kvtrace: Parquet writer process for %s did not finish within %.0f s; killed",
-                      self.directory, self.timeout_s)
+            log.error(
+                "kvtrace: Parquet writer process for %s did not finish within %.0f s; killed",
+                self.directory,
+                self.timeout_s,
+            )
 
     # -- internals -------------------------------------------------------------------------
     def _encode(self, spans: Sequence) -> bytes:
@@ -206,8 +221,12 @@ def _plain(cols: spancols.SpanColumns) -> spancols.SpanColumns:
             out[k] = v
         return out
 
-    return cols._replace(**{f: [fix(d) for d in getattr(cols, f)]
-                            for f in ("attributes", "event_attributes", "link_attributes", "resources")})
+    return cols._replace(
+        **{
+            f: [fix(d) for d in getattr(cols, f)]
+            for f in ("attributes", "event_attributes", "link_attributes", "resources")
+        }
+    )
 
 
 class _Writer:
@@ -221,12 +240,16 @@ class _Writer:
         self.answered = False
 
     @classmethod
-    def start(cls, directory: str, options: dict, timeout_s: float) -> "_Writer":
+    def start(cls, directory: str, options: dict, timeout_s: float) -> _Writer:
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "kvtrace.store.writerproc", directory, json.dumps(options)],
-                                    stdin=to_r, stdout=from_w, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvtrace.store.writerproc", directory, json.dumps(options)],
+                stdin=to_r,
+                stdout=from_w,
+                start_new_session=True,
+            )
         except BaseException:
             for fd in (to_r, to_w, from_r, from_w):
                 os.close(fd)

@@ -143,12 +143,15 @@ def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> 
         con.sql(READ_FILES, params={"files": [glob_escape(f) for f in by_size]}).create_view(RAW, replace=True)
     else:
         con.from_arrow(_empty_raw()).create_view(RAW, replace=True)
-    con.execute(f"CREATE OR REPLACE TABLE {SOURCE} AS SELECT {literal(directory)} AS directory, "
-                f"{'true' if allow_empty else 'false'} AS allow_empty")
+    con.execute(
+        f"CREATE OR REPLACE TABLE {SOURCE} AS SELECT {literal(directory)} AS directory, "
+        f"{'true' if allow_empty else 'false'} AS allow_empty"
+    )
 
 
-def connect(directory: str | os.PathLike, *, allow_empty: bool = False,
-            con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    directory: str | os.PathLike, *, allow_empty: bool = False, con: duckdb.DuckDBPyConnection | None = None
+) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection (or ``con``) over one run's trace files with every view of
     :data:`kvtrace.store.views.VIEWS` defined.  Time zone UTC.
 
@@ -172,11 +175,12 @@ def _create_views(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(view.create())
 
 
-def refresh(con: duckdb.DuckDBPyConnection, directory: str | os.PathLike | None = None, *,
-            allow_empty: bool | None = None) -> None:
+def refresh(
+    con: duckdb.DuckDBPyConnection, directory: str | os.PathLike | None = None, *, allow_empty: bool | None = None
+) -> None:
     """Re-list the directory (by default the one ``con`` was opened on) so the views see the
     files written, rolled and removed since."""
-    (src_dir, src_empty), = con.execute(f"SELECT directory, allow_empty FROM {SOURCE}").fetchall()
+    ((src_dir, src_empty),) = con.execute(f"SELECT directory, allow_empty FROM {SOURCE}").fetchall()
     directory = os.fspath(directory) if directory is not None else src_dir
     for attempt in range(_RETRIES + 1):
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -58,10 +58,14 @@ class BadValueLog:
             self._last = None
 
 
-BAD_VALUES = BadValueLog("kvtrace: %d value(s) could not be stored as UTF-8 text (latest in %s); "
-                         "written with backslash escapes, every span kept")
-DROPPED_SPANS = BadValueLog("kvtrace: %d span(s) could not be converted at all and were dropped (latest: %s); "
-                            "the rest of their batches was written")
+BAD_VALUES = BadValueLog(
+    "kvtrace: %d value(s) could not be stored as UTF-8 text (latest in %s); "
+    "written with backslash escapes, every span kept"
+)
+DROPPED_SPANS = BadValueLog(
+    "kvtrace: %d span(s) could not be converted at all and were dropped (latest: %s); "
+    "the rest of their batches was written"
+)
 
 
 def text(value) -> str:

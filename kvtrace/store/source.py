@@ -20,14 +20,23 @@ from kvtrace.store.runs import DEFAULT_TRACES_DIR, traces_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--traces``, ``--clickhouse``, ``--table``."""
-    parser.add_argument("--traces", metavar="DIR",
-                        help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})")
-    parser.add_argument("--clickhouse", metavar="URL",
-                        help="read an otel_traces table instead: http(s)://[user[:password]@]host[:port][/database] "
-                        "(a ClickHouse server) or chdb:PATH (chDB in process); default KVTRACE_CLICKHOUSE")
-    parser.add_argument("--table", metavar="NAME",
-                        help="with --clickhouse: the table, name or database.name (default KVTRACE_CLICKHOUSE_TABLE "
-                        f"or {settings.CLICKHOUSE_TABLE.default})")
+    parser.add_argument(
+        "--traces",
+        metavar="DIR",
+        help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})",
+    )
+    parser.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        help="read an otel_traces table instead: http(s)://[user[:password]@]host[:port][/database] "
+        "(a ClickHouse server) or chdb:PATH (chDB in process); default KVTRACE_CLICKHOUSE",
+    )
+    parser.add_argument(
+        "--table",
+        metavar="NAME",
+        help="with --clickhouse: the table, name or database.name (default KVTRACE_CLICKHOUSE_TABLE "
+        f"or {settings.CLICKHOUSE_TABLE.default})",
+    )
 
 
 def clickhouse_url(args) -> str | None:
@@ -59,8 +68,9 @@ def open_store(args, *, allow_empty: bool = False):
     try:
         from kvtrace.store.clickhouse.store import connect as ch_connect
     except ImportError as exc:
-        raise StoreError(f"--clickhouse needs the clickhouse extra ({exc.name} is missing): "
-                         "pip install 'kvtrace[clickhouse]'") from None
+        raise StoreError(
+            f"--clickhouse needs the clickhouse extra ({exc.name} is missing): pip install 'kvtrace[clickhouse]'"
+        ) from None
     from kvtrace.store.clickhouse.backend import BackendError
 
     try:

@@ -16,9 +16,10 @@ objects shared by many spans (resources, scopes, trace states) are converted onc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import accumulate, chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, Span
@@ -68,8 +69,20 @@ _STATUS = {c: STATUS_CODES[c.value] for c in StatusCode}
 _KIND_BY_ID = {id(k): v for k, v in _KIND.items()}
 _STATUS_BY_ID = {id(c): v for c, v in _STATUS.items()}
 _FAST_TYPES = frozenset((ReadableSpan, Span))
-_FIELDS = ("context", "parent", "name", "kind", "start_time", "end_time", "status", "events", "links",
-           "resource", "instrumentation_scope", "attributes")
+_FIELDS = (
+    "context",
+    "parent",
+    "name",
+    "kind",
+    "start_time",
+    "end_time",
+    "status",
+    "events",
+    "links",
+    "resource",
+    "instrumentation_scope",
+    "attributes",
+)
 _GET_FAST = [attrgetter(f"_{f}") for f in _FIELDS]
 _GET_PUBLIC = [attrgetter(f) for f in _FIELDS]
 _get_dq = attrgetter("_dq")
@@ -143,8 +156,9 @@ def _ids(ctxs: Sequence, parents: Sequence) -> tuple[list, list, list, list, lis
     trace_ids, span_ids, states = (list(map(get, ctxs)) for get in getters)
     has_parent = list(map(is_not, parents, repeat(None)))
     present = list(compress(parents, has_parent))
-    parent_ids = list(map(_SPAN_ID, present)) if set(map(type, present)) <= {SpanContext} else [
-        p.span_id for p in present]
+    parent_ids = (
+        list(map(_SPAN_ID, present)) if set(map(type, present)) <= {SpanContext} else [p.span_id for p in present]
+    )
     return trace_ids, span_ids, has_parent, parent_ids, _per_row(states, _state_header)
 
 
@@ -178,8 +192,13 @@ def _links(links_per_span: Sequence) -> tuple[list, list, list, list, list]:
     counts = list(map(len, per_span))
     links = list(chain.from_iterable(compress(per_span, counts)))
     ctxs, attrs = ([*map(get, links)] for get in _GET_LINK)
-    return (counts, [c.trace_id for c in ctxs], [c.span_id for c in ctxs], list(map(_state_header, map(
-        attrgetter("trace_state"), ctxs))), list(map(as_dict, attrs)))
+    return (
+        counts,
+        [c.trace_id for c in ctxs],
+        [c.span_id for c in ctxs],
+        list(map(_state_header, map(attrgetter("trace_state"), ctxs))),
+        list(map(as_dict, attrs)),
+    )
 
 
 def _scope(scope) -> tuple[str, str]:
@@ -189,19 +208,50 @@ def _scope(scope) -> tuple[str, str]:
 def span_columns(spans: Sequence) -> SpanColumns:
     """Stage one of the export: the spans' values as :class:`SpanColumns` (row order = input order)."""
     getters = _GET_FAST if set(map(type, spans)) <= _FAST_TYPES else _GET_PUBLIC
-    (ctxs, parents, names, kinds, starts, ends, statuses, events, links, resources, scopes,
-     attrs) = (list(map(get, spans)) for get in getters)
+    (ctxs, parents, names, kinds, starts, ends, statuses, events, links, resources, scopes, attrs) = (
+        list(map(get, spans)) for get in getters
+    )
     trace_ids, span_ids, has_parent, parent_ids, states = _ids(ctxs, parents)
     codes, messages = _status(statuses)
     resource_dicts, resource_index = _distinct(resources, lambda r: as_dict(r.attributes))
     scope_pairs, scope_index = _distinct(scopes, _scope)
-    return SpanColumns(trace_ids, span_ids, has_parent, parent_ids, states, names, _kinds(kinds), starts, ends,
-                       codes, messages, _dicts(attrs), *_events(events), *_links(links), resource_dicts,
-                       resource_index, scope_pairs, scope_index)
+    return SpanColumns(
+        trace_ids,
+        span_ids,
+        has_parent,
+        parent_ids,
+        states,
+        names,
+        _kinds(kinds),
+        starts,
+        ends,
+        codes,
+        messages,
+        _dicts(attrs),
+        *_events(events),
+        *_links(links),
+        resource_dicts,
+        resource_index,
+        scope_pairs,
+        scope_index,
+    )
 
 
-_PER_SPAN = ("trace_ids", "span_ids", "has_parent", "trace_states", "names", "kinds", "starts", "ends",
-             "status_codes", "status_messages", "attributes", "event_counts", "link_counts")
+_PER_SPAN = (
+    "trace_ids",
+    "span_ids",
+    "has_parent",
+    "trace_states",
+    "names",
+    "kinds",
+    "starts",
+    "ends",
+    "status_codes",
+    "status_messages",
+    "attributes",
+    "event_counts",
+    "link_counts",
+)
 _EVENT_FIELDS = ("event_names", "event_times", "event_attributes")
 _LINK_FIELDS = ("link_trace_ids", "link_span_ids", "link_states", "link_attributes")
 
@@ -210,21 +260,29 @@ def cut(cols: SpanColumns, lo: int, hi: int) -> SpanColumns:
     """Spans ``lo:hi`` of ``cols`` (the distinct resources and scopes are kept whole)."""
     parts = {f: getattr(cols, f)[lo:hi] for f in _PER_SPAN}
     p0 = sum(cols.has_parent[:lo])
-    parts["parent_ids"] = cols.parent_ids[p0:p0 + sum(parts["has_parent"])]
+    parts["parent_ids"] = cols.parent_ids[p0 : p0 + sum(parts["has_parent"])]
     for counts, fields in ((cols.event_counts, _EVENT_FIELDS), (cols.link_counts, _LINK_FIELDS)):
         first = sum(counts[:lo])
         last = first + sum(counts[lo:hi])
         parts.update({f: getattr(cols, f)[first:last] for f in fields})
-    return SpanColumns(**parts, resources=cols.resources, resource_index=cols.resource_index[lo:hi],
-                       scopes=cols.scopes, scope_index=cols.scope_index[lo:hi])
+    return SpanColumns(
+        **parts,
+        resources=cols.resources,
+        resource_index=cols.resource_index[lo:hi],
+        scopes=cols.scopes,
+        scope_index=cols.scope_index[lo:hi],
+    )
 
 
 def join(parts: Sequence[SpanColumns]) -> SpanColumns:
     """One :class:`SpanColumns` of ``parts`` in order (their resource / scope indexes shifted)."""
     if len(parts) == 1:
         return parts[0]
-    out = {f: list(chain.from_iterable(map(attrgetter(f), parts)))
-           for f in SpanColumns._fields if f not in ("resource_index", "scope_index")}
+    out = {
+        f: list(chain.from_iterable(map(attrgetter(f), parts)))
+        for f in SpanColumns._fields
+        if f not in ("resource_index", "scope_index")
+    }
     for distinct, index in (("resources", "resource_index"), ("scopes", "scope_index")):
         shifts = accumulate((len(getattr(p, distinct)) for p in parts[:-1]), initial=0)
         out[index] = [i + shift for p, shift in zip(parts, shifts) for i in getattr(p, index)]

@@ -47,7 +47,7 @@ _ENCODINGS = {
 
 def partition_dir(hour_bucket: int) -> str:
     """``date=YYYY-MM-DD/hour=HH`` (UTC) for an hour bucket (epoch ns // HOUR_NS)."""
-    t = dt.datetime.fromtimestamp(hour_bucket * 3600, tz=dt.timezone.utc)
+    t = dt.datetime.fromtimestamp(hour_bucket * 3600, tz=dt.UTC)
     return f"date={t:%Y-%m-%d}/hour={t:%H}"
 
 
@@ -59,27 +59,34 @@ def split_by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:
     first = buckets[0]
     if (buckets == first).all():
         return [(partition_dir(int(first)), table)]
-    return [
-        (partition_dir(int(b)), table.filter(pa.array(buckets == b)))
-        for b in np.unique(buckets)
-    ]
+    return [(partition_dir(int(b)), table.filter(pa.array(buckets == b))) for b in np.unique(buckets)]
 
 
 # dictionary-encoded, few distinct values per file: a handful of bytes per page either way
-_UNCOMPRESSED = ("TraceState", "SpanName", "SpanKind", "ServiceName", "ScopeName", "ScopeVersion",
-                 "StatusCode", "StatusMessage")
+_UNCOMPRESSED = (
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ScopeName",
+    "ScopeVersion",
+    "StatusCode",
+    "StatusMessage",
+)
 # Parquet leaf paths of map keys (a few hundred distinct) and resource values (a few per
 # writer): dictionary-encoded in segments, where they would otherwise be most of the raw bytes
-_SEGMENT_DICTIONARY = tuple(f"{m}.key_value.key" for m in (
-    "ResourceAttributes", "SpanAttributes", "SpanAttributesInt", "SpanAttributesFloat")) + (
-    "ResourceAttributes.key_value.value",)
+_SEGMENT_DICTIONARY = tuple(
+    f"{m}.key_value.key" for m in ("ResourceAttributes", "SpanAttributes", "SpanAttributesInt", "SpanAttributesFloat")
+) + ("ResourceAttributes.key_value.value",)
 
 
 def _leaf_paths(name: str, type_: pa.DataType) -> list[str]:
     """Parquet column paths of an Arrow field (how per-column writer options address them)."""
     if pa.types.is_map(type_):
-        return [*_leaf_paths(f"{name}.key_value.key", type_.key_type),
-                *_leaf_paths(f"{name}.key_value.value", type_.item_type)]
+        return [
+            *_leaf_paths(f"{name}.key_value.key", type_.key_type),
+            *_leaf_paths(f"{name}.key_value.value", type_.item_type),
+        ]
     if pa.types.is_list(type_):
         return _leaf_paths(f"{name}.list.element", type_.value_type)
     return [name]
@@ -104,8 +111,15 @@ def _write_options(level: int, segment: bool) -> dict:
     )
 
 
-def write_atomic(table: pa.Table, directory: str, name: str, *, level: int = BATCH_ZSTD_LEVEL,
-                 segment: bool = False, fsync: bool = False) -> int:
+def write_atomic(
+    table: pa.Table,
+    directory: str,
+    name: str,
+    *,
+    level: int = BATCH_ZSTD_LEVEL,
+    segment: bool = False,
+    fsync: bool = False,
+) -> int:
     """Write ``table`` as ``directory/name`` via a dot-tmp file + rename; return its bytes.
 
     ``fsync``: the file's data, then its directory entry (and those of directories created
@@ -191,7 +205,6 @@ def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -
     if fsync:
         fsync_path(directory)
     return size
-
 
 
 def _unlink_quietly(path: str) -> None:

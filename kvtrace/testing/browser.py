@@ -22,9 +22,18 @@ from pathlib import Path
 
 from kvtrace.testing.wait import wait_for
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1400,1100", "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1100",
+    "--remote-debugging-port=0",
+]
 
 # Everything the checks read from a page, as one JSON string.
 STATE_JS = """JSON.stringify({
@@ -134,9 +143,13 @@ def browser(executable: str, profile: str | None = None):
     with contextlib.ExitStack() as stack:
         # Chromium's helper processes may still write to the profile as it exits: leave what is left
         profile = profile or stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="kvtrace-chromium-", ignore_cleanup_errors=True))
-        proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            tempfile.TemporaryDirectory(prefix="kvtrace-chromium-", ignore_cleanup_errors=True)
+        )
+        proc = subprocess.Popen(
+            [executable, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         active = Path(profile) / "DevToolsActivePort"
         try:
             wait_for(lambda: active.exists() and len(active.read_text().splitlines()) >= 2, 30, "DevTools port")
@@ -185,9 +198,14 @@ class CDP:
 
     async def hover(self, selector: str) -> None:
         """Move the mouse onto the centre of the first element matching ``selector``."""
-        out = await self.call("Runtime.evaluate", returnByValue=True, expression=(
-            f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
-            " return [r.left + r.width / 2, r.top + r.height / 2]; })()"))
+        out = await self.call(
+            "Runtime.evaluate",
+            returnByValue=True,
+            expression=(
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+            ),
+        )
         x, y = out["result"]["value"]
         await self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
 
@@ -197,8 +215,13 @@ class CDP:
         measured at full height and the PNG."""
         inner = await self.call("Runtime.evaluate", expression="window.innerWidth", returnByValue=True)
         width = inner["result"]["value"]
-        await self.call("Emulation.setDeviceMetricsOverride", width=width, height=max(state["page_height"], 600),
-                        deviceScaleFactor=1, mobile=False)
+        await self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=max(state["page_height"], 600),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         try:
             tall = await self.settle(title, f"{title} at full height")
             png = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
@@ -223,6 +246,9 @@ async def page(devtools_port: int):
 
 def clipped_slider_texts(state: dict) -> list[str]:
     """Slider labels that stick out of their slider or the sidebar (1 px rounding allowed)."""
-    return [f"{t['text']!r} at {t['left']:.0f}-{t['right']:.0f} px, slider {s['left']:.0f}-{s['right']:.0f} px"
-            for s in state["sliders"] for t in s["texts"]
-            if t["left"] < s["left"] - 1 or t["right"] > s["right"] + 1]
+    return [
+        f"{t['text']!r} at {t['left']:.0f}-{t['right']:.0f} px, slider {s['left']:.0f}-{s['right']:.0f} px"
+        for s in state["sliders"]
+        for t in s["texts"]
+        if t["left"] < s["left"] - 1 or t["right"] > s["right"] + 1
+    ]

@@ -33,7 +33,7 @@ class FakeWorker:
     runner: web.AppRunner | None = None
     url: str = ""
 
-    async def start(self) -> "FakeWorker":
+    async def start(self) -> FakeWorker:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
@@ -115,16 +115,26 @@ class FakeWorker:
             "created": 1,
             "model": "fake",
             "choices": [choice],
-            "usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41,
-                      "prompt_tokens_details": {"cached_tokens": 16}},
+            "usage": {
+                "prompt_tokens": 40,
+                "completion_tokens": 1,
+                "total_tokens": 41,
+                "prompt_tokens_details": {"cached_tokens": 16},
+            },
             "kv_transfer_params": self._params(),
         }
 
     def _chunk(self, chat: bool, text: str, finish: str | None, kvp: dict | None) -> bytes:
         choice = {"index": 0, "finish_reason": finish, "logprobs": None}
         choice.update({"delta": {"content": text}} if chat else {"text": text})
-        obj = {"id": "fake-1", "object": "chat.completion.chunk" if chat else "text_completion",
-               "created": 1, "model": "fake", "choices": [choice], "kv_transfer_params": kvp}
+        obj = {
+            "id": "fake-1",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": 1,
+            "model": "fake",
+            "choices": [choice],
+            "kv_transfer_params": kvp,
+        }
         return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
     async def _stream(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
@@ -154,8 +164,14 @@ class FakeWorker:
             await resp.write(self._chunk(chat, f"t{i}", "length" if last else None, self._params() if last else None))
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": 40, "completion_tokens": self.tokens, "total_tokens": 40 + self.tokens}
-            obj = {"id": "fake-1", "object": "chat.completion.chunk", "created": 1, "model": "fake",
-                   "choices": [], "usage": usage}
+            obj = {
+                "id": "fake-1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "fake",
+                "choices": [],
+                "usage": usage,
+            }
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         if self.after_done == "die":
@@ -245,5 +261,7 @@ async def _read_response(reader: asyncio.StreamReader) -> RawResponse:
 
 
 def http_head(path: str, body: bytes, extra: str = "", connection: str = "close") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: {connection}\r\n{extra}\r\n").encode("latin-1", "surrogateescape")
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: {connection}\r\n{extra}\r\n"
+    ).encode("latin-1", "surrogateescape")

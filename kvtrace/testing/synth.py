@@ -57,9 +57,21 @@ class SpanBuilder:
             self._providers[key] = provider
         return provider.get_tracer("kvtrace.synth")
 
-    def span(self, name: str, start_ms: float, end_ms: float, *, parent=None, service: str = AGENT,
-             kind: str = "INTERNAL", attrs: dict | None = None, events: dict[str, float] | None = None,
-             resource: dict | None = None, error: bool = False, ok: bool = False):
+    def span(
+        self,
+        name: str,
+        start_ms: float,
+        end_ms: float,
+        *,
+        parent=None,
+        service: str = AGENT,
+        kind: str = "INTERNAL",
+        attrs: dict | None = None,
+        events: dict[str, float] | None = None,
+        resource: dict | None = None,
+        error: bool = False,
+        ok: bool = False,
+    ):
         """A finished span; ``parent`` None starts a new trace.  ``events``: name → time (ms).
         ``kind``: a :class:`~opentelemetry.trace.SpanKind` name; ``error`` / ``ok``: its status."""
         ctx = trace.set_span_in_context(parent) if parent is not None else None
@@ -77,20 +89,47 @@ class SpanBuilder:
 
     # ------------------------------------------------------------------ agent-side helpers
     def session(self, session_id: str, start_ms: float, end_ms: float, *, parent=None, scenario: str = "test"):
-        return self.span(sc.SPAN_AGENT_SESSION, start_ms, end_ms, parent=parent, attrs={
-            sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT, sc.GEN_AI_AGENT_NAME: scenario,
-            sc.SESSION_ID: session_id, sc.GEN_AI_CONVERSATION_ID: session_id, sc.AGENT_SCENARIO: scenario})
+        return self.span(
+            sc.SPAN_AGENT_SESSION,
+            start_ms,
+            end_ms,
+            parent=parent,
+            attrs={
+                sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+                sc.GEN_AI_AGENT_NAME: scenario,
+                sc.SESSION_ID: session_id,
+                sc.GEN_AI_CONVERSATION_ID: session_id,
+                sc.AGENT_SCENARIO: scenario,
+            },
+        )
 
     def turn(self, session_id: str, turn: int, start_ms: float, end_ms: float, *, parent=None):
-        return self.span(sc.SPAN_AGENT_TURN, start_ms, end_ms, parent=parent,
-                         attrs={sc.SESSION_ID: session_id, sc.TURN_INDEX: turn})
+        return self.span(
+            sc.SPAN_AGENT_TURN, start_ms, end_ms, parent=parent, attrs={sc.SESSION_ID: session_id, sc.TURN_INDEX: turn}
+        )
 
-    def llm_call(self, session_id: str, turn: int | None, start_ms: float, end_ms: float,
-                 ttft_ms: float | None, *, parent=None, request_id: str | None = None,
-                 input_tokens: int = 100, output_tokens: int = 10, outcome: str | None = None):
-        attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT, sc.GEN_AI_REQUEST_MODEL: "qwen3-32b",
-                 sc.SESSION_ID: session_id, sc.GEN_AI_CONVERSATION_ID: session_id,
-                 sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens, sc.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens}
+    def llm_call(
+        self,
+        session_id: str,
+        turn: int | None,
+        start_ms: float,
+        end_ms: float,
+        ttft_ms: float | None,
+        *,
+        parent=None,
+        request_id: str | None = None,
+        input_tokens: int = 100,
+        output_tokens: int = 10,
+        outcome: str | None = None,
+    ):
+        attrs = {
+            sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
+            sc.GEN_AI_REQUEST_MODEL: "qwen3-32b",
+            sc.SESSION_ID: session_id,
+            sc.GEN_AI_CONVERSATION_ID: session_id,
+            sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
+        }
         if turn is not None:
             attrs[sc.TURN_INDEX] = turn
         if ttft_ms is not None:
@@ -101,39 +140,75 @@ class SpanBuilder:
             attrs[sc.KV_OUTCOME] = outcome
         return self.span(sc.SPAN_AGENT_LLM_CALL, start_ms, end_ms, parent=parent, kind="CLIENT", attrs=attrs)
 
-    def tool(self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None,
-             name: str = "run_tests"):
-        attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: name,
-                 sc.GEN_AI_TOOL_CALL_ID: f"call-{start_ms}", sc.SESSION_ID: session_id}
+    def tool(
+        self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None, name: str = "run_tests"
+    ):
+        attrs = {
+            sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+            sc.GEN_AI_TOOL_NAME: name,
+            sc.GEN_AI_TOOL_CALL_ID: f"call-{start_ms}",
+            sc.SESSION_ID: session_id,
+        }
         if turn is not None:
             attrs[sc.TURN_INDEX] = turn
         return self.span(sc.SPAN_AGENT_TOOL_CALL, start_ms, end_ms, parent=parent, attrs=attrs)
 
-    def app_work(self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None,
-                 name: str = "plan"):
+    def app_work(
+        self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None, name: str = "plan"
+    ):
         attrs = {sc.AGENT_WORK_NAME: name, sc.SESSION_ID: session_id}
         if turn is not None:
             attrs[sc.TURN_INDEX] = turn
         return self.span(sc.SPAN_AGENT_APP_WORK, start_ms, end_ms, parent=parent, attrs=attrs)
 
-    def user_pause(self, session_id: str, turn: int | None, start_ms: float, end_ms: float, *, parent=None,
-                   reason: str | None = "think"):
+    def user_pause(
+        self,
+        session_id: str,
+        turn: int | None,
+        start_ms: float,
+        end_ms: float,
+        *,
+        parent=None,
+        reason: str | None = "think",
+    ):
         attrs = {sc.SESSION_ID: session_id, **({sc.AGENT_PAUSE_REASON: reason} if reason else {})}
         if turn is not None:
             attrs[sc.TURN_INDEX] = turn
         return self.span(sc.SPAN_AGENT_USER_PAUSE, start_ms, end_ms, parent=parent, attrs=attrs)
 
     # ------------------------------------------------------------------ proxy / engine helpers
-    def request(self, session_id: str | None, turn: int | None, request_id: str, start_ms: float,
-                end_ms: float, ttft_ms: float | None, *, parent=None, offered: bool = False,
-                offer_reason: str = sc.OFFER_NO_ENTRY, outcome: str | None = None, pulled: int = 0,
-                input_tokens: int = 100, output_tokens: int = 10, extra: dict | None = None):
-        attrs = {sc.GEN_AI_REQUEST_ID: request_id, sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
-                 sc.GEN_AI_REQUEST_MODEL: "qwen3-32b", sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
-                 sc.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens, sc.HTTP_RESPONSE_STATUS_CODE: 200,
-                 sc.REQUEST_STREAM: True, sc.REQUEST_LATENCY_MS: float(end_ms - start_ms),
-                 sc.PROXY_OFFER: offered, sc.PROXY_OFFER_REASON: offer_reason,
-                 sc.PROXY_FALLBACK: sc.FALLBACK_NONE, sc.KV_PULLED_TOKENS: pulled}
+    def request(
+        self,
+        session_id: str | None,
+        turn: int | None,
+        request_id: str,
+        start_ms: float,
+        end_ms: float,
+        ttft_ms: float | None,
+        *,
+        parent=None,
+        offered: bool = False,
+        offer_reason: str = sc.OFFER_NO_ENTRY,
+        outcome: str | None = None,
+        pulled: int = 0,
+        input_tokens: int = 100,
+        output_tokens: int = 10,
+        extra: dict | None = None,
+    ):
+        attrs = {
+            sc.GEN_AI_REQUEST_ID: request_id,
+            sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
+            sc.GEN_AI_REQUEST_MODEL: "qwen3-32b",
+            sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
+            sc.HTTP_RESPONSE_STATUS_CODE: 200,
+            sc.REQUEST_STREAM: True,
+            sc.REQUEST_LATENCY_MS: float(end_ms - start_ms),
+            sc.PROXY_OFFER: offered,
+            sc.PROXY_OFFER_REASON: offer_reason,
+            sc.PROXY_FALLBACK: sc.FALLBACK_NONE,
+            sc.KV_PULLED_TOKENS: pulled,
+        }
         events = {}
         if session_id is not None:
             attrs[sc.SESSION_ID] = session_id
@@ -146,98 +221,327 @@ class SpanBuilder:
         if outcome:
             attrs[sc.KV_OUTCOME] = outcome
         attrs.update(extra or {})
-        return self.span(sc.SPAN_PROXY_REQUEST, start_ms, end_ms, parent=parent, service=PROXY,
-                         kind="SERVER", attrs=attrs, events=events)
+        return self.span(
+            sc.SPAN_PROXY_REQUEST,
+            start_ms,
+            end_ms,
+            parent=parent,
+            service=PROXY,
+            kind="SERVER",
+            attrs=attrs,
+            events=events,
+        )
 
-    def engine(self, role: str, engine_id: str, ident: dict, start_ms: float, end_ms: float, *,
-               parent, prompt_tokens: int, cached_tokens: int, output_tokens: int | None = None):
+    def engine(
+        self,
+        role: str,
+        engine_id: str,
+        ident: dict,
+        start_ms: float,
+        end_ms: float,
+        *,
+        parent,
+        prompt_tokens: int,
+        cached_tokens: int,
+        output_tokens: int | None = None,
+    ):
         name = sc.SPAN_ENGINE_PREFILL if role == sc.ROLE_PREFILL else sc.SPAN_ENGINE_DECODE
-        attrs = {**ident, sc.ENGINE_ID: engine_id, sc.ENGINE_ROLE: role, sc.KV_PROMPT_TOKENS: prompt_tokens,
-                 sc.REQUEST_CACHED_TOKENS: cached_tokens}
+        attrs = {
+            **ident,
+            sc.ENGINE_ID: engine_id,
+            sc.ENGINE_ROLE: role,
+            sc.KV_PROMPT_TOKENS: prompt_tokens,
+            sc.REQUEST_CACHED_TOKENS: cached_tokens,
+        }
         if output_tokens is not None:
             attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
-        return self.span(name, start_ms, end_ms, parent=parent, service=SIM_P if role == sc.ROLE_PREFILL else SIM_D,
-                         attrs=attrs, resource=_engine_resource(engine_id, role))
+        return self.span(
+            name,
+            start_ms,
+            end_ms,
+            parent=parent,
+            service=SIM_P if role == sc.ROLE_PREFILL else SIM_D,
+            attrs=attrs,
+            resource=_engine_resource(engine_id, role),
+        )
 
-    def decision(self, engine_id: str, role: str, ident: dict, at_ms: float, end_ms: float, *, parent,
-                 direction: str, outcome: str, prompt: int, local_hit: int, remote: int, pulled: int,
-                 recomputed: int, threshold: int = 64, peer: str | None = None):
-        attrs = {**ident, sc.ENGINE_ID: engine_id, sc.ENGINE_ROLE: role, sc.KV_DIRECTION: direction,
-                 sc.KV_OUTCOME: outcome, sc.KV_PROMPT_TOKENS: prompt, sc.KV_LOCAL_HIT_TOKENS: local_hit,
-                 sc.KV_REMOTE_TOKENS: remote, sc.KV_PULLED_TOKENS: pulled, sc.KV_RECOMPUTED_TOKENS: recomputed,
-                 sc.KV_THRESHOLD: threshold}
+    def decision(
+        self,
+        engine_id: str,
+        role: str,
+        ident: dict,
+        at_ms: float,
+        end_ms: float,
+        *,
+        parent,
+        direction: str,
+        outcome: str,
+        prompt: int,
+        local_hit: int,
+        remote: int,
+        pulled: int,
+        recomputed: int,
+        threshold: int = 64,
+        peer: str | None = None,
+    ):
+        attrs = {
+            **ident,
+            sc.ENGINE_ID: engine_id,
+            sc.ENGINE_ROLE: role,
+            sc.KV_DIRECTION: direction,
+            sc.KV_OUTCOME: outcome,
+            sc.KV_PROMPT_TOKENS: prompt,
+            sc.KV_LOCAL_HIT_TOKENS: local_hit,
+            sc.KV_REMOTE_TOKENS: remote,
+            sc.KV_PULLED_TOKENS: pulled,
+            sc.KV_RECOMPUTED_TOKENS: recomputed,
+            sc.KV_THRESHOLD: threshold,
+        }
         if peer:
             attrs[sc.KV_PEER_ENGINE_ID] = peer
-        return self.span(sc.SPAN_KV_DECISION, at_ms, end_ms, parent=parent,
-                         service=SIM_P if role == sc.ROLE_PREFILL else SIM_D, attrs=attrs,
-                         resource=_engine_resource(engine_id, role))
+        return self.span(
+            sc.SPAN_KV_DECISION,
+            at_ms,
+            end_ms,
+            parent=parent,
+            service=SIM_P if role == sc.ROLE_PREFILL else SIM_D,
+            attrs=attrs,
+            resource=_engine_resource(engine_id, role),
+        )
 
-    def transfer(self, engine_id: str, role: str, ident: dict, start_ms: float, end_ms: float, *, parent,
-                 direction: str, tokens: int, block_size: int = 16, bytes_per_token: int = 262_144,
-                 status: str = sc.TRANSFER_OK, peer: str | None = None):
+    def transfer(
+        self,
+        engine_id: str,
+        role: str,
+        ident: dict,
+        start_ms: float,
+        end_ms: float,
+        *,
+        parent,
+        direction: str,
+        tokens: int,
+        block_size: int = 16,
+        bytes_per_token: int = 262_144,
+        status: str = sc.TRANSFER_OK,
+        peer: str | None = None,
+    ):
         blocks = -(-tokens // block_size)
-        attrs = {**ident, sc.ENGINE_ID: engine_id, sc.ENGINE_ROLE: role, sc.KV_DIRECTION: direction,
-                 sc.KV_TRANSFER_TOKENS: tokens, sc.KV_TRANSFER_BLOCKS: blocks,
-                 sc.KV_TRANSFER_BYTES: blocks * block_size * bytes_per_token,
-                 sc.KV_TRANSFER_XFER_MS: float(end_ms - start_ms), sc.KV_TRANSFER_STATUS: status}
+        attrs = {
+            **ident,
+            sc.ENGINE_ID: engine_id,
+            sc.ENGINE_ROLE: role,
+            sc.KV_DIRECTION: direction,
+            sc.KV_TRANSFER_TOKENS: tokens,
+            sc.KV_TRANSFER_BLOCKS: blocks,
+            sc.KV_TRANSFER_BYTES: blocks * block_size * bytes_per_token,
+            sc.KV_TRANSFER_XFER_MS: float(end_ms - start_ms),
+            sc.KV_TRANSFER_STATUS: status,
+        }
         if peer:
             attrs[sc.KV_PEER_ENGINE_ID] = peer
-        return self.span(sc.SPAN_KV_TRANSFER, start_ms, end_ms, parent=parent,
-                         service=SIM_P if role == sc.ROLE_PREFILL else SIM_D, attrs=attrs,
-                         resource=_engine_resource(engine_id, role), error=status != sc.TRANSFER_OK)
+        return self.span(
+            sc.SPAN_KV_TRANSFER,
+            start_ms,
+            end_ms,
+            parent=parent,
+            service=SIM_P if role == sc.ROLE_PREFILL else SIM_D,
+            attrs=attrs,
+            resource=_engine_resource(engine_id, role),
+            error=status != sc.TRANSFER_OK,
+        )
 
-    def retention(self, engine_id: str, ident: dict, start_ms: float, end_ms: float, *, parent, tokens: int,
-                  outcome: str, block_size: int = 16, bytes_per_token: int = 262_144, ttl_s: float = 480.0):
+    def retention(
+        self,
+        engine_id: str,
+        ident: dict,
+        start_ms: float,
+        end_ms: float,
+        *,
+        parent,
+        tokens: int,
+        outcome: str,
+        block_size: int = 16,
+        bytes_per_token: int = 262_144,
+        ttl_s: float = 480.0,
+    ):
         blocks = -(-tokens // block_size)
-        attrs = {**ident, sc.ENGINE_ID: engine_id, sc.ENGINE_ROLE: sc.ROLE_DECODE,
-                 sc.KV_RETENTION_BLOCKS: blocks, sc.KV_RETENTION_TOKENS: tokens,
-                 sc.KV_RETENTION_BYTES: blocks * block_size * bytes_per_token, sc.KV_RETENTION_TTL_S: ttl_s,
-                 sc.KV_RETENTION_OUTCOME: outcome}
-        return self.span(sc.SPAN_KV_RETENTION, start_ms, end_ms, parent=parent, service=SIM_D, attrs=attrs,
-                         resource=_engine_resource(engine_id, sc.ROLE_DECODE))
+        attrs = {
+            **ident,
+            sc.ENGINE_ID: engine_id,
+            sc.ENGINE_ROLE: sc.ROLE_DECODE,
+            sc.KV_RETENTION_BLOCKS: blocks,
+            sc.KV_RETENTION_TOKENS: tokens,
+            sc.KV_RETENTION_BYTES: blocks * block_size * bytes_per_token,
+            sc.KV_RETENTION_TTL_S: ttl_s,
+            sc.KV_RETENTION_OUTCOME: outcome,
+        }
+        return self.span(
+            sc.SPAN_KV_RETENTION,
+            start_ms,
+            end_ms,
+            parent=parent,
+            service=SIM_D,
+            attrs=attrs,
+            resource=_engine_resource(engine_id, sc.ROLE_DECODE),
+        )
 
-    def call(self, session_id: str, turn: int, request_id: str, start_ms: float, *, parent=None,
-             prompt: int = 1000, local_hit: int = 0, remote: int = 0, pulled: int = 0, outcome: str | None = None,
-             prefill_ms: float = 100.0, xfer_ms: float = 0.0, decode_ms: float = 200.0, output_tokens: int = 20,
-             retention_end_ms: float | None = None, retention_outcome: str = sc.RETENTION_READ,
-             p_engine: str = "sim-p0", d_engine: str = "sim-d0", request_attrs: dict | None = None) -> Call:
+    def call(
+        self,
+        session_id: str,
+        turn: int,
+        request_id: str,
+        start_ms: float,
+        *,
+        parent=None,
+        prompt: int = 1000,
+        local_hit: int = 0,
+        remote: int = 0,
+        pulled: int = 0,
+        outcome: str | None = None,
+        prefill_ms: float = 100.0,
+        xfer_ms: float = 0.0,
+        decode_ms: float = 200.0,
+        output_tokens: int = 20,
+        retention_end_ms: float | None = None,
+        retention_outcome: str = sc.RETENTION_READ,
+        p_engine: str = "sim-p0",
+        d_engine: str = "sim-d0",
+        request_attrs: dict | None = None,
+    ) -> Call:
         """One LLM call's full tree.  Times: P's prefill (including ``xfer_ms`` of pulling) takes
         ``prefill_ms``, then D pulls P's blocks (5 ms), first token, decode for ``decode_ms``."""
         ttft = prefill_ms + 10.0
         end = start_ms + ttft + decode_ms
-        llm = self.llm_call(session_id, turn, start_ms, end + 1, ttft + 1, parent=parent, request_id=request_id,
-                            input_tokens=prompt, output_tokens=output_tokens, outcome=outcome)
-        req = self.request(session_id, turn, request_id, start_ms + 0.5, end + 0.5, ttft, parent=llm,
-                           offered=remote > 0, offer_reason=sc.OFFER_OFFERED if remote else sc.OFFER_NO_ENTRY,
-                           outcome=outcome, pulled=pulled, input_tokens=prompt, output_tokens=output_tokens,
-                           extra=request_attrs)
+        llm = self.llm_call(
+            session_id,
+            turn,
+            start_ms,
+            end + 1,
+            ttft + 1,
+            parent=parent,
+            request_id=request_id,
+            input_tokens=prompt,
+            output_tokens=output_tokens,
+            outcome=outcome,
+        )
+        req = self.request(
+            session_id,
+            turn,
+            request_id,
+            start_ms + 0.5,
+            end + 0.5,
+            ttft,
+            parent=llm,
+            offered=remote > 0,
+            offer_reason=sc.OFFER_OFFERED if remote else sc.OFFER_NO_ENTRY,
+            outcome=outcome,
+            pulled=pulled,
+            input_tokens=prompt,
+            output_tokens=output_tokens,
+            extra=request_attrs,
+        )
         ident = {sc.GEN_AI_REQUEST_ID: request_id, sc.SESSION_ID: session_id, sc.TURN_INDEX: turn}
         t = start_ms + 1
-        pleg = self.span(sc.SPAN_PROXY_PREFILL, t, t + prefill_ms, parent=req, service=PROXY, kind="CLIENT",
-                         attrs={**ident, sc.PROXY_OFFER: remote > 0})
-        peng = self.engine(sc.ROLE_PREFILL, p_engine, ident, t + 0.1, t + prefill_ms - 0.1, parent=pleg,
-                           prompt_tokens=prompt, cached_tokens=local_hit + pulled)
+        pleg = self.span(
+            sc.SPAN_PROXY_PREFILL,
+            t,
+            t + prefill_ms,
+            parent=req,
+            service=PROXY,
+            kind="CLIENT",
+            attrs={**ident, sc.PROXY_OFFER: remote > 0},
+        )
+        peng = self.engine(
+            sc.ROLE_PREFILL,
+            p_engine,
+            ident,
+            t + 0.1,
+            t + prefill_ms - 0.1,
+            parent=pleg,
+            prompt_tokens=prompt,
+            cached_tokens=local_hit + pulled,
+        )
         if outcome:
             recomputed = prompt - local_hit - pulled
-            dec = self.decision(p_engine, sc.ROLE_PREFILL, ident, t + 0.2, t + 0.2 + xfer_ms, parent=peng,
-                                direction=sc.DIRECTION_D2P, outcome=outcome, prompt=prompt, local_hit=local_hit,
-                                remote=remote, pulled=pulled, recomputed=recomputed, peer=d_engine)
+            dec = self.decision(
+                p_engine,
+                sc.ROLE_PREFILL,
+                ident,
+                t + 0.2,
+                t + 0.2 + xfer_ms,
+                parent=peng,
+                direction=sc.DIRECTION_D2P,
+                outcome=outcome,
+                prompt=prompt,
+                local_hit=local_hit,
+                remote=remote,
+                pulled=pulled,
+                recomputed=recomputed,
+                peer=d_engine,
+            )
             if pulled:
-                self.transfer(p_engine, sc.ROLE_PREFILL, ident, t + 0.2, t + 0.2 + xfer_ms, parent=dec,
-                              direction=sc.DIRECTION_D2P, tokens=pulled, peer=d_engine)
+                self.transfer(
+                    p_engine,
+                    sc.ROLE_PREFILL,
+                    ident,
+                    t + 0.2,
+                    t + 0.2 + xfer_ms,
+                    parent=dec,
+                    direction=sc.DIRECTION_D2P,
+                    tokens=pulled,
+                    peer=d_engine,
+                )
         t2 = t + prefill_ms
         dleg = self.span(sc.SPAN_PROXY_DECODE, t2, end, parent=req, service=PROXY, kind="CLIENT", attrs=ident)
-        deng = self.engine(sc.ROLE_DECODE, d_engine, ident, t2 + 0.1, end - 0.1, parent=dleg, prompt_tokens=prompt,
-                           cached_tokens=prompt, output_tokens=output_tokens)
-        dec2 = self.decision(d_engine, sc.ROLE_DECODE, ident, t2 + 0.2, t2 + 5.2, parent=deng,
-                             direction=sc.DIRECTION_P2D, outcome=sc.OUTCOME_PULLED, prompt=prompt, local_hit=0,
-                             remote=prompt, pulled=prompt, recomputed=0, peer=p_engine)
-        self.transfer(d_engine, sc.ROLE_DECODE, ident, t2 + 0.2, t2 + 5.2, parent=dec2, direction=sc.DIRECTION_P2D,
-                      tokens=prompt, peer=p_engine)
+        deng = self.engine(
+            sc.ROLE_DECODE,
+            d_engine,
+            ident,
+            t2 + 0.1,
+            end - 0.1,
+            parent=dleg,
+            prompt_tokens=prompt,
+            cached_tokens=prompt,
+            output_tokens=output_tokens,
+        )
+        dec2 = self.decision(
+            d_engine,
+            sc.ROLE_DECODE,
+            ident,
+            t2 + 0.2,
+            t2 + 5.2,
+            parent=deng,
+            direction=sc.DIRECTION_P2D,
+            outcome=sc.OUTCOME_PULLED,
+            prompt=prompt,
+            local_hit=0,
+            remote=prompt,
+            pulled=prompt,
+            recomputed=0,
+            peer=p_engine,
+        )
+        self.transfer(
+            d_engine,
+            sc.ROLE_DECODE,
+            ident,
+            t2 + 0.2,
+            t2 + 5.2,
+            parent=dec2,
+            direction=sc.DIRECTION_P2D,
+            tokens=prompt,
+            peer=p_engine,
+        )
         ret = None
         if retention_end_ms is not None:
-            ret = self.retention(d_engine, ident, end - 0.1, retention_end_ms, parent=deng,
-                                 tokens=prompt + output_tokens, outcome=retention_outcome)
+            ret = self.retention(
+                d_engine,
+                ident,
+                end - 0.1,
+                retention_end_ms,
+                parent=deng,
+                tokens=prompt + output_tokens,
+                outcome=retention_outcome,
+            )
         return Call(llm, req, ret)
 
     def write(self, directory: str | os.PathLike, writer: str = "synth") -> int:
@@ -316,14 +620,28 @@ def sample_store(directory: str | os.PathLike, sessions: int = 3, turns: int = 4
             tr = b.turn(sid, turn, tr_start, tr_end, parent=sess)
             if not last:
                 b.user_pause(sid, None, tr_end, next_start, parent=sess)
-            call = b.call(sid, turn, f"{sid}-r{turn}", tr_start + 5, parent=tr, prompt=prompt, remote=remote,
-                          pulled=pulled, outcome=outcome, prefill_ms=prefill, xfer_ms=2 + pulled * 0.002,
-                          decode_ms=200, retention_end_ms=(next_start + 6) if (pull and not last) else
-                          (end + (480_000 if pull else 30)),
-                          retention_outcome=sc.RETENTION_READ if (pull and not last) else
-                          (sc.RETENTION_EXPIRED if pull else sc.RETENTION_RELEASED),
-                          request_attrs={sc.SESSION_SOURCE: sc.SOURCE_CONVERSATION_ID, sc.SESSION_CONTINUITY:
-                                         sc.CONTINUITY_EXTENDS if turn else sc.CONTINUITY_NEW})
+            call = b.call(
+                sid,
+                turn,
+                f"{sid}-r{turn}",
+                tr_start + 5,
+                parent=tr,
+                prompt=prompt,
+                remote=remote,
+                pulled=pulled,
+                outcome=outcome,
+                prefill_ms=prefill,
+                xfer_ms=2 + pulled * 0.002,
+                decode_ms=200,
+                retention_end_ms=(next_start + 6) if (pull and not last) else (end + (480_000 if pull else 30)),
+                retention_outcome=sc.RETENTION_READ
+                if (pull and not last)
+                else (sc.RETENTION_EXPIRED if pull else sc.RETENTION_RELEASED),
+                request_attrs={
+                    sc.SESSION_SOURCE: sc.SOURCE_CONVERSATION_ID,
+                    sc.SESSION_CONTINUITY: sc.CONTINUITY_EXTENDS if turn else sc.CONTINUITY_NEW,
+                },
+            )
             t_tool = tr_start + 5 + prefill + 10 + 200 + 5
             b.tool(sid, turn, t_tool, t_tool + 120, parent=tr)
             b.app_work(sid, turn, t_tool + 125, t_tool + 300, parent=tr)

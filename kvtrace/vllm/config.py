@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from kvtrace import semconv as sc
 from kvtrace import settings as kvsettings
-from kvtrace.telemetry import configure
 from kvtrace.emit.metrics import KVMetrics
 from kvtrace.emit.recorder import KVRecorder
+from kvtrace.telemetry import configure
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ConnectorSettings:
     metrics: bool = True
 
     @classmethod
-    def from_kv_transfer_config(cls, ktc) -> "ConnectorSettings":
+    def from_kv_transfer_config(cls, ktc) -> ConnectorSettings:
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
         entry = extra.get(sc.KV_PARAMS_KEY) or {}
         if not isinstance(entry, dict):

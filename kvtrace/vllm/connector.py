@@ -47,10 +47,10 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
+from kvtrace.emit.recorder import KVRecorder
 from kvtrace.vllm.config import ConnectorSettings, block_bytes_by_group, recorder_for
 from kvtrace.vllm.metrics import KVTraceConnectorStats, KVTracePromMetrics, adopt_worker_stats
 from kvtrace.vllm.probe import SchedulerProbe
-from kvtrace.emit.recorder import KVRecorder
 
 
 class KVTraceNixlConnector(NixlConnector):

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats, NixlPromMetrics
 from prometheus_client import Counter, Gauge, Histogram
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats, NixlPromMetrics
 
 from kvtrace import semconv as sc
 from kvtrace.emit import metrics as km
-
 
 NIXL_KEYS = tuple(NixlKVConnectorStats().data)  # the lists NixlKVConnectorStats carries
 
@@ -48,7 +47,7 @@ class KVTraceConnectorStats(NixlKVConnectorStats):
         self.data[sc.STATS_KEY] = None
 
     @classmethod
-    def wrap(cls, stats: NixlKVConnectorStats | None, payload: dict | None = None) -> "KVTraceConnectorStats | None":
+    def wrap(cls, stats: NixlKVConnectorStats | None, payload: dict | None = None) -> KVTraceConnectorStats | None:
         """NIXL worker stats and/or a kvtrace payload as one object (None if both are absent)."""
         if stats is None and payload is None:
             return None
@@ -59,9 +58,10 @@ class KVTraceConnectorStats(NixlKVConnectorStats):
     def is_empty(self) -> bool:
         # NIXL's is_empty() with its lists possibly absent: no transfer, no failure of any kind
         return all(not v for k, v in self.data.items() if k != sc.STATS_KEY) and km.is_empty(
-            self.data.get(sc.STATS_KEY))
+            self.data.get(sc.STATS_KEY)
+        )
 
-    def aggregate(self, other) -> "KVTraceConnectorStats":
+    def aggregate(self, other) -> KVTraceConnectorStats:
         if other.is_empty():
             return self
         for key, values in other.data.items():
@@ -104,8 +104,9 @@ class KVTracePromMetrics(NixlPromMetrics):
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self.kvtrace = km.KVPromMetrics(metric_types[Gauge], metric_types[Counter], metric_types[Histogram],
-                                        labelnames, per_engine_labelvalues)
+        self.kvtrace = km.KVPromMetrics(
+            metric_types[Gauge], metric_types[Counter], metric_types[Histogram], labelnames, per_engine_labelvalues
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         nixl = {key: transfer_stats_data.get(key) or () for key in NIXL_KEYS}

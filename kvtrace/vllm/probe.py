@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
-from kvtrace.vllm.config import public_request_id
 from kvtrace.emit.recorder import KVRecorder, never_raise
+from kvtrace.vllm.config import public_request_id
 
 log = logging.getLogger(__name__)
 _REMOTE_KEYS = frozenset(("remote_engine_id", "remote_request_id", "remote_host", "remote_port"))

@@ -30,9 +30,15 @@ _MARK = "__kvtrace_stream_patch__"
 # module -> (serving class, stream generator method, stream response model)
 TARGETS = {
     "vllm.entrypoints.openai.chat_completion.serving": (
-        "OpenAIServingChat", "chat_completion_stream_generator", "ChatCompletionStreamResponse"),
+        "OpenAIServingChat",
+        "chat_completion_stream_generator",
+        "ChatCompletionStreamResponse",
+    ),
     "vllm.entrypoints.openai.completion.serving": (
-        "OpenAIServingCompletion", "completion_stream_generator", "CompletionStreamResponse"),
+        "OpenAIServingCompletion",
+        "completion_stream_generator",
+        "CompletionStreamResponse",
+    ),
 }
 
 

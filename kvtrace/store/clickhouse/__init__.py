@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from kvtrace.store.clickhouse.ddl import INSERT_PARQUET, TABLE, TRACES_TABLE_DDL, insert_parquet, render
 
-
 CHDB_PREFIX = "chdb:"
 """``--clickhouse chdb:PATH``: chDB in process on the database directory ``PATH``."""
 

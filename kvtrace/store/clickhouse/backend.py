@@ -77,8 +77,10 @@ class ChdbBackend:
                 for name, value in SETTINGS.items():  # per connection, as SET
                     ChdbBackend._conn.query(f"SET {_settings_sql({name: value})}", "CSV")
             elif ChdbBackend._path != path:
-                raise BackendError(f"chDB is already open on {ChdbBackend._path} in this process; "
-                                   f"it opens one database directory per process (asked: {path})")
+                raise BackendError(
+                    f"chDB is already open on {ChdbBackend._path} in this process; "
+                    f"it opens one database directory per process (asked: {path})"
+                )
         self.path = path
         self.description = f"chdb:{path}"
 
@@ -130,10 +132,16 @@ class ServerBackend:
             raise BackendError("clickhouse-connect is not installed: pip install 'kvtrace[clickhouse]'") from None
         u = urllib.parse.urlsplit(url)
         secure = u.scheme == "https"
-        kwargs = dict(host=u.hostname or "127.0.0.1", port=u.port or (8443 if secure else 8123), secure=secure,
-                      username=urllib.parse.unquote(u.username or "default"),
-                      password=urllib.parse.unquote(u.password or ""), settings=dict(SETTINGS),
-                      autogenerate_session_id=False, connect_timeout=10)
+        kwargs = dict(
+            host=u.hostname or "127.0.0.1",
+            port=u.port or (8443 if secure else 8123),
+            secure=secure,
+            username=urllib.parse.unquote(u.username or "default"),
+            password=urllib.parse.unquote(u.password or ""),
+            settings=dict(SETTINGS),
+            autogenerate_session_id=False,
+            connect_timeout=10,
+        )
         database = u.path.strip("/")
         if database:
             kwargs["database"] = database
@@ -179,7 +187,7 @@ def redact(url: str) -> str:
 def open_backend(url: str):
     """A backend for ``url`` (module doc)."""
     if url.startswith(CHDB_PREFIX):
-        path = url[len(CHDB_PREFIX):]
+        path = url[len(CHDB_PREFIX) :]
         if not path:
             raise BackendError("chdb: needs a database directory, e.g. --clickhouse chdb:./kvtrace-chdb")
         return ChdbBackend(path)

@@ -68,11 +68,14 @@ ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), Timestamp)
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1
 """
 
-_Q = {k: literal(v, CLICKHOUSE) for k, v in
-      (("sid", sc.SESSION_ID), ("cid", sc.GEN_AI_CONVERSATION_ID), ("rid", sc.GEN_AI_REQUEST_ID))}
+_Q = {
+    k: literal(v, CLICKHOUSE)
+    for k, v in (("sid", sc.SESSION_ID), ("cid", sc.GEN_AI_CONVERSATION_ID), ("rid", sc.GEN_AI_REQUEST_ID))
+}
 SESSION_ID_COLUMN, REQUEST_ID_COLUMN = "SessionId", "RequestId"
-SESSION_ID_EXPR = (f"if(mapContains(SpanAttributes, {_Q['sid']}), SpanAttributes[{_Q['sid']}], "
-                   f"SpanAttributes[{_Q['cid']}])")
+SESSION_ID_EXPR = (
+    f"if(mapContains(SpanAttributes, {_Q['sid']}), SpanAttributes[{_Q['sid']}], SpanAttributes[{_Q['cid']}])"
+)
 """The span's session id as a ClickHouse expression (empty when it has none)."""
 
 # What kvtrace adds to that table for session and request lookups (docs/clickhouse.md): the two ids
@@ -90,8 +93,9 @@ RECOMMENDED_DDL = (
 """Statements (``{table}`` placeholder) that add kvtrace's session / request lookups to the table
 (parts written before get them with ``ALTER TABLE ... MATERIALIZE COLUMN / INDEX``)."""
 
-SESSION_PROJECTION_DDL = (f"ALTER TABLE {{table}} ADD PROJECTION IF NOT EXISTS by_session "
-                          f"(SELECT * ORDER BY {SESSION_ID_COLUMN}, Timestamp)")
+SESSION_PROJECTION_DDL = (
+    f"ALTER TABLE {{table}} ADD PROJECTION IF NOT EXISTS by_session (SELECT * ORDER BY {SESSION_ID_COLUMN}, Timestamp)"
+)
 """Optional: a copy of the table sorted by session (doubles the storage; a drill-down then reads
 only the session's granules)."""
 

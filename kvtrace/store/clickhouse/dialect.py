@@ -107,7 +107,9 @@ def _rewrite(node: exp.Expression) -> exp.Expression:  # noqa: C901 - one dispat
         return exp.Max(this=node.this)
     if isinstance(node, exp.Median):
         return _quantile(exp.Literal.number(0.5), node.this)
-    if isinstance(node, exp.PercentileCont) or (isinstance(node, exp.Anonymous) and node.name.lower() == "quantile_cont"):
+    if isinstance(node, exp.PercentileCont) or (
+        isinstance(node, exp.Anonymous) and node.name.lower() == "quantile_cont"
+    ):
         args = [node.this, node.expression] if isinstance(node, exp.PercentileCont) else node.expressions
         return _quantile(args[1], args[0])
     if isinstance(node, exp.ArrayAgg):
@@ -125,8 +127,13 @@ def _rewrite(node: exp.Expression) -> exp.Expression:  # noqa: C901 - one dispat
 
 
 _REGR = {"regr_slope": 1, "regr_intercept": 2}
-_RENAMED = {"epoch_ns": "toUnixTimestamp64Nano", "to_microseconds": "toIntervalMicrosecond", "hash": "cityHash64",
-            "arg_min": "argMin", "arg_max": "argMax"}
+_RENAMED = {
+    "epoch_ns": "toUnixTimestamp64Nano",
+    "to_microseconds": "toIntervalMicrosecond",
+    "hash": "cityHash64",
+    "arg_min": "argMin",
+    "arg_max": "argMax",
+}
 
 
 def _anonymous(node: exp.Anonymous) -> exp.Expression:

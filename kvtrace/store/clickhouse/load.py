@@ -73,8 +73,9 @@ def _span_attrs(strings: list | None, floats: list | None) -> list:
 def exporter_table(table: pa.Table) -> pa.Table:
     """Rows of a kvtrace (:data:`~kvtrace.store.schema.SCHEMA`) table as the exporter writes them."""
     cols = {n: table[n] for n in COLUMNS}
-    span = [_span_attrs(s, f) for s, f in zip(table["SpanAttributes"].to_pylist(),
-                                               table["SpanAttributesFloat"].to_pylist())]
+    span = [
+        _span_attrs(s, f) for s, f in zip(table["SpanAttributes"].to_pylist(), table["SpanAttributesFloat"].to_pylist())
+    ]
     cols["SpanAttributes"] = pa.array(span, SCHEMA.field("SpanAttributes").type)
     for name in _MAPS:
         values = [[(k, _respelled(v)) for k, v in m or []] for m in table[name].to_pylist()]

@@ -27,10 +27,10 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from kvtrace import semconv as sc
 from kvtrace.store.clickhouse import ddl
 from kvtrace.store.clickhouse.backend import BackendError, open_backend
 from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
-from kvtrace import semconv as sc
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.spans import RAW
@@ -39,10 +39,29 @@ LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
 
 # the Parquet layout's columns, from the exporter's table (module doc, step 2)
-_NESTED = ("Events.Timestamp", "Events.Name", "Events.Attributes", "Links.TraceId", "Links.SpanId",
-           "Links.TraceState", "Links.Attributes")
-_PLAIN = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
-          "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes")
+_NESTED = (
+    "Events.Timestamp",
+    "Events.Name",
+    "Events.Attributes",
+    "Links.TraceId",
+    "Links.SpanId",
+    "Links.TraceState",
+    "Links.Attributes",
+)
+_PLAIN = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+)
 _TYPED = (
     "CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, toInt64OrNull(v)), SpanAttributes)) "
     "AS Map(String, Int64)) AS SpanAttributesInt",
@@ -51,8 +70,10 @@ _TYPED = (
 )
 
 
-_MIN_MAX = ("minOrNull(toUnixTimestamp64Nano(Timestamp)) AS lo, "
-            "maxOrNull(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS hi")
+_MIN_MAX = (
+    "minOrNull(toUnixTimestamp64Nano(Timestamp)) AS lo, "
+    "maxOrNull(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS hi"
+)
 _ATTR_SID = f"SpanAttributes[{literal(sc.SESSION_ID, CLICKHOUSE)}]"
 _ATTR_CID = f"SpanAttributes[{literal(sc.GEN_AI_CONVERSATION_ID, CLICKHOUSE)}]"
 # the spans that define a session's window (the ``sessions`` view: agent session spans, else requests)
@@ -61,20 +82,34 @@ _WINDOW_SPANS = ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION
 
 def raw_sql(table: str, bounded: bool) -> str:
     """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL)."""
-    cols = [*_PLAIN, "toInt64(Duration) AS Duration", "StatusCode", "StatusMessage",
-            *(ident(c) for c in _NESTED), *_TYPED, "toDate(Timestamp) AS date", "toInt32(toHour(Timestamp)) AS hour"]
-    where = (f" WHERE Timestamp >= fromUnixTimestamp64Nano({{{LO}:Int64}}) "
-             f"AND Timestamp <= fromUnixTimestamp64Nano({{{HI}:Int64}})") if bounded else ""
+    cols = [
+        *_PLAIN,
+        "toInt64(Duration) AS Duration",
+        "StatusCode",
+        "StatusMessage",
+        *(ident(c) for c in _NESTED),
+        *_TYPED,
+        "toDate(Timestamp) AS date",
+        "toInt32(toHour(Timestamp)) AS hour",
+    ]
+    where = (
+        (
+            f" WHERE Timestamp >= fromUnixTimestamp64Nano({{{LO}:Int64}}) "
+            f"AND Timestamp <= fromUnixTimestamp64Nano({{{HI}:Int64}})"
+        )
+        if bounded
+        else ""
+    )
     return f"SELECT {', '.join(cols)} FROM {ident(table)}{where}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _view_sql() -> dict[str, str]:
     """View name -> its SELECT in ClickHouse."""
     return {v.name: to_clickhouse(v.select) for v in VIEWS}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _view_deps() -> dict[str, frozenset[str]]:
     names = {v.name for v in VIEWS} | {RAW}
     out = {}
@@ -97,8 +132,13 @@ def _needed(referenced: set[str]) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1024)
-def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: bool,
-             temps: tuple[tuple[str, str, bool], ...] = ()) -> str:
+def assemble(
+    sql: str,
+    types: tuple[tuple[str, str], ...],
+    table: str,
+    bounded: bool,
+    temps: tuple[tuple[str, str, bool], ...] = (),
+) -> str:
     """``sql`` (DuckDB) as one ClickHouse statement over ``table``: transpiled, with the views it
     reads as CTEs in front (module doc), and a cursor's temporary tables and views (``temps``:
     (name, DuckDB SELECT, materialized), in creation order; they hide views of the same name)."""
@@ -115,11 +155,11 @@ def assemble(sql: str, types: tuple[tuple[str, str], ...], table: str, bounded: 
         return text
     needed = referenced & temp_names
     if needed:  # a temporary object is read: all of them come along (they may read each other)
-        referenced |= {t.name for _, body, _ in temp_trees for t in body.find_all(exp.Table)
-                       if not t.db and t.name in names}
+        referenced |= {
+            t.name for _, body, _ in temp_trees for t in body.find_all(exp.Table) if not t.db and t.name in names
+        }
     views = _view_sql()
-    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})"
-            for n in _needed(referenced - temp_names)]
+    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})" for n in _needed(referenced - temp_names)]
     if needed:
         ctes += [f"{n} AS {'MATERIALIZED ' if mat else ''}({body.sql('clickhouse')})" for n, body, mat in temp_trees]
     own = tree.args.get(_WITH)
@@ -137,8 +177,11 @@ def _temporary(sql: str) -> tuple[str, str, bool] | None:
         tree = sqlglot.parse_one(sql, read="duckdb")
     except sqlglot.errors.ParseError:
         return None
-    if not isinstance(tree, exp.Create) or tree.kind not in ("TABLE", "VIEW") or not isinstance(
-            tree.expression, exp.Query):
+    if (
+        not isinstance(tree, exp.Create)
+        or tree.kind not in ("TABLE", "VIEW")
+        or not isinstance(tree.expression, exp.Query)
+    ):
         return None
     props = tree.args.get("properties")
     if not (props and any(isinstance(p, exp.TemporaryProperty) for p in props.expressions)):
@@ -153,8 +196,13 @@ class ClickHouseStore:
 
     is_clickhouse = True
 
-    def __init__(self, backend, table: str = ddl.TABLE, bounds: tuple[int, int] | None = None,
-                 temps: tuple[tuple[str, str, bool], ...] = ()) -> None:
+    def __init__(
+        self,
+        backend,
+        table: str = ddl.TABLE,
+        bounds: tuple[int, int] | None = None,
+        temps: tuple[tuple[str, str, bool], ...] = (),
+    ) -> None:
         self.backend, self.table, self.bounds, self.temps = backend, table, bounds, temps
 
     @property
@@ -181,20 +229,30 @@ class ClickHouseStore:
         """``[first start, last end]`` (epoch ns) of the spans carrying ``session_id`` (None: no
         such spans).  Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`),
         else the attribute map, whose bloom filter index skips most granules."""
-        where = (f"{ddl.SESSION_ID_COLUMN} = {{sid:String}}" if self._has_session_column()
-                 else f"({_ATTR_SID} = {{sid:String}} OR {_ATTR_CID} = {{sid:String}})")
+        where = (
+            f"{ddl.SESSION_ID_COLUMN} = {{sid:String}}"
+            if self._has_session_column()
+            else f"({_ATTR_SID} = {{sid:String}} OR {_ATTR_CID} = {{sid:String}})"
+        )
         return self._bounds(f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE {where}", {"sid": session_id})
 
     def window_bounds(self, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
         """``[first start, last end]`` (epoch ns) of every session whose session or request spans
         overlap ``[start_ns, end_ns]`` (either may be None: unbounded), from those spans only."""
         sid = ddl.SESSION_ID_COLUMN if self._has_session_column() else ddl.SESSION_ID_EXPR
-        having = " AND ".join(c for c in (
-            "max(toUnixTimestamp64Nano(Timestamp) + Duration) >= {lo:Int64}" if start_ns is not None else "",
-            "min(toUnixTimestamp64Nano(Timestamp)) <= {hi:Int64}" if end_ns is not None else "") if c)
-        sql = (f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
-               f"AND ({sid}) IN (SELECT {sid} AS s FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
-               f"AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "") + ")")
+        having = " AND ".join(
+            c
+            for c in (
+                "max(toUnixTimestamp64Nano(Timestamp) + Duration) >= {lo:Int64}" if start_ns is not None else "",
+                "min(toUnixTimestamp64Nano(Timestamp)) <= {hi:Int64}" if end_ns is not None else "",
+            )
+            if c
+        )
+        sql = (
+            f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
+            f"AND ({sid}) IN (SELECT {sid} AS s FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
+            f"AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "") + ")"
+        )
         params = {k: v for k, v in (("lo", start_ns), ("hi", end_ns)) if v is not None}
         return self._bounds(sql, params)
 
@@ -211,11 +269,11 @@ class ClickHouseStore:
 
     execute = query
 
-    def bounded(self, lo_ns: int, hi_ns: int) -> "ClickHouseStore":
+    def bounded(self, lo_ns: int, hi_ns: int) -> ClickHouseStore:
         """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
         return ClickHouseStore(self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps)
 
-    def cursor(self) -> "ClickHouseStore":
+    def cursor(self) -> ClickHouseStore:
         """A store on the same backend with its own temporary tables and views (like a DuckDB
         cursor's)."""
         return ClickHouseStore(self.backend, self.table, self.bounds, self.temps)

@@ -59,10 +59,12 @@ CAT_PAUSE, CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4, 5
 PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work", "user_pause")
 
 _SESSION, _TURN, _LLM = (literal(n) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
-_TOOL, _APP, _PAUSE, _REQUEST = (literal(n) for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK,
-                                                    sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST))
+_TOOL, _APP, _PAUSE, _REQUEST = (
+    literal(n)
+    for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST)
+)
 _RETENTION = literal(sc.SPAN_KV_RETENTION)
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # One scan of the store feeds everything: the agent and proxy spans the breakdown needs, with TTFT
 # by the ``llm_calls`` / ``requests`` views' rules.  DuckDB applies the span-name filter (through
@@ -75,8 +77,16 @@ GIB = 1024 ** 3
 # through the per-kind views instead costs one Parquet scan each, and the ``requests`` /
 # ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
 # request counts.)
-SPAN_NAMES = (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL, sc.SPAN_AGENT_TOOL_CALL,
-              sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_RETENTION)
+SPAN_NAMES = (
+    sc.SPAN_AGENT_SESSION,
+    sc.SPAN_AGENT_TURN,
+    sc.SPAN_AGENT_LLM_CALL,
+    sc.SPAN_AGENT_TOOL_CALL,
+    sc.SPAN_AGENT_APP_WORK,
+    sc.SPAN_AGENT_USER_PAUSE,
+    sc.SPAN_PROXY_REQUEST,
+    sc.SPAN_KV_RETENTION,
+)
 AGENT_SPANS_SQL = f"""
 SELECT name, session_id, turn, start_ns, end_ns,
        CASE name WHEN {_LLM} THEN {float_attr(sc.LLM_TTFT_MS)}
@@ -161,9 +171,11 @@ intervals AS (
 )"""
 
 SESSION_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, start_ns, end_ns, turns FROM session_windows"
-INTERVALS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE} " \
-                "SELECT session_id, turn, s, e, cat FROM intervals i " \
-                "WHERE session_id IS NOT NULL AND (NOT proxy OR session_id IN (SELECT session_id FROM sess WHERE NOT agent_calls))"
+INTERVALS_SQL = (
+    f"WITH {BASE_CTE}, {WINDOWS_CTE}, {INTERVALS_CTE} "
+    "SELECT session_id, turn, s, e, cat FROM intervals i "
+    "WHERE session_id IS NOT NULL AND (NOT proxy OR session_id IN (SELECT session_id FROM sess WHERE NOT agent_calls))"
+)
 TURN_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, turn, start_ns, end_ns FROM turn_windows"
 
 
@@ -248,7 +260,13 @@ TURN_BREAKDOWN_SQL = _sweep_sql(
 
 PRECEDENCE_NOTE = " > ".join(PRECEDENCE)
 BREAKDOWN_COLUMNS = (
-    "session_id", "wall_ms", "input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "user_pause_ms",
+    "session_id",
+    "wall_ms",
+    "input_processing_ms",
+    "generation_ms",
+    "tool_wait_ms",
+    "app_work_ms",
+    "user_pause_ms",
     "turns",
 )
 PART_COLUMNS = ("input_processing_ms", "generation_ms", "tool_wait_ms", "app_work_ms", "user_pause_ms")
@@ -265,41 +283,88 @@ def _parts(window: str) -> tuple:
     )
 
 
-_TAIL = (col("unattributed_ms", DOUBLE, "the part of `app_work_ms` no span covers (untraced work, pauses the agent "
-             "did not mark as user pauses), ms"),
-         col("start_ns", BIGINT, "window start, epoch ns"), col("end_ns", BIGINT, "window end, epoch ns"))
-_KV_HELD = col("kv_gib_s", DOUBLE, "KV D held for the next turns, GiB·s (retention spans: the session's all; a "
-               "turn's those that started in its window; wall-clock s)")
+_TAIL = (
+    col(
+        "unattributed_ms",
+        DOUBLE,
+        "the part of `app_work_ms` no span covers (untraced work, pauses the agent did not mark as user pauses), ms",
+    ),
+    col("start_ns", BIGINT, "window start, epoch ns"),
+    col("end_ns", BIGINT, "window end, epoch ns"),
+)
+_KV_HELD = col(
+    "kv_gib_s",
+    DOUBLE,
+    "KV D held for the next turns, GiB·s (retention spans: the session's all; a "
+    "turn's those that started in its window; wall-clock s)",
+)
 _HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may change)."
 
 VIEWS: tuple[View, ...] = (
-    View("kvtrace_agent_spans", _HELPER + " The agent and proxy spans the breakdown reads, with their TTFT (`session_id` may be NULL: "
-         "such spans join no window).",
-         (col("name", VARCHAR, "span name"), *common("session_id", "turn", "start_ns", "end_ns"),
-          col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms"),
-          col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds")),
-         AGENT_SPANS_SQL, helper=True),
-    View("kvtrace_session_windows", _HELPER + " Each session's window and turn count.",
-         (*common("session_id"), col("start_ns", BIGINT, "window start, epoch ns"),
-          col("end_ns", BIGINT, "window end, epoch ns"), col("turns", BIGINT, "turns")),
-         SESSION_WINDOWS_SQL, helper=True),
-    View("kvtrace_intervals", _HELPER + " The intervals the parts are unions of.",
-         (*common("session_id", "turn"), col("s", BIGINT, "interval start, epoch ns"),
-          col("e", BIGINT, "interval end, epoch ns"),
-          col("cat", INTEGER, f"category: {CAT_GEN} generation, {CAT_INPUT} input processing, {CAT_TOOL} tool, "
-              f"{CAT_APP} app work, {CAT_PAUSE} user pause")),
-         INTERVALS_SQL, helper=True),
-    View("kvtrace_turn_windows", _HELPER + " Each turn's window (agent turn span, else the turn's requests).",
-         (*common("session_id", "turn"), col("start_ns", BIGINT, "window start, epoch ns"),
-          col("end_ns", BIGINT, "window end, epoch ns")),
-         TURN_WINDOWS_SQL, helper=True),
-    View("session_breakdown",
-         "Where each session's wall time goes: five parts that sum to it, each instant counted once, by "
-         f"precedence {PRECEDENCE_NOTE}.",
-         (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL, _KV_HELD),
-         SESSION_BREAKDOWN_SQL),
-    View("turn_breakdown",
-         "The same split per turn (window: the agent turn span, else the turn's requests).",
-         (*common("session_id", "turn"), *_parts("turn"), col("turns", BIGINT, "1"), *_TAIL, _KV_HELD),
-         TURN_BREAKDOWN_SQL),
+    View(
+        "kvtrace_agent_spans",
+        _HELPER + " The agent and proxy spans the breakdown reads, with their TTFT (`session_id` may be NULL: "
+        "such spans join no window).",
+        (
+            col("name", VARCHAR, "span name"),
+            *common("session_id", "turn", "start_ns", "end_ns"),
+            col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms"),
+            col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds"),
+        ),
+        AGENT_SPANS_SQL,
+        helper=True,
+    ),
+    View(
+        "kvtrace_session_windows",
+        _HELPER + " Each session's window and turn count.",
+        (
+            *common("session_id"),
+            col("start_ns", BIGINT, "window start, epoch ns"),
+            col("end_ns", BIGINT, "window end, epoch ns"),
+            col("turns", BIGINT, "turns"),
+        ),
+        SESSION_WINDOWS_SQL,
+        helper=True,
+    ),
+    View(
+        "kvtrace_intervals",
+        _HELPER + " The intervals the parts are unions of.",
+        (
+            *common("session_id", "turn"),
+            col("s", BIGINT, "interval start, epoch ns"),
+            col("e", BIGINT, "interval end, epoch ns"),
+            col(
+                "cat",
+                INTEGER,
+                f"category: {CAT_GEN} generation, {CAT_INPUT} input processing, {CAT_TOOL} tool, "
+                f"{CAT_APP} app work, {CAT_PAUSE} user pause",
+            ),
+        ),
+        INTERVALS_SQL,
+        helper=True,
+    ),
+    View(
+        "kvtrace_turn_windows",
+        _HELPER + " Each turn's window (agent turn span, else the turn's requests).",
+        (
+            *common("session_id", "turn"),
+            col("start_ns", BIGINT, "window start, epoch ns"),
+            col("end_ns", BIGINT, "window end, epoch ns"),
+        ),
+        TURN_WINDOWS_SQL,
+        helper=True,
+    ),
+    View(
+        "session_breakdown",
+        "Where each session's wall time goes: five parts that sum to it, each instant counted once, by "
+        f"precedence {PRECEDENCE_NOTE}.",
+        (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL, _KV_HELD),
+        SESSION_BREAKDOWN_SQL,
+    ),
+    View(
+        "turn_breakdown",
+        "The same split per turn (window: the agent turn span, else the turn's requests).",
+        (*common("session_id", "turn"), *_parts("turn"), col("turns", BIGINT, "1"), *_TAIL, _KV_HELD),
+        TURN_BREAKDOWN_SQL,
+    ),
 )

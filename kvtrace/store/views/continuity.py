@@ -23,8 +23,13 @@ from kvtrace.store.views.registry import BIGINT, DOUBLE, VARCHAR, View, col, com
 
 _REQ, _DEC, _PRE = _q(sc.SPAN_PROXY_REQUEST), _q(sc.SPAN_KV_DECISION), _q(sc.SPAN_ENGINE_PREFILL)
 _CALL, _SESS = _q(sc.SPAN_AGENT_LLM_CALL), _q(sc.SPAN_AGENT_SESSION)
-_NAMES = (sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_DECISION, sc.SPAN_ENGINE_PREFILL, sc.SPAN_AGENT_LLM_CALL,
-          sc.SPAN_AGENT_SESSION)
+_NAMES = (
+    sc.SPAN_PROXY_REQUEST,
+    sc.SPAN_KV_DECISION,
+    sc.SPAN_ENGINE_PREFILL,
+    sc.SPAN_AGENT_LLM_CALL,
+    sc.SPAN_AGENT_SESSION,
+)
 
 CONTINUITY_SQL = f"""
 WITH base AS MATERIALIZED (
@@ -70,21 +75,23 @@ CONTINUITY = View(
     "continuity",
     f"Chat turns the proxy checked for continuity (`{sc.SESSION_CONTINUITY}`, prefix matching on): does each "
     "extend its session's last served turn, and what a break cost.",
-    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "start_ns"),
-     col("agent_name", VARCHAR, "the agent's session span's agent (via the trace's llm_call, else the session id)"),
-     col("scenario", VARCHAR, "the agent's session span's bench scenario"),
-     col("source", VARCHAR, "how the proxy found the session", sc.SESSION_SOURCES),
-     col("continuity", VARCHAR, "against the session's last served turn", sc.CONTINUITIES),
-     col("diverged_at", BIGINT, "index of the first message that differs (diverged turns)"),
-     col("reusable_tokens_lost", BIGINT, "tokens D held that P would have pulled had the prompt extended them"),
-     col("offer_reason", VARCHAR, "the proxy's offer decision", sc.OFFER_REASONS),
-     col("outcome", VARCHAR, "P's decision outcome", sc.OUTCOMES),
-     col("prompt_tokens", BIGINT, "prompt tokens (P's d2p decision)"),
-     col("local_hit_tokens", BIGINT, "tokens P found in its prefix cache"),
-     col("pulled_tokens", BIGINT, "tokens P pulled from D"),
-     col("recomputed_tokens", BIGINT, "prompt tokens P computed"),
-     col("prefill_ms", DOUBLE, "P's engine prefill span(s), ms"),
-     col("ttft_ms", DOUBLE, "time to first token at the proxy, ms")),
+    (
+        *common("trace_id", "span_id", "request_id", "session_id", "turn", "start_ns"),
+        col("agent_name", VARCHAR, "the agent's session span's agent (via the trace's llm_call, else the session id)"),
+        col("scenario", VARCHAR, "the agent's session span's bench scenario"),
+        col("source", VARCHAR, "how the proxy found the session", sc.SESSION_SOURCES),
+        col("continuity", VARCHAR, "against the session's last served turn", sc.CONTINUITIES),
+        col("diverged_at", BIGINT, "index of the first message that differs (diverged turns)"),
+        col("reusable_tokens_lost", BIGINT, "tokens D held that P would have pulled had the prompt extended them"),
+        col("offer_reason", VARCHAR, "the proxy's offer decision", sc.OFFER_REASONS),
+        col("outcome", VARCHAR, "P's decision outcome", sc.OUTCOMES),
+        col("prompt_tokens", BIGINT, "prompt tokens (P's d2p decision)"),
+        col("local_hit_tokens", BIGINT, "tokens P found in its prefix cache"),
+        col("pulled_tokens", BIGINT, "tokens P pulled from D"),
+        col("recomputed_tokens", BIGINT, "prompt tokens P computed"),
+        col("prefill_ms", DOUBLE, "P's engine prefill span(s), ms"),
+        col("ttft_ms", DOUBLE, "time to first token at the proxy, ms"),
+    ),
     CONTINUITY_SQL,
 )
 

@@ -82,14 +82,28 @@ def _view(view: View) -> list[str]:
 
 
 def render() -> str:
-    lines = [INTRO, "## Common columns", "",
-             "Derived columns with the same meaning in every view that has them.", "",
-             "| column | type | meaning |", "|---|---|---|", *(_row(c) for c in COMMON.values()), ""]
+    lines = [
+        INTRO,
+        "## Common columns",
+        "",
+        "Derived columns with the same meaning in every view that has them.",
+        "",
+        "| column | type | meaning |",
+        "|---|---|---|",
+        *(_row(c) for c in COMMON.values()),
+        "",
+    ]
     for view in PUBLIC:
         lines += _view(view)
     helpers = [v for v in VIEWS if v.helper]
-    lines += ["## Helper views", "",
-              "Building blocks of `session_breakdown` and `turn_breakdown` (internal: their columns may change).", ""]
-    lines += [f"- `{v.name}`: {v.description.split('). ', 1)[-1]} Columns: "
-              f"{', '.join(f'`{c.name}`' for c in v.columns)}." for v in helpers]
+    lines += [
+        "## Helper views",
+        "",
+        "Building blocks of `session_breakdown` and `turn_breakdown` (internal: their columns may change).",
+        "",
+    ]
+    lines += [
+        f"- `{v.name}`: {v.description.split('). ', 1)[-1]} Columns: {', '.join(f'`{c.name}`' for c in v.columns)}."
+        for v in helpers
+    ]
     return "\n".join(lines).rstrip() + "\n"

@@ -24,7 +24,10 @@ of the trace, span, session and request ids, for faster joins), and :data:`TURN_
 from __future__ import annotations
 
 from kvtrace import semconv as sc
-from kvtrace.store.sql import float_attr as _f, int_attr as _i, literal as _q, str_attr as _s
+from kvtrace.store.sql import float_attr as _f
+from kvtrace.store.sql import int_attr as _i
+from kvtrace.store.sql import literal as _q
+from kvtrace.store.sql import str_attr as _s
 from kvtrace.store.views.registry import BIGINT, BOOLEAN, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 
@@ -73,7 +76,7 @@ SELECT name, {{ids}}, {{turn}} AS turn, engine_id, start_ns, end_ns,
   {{agent_name}} AS agent_name,
   {{scenario}} AS scenario
 FROM spans
-WHERE name IN ({', '.join(map(_q, (DEC, XFER, RET, REQ, PRE, SESS)))})
+WHERE name IN ({", ".join(map(_q, (DEC, XFER, RET, REQ, PRE, SESS)))})
   AND (name NOT IN ({_q(DEC)}, {_q(XFER)}) OR {_s(sc.KV_DIRECTION)} = {_q(sc.DIRECTION_D2P)})
 """
 # columns only the view shows (the what-if replay reads none of them)
@@ -84,22 +87,27 @@ _VIEW_ONLY = {
     "agent_name": (_when((SESS,), _s(sc.GEN_AI_AGENT_NAME)), "VARCHAR"),
     "scenario": (_when((SESS,), _s(sc.AGENT_SCENARIO)), "VARCHAR"),
 }
-BASE_SQL = _BASE_SQL.format(ids="trace_id, span_id, parent_span_id, session_id, request_id",
-                            **{name: expr for name, (expr, _) in _VIEW_ONLY.items()})
+BASE_SQL = _BASE_SQL.format(
+    ids="trace_id, span_id, parent_span_id, session_id, request_id",
+    **{name: expr for name, (expr, _) in _VIEW_ONLY.items()},
+)
 # for the what-if replay: the ids as 64-bit hashes, joins on integers (it never shows ids; session
 # and request ids may be NULL, and stay NULL: a NULL never joins), NULL for the view-only columns
 BASE_SQL_HASHED_IDS = _BASE_SQL.format(
     ids="hash(trace_id) AS trace_id, hash(span_id) AS span_id, hash(parent_span_id) AS parent_span_id, "
-        "CASE WHEN session_id IS NOT NULL THEN hash(session_id) END AS session_id, "
-        "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id",
-    **{name: f"CAST(NULL AS {kind})" for name, (_, kind) in _VIEW_ONLY.items()})
+    "CASE WHEN session_id IS NOT NULL THEN hash(session_id) END AS session_id, "
+    "CASE WHEN request_id IS NOT NULL THEN hash(request_id) END AS request_id",
+    **{name: f"CAST(NULL AS {kind})" for name, (_, kind) in _VIEW_ONLY.items()},
+)
 
 
 def requests_sql(columns: tuple[str, ...]) -> str:
     """The proxy's request span of each (trace, request id) in ``base``: ``columns`` of its first."""
     first = ", ".join(f"arg_min({c}, start_ns) AS {c}" for c in columns)
-    return (f"SELECT trace_id, request_id, {first} FROM base WHERE name = {_q(REQ)} AND request_id IS NOT NULL "
-            "GROUP BY trace_id, request_id")
+    return (
+        f"SELECT trace_id, request_id, {first} FROM base WHERE name = {_q(REQ)} AND request_id IS NOT NULL "
+        "GROUP BY trace_id, request_id"
+    )
 
 
 # over ``base``: retentions, d2p decisions, each decision's latest retention of its session (then
@@ -163,37 +171,44 @@ TURN_GAPS = View(
     "none when two turns overlap, or without a session id), the gap, what D held and what happened. "
     "Times in model seconds (wall x the D engine's time scale; wall on vLLM). `kvtrace whatif` replays "
     "these gaps under other TTLs. SQL in `kvtrace/store/views/gaps.py`.",
-    (*common("trace_id", "span_id", "session_id", "turn", "request_id", "engine_id"),
-     col("agent_name", VARCHAR, "the session's agent span: agent name"),
-     col("scenario", VARCHAR, "the session's agent span: bench scenario"),
-     *common("start_ns", "end_ns"),
-     col("held_s", DOUBLE, f"how long D held the blocks, {_MODEL_S}"),
-     col("blocks", BIGINT, "blocks held"),
-     col("tokens", BIGINT, "tokens held (what D offers the next turn: `remote_num_tokens`)"),
-     col("bytes", BIGINT, "bytes held"),
-     col("ttl_s", DOUBLE, "`decoder_kv_blocks_ttl` in force, s"),
-     col("retention_outcome", VARCHAR, f"how the hold ended: {', '.join(sc.RETENTION_OUTCOMES)}"),
-     col("time_scale", DOUBLE, f"the D engine's `{sc.SIM_TIME_SCALE}` (1.0 unless simulated faster than real time)"),
-     col("next_trace_id", VARCHAR, "the next d2p decision's trace"),
-     col("next_span_id", VARCHAR, "the next d2p decision's span"),
-     col("next_request_id", VARCHAR, "the next request"),
-     col("next_turn", INTEGER, "the next request's turn"),
-     col("next_engine_id", VARCHAR, "the P engine that decided"),
-     col("next_start_ns", BIGINT, "when it decided, epoch ns"),
-     col("gap_s", DOUBLE, f"decode end on D to that decision, {_MODEL_S}"),
-     col("expiry_gap_s", DOUBLE, f"the same gap as vLLM measured it: `ttl_s` minus the `{sc.KV_EXPIRY_REMAINING_S}` "
-         "P saw (when the next request was offered these blocks)"),
-     col("entry_age_s", DOUBLE, f"age of the proxy's conversation entry when the next request arrived, {_MODEL_S}"),
-     col("offer_ttl_s", DOUBLE, f"the proxy's `--conversation-ttl`, {_MODEL_S}"),
-     col("offered", BOOLEAN, "the proxy offered D's blocks to the next request"),
-     col("offer_reason", VARCHAR, f"why (not): {', '.join(sc.OFFER_REASONS)}"),
-     col("outcome", VARCHAR, f"the next decision's recorded outcome: {', '.join(sc.OUTCOMES)}"),
-     col("pulled_tokens", BIGINT, "tokens it pulled"),
-     col("recomputed_tokens", BIGINT, "prompt tokens it computed")),
+    (
+        *common("trace_id", "span_id", "session_id", "turn", "request_id", "engine_id"),
+        col("agent_name", VARCHAR, "the session's agent span: agent name"),
+        col("scenario", VARCHAR, "the session's agent span: bench scenario"),
+        *common("start_ns", "end_ns"),
+        col("held_s", DOUBLE, f"how long D held the blocks, {_MODEL_S}"),
+        col("blocks", BIGINT, "blocks held"),
+        col("tokens", BIGINT, "tokens held (what D offers the next turn: `remote_num_tokens`)"),
+        col("bytes", BIGINT, "bytes held"),
+        col("ttl_s", DOUBLE, "`decoder_kv_blocks_ttl` in force, s"),
+        col("retention_outcome", VARCHAR, f"how the hold ended: {', '.join(sc.RETENTION_OUTCOMES)}"),
+        col("time_scale", DOUBLE, f"the D engine's `{sc.SIM_TIME_SCALE}` (1.0 unless simulated faster than real time)"),
+        col("next_trace_id", VARCHAR, "the next d2p decision's trace"),
+        col("next_span_id", VARCHAR, "the next d2p decision's span"),
+        col("next_request_id", VARCHAR, "the next request"),
+        col("next_turn", INTEGER, "the next request's turn"),
+        col("next_engine_id", VARCHAR, "the P engine that decided"),
+        col("next_start_ns", BIGINT, "when it decided, epoch ns"),
+        col("gap_s", DOUBLE, f"decode end on D to that decision, {_MODEL_S}"),
+        col(
+            "expiry_gap_s",
+            DOUBLE,
+            f"the same gap as vLLM measured it: `ttl_s` minus the `{sc.KV_EXPIRY_REMAINING_S}` "
+            "P saw (when the next request was offered these blocks)",
+        ),
+        col("entry_age_s", DOUBLE, f"age of the proxy's conversation entry when the next request arrived, {_MODEL_S}"),
+        col("offer_ttl_s", DOUBLE, f"the proxy's `--conversation-ttl`, {_MODEL_S}"),
+        col("offered", BOOLEAN, "the proxy offered D's blocks to the next request"),
+        col("offer_reason", VARCHAR, f"why (not): {', '.join(sc.OFFER_REASONS)}"),
+        col("outcome", VARCHAR, f"the next decision's recorded outcome: {', '.join(sc.OUTCOMES)}"),
+        col("pulled_tokens", BIGINT, "tokens it pulled"),
+        col("recomputed_tokens", BIGINT, "prompt tokens it computed"),
+    ),
     f"""
 WITH base AS MATERIALIZED ({BASE_SQL}),
 {TURN_GAPS_CTES}
 {TURN_GAPS_SELECT}
-""")
+""",
+)
 
 VIEWS: tuple[View, ...] = (TURN_GAPS,)

@@ -56,24 +56,27 @@ class View:
         return tuple(c.name for c in self.columns)
 
 
-COMMON: dict[str, Column] = {c.name: c for c in (
-    Column("trace_id", VARCHAR, "32 hex trace id"),
-    Column("span_id", VARCHAR, "16 hex span id"),
-    Column("parent_span_id", VARCHAR, "parent's span id, `''` for roots"),
-    Column("request_id", VARCHAR, f"`{sc.GEN_AI_REQUEST_ID}` (the X-Request-Id shared by proxy, P and D)"),
-    Column("session_id", VARCHAR, f"`{sc.SESSION_ID}`, else `{sc.GEN_AI_CONVERSATION_ID}`"),
-    Column("turn", INTEGER, f"`{sc.TURN_INDEX}` (0-based)"),
-    Column("engine_id", VARCHAR, f"`{sc.ENGINE_ID}` of the span, else of its resource"),
-    Column("engine_role", VARCHAR, f"`{sc.ENGINE_ROLE}` of the span, else of its resource", sc.ROLES),
-    Column("substrate", VARCHAR, f"`{sc.SUBSTRATE}` of the span or its resource", sc.SUBSTRATES),
-    Column("service_name", VARCHAR, "resource `service.name`"),
-    Column("start_time", TIMESTAMPTZ, "span start (µs precision)"),
-    Column("end_time", TIMESTAMPTZ, "span end (µs precision)"),
-    Column("start_ns", BIGINT, "span start, epoch ns"),
-    Column("end_ns", BIGINT, "span end, epoch ns"),
-    Column("duration_ms", DOUBLE, "span duration, ms"),
-    Column("status_code", VARCHAR, "span status, spelled as stored in `StatusCode`", STATUS_CODE_VALUES),
-)}
+COMMON: dict[str, Column] = {
+    c.name: c
+    for c in (
+        Column("trace_id", VARCHAR, "32 hex trace id"),
+        Column("span_id", VARCHAR, "16 hex span id"),
+        Column("parent_span_id", VARCHAR, "parent's span id, `''` for roots"),
+        Column("request_id", VARCHAR, f"`{sc.GEN_AI_REQUEST_ID}` (the X-Request-Id shared by proxy, P and D)"),
+        Column("session_id", VARCHAR, f"`{sc.SESSION_ID}`, else `{sc.GEN_AI_CONVERSATION_ID}`"),
+        Column("turn", INTEGER, f"`{sc.TURN_INDEX}` (0-based)"),
+        Column("engine_id", VARCHAR, f"`{sc.ENGINE_ID}` of the span, else of its resource"),
+        Column("engine_role", VARCHAR, f"`{sc.ENGINE_ROLE}` of the span, else of its resource", sc.ROLES),
+        Column("substrate", VARCHAR, f"`{sc.SUBSTRATE}` of the span or its resource", sc.SUBSTRATES),
+        Column("service_name", VARCHAR, "resource `service.name`"),
+        Column("start_time", TIMESTAMPTZ, "span start (µs precision)"),
+        Column("end_time", TIMESTAMPTZ, "span end (µs precision)"),
+        Column("start_ns", BIGINT, "span start, epoch ns"),
+        Column("end_ns", BIGINT, "span end, epoch ns"),
+        Column("duration_ms", DOUBLE, "span duration, ms"),
+        Column("status_code", VARCHAR, "span status, spelled as stored in `StatusCode`", STATUS_CODE_VALUES),
+    )
+}
 
 
 def common(*names: str) -> tuple[Column, ...]:

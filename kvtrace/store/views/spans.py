@@ -18,8 +18,18 @@ from kvtrace.store.sql import literals
 from kvtrace.store.sql import str_attr as _s
 from kvtrace.store.sql import str_attr_or_resource as _sr
 from kvtrace.store.views.registry import (
-    BIGINT, BOOLEAN, DOUBLE, INTEGER, SPAN_KIND_VALUES, STATUS_CODE_VALUES, TIMESTAMPTZ, VARCHAR, Column, View,
-    col, common,
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    INTEGER,
+    SPAN_KIND_VALUES,
+    STATUS_CODE_VALUES,
+    TIMESTAMPTZ,
+    VARCHAR,
+    Column,
+    View,
+    col,
+    common,
 )
 
 RAW = "kvtrace_raw"
@@ -58,11 +68,27 @@ RAW_COLUMNS: tuple[Column, ...] = (
 SPANS = View(
     "spans",
     "Every span: the raw columns plus the derived ones.",
-    (*RAW_COLUMNS, *common("trace_id", "span_id", "parent_span_id"),
-     col("name", VARCHAR, "span name (= `SpanName`)"),
-     col("kind", VARCHAR, "span kind (= `SpanKind`)", SPAN_KIND_VALUES),
-     *common("service_name", "start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code",
-             "session_id", "request_id", "turn", "engine_id", "engine_role", "substrate")),
+    (
+        *RAW_COLUMNS,
+        *common("trace_id", "span_id", "parent_span_id"),
+        col("name", VARCHAR, "span name (= `SpanName`)"),
+        col("kind", VARCHAR, "span kind (= `SpanKind`)", SPAN_KIND_VALUES),
+        *common(
+            "service_name",
+            "start_time",
+            "end_time",
+            "start_ns",
+            "end_ns",
+            "duration_ms",
+            "status_code",
+            "session_id",
+            "request_id",
+            "turn",
+            "engine_id",
+            "engine_role",
+            "substrate",
+        ),
+    ),
     f"""
 SELECT r.*,
   TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_span_id, SpanName AS name,
@@ -77,32 +103,46 @@ SELECT r.*,
   {_sr(sc.ENGINE_ID)} AS engine_id, {_sr(sc.ENGINE_ROLE)} AS engine_role,
   {_sr(sc.SUBSTRATE)} AS substrate
 FROM {RAW} AS r
-""")
+""",
+)
 
 # substrate of proxy/agent spans: that of the engine spans in the same trace
-_TRACE_SUBSTRATE = ("(SELECT trace_id, min(substrate) AS t_substrate FROM spans WHERE substrate IS NOT NULL "
-                    "GROUP BY trace_id)")
+_TRACE_SUBSTRATE = (
+    "(SELECT trace_id, min(substrate) AS t_substrate FROM spans WHERE substrate IS NOT NULL GROUP BY trace_id)"
+)
 
 REQUESTS = View(
     "requests",
     f"Proxy SERVER spans (`{sc.SPAN_PROXY_REQUEST}`): one row per request the proxy served.",
-    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "service_name", "start_time", "end_time",
-             "start_ns", "end_ns"),
-     col("ttft_ms", DOUBLE, "time to first token at the proxy, ms"),
-     col("latency_ms", DOUBLE, "completed latency, ms (span duration when not recorded)"),
-     col("input_tokens", BIGINT, "prompt tokens reported by D"),
-     col("output_tokens", BIGINT, "generated tokens reported by D"),
-     *common("status_code"),
-     col("http_status", BIGINT, "HTTP status returned to the client"),
-     col("stream", BOOLEAN, "the client asked for streaming"),
-     col("offered", BOOLEAN, "D's retained blocks were offered to P"),
-     col("offer_reason", VARCHAR, "why (not) offered", sc.OFFER_REASONS),
-     col("fallback", VARCHAR, "fault handling applied", sc.FALLBACKS),
-     col("outcome", VARCHAR, "P's decision outcome as reported", sc.OUTCOMES),
-     col("pulled_tokens", BIGINT, "tokens P pulled from D"),
-     col("prefill_endpoint", VARCHAR, "P worker URL chosen"),
-     col("decode_endpoint", VARCHAR, "D worker URL chosen"),
-     col("substrate", VARCHAR, "the substrate of the engine spans in the request's trace", sc.SUBSTRATES)),
+    (
+        *common(
+            "trace_id",
+            "span_id",
+            "request_id",
+            "session_id",
+            "turn",
+            "service_name",
+            "start_time",
+            "end_time",
+            "start_ns",
+            "end_ns",
+        ),
+        col("ttft_ms", DOUBLE, "time to first token at the proxy, ms"),
+        col("latency_ms", DOUBLE, "completed latency, ms (span duration when not recorded)"),
+        col("input_tokens", BIGINT, "prompt tokens reported by D"),
+        col("output_tokens", BIGINT, "generated tokens reported by D"),
+        *common("status_code"),
+        col("http_status", BIGINT, "HTTP status returned to the client"),
+        col("stream", BOOLEAN, "the client asked for streaming"),
+        col("offered", BOOLEAN, "D's retained blocks were offered to P"),
+        col("offer_reason", VARCHAR, "why (not) offered", sc.OFFER_REASONS),
+        col("fallback", VARCHAR, "fault handling applied", sc.FALLBACKS),
+        col("outcome", VARCHAR, "P's decision outcome as reported", sc.OUTCOMES),
+        col("pulled_tokens", BIGINT, "tokens P pulled from D"),
+        col("prefill_endpoint", VARCHAR, "P worker URL chosen"),
+        col("decode_endpoint", VARCHAR, "D worker URL chosen"),
+        col("substrate", VARCHAR, "the substrate of the engine spans in the request's trace", sc.SUBSTRATES),
+    ),
     f"""
 SELECT s.trace_id, span_id, request_id, session_id, turn, service_name, start_time, end_time, start_ns, end_ns,
   {_f(sc.REQUEST_TTFT_MS)} AS ttft_ms, COALESCE({_f(sc.REQUEST_LATENCY_MS)}, duration_ms) AS latency_ms,
@@ -115,23 +155,26 @@ SELECT s.trace_id, span_id, request_id, session_id, turn, service_name, start_ti
   COALESCE(substrate, t.t_substrate) AS substrate
 FROM spans s LEFT JOIN {_TRACE_SUBSTRATE} t ON t.trace_id = s.trace_id
 WHERE name = {_q(sc.SPAN_PROXY_REQUEST)}
-""")
+""",
+)
 
 KV_DECISIONS = View(
     "kv_decisions",
     f"`{sc.SPAN_KV_DECISION}` spans: each pull-vs-recompute decision of a worker.",
-    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
-     col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` (P pulls D's blocks) or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
-     col("outcome", VARCHAR, "the decision", sc.OUTCOMES),
-     col("prompt_tokens", BIGINT, "prompt tokens"),
-     col("local_hit_tokens", BIGINT, "tokens found in the local prefix cache"),
-     col("remote_tokens", BIGINT, "reusable tokens the peer offered"),
-     col("pulled_tokens", BIGINT, "tokens loaded from the peer"),
-     col("recomputed_tokens", BIGINT, "prompt tokens computed locally"),
-     col("threshold", BIGINT, "kv_recompute_threshold in force"),
-     col("expiry_remaining_s", DOUBLE, "seconds left before the peer's blocks expire"),
-     col("peer_engine_id", VARCHAR, "peer engine"),
-     *common("start_time", "start_ns", "duration_ms", "service_name", "substrate")),
+    (
+        *common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
+        col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` (P pulls D's blocks) or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
+        col("outcome", VARCHAR, "the decision", sc.OUTCOMES),
+        col("prompt_tokens", BIGINT, "prompt tokens"),
+        col("local_hit_tokens", BIGINT, "tokens found in the local prefix cache"),
+        col("remote_tokens", BIGINT, "reusable tokens the peer offered"),
+        col("pulled_tokens", BIGINT, "tokens loaded from the peer"),
+        col("recomputed_tokens", BIGINT, "prompt tokens computed locally"),
+        col("threshold", BIGINT, "kv_recompute_threshold in force"),
+        col("expiry_remaining_s", DOUBLE, "seconds left before the peer's blocks expire"),
+        col("peer_engine_id", VARCHAR, "peer engine"),
+        *common("start_time", "start_ns", "duration_ms", "service_name", "substrate"),
+    ),
     f"""
 SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
   {_s(sc.KV_DIRECTION)} AS direction, {_s(sc.KV_OUTCOME)} AS outcome,
@@ -141,22 +184,25 @@ SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
   {_f(sc.KV_EXPIRY_REMAINING_S)} AS expiry_remaining_s, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
   start_time, start_ns, duration_ms, service_name, substrate
 FROM spans WHERE name = {_q(sc.SPAN_KV_DECISION)}
-""")
+""",
+)
 
 KV_TRANSFERS = View(
     "kv_transfers",
     f"`{sc.SPAN_KV_TRANSFER}` spans: KV blocks moved between workers.",
-    (*common("trace_id", "span_id", "parent_span_id", "request_id", "session_id", "turn", "engine_id"),
-     col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
-     col("tokens", BIGINT, "tokens loaded"),
-     col("blocks", BIGINT, "blocks loaded"),
-     col("bytes", BIGINT, "bytes loaded"),
-     col("status", VARCHAR, "how the transfer ended", sc.TRANSFER_STATUSES),
-     col("xfer_ms", DOUBLE, "transport time reported by the worker, ms"),
-     *common("duration_ms", "start_time", "end_time", "start_ns", "end_ns"),
-     col("peer_engine_id", VARCHAR, "engine the blocks came from"),
-     col("remote_request_id", VARCHAR, "the peer's request id"),
-     *common("substrate")),
+    (
+        *common("trace_id", "span_id", "parent_span_id", "request_id", "session_id", "turn", "engine_id"),
+        col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
+        col("tokens", BIGINT, "tokens loaded"),
+        col("blocks", BIGINT, "blocks loaded"),
+        col("bytes", BIGINT, "bytes loaded"),
+        col("status", VARCHAR, "how the transfer ended", sc.TRANSFER_STATUSES),
+        col("xfer_ms", DOUBLE, "transport time reported by the worker, ms"),
+        *common("duration_ms", "start_time", "end_time", "start_ns", "end_ns"),
+        col("peer_engine_id", VARCHAR, "engine the blocks came from"),
+        col("remote_request_id", VARCHAR, "the peer's request id"),
+        *common("substrate"),
+    ),
     f"""
 SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_id,
   {_s(sc.KV_DIRECTION)} AS direction, {_i(sc.KV_TRANSFER_TOKENS)} AS tokens,
@@ -165,21 +211,24 @@ SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_i
   start_time, end_time, start_ns, end_ns, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
   {_s(sc.KV_REMOTE_REQUEST_ID)} AS remote_request_id, substrate
 FROM spans WHERE name = {_q(sc.SPAN_KV_TRANSFER)}
-""")
+""",
+)
 
 KV_RETENTION = View(
     "kv_retention",
     f"`{sc.SPAN_KV_RETENTION}` spans: blocks D holds after a turn, until read, expired or released.",
-    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id"),
-     col("blocks", BIGINT, "blocks held"),
-     col("tokens", BIGINT, "tokens held"),
-     col("bytes", BIGINT, "bytes held"),
-     col("ttl_s", DOUBLE, "decoder_kv_blocks_ttl, s"),
-     col("outcome", VARCHAR, "how the hold ended", sc.RETENTION_OUTCOMES),
-     *common("start_time", "end_time", "start_ns", "end_ns"),
-     col("held_s", DOUBLE, "how long the blocks were held, s"),
-     col("byte_seconds", DOUBLE, "`bytes * held_s`"),
-     *common("substrate")),
+    (
+        *common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id"),
+        col("blocks", BIGINT, "blocks held"),
+        col("tokens", BIGINT, "tokens held"),
+        col("bytes", BIGINT, "bytes held"),
+        col("ttl_s", DOUBLE, "decoder_kv_blocks_ttl, s"),
+        col("outcome", VARCHAR, "how the hold ended", sc.RETENTION_OUTCOMES),
+        *common("start_time", "end_time", "start_ns", "end_ns"),
+        col("held_s", DOUBLE, "how long the blocks were held, s"),
+        col("byte_seconds", DOUBLE, "`bytes * held_s`"),
+        *common("substrate"),
+    ),
     f"""
 SELECT trace_id, span_id, request_id, session_id, turn, engine_id,
   {_i(sc.KV_RETENTION_BLOCKS)} AS blocks, {_i(sc.KV_RETENTION_TOKENS)} AS tokens,
@@ -187,68 +236,81 @@ SELECT trace_id, span_id, request_id, session_id, turn, engine_id,
   {_s(sc.KV_RETENTION_OUTCOME)} AS outcome, start_time, end_time, start_ns, end_ns,
   Duration / 1e9 AS held_s, {_i(sc.KV_RETENTION_BYTES)} * (Duration / 1e9) AS byte_seconds, substrate
 FROM spans WHERE name = {_q(sc.SPAN_KV_RETENTION)}
-""")
+""",
+)
 
 ENGINE_REQUESTS = View(
     "engine_requests",
     f"`{sc.SPAN_ENGINE_PREFILL}` / `{sc.SPAN_ENGINE_DECODE}` spans: a request's work on one worker.",
-    (*common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
-     col("phase", VARCHAR, "which span", (sc.ROLE_PREFILL, sc.ROLE_DECODE)),
-     col("prompt_tokens", BIGINT, "prompt tokens"),
-     col("output_tokens", BIGINT, "generated tokens (decode)"),
-     col("cached_tokens", BIGINT, "tokens not computed on this worker"),
-     *common("start_ns", "end_ns", "duration_ms", "substrate")),
+    (
+        *common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
+        col("phase", VARCHAR, "which span", (sc.ROLE_PREFILL, sc.ROLE_DECODE)),
+        col("prompt_tokens", BIGINT, "prompt tokens"),
+        col("output_tokens", BIGINT, "generated tokens (decode)"),
+        col("cached_tokens", BIGINT, "tokens not computed on this worker"),
+        *common("start_ns", "end_ns", "duration_ms", "substrate"),
+    ),
     f"""
 SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
   CASE name WHEN {_q(sc.SPAN_ENGINE_PREFILL)} THEN {_q(sc.ROLE_PREFILL)} ELSE {_q(sc.ROLE_DECODE)} END AS phase,
   {_i(sc.KV_PROMPT_TOKENS)} AS prompt_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
   {_i(sc.REQUEST_CACHED_TOKENS)} AS cached_tokens, start_ns, end_ns, duration_ms, substrate
 FROM spans WHERE name IN ({literals((sc.SPAN_ENGINE_PREFILL, sc.SPAN_ENGINE_DECODE))})
-""")
+""",
+)
 
 LLM_CALLS = View(
     "llm_calls",
     f"Agent `{sc.SPAN_AGENT_LLM_CALL}` spans: each LLM call as the agent saw it.",
-    (*common("trace_id", "span_id", "session_id", "turn", "request_id"),
-     col("model", VARCHAR, f"`{sc.GEN_AI_REQUEST_MODEL}`"),
-     col("input_tokens", BIGINT, "prompt tokens (usage)"),
-     col("output_tokens", BIGINT, "generated tokens (usage)"),
-     col("ttft_ms", DOUBLE, "time to first token, ms"),
-     col("tpot_ms", DOUBLE, "time per output token, ms"),
-     col("outcome", VARCHAR, "P's decision, from the response's kv_transfer object", sc.OUTCOMES),
-     col("pulled_tokens", BIGINT, "tokens P pulled, from the kv_transfer object"),
-     *common("start_ns", "end_ns", "duration_ms", "status_code")),
+    (
+        *common("trace_id", "span_id", "session_id", "turn", "request_id"),
+        col("model", VARCHAR, f"`{sc.GEN_AI_REQUEST_MODEL}`"),
+        col("input_tokens", BIGINT, "prompt tokens (usage)"),
+        col("output_tokens", BIGINT, "generated tokens (usage)"),
+        col("ttft_ms", DOUBLE, "time to first token, ms"),
+        col("tpot_ms", DOUBLE, "time per output token, ms"),
+        col("outcome", VARCHAR, "P's decision, from the response's kv_transfer object", sc.OUTCOMES),
+        col("pulled_tokens", BIGINT, "tokens P pulled, from the kv_transfer object"),
+        *common("start_ns", "end_ns", "duration_ms", "status_code"),
+    ),
     f"""
 SELECT trace_id, span_id, session_id, turn, request_id, {_s(sc.GEN_AI_REQUEST_MODEL)} AS model,
   {_i(sc.GEN_AI_USAGE_INPUT_TOKENS)} AS input_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
   {_f(sc.LLM_TTFT_MS)} AS ttft_ms, {_f(sc.LLM_TPOT_MS)} AS tpot_ms, {_s(sc.KV_OUTCOME)} AS outcome,
   {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens, start_ns, end_ns, duration_ms, status_code
 FROM spans WHERE name = {_q(sc.SPAN_AGENT_LLM_CALL)}
-""")
+""",
+)
 
 TOOL_CALLS = View(
     "tool_calls",
     f"`{sc.SPAN_AGENT_TOOL_CALL}` spans: the agent's tool executions.",
-    (*common("trace_id", "span_id", "session_id", "turn"),
-     col("tool_name", VARCHAR, f"`{sc.GEN_AI_TOOL_NAME}`"),
-     col("tool_call_id", VARCHAR, f"`{sc.GEN_AI_TOOL_CALL_ID}`"),
-     *common("start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code")),
+    (
+        *common("trace_id", "span_id", "session_id", "turn"),
+        col("tool_name", VARCHAR, f"`{sc.GEN_AI_TOOL_NAME}`"),
+        col("tool_call_id", VARCHAR, f"`{sc.GEN_AI_TOOL_CALL_ID}`"),
+        *common("start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code"),
+    ),
     f"""
 SELECT trace_id, span_id, session_id, turn, {_s(sc.GEN_AI_TOOL_NAME)} AS tool_name,
   {_s(sc.GEN_AI_TOOL_CALL_ID)} AS tool_call_id, start_time, end_time, start_ns, end_ns, duration_ms, status_code
 FROM spans WHERE name = {_q(sc.SPAN_AGENT_TOOL_CALL)}
-""")
+""",
+)
 
 APP_WORK = View(
     "app_work",
     f"`{sc.SPAN_AGENT_APP_WORK}` spans: the agent's own work between calls.",
-    (*common("trace_id", "span_id", "session_id", "turn"),
-     col("work_name", VARCHAR, "what the work was"),
-     *common("start_ns", "end_ns", "duration_ms")),
+    (
+        *common("trace_id", "span_id", "session_id", "turn"),
+        col("work_name", VARCHAR, "what the work was"),
+        *common("start_ns", "end_ns", "duration_ms"),
+    ),
     f"""
 SELECT trace_id, span_id, session_id, turn, {_s(sc.AGENT_WORK_NAME)} AS work_name, start_ns, end_ns, duration_ms
 FROM spans WHERE name = {_q(sc.SPAN_AGENT_APP_WORK)}
-""")
+""",
+)
 
 TURNS = View(
     "turns",
@@ -257,25 +319,32 @@ TURNS = View(
     f"""
 SELECT trace_id, span_id, session_id, turn, start_time, end_time, start_ns, end_ns, duration_ms
 FROM spans WHERE name = {_q(sc.SPAN_AGENT_TURN)}
-""")
+""",
+)
 
 SESSIONS = View(
     "sessions",
     f"One row per session id: from agent session spans (`{sc.SPAN_AGENT_SESSION}`), else from proxy requests.",
-    (col("trace_id", VARCHAR, "the session span's trace, else the smallest request trace id"),
-     *common("session_id"),
-     col("agent_name", VARCHAR, f"`{sc.GEN_AI_AGENT_NAME}` of the session span"),
-     col("scenario", VARCHAR, f"`{sc.AGENT_SCENARIO}` of the session span"),
-     col("start_time", TIMESTAMPTZ, "session span start, else first request start"),
-     col("end_time", TIMESTAMPTZ, "session span end, else last request end"),
-     col("start_ns", BIGINT, "`start_time`, epoch ns"),
-     col("end_ns", BIGINT, "`end_time`, epoch ns"),
-     col("wall_ms", DOUBLE, "`end_ns - start_ns`, ms"),
-     col("turns", BIGINT, "distinct turns (turn spans, else requests)"),
-     col("traces", BIGINT, "distinct traces carrying the session id"),
-     col("requests", BIGINT, "proxy requests, else LLM calls"),
-     col("kv_gib_s", DOUBLE, "KV D held for the session's next turns, GiB·s (its retention spans: bytes x held "
-         "seconds / 2^30, wall clock)")),
+    (
+        col("trace_id", VARCHAR, "the session span's trace, else the smallest request trace id"),
+        *common("session_id"),
+        col("agent_name", VARCHAR, f"`{sc.GEN_AI_AGENT_NAME}` of the session span"),
+        col("scenario", VARCHAR, f"`{sc.AGENT_SCENARIO}` of the session span"),
+        col("start_time", TIMESTAMPTZ, "session span start, else first request start"),
+        col("end_time", TIMESTAMPTZ, "session span end, else last request end"),
+        col("start_ns", BIGINT, "`start_time`, epoch ns"),
+        col("end_ns", BIGINT, "`end_time`, epoch ns"),
+        col("wall_ms", DOUBLE, "`end_ns - start_ns`, ms"),
+        col("turns", BIGINT, "distinct turns (turn spans, else requests)"),
+        col("traces", BIGINT, "distinct traces carrying the session id"),
+        col("requests", BIGINT, "proxy requests, else LLM calls"),
+        col(
+            "kv_gib_s",
+            DOUBLE,
+            "KV D held for the session's next turns, GiB·s (its retention spans: bytes x held "
+            "seconds / 2^30, wall clock)",
+        ),
+    ),
     f"""
 WITH sess AS (
   SELECT session_id, min(trace_id) AS trace_id, min({_s(sc.GEN_AI_AGENT_NAME)}) AS agent_name,
@@ -299,7 +368,19 @@ SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.a
   COALESCE(req.requests, llm.calls, 0) AS requests, COALESCE(ret.byte_s, 0) / 1073741824.0 AS kv_gib_s
 FROM ids LEFT JOIN sess USING (session_id) LEFT JOIN req USING (session_id) LEFT JOIN llm USING (session_id)
   LEFT JOIN trn USING (session_id) LEFT JOIN trc USING (session_id) LEFT JOIN ret USING (session_id)
-""")
+""",
+)
 
-VIEWS: tuple[View, ...] = (SPANS, REQUESTS, KV_DECISIONS, KV_TRANSFERS, KV_RETENTION, ENGINE_REQUESTS, LLM_CALLS,
-                           TOOL_CALLS, APP_WORK, TURNS, SESSIONS)
+VIEWS: tuple[View, ...] = (
+    SPANS,
+    REQUESTS,
+    KV_DECISIONS,
+    KV_TRANSFERS,
+    KV_RETENTION,
+    ENGINE_REQUESTS,
+    LLM_CALLS,
+    TOOL_CALLS,
+    APP_WORK,
+    TURNS,
+    SESSIONS,
+)
