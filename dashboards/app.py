@@ -10,14 +10,7 @@ pages' imports done at server start), or directly with
 
 from __future__ import annotations
 
-import os
-import sys
-
 import streamlit as st
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:  # pages import the shared helpers as ``common``
-    sys.path.insert(0, HERE)
 
 st.set_page_config(page_title="kvtrace", layout="wide")
 

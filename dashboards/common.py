@@ -44,8 +44,8 @@ def config() -> dict:
     else KVTRACE_TRACES_DIR / KVTRACE_COMPARE_DIR / KVTRACE_CLICKHOUSE / KVTRACE_CLICKHOUSE_TABLE,
     else ./kvtrace-traces and no comparison.  ``source`` is the key pages pass to :func:`q`."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    source.add_arguments(parser)
-    parser.add_argument("--compare")
+    for option in ("--traces", "--clickhouse", "--table", "--compare"):  # what the launcher passes
+        parser.add_argument(option)
     args, _ = parser.parse_known_args(sys.argv[1:])
     url = source.clickhouse_url(args)
     key = f"{CLICKHOUSE}{source.clickhouse_table(args)} {url}" if url else None
@@ -163,7 +163,7 @@ def sidebar() -> tuple[str, Filters, dict]:
     """Source (trace directory or ClickHouse table), refresh, and the filters; returns (source
     key, filters, facets).  On ClickHouse the time range comes first: the page opens on the last
     day of data (:data:`DEFAULT_WINDOW_NS`) and every filter is pushed down to the table
-    (:mod:`kvtrace.analysis.scope`)."""
+    (:mod:`kvtrace.analysis.pushdown`)."""
     cfg = config()
     with st.sidebar:
         if cfg["source"]:

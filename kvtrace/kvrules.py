@@ -1,7 +1,7 @@
 """vLLM's bidirectional KV reuse rules and the proxy's offer rule, as pure functions.
 
 One copy of each rule, used by the simulator (:mod:`kvtrace.sim.scheduler` wraps them for one
-request) and by the what-if replay (:mod:`kvtrace.analysis.whatif`, which applies them to
+request) and by the what-if replay (:mod:`kvtrace.analysis.whatif.replay`, which applies them to
 arrays of recorded decisions at once).  Every function takes scalars or numpy arrays (they
 broadcast) and uses only numpy element-wise operations, so a scalar call and an array call run
 the same code.

@@ -91,7 +91,7 @@ PROXY_LOOP = Setting(
 PROXY_FASTSPANS = Setting(
     "KVTRACE_PROXY_FASTSPANS",
     True,
-    "Proxy spans made by kvtrace.fastspans (the SDK's ReadableSpans, handed to the SDK's span processors, without the SDK tracer's per-span machinery) where the provider allows it; 0 = the SDK's own tracer.",
+    "Proxy spans made by kvtrace.telemetry.fastspans (the SDK's ReadableSpans, handed to the SDK's span processors, without the SDK tracer's per-span machinery) where the provider allows it; 0 = the SDK's own tracer.",
     bool,
 )
 PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)

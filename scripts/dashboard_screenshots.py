@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvtrace.dashboards.cli import APP
+from kvtrace.dashboards.launch import APP
 from kvtrace.testing import browser as b
 from kvtrace.testing.wait import free_port
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from kvtrace import semconv as sc
-from kvtrace.analysis import arms, compare
+from kvtrace.analysis import arms_table as arms
+from kvtrace.analysis import compare
 from kvtrace.bench.arms import arm_dir
 from kvtrace.cli import main
 from kvtrace.store import connect

@@ -18,8 +18,9 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.agent import ERROR_STREAM_INTERRUPTED
-from kvtrace.bench import bench, scenarios
-from kvtrace.bench.cli import run as cli_run
+from kvtrace.bench import api as bench
+from kvtrace.bench import scenarios
+from kvtrace.cli.bench import run as cli_run
 from kvtrace.proxy import server
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.sim.cluster import SimCluster
@@ -299,7 +300,7 @@ async def test_ab_reports_per_turn_ttft_ratios(tracer_provider, span_exporter):
 async def test_cli_json_and_summary(tracer_provider, span_exporter, tmp_path, capsys, monkeypatch):
     import argparse
 
-    from kvtrace.bench import cli as bench_cli
+    from kvtrace.cli import bench as bench_cli
 
     clock = FakeTime()
     out = tmp_path / "stats.json"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvtrace import semconv as sc
-from kvtrace.bench import bench, stats
+from kvtrace.bench import api as bench
+from kvtrace.bench import stats
 from kvtrace.bench.runner import RequestRecord, SessionRecord, TurnRecord
 from kvtrace.cli import main as kvtrace_main
 

@@ -101,7 +101,7 @@ def test_chdb_opens_one_directory_per_process(loaded, tmp_path):
 
 
 def test_dashboard_passes_the_source_on(loaded, tmp_path):
-    from kvtrace.dashboards import cli
+    from kvtrace.dashboards import launch as cli
 
     _, url, table = loaded
     cmd = cli.command("ignored", clickhouse=(url, table))

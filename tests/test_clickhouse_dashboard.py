@@ -4,7 +4,6 @@ first (it opens on the last day of data), and its numbers are DuckDB's for the s
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,8 +62,7 @@ def test_opens_on_the_last_day_with_duckdbs_numbers(env, monkeypatch):
     at = _render(monkeypatch, "app_pages/sessions.py")
     duck = connect(traces)
     span = sessions.time_span(duck)
-    sys.path.insert(0, str(DASH))
-    import common
+    from kvtrace.dashboards import common
 
     last_day = Filters(
         start_ns=common._ns(common._dt(span["end_ns"] - common.DEFAULT_WINDOW_NS)),

@@ -1,5 +1,5 @@
 """The dashboard's filters on ClickHouse: pushed down to ``Timestamp`` bounds
-(:mod:`kvtrace.analysis.scope`), the same answers as DuckDB, and less of the table read.
+(:mod:`kvtrace.analysis.pushdown`), the same answers as DuckDB, and less of the table read.
 
 A three-day store (the same sessions each day, new ids) is loaded into chDB as the Collector's
 exporter writes it; every session-scoped named query (sessions page, drill-down, latency) with a
@@ -19,7 +19,7 @@ clickhouse_check = pytest.importorskip("clickhouse_check")
 
 from kvtrace.analysis import latency, sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
-from kvtrace.analysis.scope import narrowed  # noqa: E402
+from kvtrace.analysis.pushdown import narrowed  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
 from kvtrace.testing.synth import BASE_NS, PROXY  # noqa: E402
 

@@ -19,7 +19,7 @@ pytest.importorskip("chdb")
 clickhouse_check = pytest.importorskip("clickhouse_check")
 
 from kvtrace import semconv as sc  # noqa: E402
-from kvtrace.analysis import report  # noqa: E402
+from kvtrace.analysis.report import document as report  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
 from kvtrace.store.sql import ident  # noqa: E402
 from kvtrace.store.views import VIEWS  # noqa: E402

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvtrace import semconv as sc
-from kvtrace.analysis import compare, report, text
+from kvtrace.analysis import compare
+from kvtrace.analysis.report import document as report
+from kvtrace.analysis.report import text
 from kvtrace.bench import stats
 from kvtrace.bench.runner import RequestRecord, TurnRecord
 from kvtrace.demo import summary as demo

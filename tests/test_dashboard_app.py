@@ -79,7 +79,7 @@ def test_reuse_page_numbers_match(monkeypatch, runs):
 
 
 def test_whatif_page_numbers_match_the_replay(monkeypatch, runs):
-    from kvtrace.analysis import whatif_summary
+    from kvtrace.analysis.whatif import summary as whatif_summary
 
     at = _render(monkeypatch, runs / "bidir", page="app_pages/whatif.py")
     a = whatif_summary.advice(connect(runs / "bidir"))
@@ -250,13 +250,8 @@ def test_trace_directory_box_stays_within_the_directories_given_at_start(monkeyp
 
 
 def test_waterfall_bars_have_a_minimum_width(runs):
-    import sys
+    from kvtrace.dashboards.common import MIN_BAR, waterfall
 
-    sys.path.insert(0, str(APP.parent))
-    try:
-        from common import MIN_BAR, waterfall
-    finally:
-        sys.path.remove(str(APP.parent))
     spans = sessions.spans_of_session(connect(runs / "bidir"), "session-0")
     frame = waterfall(spans)
     total = frame["end_ms"].max() - frame["start_ms"].min()
@@ -272,7 +267,8 @@ def test_the_launcher_is_streamlit_with_the_pages_imports_done_first(tmp_path):
     import subprocess
     import sys
 
-    from kvtrace.dashboards import cli, serve
+    from kvtrace.dashboards import launch as cli
+    from kvtrace.dashboards import serve
 
     assert cli.command("d")[:4] == [sys.executable, str(cli.SERVE), "run", str(cli.APP)]
     # run from a directory holding a ``kvtrace`` package without ``dashboards`` (a source checkout's

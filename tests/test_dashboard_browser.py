@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from kvtrace.dashboards.cli import command
+from kvtrace.dashboards.launch import command
 from kvtrace.testing import browser as b
 from kvtrace.testing.synth import sample_store
 from kvtrace.testing.wait import free_port

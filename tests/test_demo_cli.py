@@ -11,12 +11,13 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.analysis import compare, retention, reuse, sessions
-from kvtrace.analysis.text import LATER_LABEL, ci, ms, num, ratio
+from kvtrace.analysis.report.text import LATER_LABEL, ci, ms, num, ratio
 from kvtrace.bench.scenarios import LLM
 from kvtrace.bench.workload import LLMAction, ToolAction
+from kvtrace.cli import demo as demo_cli
 from kvtrace.cli import main
-from kvtrace.demo import cli as demo
-from kvtrace.demo.cli import SCENARIOS
+from kvtrace.demo import run as demo
+from kvtrace.demo.run import SCENARIOS
 from kvtrace.store import connect
 from kvtrace.store.views.breakdown import PART_COLUMNS
 
@@ -275,4 +276,4 @@ def test_readme_and_demo_help_give_the_same_duration():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     said = re.search(r"It takes about (\d+) s on 2 cores", readme)
-    assert said and f"about {said.group(1)} s on 2 cores" in " ".join(demo.run.__doc__.split())
+    assert said and f"about {said.group(1)} s on 2 cores" in " ".join(demo_cli.run.__doc__.split())

@@ -122,7 +122,7 @@ def test_every_documented_command_works_on_the_demo_traces(workdir, monkeypatch,
     monkeypatch.chdir(workdir)
     monkeypatch.delenv("KVTRACE_TRACES_DIR", raising=False)
     launched = []
-    monkeypatch.setattr("kvtrace.dashboards.cli.launch", lambda directory, **kw: launched.append(directory) or 0)
+    monkeypatch.setattr("kvtrace.dashboards.launch.launch", lambda directory, **kw: launched.append(directory) or 0)
     parser = build_parser()
     subcommands = _subparsers(parser)
     ran, failures = [], []

@@ -1,4 +1,4 @@
-"""kvtrace.fastspans: the spans a FastTracer exports are the SDK tracer's, field for field; it is
+"""kvtrace.telemetry.fastspans: the spans a FastTracer exports are the SDK tracer's, field for field; it is
 used only where that holds (default sampler and limits), else the SDK's tracer comes back."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from kvtrace import fastspans
 from kvtrace import semconv as sc
+from kvtrace.telemetry import fastspans
 
 
 def _provider(**kwargs):

@@ -21,13 +21,11 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "kvrules": {"semconv"},  # vLLM's reuse rules, shared by the simulator and the what-if replay
     "store": BASE,
-    "telemetry": BASE | {"store"},
-    "fastspans": BASE,
+    "telemetry": BASE | {"store"},  # OTel providers and exporters, fast spans, Prometheus exposition
     "emit": BASE | {"telemetry"},
-    "exposition": BASE | {"telemetry"},
     "agent": BASE | {"telemetry"},
-    "proxy": BASE | {"telemetry", "exposition", "fastspans"},
-    "sim": BASE | {"telemetry", "emit", "exposition", "kvrules"},
+    "proxy": BASE | {"telemetry"},
+    "sim": BASE | {"telemetry", "emit", "kvrules"},
     "vllm": BASE | {"telemetry", "emit"},
     "collect": BASE | {"telemetry", "store"},
     "analysis": BASE | {"store", "kvrules"},
@@ -35,7 +33,23 @@ ALLOWED: dict[str, set[str]] = {
     "bench": BASE | {"telemetry", "agent", "store", "analysis"},
     "testing": BASE | {"telemetry", "store", "emit"},
     "demo": BASE | {"telemetry", "agent", "proxy", "sim", "store", "analysis", "bench", "dashboards"},
-    "cli": {"errors", "kvtrace"},
+    # the commands: thin modules (parse, call, print) over every package above
+    "cli": BASE
+    | {
+        "telemetry",
+        "agent",
+        "proxy",
+        "sim",
+        "vllm",
+        "emit",
+        "store",
+        "collect",
+        "analysis",
+        "dashboards",
+        "bench",
+        "demo",
+        "kvtrace",
+    },
     "kvtrace": {"telemetry"},  # kvtrace/__init__.py
 }
 

@@ -9,11 +9,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtrace import exposition
 from kvtrace import semconv as sc
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
 from kvtrace.sim.cluster import SimCluster
+from kvtrace.telemetry import exposition
 
 CHAT = "/v1/chat/completions"
 

@@ -14,10 +14,11 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtrace import exposition, telemetry
 from kvtrace import semconv as sc
+from kvtrace import telemetry
 from kvtrace.emit import metrics as km
 from kvtrace.emit.recorder import KVRecorder
+from kvtrace.telemetry import exposition
 
 BPB = 16 * 1000  # bytes per block
 

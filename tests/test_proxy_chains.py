@@ -1,4 +1,4 @@
-"""The proxy's prefix table (kvtrace.proxy.chains): message identity, the reply rebuilt from D's
+"""The proxy's prefix table (kvtrace.proxy.prefix_table): message identity, the reply rebuilt from D's
 stream, lookups, continuity, bounds (entries, bytes, RSS under 100k sessions), no text kept."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import textwrap
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import chains
-from kvtrace.proxy.chains import PrefixTable, Reply, chain, message_hash
+from kvtrace.proxy import prefix_table
+from kvtrace.proxy.prefix_table import PrefixTable, Reply, chain, message_hash
 from kvtrace.proxy.stream import Aggregator, StreamPatcher
 
 U = lambda text: {"role": "user", "content": text}  # noqa: E731
@@ -173,7 +173,7 @@ def test_no_text_is_kept():
 
 _RSS_SCRIPT = textwrap.dedent("""
     import gc, json, resource, sys
-    from kvtrace.proxy.chains import PrefixTable, chain, new_session_id
+    from kvtrace.proxy.prefix_table import PrefixTable, chain, new_session_id
 
     def rss():
         with open("/proc/self/statm") as f:
@@ -221,5 +221,5 @@ def test_table_stays_within_bounds_under_100k_sessions_rss_measured():
 
 
 def test_new_session_ids_are_prefixed_and_distinct():
-    ids = {chains.new_session_id() for _ in range(1000)}
+    ids = {prefix_table.new_session_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(i.startswith(sc.PREFIX_SESSION_PREFIX) for i in ids)

@@ -1,4 +1,4 @@
-"""The proxy's spans are the same whether made by :mod:`kvtrace.fastspans` (the default) or by the
+"""The proxy's spans are the same whether made by :mod:`kvtrace.telemetry.fastspans` (the default) or by the
 OpenTelemetry SDK's own tracer (``KVTRACE_PROXY_FASTSPANS=0``): the same proxy requests, against
 the same fake workers, exported through the SDK's ``BatchSpanProcessor`` (``kvtrace.configure``)
 into an in-memory exporter and kvtrace's Parquet store, give the same spans (name, kind, parent,
@@ -14,13 +14,14 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kvtrace import fastspans, telemetry
 from kvtrace import semconv as sc
+from kvtrace import telemetry
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig, Worker
 from kvtrace.proxy.server import start
 from kvtrace.store import files
 from kvtrace.store.convert import table_to_rows
 from kvtrace.store.schema import SCHEMA
+from kvtrace.telemetry import fastspans
 from kvtrace.testing.proxy import BODY, CHAT, FakeWorker
 
 MEASURED = {sc.REQUEST_TTFT_MS, sc.REQUEST_LATENCY_MS, sc.PROXY_ENTRY_AGE_S}  # measured times: differ between runs

@@ -401,14 +401,14 @@ async def test_expired_offer_is_retried_and_answered(tracer_provider, span_expor
     the proxy's default 450 s offer window: the resumed turn (after a 12 s pause) is offered blocks
     D dropped, P fails the read (500, kv_load_failure_policy=fail) and the proxy asks P again
     without them.  Before: 502 to the client and the session's later turns never ran."""
-    from kvtrace.bench import bench
+    from kvtrace.bench import api as bench
 
     clock = SleepClock()
     kv = {
         "kv_load_failure_policy": "fail",
         "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 15},
     }
-    caplog.set_level("WARNING", logger="kvtrace.proxy.retention")
+    caplog.set_level("WARNING", logger="kvtrace.proxy.decoder_ttl")
     async with SimCluster(1, 1, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv) as cluster:
         config = ProxyConfig(
             prefill=[_worker(u) for u in cluster.prefill_urls], decode=[_worker(u) for u in cluster.decode_urls]
@@ -472,7 +472,7 @@ async def test_expired_offer_is_retried_and_answered(tracer_provider, span_expor
 def test_startup_warns_when_the_offer_window_outlives_decoder_retention(caplog):
     from kvtrace.proxy.app import Proxy
 
-    caplog.set_level("WARNING", logger="kvtrace.proxy.retention")
+    caplog.set_level("WARNING", logger="kvtrace.proxy.decoder_ttl")
     workers = dict(prefill=[Worker("h", 1)], decode=[Worker("h", 2)])
     Proxy(ProxyConfig(**workers, decoder_kv_ttl_s=15.0))  # default --conversation-ttl 450
     Proxy(ProxyConfig(**workers, decoder_kv_ttl_s=15.0, conversation_ttl_s=9.0))  # 9 + 5 < 15: fine

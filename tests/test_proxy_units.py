@@ -169,7 +169,7 @@ def test_metadata_from_raw_params_and_usage():
 # ---------------------------------------------------------------------------- CLI
 def test_cli_config_shape_and_errors():
     from kvtrace.cli import CLIError, build_parser
-    from kvtrace.proxy.cli import build_config
+    from kvtrace.cli.proxy import build_config
 
     args = build_parser().parse_args(
         [
@@ -206,7 +206,7 @@ def test_cli_config_shape_and_errors():
 
 def test_cli_hardening_flags_and_settings(monkeypatch):
     from kvtrace.cli import CLIError, build_parser
-    from kvtrace.proxy.cli import build_config
+    from kvtrace.cli.proxy import build_config
 
     cfg = build_config(build_parser().parse_args(["proxy"]))
     assert (

@@ -110,7 +110,8 @@ def test_plots_use_the_shared_palette(runs):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    from kvtrace.analysis import palette, report
+    from kvtrace.analysis import palette
+    from kvtrace.analysis.report import document as report
 
     con = connect(runs / "bidir")
     for draw, parts in ((report._breakdown, palette.PARTS), (report._tokens, palette.SOURCES)):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from kvtrace.dashboards.cli import SERVE
+from kvtrace.dashboards.launch import SERVE
 from kvtrace.testing.synth import sample_store
 from kvtrace.testing.wait import free_port, wait_for
 

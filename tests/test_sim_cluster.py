@@ -102,7 +102,7 @@ def test_cli_refuses_an_unwritable_trace_directory_before_starting(tmp_path, cap
     """--traces (or KVTRACE_TRACES_DIR) through a regular file: one line, exit 2, no worker started."""
     (tmp_path / "file").write_text("x")
     target = tmp_path / "file" / "traces"
-    monkeypatch.setattr("kvtrace.sim.cli._serve", lambda *a: pytest.fail("workers started"))
+    monkeypatch.setattr("kvtrace.cli.sim._serve", lambda *a: pytest.fail("workers started"))
     if env:
         monkeypatch.setenv("KVTRACE_TRACES_DIR", str(target))
     assert cli.main(["sim", *([] if env else ["--traces", str(target)])]) == 2

@@ -1,4 +1,4 @@
-"""The writer process behind ``kvtrace.configure``'s Parquet export (:mod:`kvtrace.store.handoff`):
+"""The writer process behind ``kvtrace.configure``'s Parquet export (:mod:`kvtrace.store.writer_process`):
 the rows the in-process exporter writes, the store's crash guarantees (SIGTERM of the proxy loses
 nothing, SIGKILL at most the batch in flight), a dead or hung writer costs its batch (counted as
 dropped) and is replaced, never hangs the exporter, and a forked child gets its own writer."""
@@ -29,9 +29,9 @@ from kvtrace import telemetry
 from kvtrace.store import files, reader
 from kvtrace.store.convert import table_to_rows
 from kvtrace.store.exporter import ParquetSpanExporter
-from kvtrace.store.handoff import HEADER, SLICE_SPANS, TAG_SPANS, WriterProcessExporter
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.spancols import span_columns
+from kvtrace.store.writer_process import HEADER, SLICE_SPANS, TAG_SPANS, WriterProcessExporter
 from kvtrace.testing.proxy import CHAT, FakeWorker
 from kvtrace.testing.wait import free_port
 
@@ -129,7 +129,7 @@ def test_slices_of_a_batch_whose_end_never_came_are_written(tmp_path):
     """The exporting process died mid-batch: the writer still writes the slices it received whole."""
     spans = _spans(40)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtrace.store.writerproc", str(tmp_path), "{}"],
+        [sys.executable, "-m", "kvtrace.store.writer_process_main", str(tmp_path), "{}"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -303,7 +303,7 @@ def _parquet_exporter(provider):
 def test_the_writer_process_is_on_by_default_in_the_proxy_only(tmp_path, monkeypatch):
     """Unset: in-process export everywhere (the vLLM connector, sim, bench), a writer process in
     ``kvtrace proxy``; KVTRACE_WRITER_PROCESS turns it on or off everywhere; an argument beats it."""
-    from kvtrace.proxy.cli import writer_process
+    from kvtrace.cli.proxy import writer_process
 
     def kind(**kwargs):
         provider = telemetry.configure("x", traces_dir=tmp_path, otlp=False, handle_sigterm=False, **kwargs)
@@ -363,7 +363,7 @@ def test_the_end_of_the_sigterm_grace_never_cuts_a_batch_being_written(tmp_path,
     writer stops reading (the next batch's frames are left unread)."""
     import io
 
-    from kvtrace.store import writerproc
+    from kvtrace.store import writer_process_main as writerproc
 
     first, second = _spans(20, "first"), _spans(5, "second")
     frames = b""

@@ -261,7 +261,7 @@ def test_query_report_and_dashboard_share_the_default_and_refuse_blending(two_ru
     monkeypatch.delenv("KVTRACE_TRACES_DIR", raising=False)
     monkeypatch.chdir(two_runs.parent)
     launched = []
-    monkeypatch.setattr("kvtrace.dashboards.cli.launch", lambda directory, **kw: launched.append(directory) or 0)
+    monkeypatch.setattr("kvtrace.dashboards.launch.launch", lambda directory, **kw: launched.append(directory) or 0)
     assert main(command) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1

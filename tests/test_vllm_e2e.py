@@ -376,7 +376,7 @@ def test_whatif_recorded_row_equals_the_run(rig_run):
 
     row = check_recorded_row(rig_run["traces"])
     assert row["ttl_s"] is None and row["expired"] == 1 and row["pulled"] >= 2
-    from kvtrace.analysis.whatif import load, replay
+    from kvtrace.analysis.whatif.replay import load, replay
     from kvtrace.store import connect
 
     rec = load(connect(rig_run["traces"]))

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from kvtrace.analysis.whatif import load, replay
+from kvtrace.analysis.whatif.replay import load, replay
 from kvtrace.bench import scenarios
 from kvtrace.store import connect
 
@@ -16,7 +16,7 @@ SCALE = 20.0
 
 async def _record(directory: str, keep_reasoning: bool) -> None:
     import kvtrace
-    from kvtrace.bench import bench
+    from kvtrace.bench import api as bench
     from kvtrace.proxy import server
     from kvtrace.proxy.config import ProxyConfig, Worker
     from kvtrace.sim.cluster import SimCluster

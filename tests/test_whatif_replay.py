@@ -22,7 +22,7 @@ from whatif_check import check_recorded_row
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
-from kvtrace.analysis.whatif import COLUMNS, load, recommend, replay, run
+from kvtrace.analysis.whatif.replay import COLUMNS, load, recommend, replay, run
 from kvtrace.cli import main
 from kvtrace.store import connect as open_store
 from kvtrace.testing.synth import PROXY, SIM_D, SIM_P, SpanBuilder

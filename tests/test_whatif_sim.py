@@ -33,7 +33,7 @@ from whatif_check import check_recorded_row
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
-from kvtrace.analysis.whatif import load, replay
+from kvtrace.analysis.whatif.replay import load, replay
 from kvtrace.store import connect as open_store
 
 SCALE = 4.0
@@ -81,7 +81,7 @@ def workload():
 
 async def _run(directory: str, ttl: float, threshold: int, n_prefill: int) -> None:
     import kvtrace
-    from kvtrace.bench import bench
+    from kvtrace.bench import api as bench
     from kvtrace.proxy import server
     from kvtrace.proxy.config import ProxyConfig, Worker
     from kvtrace.sim.cluster import SimCluster

@@ -234,6 +234,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dashboards"))
     os.environ.setdefault("KVTRACE_LOG_LEVEL", "WARNING")
     sys.exit(main())

@@ -194,7 +194,7 @@ def _export_stall(model_dir: Path, steps: int, batch: int, writer_process: bool)
         wrapped._probe.recorder.flush(30)
     spans = list(captured.get_finished_spans())[:batch]
     if writer_process:
-        from kvtrace.store.handoff import WriterProcessExporter
+        from kvtrace.store.writer_process import WriterProcessExporter
 
         exporter = WriterProcessExporter(tempfile.mkdtemp())
     else:

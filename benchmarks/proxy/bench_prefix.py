@@ -136,7 +136,7 @@ def report(out: dict, concurrency: list[int]) -> None:
 
 def unit_cost(args, n: int = 2000) -> None:
     """In process: µs per request of the prefix work alone, by history length (messages)."""
-    from kvtrace.proxy import chains
+    from kvtrace.proxy import prefix_table
 
     system = {"role": "system", "content": system_prompt(args.system_words)}
     reply_sse = b"".join(
@@ -147,7 +147,7 @@ def unit_cost(args, n: int = 2000) -> None:
     print("# in process: prefix work per request (chain + find + check + served, reply rebuilt from the SSE)")
     print(f"{'messages':>8} {'us/request':>10}")
     for turns in (1, args.turns // 2 or 1, args.turns):
-        table = chains.PrefixTable()
+        table = prefix_table.PrefixTable()
         history = [system]
         for t in range(turns):
             history += [
@@ -157,10 +157,10 @@ def unit_cost(args, n: int = 2000) -> None:
         history.append({"role": "user", "content": "next " + "detail " * args.user_words})
         t0 = time.perf_counter()
         for i in range(n):
-            hashes = chains.chain(history)
-            key = table.find(hashes) or chains.new_session_id()
+            hashes = prefix_table.chain(history)
+            key = table.find(hashes) or prefix_table.new_session_id()
             table.check(key, hashes)
-            reply = chains.Reply()
+            reply = prefix_table.Reply()
             reply.feed(reply_sse)
             table.served(key, hashes, reply.message())
         print(f"{len(history):>8} {(time.perf_counter() - t0) / n * 1e6:10.1f}")

@@ -18,7 +18,7 @@ proxy compared, then drives streaming chat requests at concurrency 1 / 16 / 64 i
   export thread, as before issue #14);
 - ``kv_notrace``: no Parquet export (spans are still made);
 - ``kv_sdk``: traces on, spans made by the OpenTelemetry SDK's own tracer
-  (``KVTRACE_PROXY_FASTSPANS=0``) instead of :mod:`kvtrace.fastspans`;
+  (``KVTRACE_PROXY_FASTSPANS=0``) instead of :mod:`kvtrace.telemetry.fastspans`;
 - ``kv_nometric``: traces on, ``KVTRACE_METRICS=0`` (``--metrics both``, the default);
 - ``kv_stateless``: traces on, requests without a ``conversation_id`` and ``--no-prefix-match``: the
   forwarder's work (P then D, no offer of D's blocks) plus tracing.  Every other proxy mode gets the
@@ -463,7 +463,7 @@ def kvtrace_modes(args, traces: str) -> dict[str, tuple[list[str], dict]]:
         modes["kv_nometric"] = (t, {"KVTRACE_METRICS": "0"})
     modes[STATELESS] = (t + ["--no-prefix-match"], {})
     if args.loop_ab:
-        from kvtrace.proxy.cli import loop_factory
+        from kvtrace.cli.proxy import loop_factory
 
         other = "asyncio" if loop_factory(args.loop) is not None else "uvloop"
         modes[f"kv_{other}"] = (t + ["--loop", other], {})
@@ -570,7 +570,7 @@ async def main() -> int:
         finally:
             for task in scrapers:
                 task.cancel()
-        from kvtrace.proxy.cli import loop_factory
+        from kvtrace.cli.proxy import loop_factory
 
         loop = "uvloop" if loop_factory(args.loop) is not None else "asyncio"
         print(

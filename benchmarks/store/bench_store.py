@@ -93,7 +93,7 @@ def _otlp_encode_s(spans, batch: int) -> float:
 
 def _handoff_s(spans, batch: int) -> float:
     """CPU seconds of the exporting process's part of the writer-process export (no writer)."""
-    from kvtrace.store.handoff import SLICE_SPANS, WriterProcessExporter
+    from kvtrace.store.writer_process import SLICE_SPANS, WriterProcessExporter
 
     exporter = WriterProcessExporter(tempfile.gettempdir())
     gc.collect()

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, set_span_in_context
 
+import kvtrace
 from kvtrace import semconv as sc
 
 MS = 1_000_000
@@ -46,7 +47,7 @@ def _providers():
     }.items():
         provider = TracerProvider(resource=res)
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        out[key] = provider.get_tracer("kvtrace", "0.1.0")
+        out[key] = provider.get_tracer("kvtrace", kvtrace.__version__)
     return out, exporter
 
 

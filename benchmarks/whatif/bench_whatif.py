@@ -311,8 +311,8 @@ def bench(directory: Path, threads: int) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvtrace.analysis.whatif import prepare, recommend, replay, settings_grid
-    from kvtrace.analysis.whatif_data import Phases, load
+    from kvtrace.analysis.whatif.data import Phases, load
+    from kvtrace.analysis.whatif.replay import prepare, recommend, replay, settings_grid
     from kvtrace.store import connect as open_store
 
     con = open_store(directory)

@@ -5,10 +5,10 @@ verdict rule of :mod:`kvtrace.analysis.compare` (the one ``kvtrace bench``, ``kv
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import PART_LABELS, chart, checked_dir, config, fmt_ms, q, sidebar, table
 
 from kvtrace.analysis import compare, reuse, sessions
 from kvtrace.analysis.filters import Filters
+from kvtrace.dashboards.common import PART_LABELS, chart, checked_dir, config, fmt_ms, q, sidebar, table
 
 directory, filters, facets = sidebar()
 st.title("Run comparison")

@@ -2,10 +2,23 @@
 
 import altair as alt
 import streamlit as st
-from common import MIN_BAR, PART_LABELS, chart, df, fmt_ms, no_data, part_colours, q, ranked, sidebar, table, waterfall
 
 from kvtrace.analysis import sessions
 from kvtrace.analysis.filters import Filters
+from kvtrace.dashboards.common import (
+    MIN_BAR,
+    PART_LABELS,
+    chart,
+    df,
+    fmt_ms,
+    no_data,
+    part_colours,
+    q,
+    ranked,
+    sidebar,
+    table,
+    waterfall,
+)
 
 MAX_SPANS = 2000
 ROW_PX, MAX_PX = 16, 12000  # waterfall: one 16 px row per span, plot at most 12000 px tall

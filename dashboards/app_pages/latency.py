@@ -2,9 +2,9 @@
 
 import altair as alt
 import streamlit as st
-from common import chart, df, no_data, q, sidebar, table
 
 from kvtrace.analysis import latency
+from kvtrace.dashboards.common import chart, df, no_data, q, sidebar, table
 
 directory, filters, facets = sidebar()
 st.title("Latency by turn index")

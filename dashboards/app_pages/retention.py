@@ -3,9 +3,9 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import chart, df, fmt_bytes, no_data, q, sidebar, table
 
 from kvtrace.analysis import retention
+from kvtrace.dashboards.common import chart, df, fmt_bytes, no_data, q, sidebar, table
 
 directory, filters, facets = sidebar()
 st.title("Retention on decode workers")

@@ -3,10 +3,10 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar, source_colours, table
 
 from kvtrace import semconv as sc
 from kvtrace.analysis import continuity, palette, reuse
+from kvtrace.dashboards.common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar, source_colours, table
 
 directory, filters, facets = sidebar()
 st.title("KV reuse")

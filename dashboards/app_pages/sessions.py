@@ -4,9 +4,9 @@ user pauses)."""
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import PART_LABELS, chart, df, fmt_ms, no_data, part_colours, q, ranked, sidebar, table
 
 from kvtrace.analysis import sessions
+from kvtrace.dashboards.common import PART_LABELS, chart, df, fmt_ms, no_data, part_colours, q, ranked, sidebar, table
 from kvtrace.store.views.breakdown import PRECEDENCE
 
 directory, filters, facets = sidebar()

@@ -3,9 +3,9 @@
 import altair as alt
 import pandas as pd
 import streamlit as st
-from common import chart, df, fmt_ms, no_data, q, sidebar, table
 
-from kvtrace.analysis import whatif_summary
+from kvtrace.analysis.whatif import summary as whatif_summary
+from kvtrace.dashboards.common import chart, df, fmt_ms, no_data, q, sidebar, table
 
 directory, filters, facets = sidebar()
 st.title("What-if: retention TTL and recompute threshold")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
-from kvtrace.analysis.scope import narrowed
+from kvtrace.analysis.pushdown import narrowed
 from kvtrace.store.reader import query
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
-from kvtrace.analysis.scope import narrowed
+from kvtrace.analysis.pushdown import narrowed
 from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 
 SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s")

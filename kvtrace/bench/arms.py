@@ -8,7 +8,7 @@ event loop with the proxy and the client); each run of an arm is written to
 ``DIR/<preset>/<arm>/r<k>`` (simulator, proxy and bench spans together; process logs beside it as
 ``r<k>.log``).  With ``repeat`` > 1 the arms run interleaved (arm 1..4, arm 1..4, ...), so a drift
 of the machine's load hits every arm alike, and the repeats' spread is the noise the verdicts use.
-:mod:`kvtrace.analysis.arms` reads the runs back and builds each preset's table (``kvtrace report
+:mod:`kvtrace.analysis.arms_table` reads the runs back and builds each preset's table (``kvtrace report
 --traces DIR`` shows the same).
 
 Time: the simulator compresses model time by the time scale (:data:`TIME_SCALES` per preset,
@@ -33,8 +33,8 @@ from typing import Any
 
 import aiohttp
 
-from kvtrace.analysis import arms as arms_analysis
-from kvtrace.bench import bench
+from kvtrace.analysis import arms_table as arms_analysis
+from kvtrace.bench import api as bench
 
 PRESETS = ("qwen3-32b", "glm5-fp8")
 TIME_SCALES = {"qwen3-32b": 5.0, "glm5-fp8": 1.0}  # decode step 13.7 ms / 1.0 ms simulated
@@ -50,7 +50,7 @@ def arm_dir(prefix_caching: bool, bidirectional: bool) -> str:
 
 @dataclass
 class ArmsResult:
-    tables: list  # kvtrace.analysis.arms.PresetTable
+    tables: list  # kvtrace.analysis.arms_table.PresetTable
     results: dict  # (preset, prefix caching, bidirectional, repeat) -> bench.BenchResult
     traces_dir: str
 
@@ -204,7 +204,7 @@ async def arun_arms(
     repeat: int = 1,
     **config: Any,
 ) -> ArmsResult:
-    """Run the workload (``config`` = :class:`~kvtrace.bench.bench.BenchConfig` fields) in the four
+    """Run the workload (``config`` = :class:`~kvtrace.bench.api.BenchConfig` fields) in the four
     arms of each preset; ``traces_dir`` must be empty or missing.  ``sim_time_scale`` None: the
     preset's :data:`TIME_SCALES` entry."""
     if sim_time_scale is not None and not sim_time_scale > 0:

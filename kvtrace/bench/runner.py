@@ -1,6 +1,6 @@
 """Execute one planned session against an OpenAI-compatible endpoint, as an agent would.
 
-:class:`SessionRunner` is driven by :mod:`kvtrace.bench.bench`: for each
+:class:`SessionRunner` is driven by :mod:`kvtrace.bench.api`: for each
 :class:`~kvtrace.bench.workload.SessionPlan` it opens a ``kvtrace.agent.session`` span, and per
 turn pauses (a ``kvtrace.agent.user_pause`` span outside the turn span), opens a turn span, then runs the planned actions: streamed
 chat calls through the traced ``openai`` client (so each is an llm_call span whose traceparent and

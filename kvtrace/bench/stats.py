@@ -1,7 +1,7 @@
 """Summaries of bench records, the values an A/B comparison is made on, and the text tables.
 
-Called by :mod:`kvtrace.bench.bench` (``BenchResult.summary()``, ``ABResult.comparison``) and
-printed by :mod:`kvtrace.bench.cli`.  Pure functions over the record dataclasses of
+Called by :mod:`kvtrace.bench.api` (``BenchResult.summary()``, ``ABResult.comparison``) and
+printed by :mod:`kvtrace.cli.bench`.  Pure functions over the record dataclasses of
 :mod:`kvtrace.bench.runner`.
 
 A/B significance is :mod:`kvtrace.analysis.compare`'s rule (the one the demo, the report and the

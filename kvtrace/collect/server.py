@@ -1,6 +1,6 @@
 """``Collector``: OTLP gRPC + HTTP receivers feeding one bounded queue into a Parquet trace directory.
 
-Used by ``kvtrace collect`` (:mod:`kvtrace.collect.cli`), the tests and the benchmark.  Lifecycle:
+Used by ``kvtrace collect`` (:mod:`kvtrace.cli.collect`), the tests and the benchmark.  Lifecycle:
 :meth:`Collector.start` checks the trace directory is writable (:func:`kvtrace.store.access.ensure_writable`)
 and binds the listeners (port 0 = any free port; the bound ports are in ``grpc_port`` /
 ``http_port``); :meth:`Collector.stop` is the graceful shutdown: listeners stop accepting and

@@ -1,12 +1,13 @@
 """What ``kvtrace demo`` prints once both runs are done: the setup, where the bidirectional run's
 agent time went, its KV reuse and retention, and the comparison of the two runs, every number
-from :mod:`kvtrace.analysis` (tables from :mod:`kvtrace.analysis.text`).  Everything fits
-:data:`kvtrace.analysis.text.WIDTH` (120) columns: prose is wrapped, tables are kept narrow."""
+from :mod:`kvtrace.analysis` (tables from :mod:`kvtrace.analysis.report.text`).  Everything fits
+:data:`kvtrace.analysis.report.text.WIDTH` (120) columns: prose is wrapped, tables are kept narrow."""
 
 from __future__ import annotations
 
-from kvtrace.analysis import compare, text
-from kvtrace.demo.cli import LEASE_S, PREFILL_WORKERS, PROXY_MARGIN_S, RESUME_PAUSE_S, SCENARIOS, SYSTEM_TOKENS, TTL_S
+from kvtrace.analysis import compare
+from kvtrace.analysis.report import text
+from kvtrace.demo.run import LEASE_S, PREFILL_WORKERS, PROXY_MARGIN_S, RESUME_PAUSE_S, SCENARIOS, SYSTEM_TOKENS, TTL_S
 
 
 def summarize(bidir_dir: str, baseline_dir: str, time_scale: float, sessions: int = 2) -> str:

@@ -9,7 +9,7 @@ object (:mod:`.metadata`).  Request state and endings: :mod:`.call`; spans: :mod
 Sessions: the body's ``conversation_id``, else ``X-Session-ID``, else W3C baggage ``session.id``,
 else the body's ``prompt_cache_key``; with prefix matching on (default), a chat request without any
 of them continues the session whose served turn its messages extend, or starts one the proxy names
-(:mod:`.chains`), and every chat turn is checked for continuity: a turn that diverged from what D
+(:mod:`.prefix_table`), and every chat turn is checked for continuity: a turn that diverged from what D
 holds is not offered D's blocks (their KV belongs to other tokens).  The span records how the
 session was found (``kvtrace.session.source``) and the continuity.
 
@@ -36,12 +36,12 @@ from aiohttp import web
 
 from kvtrace import semconv as sc
 from kvtrace import settings
-from kvtrace.proxy import chains, legs
+from kvtrace.proxy import legs, prefix_table
 from kvtrace.proxy.call import CLIENT_GONE, Call, Done, end_stream, json_response, stream_failure
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
+from kvtrace.proxy.decoder_ttl import Retention
 from kvtrace.proxy.metrics import ProxyMetrics
 from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, check_id, error_body, parse_request
-from kvtrace.proxy.retention import Retention
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
 from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher
 from kvtrace.proxy.table import ConversationTable
@@ -73,7 +73,7 @@ class Proxy:
         )
         self.pool = Pool(config)
         self.chains = (
-            chains.PrefixTable(config.max_conversations, config.max_chain_bytes) if config.prefix_match else None
+            prefix_table.PrefixTable(config.max_conversations, config.max_chain_bytes) if config.prefix_match else None
         )
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
         on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
@@ -174,9 +174,9 @@ class Proxy:
         }
         hashes = None
         if self.chains is not None and req.one_chat:
-            hashes = chains.chain(req.body["messages"])
+            hashes = prefix_table.chain(req.body["messages"])
             if session is None:
-                session, source = self.chains.find(hashes) or chains.new_session_id(), sc.SOURCE_PREFIX
+                session, source = self.chains.find(hashes) or prefix_table.new_session_id(), sc.SOURCE_PREFIX
             continuity, diverged_at = self.chains.check(session, hashes)
             attrs[sc.SESSION_CONTINUITY] = continuity
             if diverged_at is not None:
@@ -193,7 +193,7 @@ class Proxy:
         auth = hdrs.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
         call = Call(req, rt, request_id, session, turn, auth, deadline, self.config.patch_responses)
         if hashes is not None:
-            call.hashes, call.reply = hashes, chains.Reply() if req.stream else None
+            call.hashes, call.reply = hashes, prefix_table.Reply() if req.stream else None
         return call
 
     def _served(self, call: Call, reply: dict | None) -> None:

@@ -60,7 +60,7 @@ class Call:
     read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
     decoder_ttl_s: float | None = None
     hashes: list | None = None  # chain hashes of the messages (prefix matching on, one-choice chat)
-    reply: object = None  # kvtrace.proxy.chains.Reply rebuilding a streamed answer, or None
+    reply: object = None  # kvtrace.proxy.prefix_table.Reply rebuilding a streamed answer, or None
     recorded: bool = False  # the prefix table has this turn
 
     def kv_object(self) -> dict:

@@ -1,6 +1,6 @@
 """Proxy configuration: workers, conversation-table limits, fault policy, timeouts and sizes.
 
-Built by :mod:`kvtrace.proxy.cli` from flags (or by tests directly) and read by
+Built by :mod:`kvtrace.cli.proxy` from flags (or by tests directly) and read by
 :mod:`kvtrace.proxy.app`.  Defaults follow vLLM's upstream ``disagg_proxy_multiturn.py``
 (conversation TTL 450 s = ``decoder_kv_blocks_ttl`` 480 s minus a 30 s margin), except that the
 proxy binds 127.0.0.1 unless told otherwise.  The hardening limits (request deadline, upstream

@@ -11,8 +11,8 @@ per-chunk work.  The conversation table is read at scrape time (sizes, evictions
 
 from __future__ import annotations
 
-from kvtrace import exposition
 from kvtrace import semconv as sc
+from kvtrace.telemetry import exposition
 
 # vLLM 0.32/0.33 buckets (vllm/v1/metrics/loggers.py), so the proxy's TTFT compares with vLLM's
 TTFT_BUCKETS = (

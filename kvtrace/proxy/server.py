@@ -1,6 +1,6 @@
 """Run the proxy: ``create_app`` (aiohttp Application) and ``start`` (bound to a port).
 
-Used by :mod:`kvtrace.proxy.cli`, the tests and ``benchmarks/proxy``.  The server runs with
+Used by :mod:`kvtrace.cli.proxy`, the tests and ``benchmarks/proxy``.  The server runs with
 ``handler_cancellation=True`` so a client that disconnects cancels its handler, which closes the
 upstream P/D requests (vLLM aborts them) and records ``kvtrace.client_disconnect``.  aiohttp's
 keep-alive timer runs from a connection's start (and from each response) until a complete request

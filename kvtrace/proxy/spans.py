@@ -24,8 +24,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from kvtrace import fastspans, settings
 from kvtrace import semconv as sc
+from kvtrace import settings
+from kvtrace.telemetry import fastspans
 
 _incoming = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 _outgoing = TraceContextTextMapPropagator()
@@ -55,7 +56,7 @@ def clean(attrs: dict) -> dict:
 
 
 def tracer(provider: TracerProvider | None, fast: bool | None = None) -> trace.Tracer:
-    """The proxy's tracer: :mod:`kvtrace.fastspans`' where the provider allows it, unless ``fast``
+    """The proxy's tracer: :mod:`kvtrace.telemetry.fastspans`' where the provider allows it, unless ``fast``
     (else ``KVTRACE_PROXY_FASTSPANS``) is false, then the SDK's own."""
     provider = provider or trace.get_tracer_provider()
     if settings.PROXY_FASTSPANS.get(fast):

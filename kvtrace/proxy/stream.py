@@ -8,7 +8,7 @@ the bytes between them pass through as slices.  Only those lines are JSON-decode
 ``kv_transfer_params`` (handed to ``on_params`` so the conversation table learns where D's blocks
 live), the usage chunk yields token counts, and the target chunk gets the ``kv_transfer`` object.
 When the proxy asked D for usage the client did not ask for, that usage-only chunk is dropped.
-With prefix matching on, a :class:`~kvtrace.proxy.chains.Reply` also sees each chunk's complete
+With prefix matching on, a :class:`~kvtrace.proxy.prefix_table.Reply` also sees each chunk's complete
 lines (one more regex scan) and ``on_finish`` runs once, at the first ``finish_reason``, before
 the bytes holding it go to the client (so a next turn cannot arrive before the proxy recorded it).
 A line the proxy must read that is not an OpenAI chunk (not a JSON object, ``choices`` not a list,
@@ -134,7 +134,7 @@ class StreamPatcher:
         self.drop_usage = drop_usage
         self.make_kv = make_kv
         self.on_params = on_params
-        self.reply = reply  # kvtrace.proxy.chains.Reply, or None (prefix matching off)
+        self.reply = reply  # kvtrace.proxy.prefix_table.Reply, or None (prefix matching off)
         self.on_finish = on_finish
         self.lines = _Lines()
         self.usage: dict | None = None

@@ -2,7 +2,7 @@
 
 The request handler (:mod:`kvtrace.proxy.app`) calls :meth:`ConversationTable.begin` when a turn
 arrives, which assigns the turn index and takes (removes) the cached entry (a turn whose prompt
-diverged from what D holds is not offered it and the entry is dropped: :mod:`.chains`), and then exactly one
+diverged from what D holds is not offered it and the entry is dropped: :mod:`.prefix_table`), and then exactly one
 of :meth:`Turn.consumed` (P answered: it used or declined the blocks) or :meth:`Turn.restore`
 (P never got to use them: unreachable, 5xx, 4xx, the client left) — so a failed turn does not
 forget the location.  When D's leg finishes, :meth:`ConversationTable.store` records D's new

@@ -1,7 +1,7 @@
 """Simulated vLLM P/D cluster speaking vLLM 0.33's NixlConnector bidirectional KV protocol.
 
 Entry point: :class:`kvtrace.sim.cluster.SimCluster` (API in that module's docstring) and the
-``kvtrace sim`` command (:mod:`kvtrace.sim.cli`).  Modules: ``tokenizer`` (deterministic ids),
+``kvtrace sim`` command (:mod:`kvtrace.cli.sim`).  Modules: ``tokenizer`` (deterministic ids),
 ``kvcache`` (paged blocks, prefix cache, LRU), ``scheduler`` (vLLM's pull rules and config),
 ``costmodel`` (durations), ``holds`` (P lease / D retention timers), ``engine`` (one worker's
 scheduler + connector, spans via KVRecorder), ``wire`` (OpenAI JSON shapes), ``worker`` (aiohttp).

@@ -16,7 +16,7 @@ label tells them apart, exactly as for a real cluster.  Labels are vLLM's per-en
   ``vllm:nixl_num_failed_transfers`` / ``vllm:nixl_num_kv_expired_reqs`` (from the same transfers).
 - ``kvtrace_dropped_spans`` of the process (:func:`kvtrace.telemetry.dropped_spans`).
 
-Served by :func:`kvtrace.exposition.render`: OpenMetrics text to Prometheus, classic text
+Served by :func:`kvtrace.telemetry.exposition.render`: OpenMetrics text to Prometheus, classic text
 otherwise.
 """
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from kvtrace import exposition
 from kvtrace import semconv as sc
 from kvtrace.emit import metrics as km
+from kvtrace.telemetry import exposition
 
 # vLLM 0.32/0.33 buckets (vllm/v1/metrics/loggers.py, .../nixl/stats.py)
 TTFT_BUCKETS = (

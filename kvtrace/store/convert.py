@@ -2,7 +2,7 @@
 
 Stage two of the Parquet export (stage one, reading the SDK's spans into plain lists, is
 :mod:`kvtrace.store.spancols`): :func:`columns_to_table` runs in the writer process of
-:mod:`kvtrace.store.handoff`, or in-process through :func:`spans_to_table` (both stages) for
+:mod:`kvtrace.store.writer_process`, or in-process through :func:`spans_to_table` (both stages) for
 :class:`kvtrace.store.exporter.ParquetSpanExporter`; :mod:`kvtrace.collect.otlp_convert` reuses
 :func:`offsets`, :func:`string_maps` and :func:`attribute_maps`.  The hot path has no per-span
 Python code: every per-span or per-value step is a C-level ``map``/``zip``/``compress``/``chain``

@@ -235,7 +235,7 @@ def _to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
 
 def columns_table(cols: spancols.SpanColumns) -> pa.Table:
     """:func:`~kvtrace.store.convert.columns_to_table`, salvaging what converts (the writer
-    process of :mod:`kvtrace.store.handoff` uses it)."""
+    process of :mod:`kvtrace.store.writer_process` uses it)."""
     return salvage_table(cols, columns_to_table, spancols.cut, spancols.size, lambda c: c.names[0])
 
 

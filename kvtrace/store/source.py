@@ -2,7 +2,9 @@
 table (ClickHouse), chosen by the same three options everywhere.
 
 ``kvtrace query``, ``report``, ``dashboard`` and ``whatif`` take ``--traces DIR`` or
-``--clickhouse URL [--table NAME]`` (:func:`add_arguments`); :func:`open_store` returns what the
+``--clickhouse URL [--table NAME]`` (:func:`kvtrace.cli.options.add_source_arguments`); the
+functions here take any object with those three attributes (``traces``, ``clickhouse``, ``table``,
+each possibly missing).  :func:`open_store` returns what the
 views and :mod:`kvtrace.analysis` run on: a DuckDB connection (:func:`kvtrace.store.connect`) or a
 :class:`~kvtrace.store.clickhouse.store.ClickHouseStore`.  ``--clickhouse`` (or
 ``KVTRACE_CLICKHOUSE``) wins over ``--traces``; ``URL`` is ``http(s)://...`` (a server, through
@@ -12,31 +14,8 @@ clickhouse-connect) or ``chdb:PATH`` (chDB in this process).  Every failure to o
 
 from __future__ import annotations
 
-import argparse
-
 from kvtrace import settings
-from kvtrace.store.runs import DEFAULT_TRACES_DIR, traces_dir
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--traces``, ``--clickhouse``, ``--table``."""
-    parser.add_argument(
-        "--traces",
-        metavar="DIR",
-        help=f"trace directory, one run (default: KVTRACE_TRACES_DIR or ./{DEFAULT_TRACES_DIR})",
-    )
-    parser.add_argument(
-        "--clickhouse",
-        metavar="URL",
-        help="read an otel_traces table instead: http(s)://[user[:password]@]host[:port][/database] "
-        "(a ClickHouse server) or chdb:PATH (chDB in process); default KVTRACE_CLICKHOUSE",
-    )
-    parser.add_argument(
-        "--table",
-        metavar="NAME",
-        help="with --clickhouse: the table, name or database.name (default KVTRACE_CLICKHOUSE_TABLE "
-        f"or {settings.CLICKHOUSE_TABLE.default})",
-    )
+from kvtrace.store.runs import traces_dir
 
 
 def clickhouse_url(args) -> str | None:

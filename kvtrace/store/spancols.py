@@ -4,7 +4,7 @@ The Parquet export is two stages: :func:`span_columns` reads the SDK's span obje
 builtins (ints, strs, floats, bools, None, tuples, dicts), and
 :func:`kvtrace.store.convert.columns_to_table` turns those into Arrow.  Stage one is the cheap part
 (no Arrow, no stringification) and must run where the span objects live; stage two is the costly
-part and can run anywhere: :mod:`kvtrace.store.handoff` pickles the columns (builtins only, so the
+part and can run anywhere: :mod:`kvtrace.store.writer_process` pickles the columns (builtins only, so the
 C pickler does it fast) and ships them to a writer process, so the process that made the spans
 never holds the GIL for an Arrow conversion.
 
@@ -114,7 +114,7 @@ def as_dict(attributes) -> dict:
 
 def _dicts(attrs: Sequence) -> list[dict]:
     """Each span's attributes as a dict: the SDK's BoundedAttributes' backing dicts, plain dicts
-    (:mod:`kvtrace.fastspans`) as they are."""
+    (:mod:`kvtrace.telemetry.fastspans`) as they are."""
     kinds = set(map(type, attrs))
     if kinds == {BoundedAttributes}:
         out = list(map(_get_dict, attrs))

@@ -15,7 +15,7 @@ A query (DuckDB SQL, the language of every kvtrace view and named query) runs as
 **Time bounds.**  :meth:`ClickHouseStore.bounded` gives a store whose ``kvtrace_raw`` reads only
 spans starting in ``[lo_ns, hi_ns]`` (a ``WHERE`` on ``Timestamp``, the table's partition key and
 part of its sort key, so ClickHouse skips other days' parts and granules), bound as the
-parameters ``kvtrace_lo_ns`` / ``kvtrace_hi_ns``.  :mod:`kvtrace.analysis.scope` uses it to push the
+parameters ``kvtrace_lo_ns`` / ``kvtrace_hi_ns``.  :mod:`kvtrace.analysis.pushdown` uses it to push the
 dashboard's filters down exactly (see there).
 """
 

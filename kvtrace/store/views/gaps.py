@@ -13,7 +13,7 @@ resource attribute (1 for vLLM), the unit TTLs are configured in.  ``expiry_gap_
 gap as vLLM measures it (D's TTL minus the ``kvtrace.kv.expiry_remaining_s`` P saw), known when
 the next request was offered these blocks.
 
-The SQL is in two parts so the what-if replay (:mod:`kvtrace.analysis.whatif_data`) can run the
+The SQL is in two parts so the what-if replay (:mod:`kvtrace.analysis.whatif.data`) can run the
 same pairing over a table it read once: :data:`BASE_SQL` reads, in one pass over ``spans``, the
 spans involved (with their attributes as columns; :data:`BASE_SQL_HASHED_IDS` has 64-bit hashes
 of the trace, span, session and request ids, for faster joins), and :data:`TURN_GAPS_CTES` +

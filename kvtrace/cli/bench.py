@@ -1,4 +1,4 @@
-"""``kvtrace bench``: thin CLI over :mod:`kvtrace.bench.bench`."""
+"""``kvtrace bench``: thin CLI over :mod:`kvtrace.bench.api`."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import logging
 
-    from kvtrace.bench import bench
+    from kvtrace.bench import api as bench
     from kvtrace.errors import CLIError
 
     for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _arms(args: argparse.Namespace, config: dict) -> int:
-    from kvtrace.bench import arms, bench
+    from kvtrace.bench import api as bench
+    from kvtrace.bench import arms
     from kvtrace.errors import CLIError
 
     if args.url or args.ab_url:

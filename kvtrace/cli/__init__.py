@@ -18,16 +18,16 @@ from kvtrace.errors import CLIError  # noqa: F401  (re-exported: kvtrace.cli.CLI
 
 # command -> module implementing it (order = order in --help)
 COMMANDS: dict[str, str] = {
-    "demo": "kvtrace.demo.cli",
-    "sim": "kvtrace.sim.cli",
-    "proxy": "kvtrace.proxy.cli",
-    "bench": "kvtrace.bench.cli",
-    "query": "kvtrace.store.cli",
-    "compact": "kvtrace.store.compact",
-    "report": "kvtrace.analysis.report_cli",
-    "whatif": "kvtrace.analysis.whatif_cli",
-    "dashboard": "kvtrace.dashboards.cli",
-    "collect": "kvtrace.collect.cli",
+    "demo": "kvtrace.cli.demo",
+    "sim": "kvtrace.cli.sim",
+    "proxy": "kvtrace.cli.proxy",
+    "bench": "kvtrace.cli.bench",
+    "query": "kvtrace.cli.query",
+    "compact": "kvtrace.cli.compact",
+    "report": "kvtrace.cli.report",
+    "whatif": "kvtrace.cli.whatif",
+    "dashboard": "kvtrace.cli.dashboard",
+    "collect": "kvtrace.cli.collect",
 }
 
 

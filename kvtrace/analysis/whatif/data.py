@@ -45,7 +45,7 @@ from kvtrace import kvrules
 from kvtrace import semconv as sc
 from kvtrace.analysis import reuse
 from kvtrace.analysis.common import rows, table
-from kvtrace.analysis.whatif_sql import (
+from kvtrace.analysis.whatif.sql import (
     BANDWIDTH_SQL,
     CALIBRATION_VIEWS,
     DECISIONS_SQL,
@@ -143,7 +143,7 @@ class Recorded:
     @property
     def mixed(self) -> bool:
         """The decode workers ran different TTLs: the recorded setting is each D's own TTL, a
-        replay with ``ttl_s=None`` (see :func:`kvtrace.analysis.whatif.replay`)."""
+        replay with ``ttl_s=None`` (see :func:`kvtrace.analysis.whatif.replay.replay`)."""
         return len(self.ttls) > 1
 
     @property
@@ -207,7 +207,7 @@ class Phases(dict):
 
 
 def load(con, phases: Phases | None = None) -> Recorded:
-    """Read a store for :func:`kvtrace.analysis.whatif.replay` (one pass over its spans).  Raises
+    """Read a store for :func:`kvtrace.analysis.whatif.replay.replay` (one pass over its spans).  Raises
     :class:`WhatIfError` when there is nothing to replay or the store mixes runs with different
     settings.  ``phases``: filled with the time each step took."""
     lap = phases.lap if phases is not None else (lambda name: None)

@@ -6,7 +6,7 @@ that makes spans, so several components can share one process without sharing a 
 
 Spans the process loses are counted (:func:`dropped_spans`): a batch processor whose queue is
 full drops the span it is handed, and a failed export loses its batch.  The proxy and the
-simulator expose the counts as ``kvtrace_dropped_spans`` (:mod:`kvtrace.exposition`).
+simulator expose the counts as ``kvtrace_dropped_spans`` (:mod:`kvtrace.telemetry.exposition`).
 """
 
 from __future__ import annotations
@@ -121,11 +121,11 @@ def otlp_exporter(protocol: str | None = None) -> SpanExporter:
 
 def parquet_exporter(directory: str | os.PathLike, writer_process: bool | None = None) -> SpanExporter:
     """The Parquet exporter for ``directory``: through a writer process
-    (:class:`~kvtrace.store.handoff.WriterProcessExporter`) when ``writer_process`` (else
+    (:class:`~kvtrace.store.writer_process.WriterProcessExporter`) when ``writer_process`` (else
     ``KVTRACE_WRITER_PROCESS``, else off) is true, else in this process
     (:class:`~kvtrace.store.exporter.ParquetSpanExporter`)."""
     if settings.WRITER_PROCESS.get(writer_process):
-        from kvtrace.store.handoff import WriterProcessExporter
+        from kvtrace.store.writer_process import WriterProcessExporter
 
         return WriterProcessExporter(directory)
     from kvtrace.store.exporter import ParquetSpanExporter

@@ -7,7 +7,7 @@ request in flight.  Here the exporting process only does stage one of the export
 pickles the result, :data:`SLICE_SPANS` spans at a time, sleeping :data:`YIELD_S` between slices so
 a thread waiting for the GIL gets it at once (a thread that just computes would keep it for the
 interpreter's whole switch interval, 5 ms by default).  The frames go through a pipe to
-``python -m kvtrace.store.writerproc``, which converts them (stage two) and writes them with a
+``python -m kvtrace.store.writer_process_main``, which converts them (stage two) and writes them with a
 :class:`~kvtrace.store.exporter.ParquetSpanExporter`, one batch file per ``export`` call, exactly as
 the in-process exporter would.
 
@@ -245,7 +245,7 @@ class _Writer:
         from_r, from_w = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "kvtrace.store.writerproc", directory, json.dumps(options)],
+                [sys.executable, "-m", "kvtrace.store.writer_process_main", directory, json.dumps(options)],
                 stdin=to_r,
                 stdout=from_w,
                 start_new_session=True,

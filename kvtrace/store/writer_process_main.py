@@ -1,4 +1,4 @@
-"""The writer process of :mod:`kvtrace.store.handoff`: ``python -m kvtrace.store.writerproc DIR OPTIONS``.
+"""The writer process of :mod:`kvtrace.store.writer_process`: ``python -m kvtrace.store.writer_process_main DIR OPTIONS``.
 
 Reads frames from stdin (``HEADER`` = tag, batch number, length; then the payload): ``S`` frames
 carry a pickled :class:`~kvtrace.store.spancols.SpanColumns` slice, an ``E`` frame ends a batch,
@@ -26,7 +26,7 @@ import sys
 
 from kvtrace.store import spancols
 from kvtrace.store.exporter import ParquetSpanExporter, columns_table
-from kvtrace.store.handoff import HEADER, TAG_END, TAG_SPANS
+from kvtrace.store.writer_process import HEADER, TAG_END, TAG_SPANS
 
 TERM_GRACE_S = 10
 

@@ -1,14 +1,14 @@
-"""``kvtrace demo``: the whole story on a fresh machine in well under a minute.
+"""What ``kvtrace demo`` runs: the whole story on a fresh machine in well under a minute.
 
 Starts a simulated P/D cluster (:class:`kvtrace.sim.cluster.SimCluster`, Qwen3-32B preset) and
 the instrumented proxy (:mod:`kvtrace.proxy.server`) and drives an agent workload through them
-with :func:`kvtrace.bench.bench.arun_bench`, twice and at the same time, one process (own event
+with :func:`kvtrace.bench.api.arun_bench`, twice and at the same time, one process (own event
 loop, own core) per run: with bidirectional KV transfer on (``DIR/bidir``) and off
 (``DIR/baseline``), every component writing Parquet traces.  Two prefill workers: the proxy
 round-robins, so a conversation's next turn often lands on a P that lacks its history (the case
 bidirectional transfer is for: the baseline must recompute it there).
 Then it prints the session breakdown, the reuse summary and the per-turn TTFT comparison from
-:mod:`kvtrace.analysis` (tables from :mod:`kvtrace.analysis.text`) and says how to open the
+:mod:`kvtrace.analysis` (tables from :mod:`kvtrace.analysis.report.text`) and says how to open the
 dashboard.
 
 Workload (:func:`scenarios`): demo versions of the built-in scenarios with the context sizes of
@@ -34,13 +34,10 @@ import asyncio
 import os
 import shutil
 import sys
-import time
-
-from kvtrace.store.runs import traces_dir
 
 SCENARIOS = ("pause-resume", "coding-agent", "research-assistant", "short-followups")  # longest first
 RUNS = ("bidir", "baseline")
-DEFAULT_TIME_SCALE = 5.0
+DEFAULT_TIME_SCALE = 5.0  # kvtrace demo --time-scale
 PREFILL_WORKERS = 2  # the proxy round-robins: a conversation's next turn often lands on the other P
 TTL_S = 45.0  # decoder_kv_blocks_ttl, model seconds (vLLM's default is 480 s)
 RESUME_PAUSE_S = 60.0  # the pause-resume session's pause: longer than TTL_S
@@ -48,79 +45,6 @@ LEASE_S = 600.0  # kv_lease_duration: P's hold for D (30 s in vLLM); never the s
 PROXY_MARGIN_S = 10.0  # the proxy stops offering D's blocks this long before D drops them
 SYSTEM_TOKENS = (1800, 2200)  # instructions + tool definitions
 START_GAP_S = 3.0  # model seconds between session starts
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--traces",
-        help="trace directory (default: KVTRACE_TRACES_DIR or ./kvtrace-traces); runs go to DIR/bidir and DIR/baseline",
-    )
-    parser.add_argument("--dashboard", action="store_true", help="open the dashboard on the traces afterwards")
-    parser.add_argument("--port", type=int, default=8501, help="dashboard port (with --dashboard; default 8501)")
-    parser.add_argument("--sessions", type=int, default=3, help="sessions per scenario (default 3)")
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        default=DEFAULT_TIME_SCALE,
-        help=f"replay compression factor S (default {DEFAULT_TIME_SCALE:g}; larger is quicker, but "
-        "then the harness's own per-request overhead blurs the TTFT comparison)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (same workload in both runs)")
-
-
-def run(args) -> int:
-    """Run a simulated P/D cluster + proxy + agent workload, with and without bidirectional KV reuse.
-
-    Writes Parquet traces to DIR/bidir and DIR/baseline (DIR: --traces, else KVTRACE_TRACES_DIR,
-    else ./kvtrace-traces), prints where agent time goes, how much KV was reused, and the per-turn
-    TTFT of the two runs; --dashboard then opens the dashboard on them.  Scenarios, with agent-sized
-    contexts (a ~2k-token system prompt, files, pages and logs of thousands of tokens): coding-agent,
-    research-assistant, pause-resume (pauses past D's retention, which the demo shortens to 45 model
-    seconds), short-followups (below the recompute threshold).  Both runs execute at once, each in
-    its own local process, on 127.0.0.1; about 45 s on 2 cores with the defaults (more when other work
-    shares them).  Ctrl-C or SIGTERM stops both runs.
-    """
-    from kvtrace.analysis.text import wrap
-    from kvtrace.demo.processes import RunFailed, Stopped
-    from kvtrace.errors import CLIError
-
-    if args.sessions < 1 or not args.time_scale > 0:
-        raise CLIError("--sessions must be >= 1 and --time-scale > 0")
-    root = traces_dir(args.traces)
-    dirs = {name: os.path.join(root, name) for name in RUNS}
-    _writable(root, CLIError)  # first: an unwritable --traces costs nothing
-    _require_extras(CLIError)
-    for d in dirs.values():
-        _clear_previous(d, CLIError)
-        _writable(d, CLIError)
-    started = time.monotonic()
-    _quiet_http_logs()
-    print(
-        wrap(
-            f"kvtrace demo: running the workload with bidirectional KV transfer on ({dirs['bidir']}) and off "
-            f"({dirs['baseline']}), in parallel ..."
-        ),
-        flush=True,
-    )
-    try:
-        run_both(dirs, sessions=args.sessions, time_scale=args.time_scale, seed=args.seed)
-    except Stopped as exc:
-        print(f"kvtrace demo: interrupted ({exc}); both runs stopped, what they recorded is in {root}", file=sys.stderr)
-        return 128 + exc.signum
-    except RunFailed as exc:
-        raise CLIError(str(exc)) from None
-    print(wrap(f"kvtrace demo: both runs done in {time.monotonic() - started:.1f} s; traces in {root}") + "\n")
-    from kvtrace.demo.summary import summarize
-
-    print(summarize(dirs["bidir"], dirs["baseline"], args.time_scale, args.sessions))
-    command = f"kvtrace dashboard --traces {dirs['bidir']} --compare {dirs['baseline']}"
-    if not args.dashboard:
-        print(f"\nOpen the dashboard:  {command}")
-        return 0
-    from kvtrace.dashboards.cli import launch
-
-    print(f"\nOpening the dashboard ({command} --port {args.port}); Ctrl-C stops it.", flush=True)
-    return launch(dirs["bidir"], port=args.port, compare=dirs["baseline"])
 
 
 def run_both(dirs: dict[str, str], **kwargs) -> None:
@@ -141,7 +65,7 @@ def _run_process(directory: str, **kwargs):
     lives for one run (~200 MB)."""
     import gc
 
-    import kvtrace.bench.bench  # noqa: F401
+    import kvtrace.bench.api  # noqa: F401
     import kvtrace.proxy.server  # noqa: F401
     import kvtrace.sim.cluster  # noqa: F401
 
@@ -190,10 +114,10 @@ async def run_once(directory: str, *, bidirectional: bool, sessions: int, time_s
 async def drive(url: str, workloads: list, directory: str, time_scale: float, seed: int) -> None:
     """Start one session every :data:`START_GAP_S` model seconds (agents do not all arrive at the
     same instant; a burst would queue every turn 0 on P and blur the reference row), each through
-    :func:`kvtrace.bench.bench.arun_bench` with its own one-session workload and one shared
+    :func:`kvtrace.bench.api.arun_bench` with its own one-session workload and one shared
     tracer provider."""
     import kvtrace
-    from kvtrace.bench import bench
+    from kvtrace.bench import api as bench
 
     provider = kvtrace.configure("kvtrace-bench", traces_dir=directory, handle_sigterm=False)
 
@@ -290,7 +214,7 @@ def scenarios() -> list:
     return [pause, coding, research, short]
 
 
-def _quiet_http_logs() -> None:
+def quiet_http_logs() -> None:
     """The OpenAI client logs every request at INFO; the demo's output is the summary."""
     import logging
 
@@ -298,7 +222,7 @@ def _quiet_http_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _require_extras(error) -> None:
+def require_extras(error) -> None:
     missing = [m for m in ("aiohttp", "openai") if _missing(m)]
     if missing:
         raise error(f"the demo needs {', '.join(missing)}: pip install 'kvtrace[demo]'")
@@ -310,7 +234,7 @@ def _missing(module: str) -> bool:
     return importlib.util.find_spec(module) is None
 
 
-def _writable(directory: str, error) -> None:
+def writable(directory: str, error) -> None:
     from kvtrace.store.access import NotWritable, ensure_writable
 
     try:
@@ -319,7 +243,7 @@ def _writable(directory: str, error) -> None:
         raise error(str(exc)) from None
 
 
-def _clear_previous(directory: str, error) -> None:
+def clear_previous(directory: str, error) -> None:
     """Remove an earlier demo run's traces (only Parquet files in date=/hour= partitions)."""
     if not os.path.exists(directory):
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvtrace.cli import options
 from kvtrace.store import source
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -13,7 +14,7 @@ FORMATS = ("table", "csv", "json", "parquet")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", help="SQL to run (views: see docs/query.md)")
-    source.add_arguments(parser)
+    options.add_source_arguments(parser)
     parser.add_argument(
         "--format",
         choices=FORMATS,

@@ -207,7 +207,7 @@ def table_rows(t: PresetTable) -> tuple[list[str], list[list[str]]]:
 
 def markdown(ts: list[PresetTable]) -> str:
     """Every preset's table (Markdown), with the note on how gains are read."""
-    from kvtrace.analysis.text import md_table
+    from kvtrace.analysis.report.text import md_table
 
     parts = []
     for t in ts:

@@ -1,6 +1,6 @@
 """What-if advisor: replay recorded traffic under other retention TTLs and recompute thresholds.
 
-:func:`run` loads a store (:mod:`.whatif_data`) and replays it on a grid of
+:func:`run` loads a store (:mod:`.data`) and replays it on a grid of
 (``decoder_kv_blocks_ttl``, ``kv_recompute_threshold``) settings; :func:`recommend` picks one.
 Pure functions over the recorded spans: no servers, nothing re-executed.
 
@@ -44,7 +44,7 @@ import numpy as np
 
 from kvtrace import kvrules
 from kvtrace import semconv as sc
-from kvtrace.analysis.whatif_data import FATE_READ, FATE_RELEASED, FATE_UNCONSUMED, Recorded, WhatIfError, load
+from kvtrace.analysis.whatif.data import FATE_READ, FATE_RELEASED, FATE_UNCONSUMED, Recorded, WhatIfError, load
 
 DEFAULT_TTLS = (0, 30, 60, 120, 240, 480, 900, 1800)
 DEFAULT_THRESHOLDS = (16, 32, 64, 128, 256, 512)

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from kvtrace.analysis.common import filtered
 from kvtrace.analysis.filters import Filters
-from kvtrace.analysis.whatif import (
+from kvtrace.analysis.whatif.replay import (
     COLUMNS,
     DEFAULT_THRESHOLDS,
     DEFAULT_TTLS,
@@ -46,7 +46,7 @@ def advice(
     offer_margin_s: float | None = None,
     budget_gib: float | None = None,
 ) -> dict:
-    """Replay the whole store on the grid: ``rows`` (the :data:`~.whatif.COLUMNS` plus
+    """Replay the whole store on the grid: ``rows`` (the :data:`~.replay.COLUMNS` plus
     ``failures``, requests predicted to fail), ``recommendation`` (see :func:`~.whatif.recommend`),
     ``lines`` (its printed form), the recorded setting and D's KV pool sizes.  ``error``: why there
     is nothing to replay (then the rest is empty)."""
@@ -95,7 +95,7 @@ def pareto(rows: list[dict], x: str = "gib_s_held", y: str = "ttft_mean_ms") -> 
 def report_section(con) -> str:
     """``kvtrace report``'s what-if section: the recommendation, and the rows of the recommended
     threshold (every TTL) plus the recorded setting."""
-    from kvtrace.analysis.text import md_table
+    from kvtrace.analysis.report.text import md_table
 
     a = advice(con)
     head = (

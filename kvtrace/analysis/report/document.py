@@ -13,7 +13,9 @@ import io
 import logging
 import re
 
-from kvtrace.analysis import compare, latency, palette, retention, reuse, sessions, text, whatif_summary
+from kvtrace.analysis import compare, latency, palette, retention, reuse, sessions
+from kvtrace.analysis.report import text
+from kvtrace.analysis.whatif import summary as whatif_summary
 from kvtrace.store.views.breakdown import PRECEDENCE
 
 TIME_NOTE = (

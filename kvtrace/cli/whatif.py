@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kvtrace.analysis.report_cli import write_output
+from kvtrace.cli import options
 from kvtrace.store import source
 
 FORMATS = ("table", "json", "csv")
@@ -25,9 +25,9 @@ def _numbers(kind):
 
 
 def add_arguments(parser) -> None:
-    from kvtrace.analysis.whatif import DEFAULT_THRESHOLDS, DEFAULT_TTLS
+    from kvtrace.analysis.whatif.replay import DEFAULT_THRESHOLDS, DEFAULT_TTLS
 
-    source.add_arguments(parser)
+    options.add_source_arguments(parser)
     parser.add_argument(
         "--ttl",
         type=_numbers(float),
@@ -104,8 +104,8 @@ def run(args) -> int:
 
     Example:  kvtrace whatif --traces kvtrace-traces/bidir --ttl 30,120,480 --threshold 64,256
     """
-    from kvtrace.analysis.whatif import WhatIfError, recommend, recommendation_lines
-    from kvtrace.analysis.whatif import run as replay_all
+    from kvtrace.analysis.whatif.replay import WhatIfError, recommend, recommendation_lines
+    from kvtrace.analysis.whatif.replay import run as replay_all
     from kvtrace.errors import CLIError
     from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError
@@ -125,14 +125,14 @@ def run(args) -> int:
     if args.format == "table" and not args.output:
         sys.stdout.write(text + "\n" + advice)
         return 0
-    write_output(args.output, text, "whatif")
+    options.write_output(args.output, text, "whatif")
     sys.stderr.write(advice)
     return 0
 
 
 def render(fmt: str, rows: list[dict]) -> str:
     """The rows as an aligned table, a JSON array of objects or CSV (keys: whatif.COLUMNS)."""
-    from kvtrace.analysis.whatif import COLUMNS
+    from kvtrace.analysis.whatif.replay import COLUMNS
 
     if fmt == "json":
         import json
@@ -147,8 +147,8 @@ def render(fmt: str, rows: list[dict]) -> str:
         w.writeheader()
         w.writerows([{k: _csv(r[k]) for k in COLUMNS} for r in rows])
         return buf.getvalue()
-    from kvtrace.analysis.text import md_table
-    from kvtrace.analysis.whatif_summary import cell
+    from kvtrace.analysis.report.text import md_table
+    from kvtrace.analysis.whatif.summary import cell
 
     return md_table(list(COLUMNS), [[cell(k, r[k]) for k in COLUMNS] for r in rows]) + "\n"
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 
+from kvtrace.cli import options
 from kvtrace.store import source
 
 
 def add_arguments(parser) -> None:
-    source.add_arguments(parser)
+    options.add_source_arguments(parser)
     parser.add_argument("--format", choices=("md", "html"), default="md", help="output format (default md)")
     parser.add_argument("--output", "-o", help="file to write (default: stdout; Markdown to stdout has no plots)")
     parser.add_argument("--compare", help="a baseline run's trace directory: adds the per-turn comparison against it")
@@ -30,7 +30,7 @@ def run(args) -> int:
     Collector otel_traces table on ClickHouse instead (docs/clickhouse.md); --compare is still a
     trace directory.
     """
-    from kvtrace.analysis import report
+    from kvtrace.analysis.report import document as report
     from kvtrace.errors import CLIError
     from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError, connect
@@ -42,7 +42,7 @@ def run(args) -> int:
         arms = None if args.compare or source.clickhouse_url(args) else _arms(source.describe(args))
         if arms is None:
             raise CLIError(str(exc)) from None
-        write_output(args.output, arms if args.format == "md" else report.to_html([("md", arms)], {}))
+        options.write_output(args.output, arms if args.format == "md" else report.to_html([("md", arms)], {}))
         return 0
     plots = not args.no_plots and (args.format == "html" or bool(args.output))
     if plots and _missing("matplotlib"):
@@ -52,7 +52,7 @@ def run(args) -> int:
     except ClickHouseError as exc:
         raise CLIError(str(exc)) from None
     if args.format == "html":
-        write_output(args.output, report.to_html(doc, images))
+        options.write_output(args.output, report.to_html(doc, images))
         return 0
     links = {}
     if args.output:
@@ -62,34 +62,19 @@ def run(args) -> int:
             with open(path, "wb") as f:
                 f.write(png)
             links[name] = os.path.basename(path)
-    write_output(args.output, report.to_markdown(doc, links))
+    options.write_output(args.output, report.to_markdown(doc, links))
     return 0
 
 
 def _arms(directory: str) -> str | None:
     """The four-arm report of a directory holding the runs of ``kvtrace bench --arms``, else None."""
-    from kvtrace.analysis import arms
+    from kvtrace.analysis import arms_table as arms
 
     try:
         tables = arms.tables(arms.from_directory(directory))
     except (ValueError, OSError):
         return None
     return "# kvtrace report: published vs production configuration\n\n" + arms.markdown(tables)
-
-
-def write_output(path: str | None, content: str, command: str = "report") -> None:
-    """``content`` to ``path`` (a one-line CLIError when it cannot be written), else to stdout."""
-    if not path:
-        sys.stdout.write(content)
-        return
-    from kvtrace.errors import CLIError
-
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(content)
-    except OSError as exc:
-        raise CLIError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"kvtrace {command}: wrote {path}", file=sys.stderr)
 
 
 def _missing(module: str) -> bool:

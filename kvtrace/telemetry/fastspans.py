@@ -75,7 +75,7 @@ def tracer(provider, name: str, version: str | None = None) -> trace_api.Tracer:
     try:
         return FastTracer(inner)
     except AttributeError:  # an SDK whose tracer no longer has the fields reproduced here
-        log.warning("kvtrace.fastspans: this OpenTelemetry SDK's tracer differs; using it as is")
+        log.warning("kvtrace.telemetry.fastspans: this OpenTelemetry SDK's tracer differs; using it as is")
         return inner
 
 

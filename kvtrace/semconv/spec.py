@@ -1,0 +1,365 @@
+"""What every name of the span contract means: the documented spans, events, resource attributes,
+wire fields and metrics (:data:`SPANS`, :data:`EVENTS`, :data:`RESOURCE`, :data:`KV_TRANSFER_FIELDS`,
+:data:`CONTEXT_FIELDS`; the metrics are in :mod:`.metrics`).  :mod:`.render` turns them into
+docs/semconv.md and docs/metrics.md."""
+
+from __future__ import annotations
+
+from kvtrace.semconv.names import *  # noqa: F403
+from kvtrace.semconv.names import GENAI_SEMCONV_VERSION
+
+_genai_semconv_note = (
+    "The `gen_ai.*` names follow the OpenTelemetry GenAI semantic conventions as released in "
+    f"semantic-conventions `{GENAI_SEMCONV_VERSION}` (schema https://opentelemetry.io/schemas/{GENAI_SEMCONV_VERSION}, "
+    "Python package opentelemetry-semantic-conventions 0.66b2), status Development; they have since moved, "
+    "unchanged and still unreleased, to the open-telemetry/semantic-conventions-genai repository. "
+    "`gen_ai.usage.cache_read.input_tokens` is included in `gen_ai.usage.input_tokens` (the total), as the "
+    "conventions specify. vLLM's own `llm_request` span still uses the older `gen_ai.usage.prompt_tokens` / "
+    "`gen_ai.usage.completion_tokens`."
+)
+
+# --------------------------------------------------------------------------------------------
+# The documented contract (drives docs/semconv.md and the documentation test)
+# --------------------------------------------------------------------------------------------
+_ID = {
+    SESSION_ID: "Conversation / agent session id (same value as gen_ai.conversation.id).",
+    GEN_AI_CONVERSATION_ID: "Conversation id (OTel GenAI).",
+    TURN_INDEX: "0-based turn index within the session (int).",
+    GEN_AI_REQUEST_ID: "The X-Request-Id shared by the proxy, P and D (vLLM's request id base).",
+}
+_ENGINE = {
+    ENGINE_ID: "vLLM engine id of the emitting worker.",
+    ENGINE_ROLE: f"Role of the emitting worker: {', '.join(ROLES)}.",
+}
+
+SPANS: dict[str, dict] = {
+    SPAN_PROXY_REQUEST: {
+        "kind": "SERVER",
+        "emitter": "proxy",
+        "doc": "One client request through the proxy; root of the trace unless the client sent a "
+        "traceparent. Events: first token, last token, upstream error, client disconnect.",
+        "attributes": {
+            **_ID,
+            GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
+            GEN_AI_REQUEST_MODEL: "Model named by the client.",
+            GEN_AI_REQUEST_MAX_TOKENS: "max_tokens asked by the client (int).",
+            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (from D's usage), cached ones included.",
+            GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: "Prompt tokens P did not compute: its local prefix-cache hit "
+            "plus the tokens it pulled from D (int; from P's kvtrace object, else P's usage cached_tokens).",
+            GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (from D's usage).",
+            GEN_AI_RESPONSE_FINISH_REASONS: "Finish reasons (string array).",
+            SESSION_SOURCE: f"How the session was found: {', '.join(SESSION_SOURCES)} (body `{BODY_CONVERSATION_ID}`, "
+            f"`{HEADER_SESSION_ID}`, baggage `{BAGGAGE_SESSION_ID}`, body `{BODY_PROMPT_CACHE_KEY}`, the proxy's "
+            f"prefix table, none). `{SOURCE_PREFIX}` sessions are named `{PREFIX_SESSION_PREFIX}<hex>` by the proxy.",
+            SESSION_CONTINUITY: f"Chat requests with prefix matching on: {', '.join(CONTINUITIES)} against the "
+            "session's last served turn (its messages plus the reply the proxy streamed).",
+            SESSION_DIVERGED_AT: "When diverged: index of the first message that differs from the last served "
+            "turn (int).",
+            SESSION_REUSABLE_TOKENS_LOST: "When diverged and D held blocks for the session: the tokens P would have "
+            "pulled had the prompt extended them, min(D's tokens, prompt tokens) - P's local hit (int; needs P's "
+            "report).",
+            HTTP_REQUEST_METHOD: "HTTP method.",
+            URL_PATH: "Route, e.g. /v1/chat/completions.",
+            HTTP_RESPONSE_STATUS_CODE: "Status returned to the client (int).",
+            REQUEST_STREAM: "Client asked for streaming (bool).",
+            REQUEST_TTFT_MS: "Time to first token seen by the proxy, ms (float).",
+            REQUEST_LATENCY_MS: "Completed latency, ms (float).",
+            PROXY_OFFER: "D's retained blocks were offered to P (bool).",
+            PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}.",
+            PROXY_ENTRY_AGE_S: "Age of the conversation-table entry when offered, s (float).",
+            PROXY_CONVERSATION_TTL_S: "The proxy's --conversation-ttl: it offers D's blocks while their entry is at "
+            "most this old, s of the proxy's clock (float).",
+            PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
+            PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
+            PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
+            PROXY_PREFILL_ATTEMPTS: "P legs sent (int): 2 when P failed (5xx) to read the offered blocks and "
+            "the proxy asked again without them; absent when 1.",
+            PROXY_DECODER_KV_TTL_S: "D's block retention (decoder_kv_blocks_ttl) as the proxy knows it: "
+            "reported by an instrumented D, else --decoder-kv-ttl; absent when unknown, s (float). An offer "
+            "window + 5 s (vLLM's read margin) at or past it means offers can name blocks D has dropped.",
+            KV_OUTCOME: "P's decision outcome as reported by P (when known); `expired` (entry older than "
+            "D's retention) or `failed` when P failed to read the offered blocks and the proxy retried.",
+            KV_PULLED_TOKENS: "Tokens P pulled from D (int).",
+            ERROR_TYPE: "Error class when the request failed.",
+        },
+    },
+    SPAN_PROXY_PREFILL: {
+        "kind": "CLIENT",
+        "emitter": "proxy",
+        "doc": "The P leg (max_tokens=1, non-streaming).",
+        "attributes": {
+            **_ID,
+            SERVER_ADDRESS: "P host.",
+            SERVER_PORT: "P port (int).",
+            HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
+            PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
+            PROXY_RETRY: "This leg is the fresh prefill (no offer) after P failed to read the offered blocks (bool).",
+            ERROR_TYPE: "Error class when the leg failed.",
+        },
+    },
+    SPAN_PROXY_DECODE: {
+        "kind": "CLIENT",
+        "emitter": "proxy",
+        "doc": "The D leg (always streaming).",
+        "attributes": {
+            **_ID,
+            SERVER_ADDRESS: "D host.",
+            SERVER_PORT: "D port (int).",
+            HTTP_RESPONSE_STATUS_CODE: "D's status (int).",
+            REQUEST_TTFT_MS: "First streamed token after the leg started, ms (float).",
+            ERROR_TYPE: "Error class when the leg failed.",
+        },
+    },
+    SPAN_ENGINE_PREFILL: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator on P",
+        "doc": "A prefill request's life on P, from the connector first seeing it to "
+        "request_finished. Parent: the proxy's P leg.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_PROMPT_TOKENS: "Prompt tokens (int).",
+            REQUEST_CACHED_TOKENS: "Tokens not computed on this worker (local hit + pulled).",
+        },
+    },
+    SPAN_ENGINE_DECODE: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator on D",
+        "doc": "A decode request's life on D. Parent: the proxy's D leg.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_PROMPT_TOKENS: "Prompt tokens (int).",
+            GEN_AI_USAGE_OUTPUT_TOKENS: "Tokens generated (int).",
+            REQUEST_CACHED_TOKENS: "Tokens not computed on this worker (local hit + pulled).",
+        },
+    },
+    SPAN_KV_DECISION: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator",
+        "doc": "The pull-vs-recompute decision for one request, from the scheduler's "
+        "get_num_new_matched_tokens until its outcome is known (a pull's outcome is final when the "
+        "load finishes). Direction d2p on P (bidirectional reuse), p2d on D.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_OUTCOME: f"One of: {', '.join(OUTCOMES)}.",
+            KV_DIRECTION: f"{DIRECTION_D2P} (P pulling D's blocks) or {DIRECTION_P2D}.",
+            KV_PROMPT_TOKENS: "Prompt tokens of the request (int).",
+            KV_LOCAL_HIT_TOKENS: "Tokens already in the local prefix cache (int).",
+            KV_REMOTE_TOKENS: "Reusable tokens the peer offered (remote_num_tokens, int).",
+            KV_PULLED_TOKENS: "Tokens loaded from the peer (int).",
+            KV_RECOMPUTED_TOKENS: "Prompt tokens computed locally (int).",
+            KV_THRESHOLD: "kv_recompute_threshold in force (int).",
+            KV_EXPIRY_DEADLINE: "Peer's remote_blocks_expiry_time (peer clock, float).",
+            KV_EXPIRY_REMAINING_S: "Seconds left before expiry at decision time (float).",
+            KV_PEER_ENGINE_ID: "Peer engine id (remote_engine_id).",
+            KV_REMOTE_REQUEST_ID: "Peer's request id (remote_request_id).",
+            KV_LOAD_FAILURE_POLICY: "kv_load_failure_policy: fail or recompute.",
+            ERROR_TYPE: "Error class when the outcome is failed.",
+        },
+    },
+    SPAN_KV_TRANSFER: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator",
+        "doc": "One asynchronous KV load, from being scheduled to finished/failed receiving. "
+        "Parent: the decision span.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_DIRECTION: f"{DIRECTION_D2P} or {DIRECTION_P2D}.",
+            KV_TRANSFER_TOKENS: "Tokens loaded (int).",
+            KV_TRANSFER_BLOCKS: "Blocks loaded (int).",
+            KV_TRANSFER_BYTES: "Bytes loaded, from the KV cache page sizes (int).",
+            KV_TRANSFER_XFER_MS: "Transport time reported by the worker, ms (float).",
+            KV_TRANSFER_POST_MS: "Time to post the transfer, ms (float).",
+            KV_TRANSFER_STATUS: f"One of: {', '.join(TRANSFER_STATUSES)}.",
+            KV_PEER_ENGINE_ID: "Engine the blocks came from.",
+            KV_REMOTE_REQUEST_ID: "Peer's request id.",
+            ERROR_TYPE: "Error class when the transfer failed.",
+        },
+    },
+    SPAN_KV_RETENTION: {
+        "kind": "INTERNAL",
+        "emitter": "connector / simulator on D",
+        "doc": "Blocks D pins after a finished request (bidirectional), until read by the next "
+        "turn, expired, or freed. Parent: the D engine span.",
+        "attributes": {
+            **_ID,
+            **_ENGINE,
+            KV_RETENTION_BLOCKS: "Blocks held (int).",
+            KV_RETENTION_TOKENS: "Tokens held (int).",
+            KV_RETENTION_BYTES: "Bytes held (int).",
+            KV_RETENTION_TTL_S: "decoder_kv_blocks_ttl, s (float).",
+            KV_RETENTION_OUTCOME: f"One of: {', '.join(RETENTION_OUTCOMES)}.",
+            KV_EXPIRY_DEADLINE: "remote_blocks_expiry_time returned (D clock, float).",
+        },
+    },
+    SPAN_AGENT_SESSION: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "A whole agent session (gen_ai.operation.name=invoke_agent).",
+        "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_INVOKE_AGENT}`.",
+            GEN_AI_AGENT_NAME: "Agent or scenario name.",
+            SESSION_ID: "Session id.",
+            GEN_AI_CONVERSATION_ID: "Same value.",
+            AGENT_SCENARIO: "Bench scenario name, when driven by kvtrace bench.",
+        },
+    },
+    SPAN_AGENT_TURN: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "One turn of a session: LLM calls, tool waits and app work until the answer.",
+        "attributes": {SESSION_ID: "Session id.", TURN_INDEX: "Turn index (int)."},
+    },
+    SPAN_AGENT_LLM_CALL: {
+        "kind": "CLIENT",
+        "emitter": "agent API / bench",
+        "doc": "One call to the OpenAI-compatible endpoint (gen_ai.operation.name=chat).",
+        "attributes": {
+            **_ID,
+            GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
+            GEN_AI_REQUEST_MODEL: "Model.",
+            GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (int), cached ones included.",
+            GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: "Cached prompt tokens (int): local hit + pulled from the "
+            "kv_transfer metadata, else usage.prompt_tokens_details.cached_tokens.",
+            GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (int).",
+            LLM_TTFT_MS: "Time to first token, ms (float).",
+            LLM_TPOT_MS: "Time per output token after the first, ms (float).",
+            KV_OUTCOME: "Decision outcome from the kv_transfer metadata.",
+            KV_PULLED_TOKENS: "Pulled tokens from the kv_transfer metadata (int).",
+            GEN_AI_INPUT_MESSAGES: "Prompt (only with KVTRACE_CAPTURE_CONTENT=1).",
+            GEN_AI_OUTPUT_MESSAGES: "Completion (only with KVTRACE_CAPTURE_CONTENT=1).",
+            ERROR_TYPE: "Error class when the call failed.",
+        },
+    },
+    SPAN_AGENT_TOOL_CALL: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "A tool call: the agent waits (gen_ai.operation.name=execute_tool).",
+        "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_EXECUTE_TOOL}`.",
+            GEN_AI_TOOL_NAME: "Tool name.",
+            GEN_AI_TOOL_CALL_ID: "Tool call id.",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int).",
+            ERROR_TYPE: "Error class when the tool failed.",
+        },
+    },
+    SPAN_AGENT_APP_WORK: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "Explicit application work (parsing, planning, I/O) between calls.",
+        "attributes": {
+            AGENT_WORK_NAME: "What the work was.",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int).",
+        },
+    },
+    SPAN_AGENT_USER_PAUSE: {
+        "kind": "INTERNAL",
+        "emitter": "agent API / bench",
+        "doc": "The agent waits for its user (think time, an approval, a pause-resume gap): a part of its own in "
+        "the session breakdown (`user_pause_ms`), so a user's pause is not read as slow app work.",
+        "attributes": {
+            AGENT_PAUSE_REASON: "Why the agent waits, when given (e.g. `think`, `approval`).",
+            SESSION_ID: "Session id.",
+            TURN_INDEX: "Turn index (int), when the pause is inside a turn.",
+        },
+    },
+    SPAN_VLLM_LLM_REQUEST: {
+        "kind": "SERVER",
+        "emitter": "vLLM itself (--otlp-traces-endpoint), ingested by kvtrace collect",
+        "doc": "vLLM's own per-request span; parent: the proxy leg's traceparent. kvtrace does not emit "
+        "it; the vllm_requests view joins it to kvtrace's requests.",
+        "attributes": {
+            GEN_AI_REQUEST_ID: "vLLM's request id (contains the X-Request-Id).",
+            GEN_AI_RESPONSE_MODEL: "Model served.",
+            GEN_AI_USAGE_PROMPT_TOKENS: "Prompt tokens (int).",
+            GEN_AI_USAGE_COMPLETION_TOKENS: "Generated tokens (int).",
+            VLLM_LATENCY_TIME_IN_QUEUE: "Time waiting in the scheduler queue, s (float).",
+            VLLM_LATENCY_TIME_TO_FIRST_TOKEN: "Time to first token, s (float).",
+            VLLM_LATENCY_E2E: "Arrival to finish, s (float).",
+            VLLM_LATENCY_TIME_IN_MODEL_PREFILL: "Prefill time, s (float).",
+            VLLM_LATENCY_TIME_IN_MODEL_DECODE: "Decode time, s (float).",
+            VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: "Prefill + decode time, s (float).",
+        },
+    },
+}
+
+EVENTS: dict[str, dict] = {
+    EVENT_FIRST_TOKEN: {"on": SPAN_PROXY_REQUEST, "doc": "First generated token reached the proxy.", "attributes": {}},
+    EVENT_LAST_TOKEN: {"on": SPAN_PROXY_REQUEST, "doc": "Last generated token reached the proxy.", "attributes": {}},
+    EVENT_UPSTREAM_ERROR: {
+        "on": SPAN_PROXY_REQUEST,
+        "doc": "A worker failed (connect, 5xx, stream cut).",
+        "attributes": {ERROR_TYPE: "Error class.", SERVER_ADDRESS: "Worker host.", SERVER_PORT: "Worker port."},
+    },
+    EVENT_CLIENT_DISCONNECT: {
+        "on": SPAN_PROXY_REQUEST,
+        "doc": "The client went away; upstream requests were cancelled.",
+        "attributes": {},
+    },
+    EVENT_NIXL_STATS: {
+        "on": "connector worker spans / engine spans",
+        "doc": "NIXL transfer telemetry that could not be attributed to one request.",
+        "attributes": {
+            NIXL_NUM_TRANSFERS: "Transfers in the interval (int).",
+            NIXL_BYTES: "Bytes moved (int).",
+            NIXL_XFER_MS: "Summed transfer time, ms (float).",
+            NIXL_POST_MS: "Summed post time, ms (float).",
+            NIXL_NUM_FAILED: "Failed transfers (int).",
+            NIXL_NUM_EXPIRED: "Reads declined as expired (int).",
+        },
+    },
+}
+
+RESOURCE: dict[str, str] = {
+    SERVICE_NAME: "kvtrace-proxy, kvtrace-sim-prefill, kvtrace-sim-decode, vllm-prefill, vllm-decode, kvtrace-agent, kvtrace-bench.",
+    SERVICE_INSTANCE_ID: "Unique per process.",
+    HOST_NAME: "Host name.",
+    SUBSTRATE: f"{SUBSTRATE_SIM} or {SUBSTRATE_VLLM} (connector / simulator processes).",
+    ENGINE_ID: "vLLM engine id (connector / simulator processes).",
+    ENGINE_ROLE: f"{', '.join(ROLES)} (connector / simulator processes).",
+    SIM_TIME_SCALE: "Simulator time compression factor (float; 1.0 = real time).",
+    SIM_PRESET: "Simulator cost-model preset.",
+    ENGINE_PREFIX_CACHING: "The worker's prefix cache is on (bool; vLLM's --enable-prefix-caching / "
+    "--no-enable-prefix-caching).",
+    KV_BIDIRECTIONAL: "bidirectional_kv_xfer is on (bool).",
+    ENGINE_KV_POOL_BYTES: "Size of the engine's KV cache pool, bytes: blocks x bytes per block (int as a string; "
+    "simulator: capacity_blocks, vLLM: KVCacheConfig.num_blocks).",
+}
+
+KV_TRANSFER_FIELDS: dict[str, str] = {
+    KVT_TRACE_ID: "Trace id (32 hex) of the request; also in the x-kvtrace-trace-id header.",
+    KVT_REQUEST_ID: "X-Request-Id shared with the workers.",
+    KVT_SESSION_ID: "Conversation id, or null.",
+    KVT_TURN: "Turn index the proxy assigned (int), or null.",
+    KVT_OFFERED: "The proxy offered D's retained blocks to P (bool).",
+    KVT_OFFER_REASON: f"Why (or why not): {', '.join(OFFER_REASONS)}.",
+    KVT_DECISION: f"P's outcome: {', '.join(OUTCOMES)}, or null when P is not instrumented.",
+    KVT_PROMPT_TOKENS: "Prompt tokens (int).",
+    KVT_LOCAL_HIT_TOKENS: "Tokens P found in its own prefix cache (int).",
+    KVT_REMOTE_TOKENS: "Reusable tokens D offered (int).",
+    KVT_PULLED_TOKENS: "Tokens P pulled from D (int).",
+    KVT_RECOMPUTED_TOKENS: "Prompt tokens P computed (int).",
+    KVT_BYTES: "Bytes P pulled (int).",
+    KVT_TRANSFER_MS: "Pull duration, ms (float).",
+    KVT_PEER_ENGINE_ID: "Engine P pulled from.",
+    KVT_ENGINE_ID: "Engine that produced the object (connector/simulator objects only).",
+    KVT_ROLE: "Role of that engine (connector/simulator objects only).",
+    KVT_RETAINED_BLOCKS: "Blocks D now holds for the next turn (int).",
+    KVT_RETAINED_BYTES: "Bytes D now holds for the next turn (int).",
+    KVT_RETAINED_TTL_S: "How long D holds them, s (float).",
+    KVT_PREFILL: "P's own kvtrace object, unmerged (proxy only).",
+    KVT_DECODE: "D's own kvtrace object, unmerged (proxy only).",
+    KVT_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
+    KVT_TTFT_MS: "TTFT measured at the proxy, ms (float).",
+}
+
+CONTEXT_FIELDS: dict[str, str] = {
+    CTX_TRACEPARENT: "W3C traceparent of the proxy leg; the connector parents its spans on it.",
+    CTX_SESSION_ID: "Conversation id.",
+    CTX_TURN: "Turn index (int).",
+}
