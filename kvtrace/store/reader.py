@@ -6,7 +6,9 @@ dashboard, ``kvtrace demo`` and Python code (``kvtrace.store.connect(DIR)``).  I
 1. lists the directory's complete files (:func:`kvtrace.store.files.list_files`: dot-files being
    written and batch files a rolled segment supersedes are left out, so no span counts twice);
 2. skips, with a warning naming it, any ``.parquet`` file that is not Parquet (no ``PAR1`` magic
-   at both ends; checked once per file version), so one stray file cannot fail every query;
+   at both ends) or whose schema is not kvtrace's (a column of :data:`~kvtrace.store.schema.SCHEMA`
+   missing or of another kind: read from the footer), each checked once per file version, so one
+   stray file cannot fail every query;
 3. refuses a directory that holds several runs (:mod:`kvtrace.store.runs`), naming them;
 4. binds the list to ``read_parquet`` as a parameter, largest file first (a parallel scan then
    ends with small files on every thread), each path glob-escaped (DuckDB expands ``*``, ``?``
@@ -51,11 +53,52 @@ class StoreError(Exception):
     """No single run of trace data where it was asked for (one-line message)."""
 
 
-_checked: dict[str, tuple[int, int, str | None]] = {}  # path -> (size, mtime_ns, why not Parquet)
+_checked: dict[str, tuple[int, int, str | None]] = {}  # path -> (size, mtime_ns, why it is skipped)
 
 
-def _not_parquet(path: str) -> str | None:
-    """Why ``path`` is not a Parquet file, or None (magic bytes at both ends, sane footer length)."""
+def _kind(t: pa.DataType) -> str:
+    """What DuckDB's union of files cares about in a column type: strings, integers, floats and
+    timestamps of any width or unit are alike; lists and maps by their element kinds."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_map(t):
+        return f"map<{_kind(t.key_type)}, {_kind(t.item_type)}>"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{_kind(t.value_type)}>"
+    return str(t)
+
+
+_KINDS = {f.name: _kind(f.type) for f in SCHEMA}
+
+
+def _schema_mismatch(path: str) -> str | None:
+    """Why a Parquet file's schema is not kvtrace's (a missing column, a column of another kind),
+    or None.  Extra columns are allowed (the union fills them with NULL elsewhere)."""
+    import pyarrow.parquet as pq
+
+    try:
+        found = {f.name: _kind(f.type) for f in pq.read_schema(path)}
+    except (OSError, pa.ArrowException) as exc:
+        return f"unreadable footer: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    missing = [name for name in _KINDS if name not in found]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        return f"schema is not kvtrace's: no column {', '.join(missing[:3])}{more}"
+    for name, kind in _KINDS.items():
+        if found[name] != kind:
+            return f"schema is not kvtrace's: column {name} is {found[name]}, not {kind}"
+    return None
+
+
+def _skip_reason(path: str) -> str | None:
+    """Why ``path`` is skipped, or None: not Parquet (magic bytes at both ends, sane footer
+    length), or Parquet whose schema is not kvtrace's.  Cached per (size, mtime)."""
     try:
         st = os.stat(path)
         seen = _checked.get(path)
@@ -63,7 +106,7 @@ def _not_parquet(path: str) -> str | None:
             return seen[2]
         why = None
         if st.st_size < 12:
-            why = f"{st.st_size} bytes"
+            why = f"not a Parquet file ({st.st_size} bytes)"
         else:
             with open(path, "rb") as f:
                 head = f.read(4)
@@ -71,29 +114,31 @@ def _not_parquet(path: str) -> str | None:
                 tail = f.read(8)
             footer = int.from_bytes(tail[:4], "little")
             if head != _MAGIC or tail[4:] != _MAGIC:
-                why = "no Parquet magic bytes"
+                why = "not a Parquet file (no Parquet magic bytes)"
             elif footer > st.st_size - 12:
-                why = "footer longer than the file"
+                why = "not a Parquet file (footer longer than the file)"
+            else:
+                why = _schema_mismatch(path)
         _checked[path] = (st.st_size, st.st_mtime_ns, why)
         return why
     except FileNotFoundError:
         raise
     except OSError as exc:
-        return exc.strerror or str(exc)
+        return f"not a Parquet file ({exc.strerror or exc})"
 
 
 def trace_files(directory: str | os.PathLike) -> list[str]:
-    """The complete, readable Parquet files of ``directory`` (see module doc, steps 1-2)."""
+    """The complete, readable kvtrace Parquet files of ``directory`` (see module doc, steps 1-2)."""
     out = []
     for path in list_files(directory):
         try:
-            why = _not_parquet(path)
+            why = _skip_reason(path)
         except FileNotFoundError:  # a superseded batch file swept since the listing
             continue
         if why is None:
             out.append(path)
         else:
-            log.warning("kvtrace: skipping %s: not a Parquet file (%s)", path, why)
+            log.warning("kvtrace: skipping %s: %s", path, why)
     return out
 
 
