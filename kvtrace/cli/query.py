@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="table (aligned text, default), csv, json (array of objects) or parquet (needs --output)",
     )
     parser.add_argument("--output", metavar="FILE", help="write here instead of stdout (required for parquet)")
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="for shared use: run only queries (SELECT, EXPLAIN), reading no file outside the trace directory",
+    )
 
 
 def _render_table(columns: list[str], rows: list[tuple]) -> str:
@@ -73,19 +78,30 @@ def run(args: argparse.Namespace) -> int:
     table (aligned text), csv, json (array of objects), parquet (needs --output).  Example:
 
         kvtrace query "SELECT outcome, count(*) FROM kv_decisions GROUP BY 1" --traces kvtrace-traces/bidir
+
+    Like any SQL tool, a plain query can read any file this user can (read_csv('/etc/hostname'))
+    and write anywhere (COPY ... TO '/tmp/x').  --read-only is for SQL you did not write (a shared
+    service, a notebook): only queries run (SELECT, EXPLAIN; not COPY, ATTACH, CREATE, SET), and
+    DuckDB reads no file outside the trace directory (no other path, URL or extension; its
+    configuration locked), so those two fail with a one-line error while the views answer.  It
+    needs --traces (a ClickHouse user's rights are its server's business).  --output is written
+    by kvtrace itself, after the query.  The dashboard's connections always run this way.
     """
     import duckdb
 
     from kvtrace.errors import CLIError
     from kvtrace.store.clickhouse import ClickHouseError
-    from kvtrace.store.reader import StoreError, query
+    from kvtrace.store.reader import StoreError, check_read_only, query
 
     if args.format == "parquet" and not args.output:
         raise CLIError("--format parquet needs --output FILE")
     if _empty(args.sql):
         raise CLIError('no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")')
     try:
-        result = query(source.open_store(args), args.sql)
+        read_only = getattr(args, "read_only", False)
+        if read_only:
+            check_read_only(args.sql)
+        result = query(source.open_store(args, read_only=read_only), args.sql)
     except StoreError as exc:
         raise CLIError(str(exc)) from None
     except duckdb.Error as exc:

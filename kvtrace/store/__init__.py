@@ -12,9 +12,9 @@ All SQL quoting goes through :mod:`.sql`; the ClickHouse statements live in :mod
 from __future__ import annotations
 
 
-def connect(directory, *, allow_empty: bool = False, con=None):
+def connect(directory, *, allow_empty: bool = False, con=None, read_only: bool = False):
     """A DuckDB connection over one run of ``directory`` with every kvtrace view defined
     (see :func:`kvtrace.store.reader.connect`; imports DuckDB only when called)."""
     from kvtrace.store.reader import connect as _connect
 
-    return _connect(directory, allow_empty=allow_empty, con=con)
+    return _connect(directory, allow_empty=allow_empty, con=con, read_only=read_only)

@@ -14,7 +14,10 @@ dashboard, ``kvtrace demo`` and Python code (``kvtrace.store.connect(DIR)``).  I
    ends with small files on every thread), each path glob-escaped (DuckDB expands ``*``, ``?``
    and ``[`` even inside a list, so a file named ``x*.parquet`` would otherwise read every
    ``x...`` file too);
-5. creates every view of :data:`kvtrace.store.views.VIEWS`.
+5. creates every view of :data:`kvtrace.store.views.VIEWS`;
+6. with ``read_only`` (``kvtrace query --read-only``, every dashboard connection), locks the
+   connection down (:func:`lock_down`): no file outside the trace directory can be read or
+   written, no extension loaded, no setting changed.
 
 The file list is fixed until :func:`refresh`.  Writers delete superseded batch files a few
 seconds after a roll (:mod:`kvtrace.store.exporter`), so a connection kept open longer may name
@@ -195,10 +198,14 @@ def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> 
 
 
 def connect(
-    directory: str | os.PathLike, *, allow_empty: bool = False, con: duckdb.DuckDBPyConnection | None = None
+    directory: str | os.PathLike,
+    *,
+    allow_empty: bool = False,
+    con: duckdb.DuckDBPyConnection | None = None,
+    read_only: bool = False,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection (or ``con``) over one run's trace files with every view of
-    :data:`kvtrace.store.views.VIEWS` defined.  Time zone UTC.
+    :data:`kvtrace.store.views.VIEWS` defined.  Time zone UTC.  ``read_only``: :func:`lock_down`.
 
     Raises :class:`StoreError` for a directory holding several runs, and for a missing or empty
     one unless ``allow_empty`` (then every view exists with its columns and zero rows)."""
@@ -208,11 +215,45 @@ def connect(
         try:
             _bind(con, os.fspath(directory), allow_empty)
             _create_views(con)  # binds the files (DuckDB reads their footers)
+            if read_only:
+                lock_down(con, directory)
             return con
         except duckdb.IOException:  # a listed file was swept meanwhile: list again
             if attempt == _RETRIES:
                 raise
     raise AssertionError("unreachable")
+
+
+READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+"""What a read-only query may run: queries (``SELECT``, ``FROM``, ``DESCRIBE``, ``SHOW``,
+``SUMMARIZE``, ``VALUES`` parse as SELECT) and ``EXPLAIN``; not COPY, ATTACH, CREATE, SET, ..."""
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, directory: str | os.PathLike) -> None:
+    """From now on ``con`` reads files only below ``directory`` (the views' files, and any
+    ``read_parquet`` of them): every other path, URL, ``COPY ... TO``, ``ATTACH`` and extension
+    load is a ``PermissionException``, and the configuration is locked so SQL cannot undo it.
+    Writing below ``directory`` is still possible through the connection itself; a caller running
+    user SQL refuses anything but a query first (:func:`check_read_only`)."""
+    root = os.path.join(os.path.abspath(os.fspath(directory)), "")  # trailing "/": not a name prefix
+    con.execute(f"SET allowed_directories = [{literal(root)}]")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def check_read_only(sql: str) -> None:
+    """Raise :class:`StoreError` unless every statement of ``sql`` is a query
+    (:data:`READ_ONLY_STATEMENTS`); a syntax error is left to the query to report."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return
+    for statement in statements:
+        if statement.type not in READ_ONLY_STATEMENTS:
+            kind = statement.type.name.replace("_STATEMENT", "").replace("_", " ")
+            raise StoreError(f"read-only: only queries (SELECT, EXPLAIN) may run, not {kind}")
 
 
 def _create_views(con: duckdb.DuckDBPyConnection) -> None:

@@ -37,13 +37,21 @@ def describe(args) -> str:
     return traces_dir(getattr(args, "traces", None))
 
 
-def open_store(args, *, allow_empty: bool = False):
-    """A DuckDB connection on ``--traces`` or a ClickHouse store on ``--clickhouse`` (module doc)."""
+def open_store(args, *, allow_empty: bool = False, read_only: bool = False):
+    """A DuckDB connection on ``--traces`` or a ClickHouse store on ``--clickhouse`` (module doc).
+    ``read_only``: the DuckDB connection reads nothing outside the trace directory
+    (:func:`kvtrace.store.reader.lock_down`); ClickHouse is refused (its server's user rights
+    govern what SQL may do there, and chDB runs with this process's file access)."""
     from kvtrace.store.reader import StoreError, connect
 
     url = clickhouse_url(args)
     if not url:
-        return connect(traces_dir(getattr(args, "traces", None)), allow_empty=allow_empty)
+        return connect(traces_dir(getattr(args, "traces", None)), allow_empty=allow_empty, read_only=read_only)
+    if read_only:
+        raise StoreError(
+            "--read-only confines DuckDB to a trace directory (--traces); on ClickHouse use a user with "
+            "readonly = 1 instead"
+        )
     try:
         from kvtrace.store.clickhouse.store import connect as ch_connect
     except ImportError as exc:
