@@ -33,7 +33,10 @@ FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
 
 CLICKHOUSE = "clickhouse:"
-"""Prefix of a ClickHouse source key: ``clickhouse:TABLE URL`` (a trace directory is its own key)."""
+"""Prefix of the ClickHouse source key: ``clickhouse:TABLE URL`` (a trace directory is its own key).
+Only the key :func:`config` builds from the command line opens ClickHouse (:func:`store`)."""
+BACKEND_PREFIXES = (CLICKHOUSE, "chdb:")
+"""Text a page's directory box refuses outright: backends are chosen at start, never on a page."""
 DEFAULT_WINDOW_NS = 24 * 3600 * 10**9
 """ClickHouse: the time range the dashboard opens on (the last day of data), so the first page
 reads that day, not the whole table."""
@@ -42,33 +45,44 @@ reads that day, not the whole table."""
 def config() -> dict:
     """``--traces`` / ``--compare`` / ``--clickhouse`` / ``--table`` after ``streamlit run app.py --``,
     else KVTRACE_TRACES_DIR / KVTRACE_COMPARE_DIR / KVTRACE_CLICKHOUSE / KVTRACE_CLICKHOUSE_TABLE,
-    else ./kvtrace-traces and no comparison.  ``source`` is the key pages pass to :func:`q`."""
+    else ./kvtrace-traces and no comparison.  ``source`` is the key pages pass to :func:`q`.
+    This is everything the dashboard may open: nothing a page sends adds to it."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for option in ("--traces", "--clickhouse", "--table", "--compare"):  # what the launcher passes
         parser.add_argument(option)
     args, _ = parser.parse_known_args(sys.argv[1:])
     url = source.clickhouse_url(args)
-    key = f"{CLICKHOUSE}{source.clickhouse_table(args)} {url}" if url else None
+    table = source.clickhouse_table(args)
     return {
         "traces": traces_dir(args.traces),
         "compare": settings.COMPARE_DIR.get(args.compare),
-        "source": key,
+        "source": f"{CLICKHOUSE}{table} {url}" if url else None,
+        "clickhouse": (url, table) if url else None,
         "label": source.describe(args),
     }
 
 
 def is_clickhouse(key: str) -> bool:
-    return key.startswith(CLICKHOUSE)
+    """Whether ``key`` is the ClickHouse source the dashboard was started with (no other text is)."""
+    source_key = config()["source"]
+    return source_key is not None and key == source_key
 
 
 @st.cache_resource(show_spinner=False)
 def store(key: str):
-    """The connection for a source key: a trace directory (views over its files; empty views when
-    there are none) or a ClickHouse table (:data:`CLICKHOUSE`)."""
+    """The connection for a source key: the ClickHouse table given at start (:func:`config`), or a
+    trace directory within the started roots (:func:`refusal`), whose DuckDB connection reads no
+    file outside it (:func:`kvtrace.store.reader.lock_down`; empty views when there are none).
+    Any other key is a :class:`~kvtrace.store.reader.StoreError`, and nothing is opened."""
+    from kvtrace.store.reader import StoreError
+
     if is_clickhouse(key):
-        table, url = key[len(CLICKHOUSE) :].split(" ", 1)
+        url, table = config()["clickhouse"]
         return source.open_store(argparse.Namespace(clickhouse=url, table=table))
-    return connect(key, allow_empty=True)
+    why = refusal(key, "Trace directory")
+    if why:
+        raise StoreError(why)
+    return connect(key, allow_empty=True, read_only=True)
 
 
 def refresh(key: str) -> None:
@@ -146,15 +160,31 @@ def inside_roots(path: str, roots: list[str]) -> bool:
     return any(os.path.commonpath([real, root]) == root for root in roots)
 
 
-def checked_dir(path: str, label: str) -> str:
-    """``path`` when it lies within a directory the dashboard was started with; otherwise say so
-    and stop the page: a text box must not open any path on the server."""
+def refusal(path: str, label: str) -> str | None:
+    """Why a page may not open ``path``, or None: it must be a directory path (a backend such as
+    ``clickhouse:...`` or ``chdb:...`` is chosen at start, never typed on a page) within a
+    directory the dashboard was started with."""
     roots = allowed_roots()
+    if path.strip().lower().startswith(BACKEND_PREFIXES) or "://" in path:
+        return (
+            f"{label} `{path}` is not a directory: this page opens only trace directories below the ones "
+            "the dashboard was started with; a ClickHouse table is chosen at start "
+            "(`kvtrace dashboard --clickhouse URL --table T`)."
+        )
     if not inside_roots(path, roots):
-        st.error(
+        return (
             f"{label} `{path}` is outside the trace directories this dashboard was started with "
             f"({', '.join(f'`{r}`' for r in roots)}); choose one of them or a directory below it."
         )
+    return None
+
+
+def checked_dir(path: str, label: str) -> str:
+    """``path`` when a page may open it (:func:`refusal`); otherwise say why and stop the page: a
+    text box must not open any path on the server, nor make it connect anywhere."""
+    why = refusal(path, label)
+    if why:
+        st.error(why)
         st.stop()
     return path
 
