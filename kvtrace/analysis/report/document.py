@@ -42,8 +42,8 @@ def build(
                     f"- traces: `{directory}`",
                     f"- spans: {facets['spans']:,}",
                     f"- time: {when}",
-                    f"- services: {', '.join(facets['services']) or '–'}",
-                    f"- substrates: {', '.join(facets['substrates']) or '–'}",
+                    f"- services: {', '.join(map(text.md_escape, facets['services'])) or '–'}",
+                    f"- substrates: {', '.join(map(text.md_escape, facets['substrates'])) or '–'}",
                     "",
                     TIME_NOTE,
                 ]
@@ -128,15 +128,24 @@ def to_html(doc: list[tuple[str, str]], images: dict[str, bytes]) -> str:
 
 
 def _inline(md: str) -> str:
-    """One line of Markdown text as HTML: escaped, with `code` spans."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(md))
+    """One line of Markdown text as HTML: `code` spans as <code>, the rest with its Markdown
+    escapes (:func:`~kvtrace.analysis.report.text.md_escape`) undone; all of it HTML-escaped."""
+    parts = re.split(r"(?<!\\)`([^`]+)`", md)  # odd items: code spans' contents
+    return "".join(
+        f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(text.md_unescape(p)) for i, p in enumerate(parts)
+    )
+
+
+_CELL_END = re.compile(r"(?<!\\)\|")
+"""A table row's cell boundary: a ``|`` that :func:`~kvtrace.analysis.report.text.md_escape` did
+not escape (a boundary is always preceded by a space or starts the line)."""
 
 
 def _md_to_html(md: str) -> str:
     out, table = [], []
     for line in md.splitlines() + [""]:
         if line.startswith("|"):
-            table.append([c.strip() for c in line.strip("|").split("|")])
+            table.append([c.strip() for c in _CELL_END.split(line.strip()[1:-1])])
             continue
         if table:
             head, rows = table[0], [r for r in table[2:]]

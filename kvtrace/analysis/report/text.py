@@ -7,6 +7,7 @@ functions, so what is printed is exactly what the views hold (ms rounded to 0.1)
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from kvtrace import semconv as sc
@@ -41,8 +42,36 @@ def wrap(paragraph: str, width: int = WIDTH) -> str:
     return textwrap.fill(paragraph, width, break_long_words=False, break_on_hyphens=False)
 
 
+MD_SPECIAL = re.compile(r"[\\|<>&\[\]`]")
+"""What a Markdown cell backslash-escapes: ``|`` (a cell's end), ``<``/``>``/``&`` (raw HTML,
+entities, autolinks), ``[``/``]`` (links), backticks (code spans) and ``\\`` itself."""
+MD_ESCAPED = re.compile(r"\\([\\|<>&\[\]`])")
+
+
+def md_escape(value: str) -> str:
+    """``value`` (a session id, a service name: text a client chose) as Markdown text that renders
+    as itself and cannot end a table cell, break its line or open HTML: :data:`MD_SPECIAL`
+    characters backslash-escaped, control and other non-printing characters as ``\\xNN`` /
+    ``\\uNNNN`` (a newline would end the table row)."""
+    text = MD_SPECIAL.sub(lambda m: "\\" + m.group(0), str(value))
+    return "".join(c if c.isprintable() else _visible(c) for c in text)
+
+
+def md_unescape(value: str) -> str:
+    """:func:`md_escape`'s backslash escapes undone (the HTML report escapes for HTML instead)."""
+    return MD_ESCAPED.sub(r"\1", value)
+
+
+def _visible(c: str) -> str:
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def md_table(columns: list[str], rows: list[list[str]]) -> str:
-    """A Markdown pipe table, columns padded so it also reads well on a terminal."""
+    """A Markdown pipe table, columns padded so it also reads well on a terminal; every cell is
+    plain text, often chosen by clients, and escaped (:func:`md_escape`)."""
+    columns = [md_escape(c) for c in columns]
+    rows = [[md_escape(c) for c in r] for r in rows]
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
