@@ -42,10 +42,11 @@ def wrap(paragraph: str, width: int = WIDTH) -> str:
     return textwrap.fill(paragraph, width, break_long_words=False, break_on_hyphens=False)
 
 
-MD_SPECIAL = re.compile(r"[\\|<>&\[\]`]")
-"""What a Markdown cell backslash-escapes: ``|`` (a cell's end), ``<``/``>``/``&`` (raw HTML,
-entities, autolinks), ``[``/``]`` (links), backticks (code spans) and ``\\`` itself."""
-MD_ESCAPED = re.compile(r"\\([\\|<>&\[\]`])")
+MD_SPECIAL = re.compile(r"[\\|\[\]`]|<(?=[A-Za-z/!?])|&(?=[A-Za-z#])")
+"""What a Markdown cell backslash-escapes: ``|`` (a cell's end), ``[``/``]`` (links), backticks
+(code spans), ``\\`` itself, and ``<`` / ``&`` where they would open an HTML tag, an autolink
+or an entity (``< 1,000`` and ``a & b`` stay as they are: they read well on a terminal)."""
+MD_ESCAPED = re.compile(r"\\([\\|<&\[\]`])")
 
 
 def md_escape(value: str) -> str:
