@@ -229,7 +229,11 @@ class Proxy:
         turn.consumed()
         call.p_answered = True
         params = p.obj.get("kv_transfer_params")
-        if isinstance(params, dict):
+        if params is not None and legs.unusable_params(params):
+            # D cannot pull what P described: it prefills locally, and the record says so
+            call.rt.upstream_error(sc.ERROR_INVALID_RESPONSE, client.host, client.port)
+            call.fallback = sc.FALLBACK_DECODE_ONLY
+        elif isinstance(params, dict):
             params["remote_host"] = client.host
             call.p_params = params
         call.p_usage = p.obj.get("usage") if isinstance(p.obj.get("usage"), dict) else None

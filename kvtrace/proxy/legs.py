@@ -10,6 +10,8 @@ tokens), ``kv_transfer_params`` = what P returned.  Both legs carry the proxy's 
 
 from __future__ import annotations
 
+import math
+
 from kvtrace import semconv as sc
 from kvtrace.proxy.codec import dumps
 
@@ -69,3 +71,56 @@ def headers(request_id: str, traceparent: str, authorization: str | None) -> dic
 def cacheable(params: dict) -> bool:
     """D's params describe retained blocks P could pull next turn."""
     return bool(params.get("do_remote_decode") or params.get("remote_block_ids"))
+
+
+def _finite(value, depth: int = 0) -> bool:
+    """No NaN or infinity anywhere in a parsed JSON value (``json.loads`` reads ``NaN`` and
+    ``1e400``); nesting deeper than a worker's params ever go counts as not finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth > 8:
+        return False
+    if isinstance(value, dict):
+        return all(_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v, depth + 1) for v in value)
+    return True
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _block_ids(value) -> bool:
+    """vLLM's ``remote_block_ids``: block ids, or one list of them per KV cache group."""
+    return isinstance(value, list) and all(
+        (_int(b) and b >= 0) or (isinstance(b, list) and all(_int(i) and i >= 0 for i in b)) for b in value
+    )
+
+
+_FIELD_CHECKS = {
+    "do_remote_decode": (lambda v: isinstance(v, bool), "a boolean"),
+    "do_remote_prefill": (lambda v: isinstance(v, bool), "a boolean"),
+    "remote_engine_id": (lambda v: isinstance(v, str), "a string"),
+    "remote_request_id": (lambda v: isinstance(v, str), "a string"),
+    "remote_port": (lambda v: _int(v) and 0 < v < 65536, "a port"),
+    "tp_size": (lambda v: _int(v) and v > 0, "a positive integer"),
+    "remote_block_ids": (_block_ids, "a list of block ids"),
+}
+"""The fields of P's ``kv_transfer_params`` D's connector reads, and what each must be (when
+present and not null)."""
+
+
+def unusable_params(params: object) -> str | None:
+    """Why P's ``kv_transfer_params`` cannot be handed to D (not an object, a field of the wrong
+    type, a non-finite number), or None when it can; D then prefills locally: the decode-only
+    fallback, recorded as such."""
+    if not isinstance(params, dict):
+        return f"kv_transfer_params is {type(params).__name__}, not an object"
+    if not _finite(params):
+        return "kv_transfer_params holds a non-finite number"
+    for key, (ok, what) in _FIELD_CHECKS.items():
+        value = params.get(key)
+        if value is not None and not ok(value):
+            return f"kv_transfer_params.{key} is not {what}"
+    return None
