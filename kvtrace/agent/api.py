@@ -21,6 +21,8 @@ an agent on ``tracer_provider`` / the global provider outside one.  State lives 
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -34,8 +36,38 @@ from kvtrace import settings
 from kvtrace.agent import context as actx
 from kvtrace.agent.llm import LLMCall
 from kvtrace.agent.scopes import SpanScope, reset_var, scoped
+from kvtrace.semconv.ids import id_problem
 
 DEFAULT_AGENT_NAME = "kvtrace-agent"
+log = logging.getLogger(__name__)
+
+
+class _Count:
+    """A thread-safe running count (``value``)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+REPLACED_SESSION_IDS = _Count()
+"""Session ids given to :meth:`Agent.session` that were not valid ids, replaced by fresh ones."""
+
+
+def _valid_session_id(session_id: str | None) -> str:
+    if session_id is None or session_id == "":
+        return uuid.uuid4().hex
+    problem = id_problem(session_id)
+    if problem is None:
+        return session_id
+    REPLACED_SESSION_IDS.add()
+    fresh = uuid.uuid4().hex
+    log.warning("kvtrace agent: session id %s; using %s instead", problem, fresh)  # never the value itself
+    return fresh
 
 
 class Agent:
@@ -60,9 +92,11 @@ class Agent:
     ) -> SpanScope:
         """A ``kvtrace.agent.session`` span (invoke_agent).  Entering yields a
         :class:`~kvtrace.agent.context.SessionState`; inside it, requests carry the session id
-        (header, body field, baggage) and turns are numbered 0, 1, ..."""
+        (header, body field, baggage) and turns are numbered 0, 1, ...  A ``session_id`` that is
+        not a valid id (:func:`kvtrace.semconv.ids.id_problem`) is replaced by a fresh one and
+        counted (:data:`REPLACED_SESSION_IDS`): it would reach headers, spans and reports."""
         state = actx.SessionState(
-            session_id=session_id or uuid.uuid4().hex,
+            session_id=_valid_session_id(session_id),
             agent=self,
             agent_name=agent_name or self.name,
             scenario=scenario,

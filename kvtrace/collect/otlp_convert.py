@@ -9,6 +9,11 @@ built by the same functions of :mod:`kvtrace.store.convert` (one stringification
 OTLP/JSON differs from the protobuf JSON mapping in one place: trace and span ids are hex, not
 base64 (OTLP spec, "JSON Protobuf Encoding").  :func:`parse_json` rewrites them before handing the
 document to protobuf's parser, which also ignores unknown fields as the spec requires.
+
+A span's session id (``session.id``, ``gen_ai.conversation.id``) that is not a valid id
+(:func:`kvtrace.semconv.ids.id_problem`: a NUL, a newline, 300 bytes) is dropped from the span, never
+stored raw, and counted in :data:`INVALID_SESSION_IDS` (one rate-limited warning line names the
+problem, never the value); the span itself is kept.
 """
 
 from __future__ import annotations
@@ -23,11 +28,16 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from kvtrace import semconv as sc
+from kvtrace.semconv.ids import id_problem
 from kvtrace.store import convert
+from kvtrace.store.sanitise import BadValueLog
 from kvtrace.store.schema import SCHEMA, SPAN_KIND_UNSPECIFIED, SPAN_KINDS, STATUS_CODES, TS
 
 # OTLP enum value -> ClickHouse spelling (OTLP kinds are the SDK's SpanKind.value + 1)
 _KINDS = {0: SPAN_KIND_UNSPECIFIED, **{k + 1: v for k, v in SPAN_KINDS.items()}}
+SESSION_KEYS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID)
+INVALID_SESSION_IDS = BadValueLog("kvtrace collect: dropped %d invalid session id attribute(s) (%s)")
+"""Session id attributes dropped (``.total``)."""
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 
 
@@ -143,6 +153,17 @@ def _valid(span) -> str | None:
     return None
 
 
+def _without_invalid_ids(attrs: dict) -> dict:
+    """``attrs`` minus any session id attribute that is not a valid id (module doc)."""
+    for key in SESSION_KEYS:
+        if key in attrs:
+            problem = id_problem(attrs[key])
+            if problem is not None:
+                del attrs[key]
+                INVALID_SESSION_IDS.note(1, f"{key} {problem}")
+    return attrs
+
+
 def _add_span(c: _Columns, span, svc: str, scope) -> None:
     s = c.scalars
     start = span.start_time_unix_nano
@@ -159,7 +180,7 @@ def _add_span(c: _Columns, span, svc: str, scope) -> None:
     s["dur"].append(max(0, span.end_time_unix_nano - start) if span.end_time_unix_nano else 0)
     s["code"].append(STATUS_CODES.get(span.status.code, STATUS_CODES[0]))
     s["msg"].append(span.status.message)
-    c.attrs.append(_attrs(span.attributes))
+    c.attrs.append(_without_invalid_ids(_attrs(span.attributes)))
     c.n_events.append(len(span.events))
     c.n_links.append(len(span.links))
     c.events.extend(span.events)

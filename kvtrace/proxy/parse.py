@@ -6,8 +6,9 @@ proxy itself reads or rewrites; everything else is left for the workers to judge
 is not text: a body with an unpaired UTF-16 surrogate anywhere is a 400 (``invalid_unicode``), as
 UTF-8 cannot carry it to the workers or into a span.  :func:`check_id` bounds the conversation,
 session and request ids and the OpenAI ``prompt_cache_key`` (``max_id_bytes``, default 256 UTF-8
-bytes; ``id_too_long``).  ``conversation_id`` is removed from the body (vLLM's proxy does the same);
-``prompt_cache_key`` stays (vLLM ignores it).
+bytes; ``id_too_long``) and requires them printable (no control characters: ``invalid_id``), the
+check every layer applies (:mod:`kvtrace.semconv.ids`).  ``conversation_id`` is removed from the
+body (vLLM's proxy does the same); ``prompt_cache_key`` stays (vLLM ignores it).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import codec
+from kvtrace.semconv.ids import MAX_ID_BYTES, id_problem
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-MAX_ID_BYTES = 256  # default longest conversation / session / request id, UTF-8 bytes
 
 
 class RequestError(Exception):
@@ -72,17 +73,13 @@ def _type_or_none(body: dict, name: str, types: type | tuple, what: str) -> None
 
 
 def check_id(value: str, what: str, max_bytes: int = MAX_ID_BYTES) -> str:
-    """``value`` if it is valid UTF-8 text of at most ``max_bytes`` bytes, else a 400."""
-    if len(value) > max_bytes:  # a character is at least one byte
-        raise RequestError(400, f"{what} is longer than {max_bytes} bytes", "id_too_long")
-    if not value.isascii():
-        try:
-            n = len(value.encode())
-        except UnicodeEncodeError:
-            raise RequestError(400, f"{what} is not valid UTF-8 text", "invalid_unicode") from None
-        if n > max_bytes:
-            raise RequestError(400, f"{what} is longer than {max_bytes} bytes", "id_too_long")
-    return value
+    """``value`` if it is a valid id (:func:`kvtrace.semconv.ids.id_problem`: printable UTF-8 text
+    of at most ``max_bytes`` bytes), else a 400 (``id_too_long``, ``invalid_unicode``, ``invalid_id``)."""
+    problem = id_problem(value, max_bytes)
+    if problem is None:
+        return value
+    code = "id_too_long" if "longer" in problem else "invalid_unicode" if "UTF-8" in problem else "invalid_id"
+    raise RequestError(400, f"{what} {problem}", code)
 
 
 def parse_request(raw: bytes, path: str, max_id_bytes: int = MAX_ID_BYTES) -> ClientRequest:
