@@ -137,3 +137,23 @@ def test_the_started_directory_still_renders_with_its_data(started):
     at = _with_text("Trace directory", ".")
     assert not at.error, _errors(at)
     assert {m.label: m.value for m in at.metric}["Sessions"] == "2"
+
+
+def test_the_store_opens_only_started_sources_and_reads_nothing_outside(started, listener, monkeypatch):
+    """Below the pages: ``common.store`` itself refuses a ClickHouse key it was not started with,
+    and its DuckDB connection cannot read a file outside the trace directory."""
+    import duckdb
+
+    from kvtrace.dashboards import common
+    from kvtrace.store.reader import StoreError
+
+    monkeypatch.setattr("sys.argv", ["app.py"])
+    common.store.clear()
+    with pytest.raises(StoreError, match="is not a directory"):
+        common.store(f"clickhouse:otel_traces http://127.0.0.1:{listener.port}/")
+    con = common.store(".")
+    assert con.execute("SELECT count(DISTINCT session_id) FROM sessions").fetchone() == (2,)
+    with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+        con.execute("SELECT * FROM read_csv($p)", {"p": str(APP)})
+    common.store.clear()
+    assert listener.received() == 0
