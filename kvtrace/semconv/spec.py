@@ -22,7 +22,9 @@ _genai_semconv_note = (
 # The documented contract (drives docs/semconv.md and the documentation test)
 # --------------------------------------------------------------------------------------------
 _ID = {
-    SESSION_ID: "Conversation / agent session id (same value as gen_ai.conversation.id).",
+    SESSION_ID: "Conversation / agent session id (same value as gen_ai.conversation.id); printable UTF-8 text "
+    "of at most 256 bytes, whatever carried it (kvtrace.semconv.ids: the proxy answers another with a 400, "
+    "the agent API replaces it and the collector drops it, counting them).",
     GEN_AI_CONVERSATION_ID: "Conversation id (OTel GenAI).",
     TURN_INDEX: "0-based turn index within the session (int).",
     GEN_AI_REQUEST_ID: "The X-Request-Id shared by the proxy, P and D (vLLM's request id base).",
