@@ -143,7 +143,8 @@ def test_many_large_requests_are_capped_by_the_byte_budgets(tmp_path):
     number): all 16 taken at once, 576 MB peak; now about 255 MB."""
     req = _request(1, name="big")
     attr = req.resource_spans[0].scope_spans[0].spans[0].attributes.add()
-    attr.key, attr.value.string_value = sc.SESSION_ID, "x" * (16 * MIB)
+    # the bulk in an attribute that may be long (a session id is at most 256 bytes: dropped)
+    attr.key, attr.value.string_value = sc.GEN_AI_REQUEST_MODEL, "x" * (16 * MIB)
     body = req.SerializeToString()
     proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--max-inflight-mib", "32", "--max-queue-mib", "32")
     try:
@@ -158,7 +159,7 @@ def test_many_large_requests_are_capped_by_the_byte_budgets(tmp_path):
     stored = statuses.count(200) + 1
     assert f"{stored} spans written, 0 lost" in out
     rows = read_rows(tmp_path / "t")
-    assert len(rows) == stored and all(len(r["SpanAttributes"][sc.SESSION_ID]) == 16 * MIB for r in rows)
+    assert len(rows) == stored and all(len(r["SpanAttributes"][sc.GEN_AI_REQUEST_MODEL]) == 16 * MIB for r in rows)
 
 
 # -- Body: bounded inflation, encodings ----------------------------------------------------------
