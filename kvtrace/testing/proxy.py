@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-OWN = object()
-""":attr:`FakeWorker.kv_params` default: the worker's own ``kv_transfer_params``."""
-
 
 @dataclass
 class FakeWorker:
@@ -29,13 +26,13 @@ class FakeWorker:
     trickle_s: float | None = None  # D: after the first chunk, send one SSE comment byte every trickle_s, forever
     pad_bytes: int = 0  # add this many bytes to every response (a "pad" field / SSE comment lines)
     after_done: str | None = None  # D after [DONE]: "hold" its body open until ``release`` is set; "die"
-    kv_params: object = OWN  # P: answer these kv_transfer_params (any JSON value)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     received: list = field(default_factory=list)  # (headers dict, body dict)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
     runner: web.AppRunner | None = None
     url: str = ""
+    kv_params: list | None = None  # P: ``[value]``: answer ``kv_transfer_params: value`` (any JSON value)
 
     async def start(self) -> FakeWorker:
         app = web.Application()
@@ -125,7 +122,7 @@ class FakeWorker:
                 "total_tokens": 41,
                 "prompt_tokens_details": {"cached_tokens": 16},
             },
-            "kv_transfer_params": self._params() if self.kv_params is OWN else self.kv_params,
+            "kv_transfer_params": self._params() if self.kv_params is None else self.kv_params[0],
         }
 
     def _chunk(self, chat: bool, text: str, finish: str | None, kvp: dict | None) -> bytes:

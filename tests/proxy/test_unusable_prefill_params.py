@@ -48,7 +48,7 @@ def test_each_unusable_form_is_named(case):
 @pytest.mark.parametrize("case", ["notadict", "port", "nan"])
 async def test_the_client_gets_its_answer_and_the_span_says_decode_only(rig_factory, case):  # noqa: F811
     params, _ = CASES[case]
-    rig = await rig_factory(p_kwargs={"kv_params": params})
+    rig = await rig_factory(p_kwargs={"kv_params": [params]})
     status, _, data = await rig.post(headers={sc.HEADER_REQUEST_ID: "r1"})
     assert status == 200
     events = sse(data)
