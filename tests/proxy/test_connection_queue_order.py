@@ -13,6 +13,7 @@ from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtrace import semconv as sc
+from kvtrace import settings
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
 from kvtrace.proxy.upstream import Gate, PoolFull
@@ -220,3 +221,16 @@ async def test_a_leg_that_waited_past_the_connect_timeout_for_a_connection_still
     ]
     assert leg.attributes[sc.PROXY_POOL_WAIT_MS] >= 3 * connect_s * 1000
     assert sc.ERROR_TYPE not in leg.attributes and leg.attributes[sc.HTTP_RESPONSE_STATUS_CODE] == 200
+
+
+def test_the_pool_bounds_default_to_their_settings_and_unusable_values_are_refused(monkeypatch):
+    workers = {"prefill": [Worker("127.0.0.1", 1)], "decode": [Worker("127.0.0.1", 2)]}
+    monkeypatch.setenv(settings.PROXY_MAX_WORKER_CONNECTIONS.env, "7")
+    monkeypatch.setenv(settings.PROXY_MAX_WORKER_QUEUE.env, "0")  # 0: no queue, busy means 503 at once
+    config = ProxyConfig(**workers)
+    assert (config.max_worker_connections, config.max_worker_queue) == (7, 0)
+    assert ProxyConfig(**workers, max_worker_connections=3).max_worker_connections == 3  # arguments win
+    with pytest.raises(ValueError, match="^max_worker_connections must be >= 1$"):
+        ProxyConfig(**workers, max_worker_connections=0)
+    with pytest.raises(ValueError, match="^max_worker_queue must be >= 0$"):
+        ProxyConfig(**workers, max_worker_queue=-1)
