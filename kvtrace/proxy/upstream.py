@@ -240,4 +240,6 @@ def json_object(data: bytes) -> dict | None:
 
 def never_reached(exc: BaseException) -> bool:
     """The worker never got the request (connect failed): its table entry is still unused."""
-    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError))
+    return isinstance(
+        exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.ServerDisconnectedError)
+    )
