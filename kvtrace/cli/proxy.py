@@ -224,7 +224,8 @@ def _tune_gc() -> None:
     Per request the proxy allocates a few hundred container objects that reference counting frees
     (no cycles), but with concurrent requests in flight the young generation keeps crossing the
     default threshold (700), so the collector runs every few requests and, every ~100 young
-    collections, rescans the ~90k objects of the loaded modules: ~50 us of CPU per request.
+    collections, rescans the ~90k objects of the loaded modules: CPU every request pays for
+    (docs/benchmarks.md, ``benchmarks/proxy``).
     ``gc.freeze()`` moves everything alive now (modules, app, pools) out of the collector's scans and
     a higher young threshold lets transient request objects die before a collection sees them.
     """

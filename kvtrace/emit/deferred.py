@@ -6,14 +6,15 @@ The recorder describes its spans as four operations on opaque handles (``start``
 - :class:`SyncSpans` calls the SDK right away, on the caller's thread.  The simulator uses it:
   its tests read the spans as soon as a request is done.
 - :class:`DeferredSpans` is for the real vLLM connector, whose calls run inside vLLM's scheduler
-  hooks, where one SDK span start or end costs 10-20 µs.  On the caller's thread it only
-  pre-assigns the span id (and the trace id of a root span) and appends the operation to a
-  deque: no lock, no thread wake-up (waking a waiting thread per operation costs about as much
-  as the span).  A daemon thread wakes every :data:`INTERVAL_S` (or once :data:`BATCH`
-  operations wait) and replays them through a :class:`SyncSpans`, so both modes make the same
-  spans.  The SDK takes the pre-assigned ids from :class:`_PresetIds`, installed as the
-  ``id_generator`` of the applier's own copy of the SDK tracer, so trace ids (the summary's
-  ``trace_id``) and parent links are known before the span exists.
+  hooks, where an SDK span start or end is a cost every scheduler step pays (figures:
+  docs/benchmarks.md, ``benchmarks/connector``).  On the caller's thread it only pre-assigns the
+  span id (and the trace id of a root span) and appends the operation to a deque: no lock, no
+  thread wake-up (waking a waiting thread per operation would cost about as much as the span).
+  A daemon thread wakes every :data:`INTERVAL_S` (or once :data:`BATCH` operations wait) and
+  replays them through a :class:`SyncSpans`, so both modes make the same spans.  The SDK takes
+  the pre-assigned ids from :class:`_PresetIds`, installed as the ``id_generator`` of the
+  applier's own copy of the SDK tracer, so trace ids (the summary's ``trace_id``) and parent
+  links are known before the span exists.
 
 The SDK work itself still runs in the same process (and under the same GIL); it just no longer
 runs inside the hook.  :meth:`DeferredSpans.flush` waits until everything queued so far is

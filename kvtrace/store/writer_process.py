@@ -46,7 +46,7 @@ from kvtrace.store import spancols
 
 log = logging.getLogger(__name__)
 
-SLICE_SPANS = 64  # spans converted and pickled per GIL-holding slice (~0.1-0.4 ms)
+SLICE_SPANS = 64  # spans converted and pickled per GIL-holding slice (its cost: docs/benchmarks.md)
 YIELD_S = 0.0002  # pause between slices: a thread waiting for the GIL takes it meanwhile
 MAX_BACKOFF_S = 60.0
 STARTUP_S = 60.0  # added to the timeout until a new writer answered its first batch (imports)
