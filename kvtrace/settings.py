@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,9 @@ class Setting:
     doc: str
     kind: type = str
 
-    def get(self, override: object = None) -> object:
+    # Any: the value is a ``kind`` (or the default, or the caller's override), which one table of
+    # mixed settings cannot express to a type checker; callers convert or pass it on
+    def get(self, override: object = None) -> Any:
         """``override`` if given, else the environment, else the default, as ``kind``."""
         if override is not None:
             return override

@@ -81,8 +81,8 @@ def exporter_table(table: pa.Table) -> pa.Table:
         values = [[(k, _respelled(v)) for k, v in m or []] for m in table[name].to_pylist()]
         cols[name] = pa.array(values, SCHEMA.field(name).type)
     for name in _MAP_LISTS:
-        values = [[[(k, _respelled(v)) for k, v in m or []] for m in row or []] for row in table[name].to_pylist()]
-        cols[name] = pa.array(values, SCHEMA.field(name).type)
+        lists = [[[(k, _respelled(v)) for k, v in m or []] for m in row or []] for row in table[name].to_pylist()]
+        cols[name] = pa.array(lists, SCHEMA.field(name).type)
     return pa.table(cols, schema=pa.schema([SCHEMA.field(n) for n in COLUMNS]))
 
 
