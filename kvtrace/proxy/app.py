@@ -299,7 +299,8 @@ class Proxy:
                 except (*UPSTREAM_ERRORS, TooLarge) as exc:
                     etype = sc.ERROR_RESPONSE_TOO_LARGE if isinstance(exc, TooLarge) else type(exc).__name__
                     end_leg(span, None, etype)
-                    raise Done(self._decode_failed(call, etype, f"decode worker {client.base} failed: {etype}"))
+                    msg = f"decode worker {client.base} failed: {etype}"
+                    raise Done(self._decode_failed(call, etype, msg)) from None
         except TimeoutError:
             raise Done(self._deadline(call)) from None
         if r.status != 200:

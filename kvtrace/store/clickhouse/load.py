@@ -74,7 +74,8 @@ def exporter_table(table: pa.Table) -> pa.Table:
     """Rows of a kvtrace (:data:`~kvtrace.store.schema.SCHEMA`) table as the exporter writes them."""
     cols = {n: table[n] for n in COLUMNS}
     span = [
-        _span_attrs(s, f) for s, f in zip(table["SpanAttributes"].to_pylist(), table["SpanAttributesFloat"].to_pylist())
+        _span_attrs(s, f)
+        for s, f in zip(table["SpanAttributes"].to_pylist(), table["SpanAttributesFloat"].to_pylist(), strict=True)
     ]
     cols["SpanAttributes"] = pa.array(span, SCHEMA.field("SpanAttributes").type)
     for name in _MAPS:
