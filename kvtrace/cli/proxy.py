@@ -69,7 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DECODER_KV_BLOCKS_TTL_S - TTL_MARGIN_S,
         metavar="S",
-        help="offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; default %(default)s)",
+        help=(
+            "offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; "
+            "default %(default)s)"
+        ),
     )
     p.add_argument("--max-conversations", type=int, default=100_000, help="conversation table size (LRU)")
     p.add_argument(
@@ -104,7 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--loop",
         choices=LOOPS,
         default=None,
-        help=f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})",
+        help=(
+            f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})"
+        ),
     )
     for flag, dest, kind, metavar, setting in _LIMITS:
         doc = setting.doc.split("): ", 1)[1]
@@ -154,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     requests, the session whose served messages (and the reply the proxy streamed) the request
     extends, or a new one the proxy names (prefix matching; --no-prefix-match turns it off).  Each
     chat turn is checked against the session's last served turn: a turn whose messages diverged
-    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a `kv_transfer` object (streaming: on
-    the final chunk) and an x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
+    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a
+    `kv_transfer` object (streaming: on the final chunk) and an x-kvtrace-trace-id header unless
+    --no-patch (or KVTRACE_PATCH_RESPONSES=0).
     When P fails to read the blocks offered from D (expired), P is asked again without them.
     """
     import asyncio

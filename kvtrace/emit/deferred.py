@@ -32,6 +32,7 @@ import random
 import threading
 import weakref
 from collections import deque
+from typing import Any, TypeGuard
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 0.1  # how stale a span may get before the thread applies it (exporters batch ~1 s)
 BATCH = 1024  # operations waiting that wake the thread early
 MAX_PENDING = 200_000  # beyond this (the SDK cannot keep up) operations are dropped, with a warning
+# what an applier's ``start`` returns and its other operations take: a :class:`_Handle`
+# (:class:`DeferredSpans`) or the SDK span itself (:class:`SyncSpans`), opaque to the recorder
+SpanHandle = Any
 
 
 def _context(parent):
@@ -107,7 +111,7 @@ class _PresetIds(IdGenerator):
         self.inner = inner
         self.local = threading.local()
 
-    def preset(self, trace_id: int, span_id: int) -> None:
+    def preset(self, trace_id: int | None, span_id: int | None) -> None:
         self.local.trace_id, self.local.span_id = trace_id, span_id
 
     def generate_span_id(self) -> int:
@@ -192,7 +196,7 @@ class DeferredSpans:
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     @staticmethod
-    def supports(tracer) -> bool:
+    def supports(tracer) -> TypeGuard[SdkTracer]:
         return isinstance(tracer, SdkTracer)
 
     # ---------------------------------------------------------------- caller's thread: O(1)
@@ -264,7 +268,7 @@ class DeferredSpans:
 
     def _log_failure(self, op: tuple) -> None:
         name = getattr(op[1], "__name__", None) if len(op) > 1 else None
-        name = name or getattr(op[0], "__name__", "op")
+        name = str(name or getattr(op[0], "__name__", "op"))
         if name not in self._failed:
             self._failed.add(name)
             log.exception("kvtrace: applying span %s failed; telemetry continues without it", name)

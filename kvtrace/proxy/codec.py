@@ -33,7 +33,7 @@ import sys
 try:
     import orjson as _orjson
 except ImportError:  # optional accelerator
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]  # every use checks for None first
 
 # bytes.translate maps every digit to "0" and anything else to " "; a run of 19 zeros then marks a
 # 19+ digit number (faster than a regex search: docs/benchmarks.md)

@@ -1,11 +1,12 @@
 """HTTP surface of one simulated vLLM worker (aiohttp), as a P/D proxy sees it.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /health``,
-``GET /v1/models``, and ``GET /metrics`` when the worker has :mod:`~kvtrace.sim.metrics`.  Request ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` /
-``chatcmpl-{X-Request-Id}`` (a random hex id without the header); the engine-internal id sent
-as ``remote_request_id`` adds ``-0`` (completions) and an 8-character random suffix, like
-``InputProcessor.assign_request_id``.  KVRecorder keys requests by that internal id and
-records the X-Request-Id (``public_id``) as gen_ai.request.id, the join key of proxy, P and D.
+``GET /v1/models``, and ``GET /metrics`` when the worker has :mod:`~kvtrace.sim.metrics`.  Request
+ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` / ``chatcmpl-{X-Request-Id}`` (a random hex id
+without the header); the engine-internal id sent as ``remote_request_id`` adds ``-0``
+(completions) and an 8-character random suffix, like ``InputProcessor.assign_request_id``.
+KVRecorder keys requests by that internal id and records the X-Request-Id (``public_id``) as
+gen_ai.request.id, the join key of proxy, P and D.
 
 :class:`SimWorker` is created by :class:`kvtrace.sim.cluster.SimCluster`; several run in one
 process, each on its own port.

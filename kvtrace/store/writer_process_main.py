@@ -1,4 +1,5 @@
-"""The writer process of :mod:`kvtrace.store.writer_process`: ``python -m kvtrace.store.writer_process_main DIR OPTIONS``.
+"""The writer process of :mod:`kvtrace.store.writer_process`:
+``python -m kvtrace.store.writer_process_main DIR OPTIONS``.
 
 Reads frames from stdin (``HEADER`` = tag, batch number, length; then the payload): ``S`` frames
 carry a pickled :class:`~kvtrace.store.spancols.SpanColumns` slice, an ``E`` frame ends a batch,

@@ -112,11 +112,13 @@ def otlp_exporter(protocol: str | None = None) -> SpanExporter:
     )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol in ("http/protobuf", "http"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        raise ValueError(f"unsupported OTLP protocol {protocol!r} (grpc or http/protobuf)")
-    return OTLPSpanExporter()
+
+        return OTLPSpanExporter()
+    if protocol in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as OTLPHttpSpanExporter
+
+        return OTLPHttpSpanExporter()
+    raise ValueError(f"unsupported OTLP protocol {protocol!r} (grpc or http/protobuf)")
 
 
 def parquet_exporter(directory: str | os.PathLike, writer_process: bool | None = None) -> SpanExporter:

@@ -132,7 +132,8 @@ sess AS (
     FROM st GROUP BY session_id
 ),
 session_windows AS (
-    SELECT session_id, start_ns, end_ns, turns, agent_calls FROM sess WHERE start_ns IS NOT NULL AND session_id IS NOT NULL
+    SELECT session_id, start_ns, end_ns, turns, agent_calls FROM sess
+    WHERE start_ns IS NOT NULL AND session_id IS NOT NULL
 ),
 st_flags AS (
     SELECT *, bool_or(turn IS NOT NULL AND turn_start IS NOT NULL) OVER by_session AS agent_turns,
