@@ -5,7 +5,9 @@ Each kvtrace component (proxy, simulator worker, connector, agent, bench) calls
 that makes spans, so several components can share one process without sharing a resource.
 
 Spans the process loses are counted (:func:`dropped_spans`): a batch processor whose queue is
-full drops the span it is handed, and a failed export loses its batch.  The proxy and the
+full drops the span it is handed, and a failed export loses its batch (``write_failed`` when the
+Parquet trace directory refused it, e.g. a full disk: the process keeps serving and the next batch
+is tried as usual; ``export_failed`` otherwise).  The proxy and the
 simulator expose the counts as ``kvtrace_dropped_spans`` (:mod:`kvtrace.telemetry.exposition`).
 """
 
@@ -88,7 +90,9 @@ class _CountingExporter(SpanExporter):
             count_dropped(semconv.DROP_EXPORT_FAILED, len(spans))
             raise
         if result is not SpanExportResult.SUCCESS:
-            count_dropped(semconv.DROP_EXPORT_FAILED, len(spans))
+            # the Parquet exporters say why (write_failed: the disk refused it); others are export_failed
+            reason = getattr(self.inner, "failure_reason", None)
+            count_dropped(reason if reason in semconv.DROP_REASONS else semconv.DROP_EXPORT_FAILED, len(spans))
         return result
 
     def shutdown(self) -> None:
