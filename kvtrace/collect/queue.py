@@ -120,7 +120,7 @@ class SpanQueue:
         """Whole seconds a refused sender should wait: the back-off left while unwritable, else 1."""
         if self.write_error is None:
             return 1
-        return max(1, math.ceil(self._retry_at - time.monotonic()))
+        return max(1, min(math.ceil(self._retry_at - time.monotonic()), math.ceil(self.max_retry_delay_s)))
 
     def health(self) -> dict:
         """What ``GET /health`` reports: ``writing`` (or ``unwritable`` and why), queue and counters."""

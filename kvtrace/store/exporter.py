@@ -104,6 +104,7 @@ class ParquetSpanExporter(SpanExporter):
         self.spans_written = 0
         self.failed_spans = 0  # spans of failed exports, ever
         self.failure_reason: str | None = None  # a DROP_* reason of the last failed export
+        self.last_error: Exception | None = None  # and its exception
         self._reset_writer()
 
     def _reset_writer(self) -> None:
@@ -134,7 +135,7 @@ class ParquetSpanExporter(SpanExporter):
     def _export(self, count: int, make_table) -> SpanExportResult:
         if self._closed:
             log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", count)
-            self.failure_reason = sc.DROP_EXPORT_FAILED
+            self.failure_reason, self.last_error = sc.DROP_EXPORT_FAILED, None
             return SpanExportResult.FAILURE
         with self._lock:
             if os.getpid() != self._pid:
@@ -155,6 +156,7 @@ class ParquetSpanExporter(SpanExporter):
         """Count and report a failed export: one log line per episode (a run of failures ended
         by a success), not per batch: a full disk fails every batch until space returns."""
         self.failure_reason = reason or sc.DROP_EXPORT_FAILED
+        self.last_error = exc
         self.failed_spans += count
         self._failures += 1
         if self._failures == 1:
