@@ -169,6 +169,7 @@ def configure(
     set_global: bool = False,
     handle_sigterm: bool = True,
     writer_process: bool | None = None,
+    batch_delay_ms: int | None = None,
 ) -> TracerProvider:
     """Build a TracerProvider for one component.
 
@@ -178,6 +179,8 @@ def configure(
     - ``otlp`` (else ``KVTRACE_OTLP``; ``auto`` = when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is
       set): OTLP export beside Parquet.
     - ``exporters``: extra exporters (tests pass an in-memory one).
+    - ``batch_delay_ms`` (else ``KVTRACE_BATCH_DELAY_MS``): how long ended spans wait in memory
+      before they are exported, which is what a SIGKILL of the process loses.
 
     Every exporter runs under its own ``BatchSpanProcessor``.  With ``handle_sigterm`` (main
     thread only) SIGTERM flushes every provider made here before the process exits.
@@ -191,7 +194,7 @@ def configure(
         chosen.append(parquet_exporter(directory, writer_process))
     if _otlp_wanted(otlp):
         chosen.append(otlp_exporter())
-    delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()
+    delay, size = settings.BATCH_DELAY_MS.get(batch_delay_ms), settings.BATCH_SIZE.get()
     for exporter in chosen:
         provider.add_span_processor(
             _CountingBatchSpanProcessor(
