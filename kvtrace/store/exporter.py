@@ -100,6 +100,7 @@ class ParquetSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         self._closed = False
         self._failures = 0  # failed exports in a row (the episode logged once)
+        self._roll_failing = False
         self._episode_spans = 0
         self.spans_written = 0
         self.failed_spans = 0  # spans of failed exports, ever
@@ -248,7 +249,16 @@ class ParquetSpanExporter(SpanExporter):
             if self._sweep_due:
                 self._schedule(min(when for when, _ in self._sweep_due) - now)
         except Exception as exc:  # the batch files stay valid; retry on the next export
-            log.warning("kvtrace: rolling Parquet files in %s failed: %s", self.directory, exc, exc_info=True)
+            if not self._roll_failing:  # once per episode: a nearly full disk fails every merge
+                log.warning(
+                    "kvtrace: rolling Parquet files in %s failed: %s (batch files kept; retried on later exports)",
+                    self.directory,
+                    exc,
+                    exc_info=True,
+                )
+            self._roll_failing = True
+            return
+        self._roll_failing = False
 
     def _schedule(self, delay: float) -> None:
         """Run :meth:`_maintain` again after ``delay`` s even if no export comes (an idle writer's

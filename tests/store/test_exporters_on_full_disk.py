@@ -171,3 +171,33 @@ def test_a_batch_over_two_partitions_is_written_whole_or_not_at_all(tmp_path, mo
     exporter.shutdown()
     names = [pq.read_table(p, partitioning=None)["SpanName"].to_pylist() for p in files.list_files(tmp_path)]
     assert sorted(sum(names, [])) == ["n0", "n1", "n2", "n3"]
+
+
+def test_merges_failing_on_a_nearly_full_disk_are_logged_once_and_keep_the_batch_files(tmp_path, monkeypatch, caplog):
+    """Batches still fit but segments do not: every export tries the roll; one warning per episode,
+    every span stays readable in its batch file, and the roll succeeds once space returns."""
+    real, full = writer.merge, [True]
+
+    def merge(*args, **kwargs):
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "merge", merge)
+    exporter = ParquetSpanExporter(tmp_path, roll_bytes=1, grace_seconds=0)
+    table = _two_hour_table()
+    with caplog.at_level(logging.WARNING, logger="kvtrace.store.exporter"):
+        for _ in range(3):
+            assert exporter.export_table(table) is SpanExportResult.SUCCESS
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages == [
+            f"kvtrace: rolling Parquet files in {tmp_path} failed: [Errno 28] No space left on device "
+            "(batch files kept; retried on later exports)"
+        ]
+        assert len(files.list_files(tmp_path)) == 6  # 3 batches x 2 partitions, none merged
+        full[0] = False
+        assert exporter.export_table(table) is SpanExportResult.SUCCESS
+    assert len(caplog.records) == 1
+    exporter.shutdown()
+    names = [pq.read_table(p, partitioning=None)["SpanName"].to_pylist() for p in files.list_files(tmp_path)]
+    assert len(names) == 2 and sorted(sum(names, [])) == sorted(["n0", "n1", "n2", "n3"] * 4)  # one segment each
