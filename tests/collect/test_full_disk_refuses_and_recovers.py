@@ -351,3 +351,13 @@ def test_recovery_within_the_drain_timeout_writes_everything(tmp_path, monkeypat
     assert (queue.stats.lost_spans, queue.stats.written_spans) == (0, 5)
     sink.shutdown()
     assert stored_names(tmp_path / "t") == names_of("a", 5)
+
+
+def test_help_says_what_a_full_disk_does_and_does_not_guarantee():
+    out = subprocess.run(
+        [sys.executable, "-c", MAIN, "collect", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    flat = " ".join(out.split())
+    assert "A full disk (any failed write), in both modes: no failed write is ever acknowledged." in flat
+    assert "the acknowledged spans still queued are lost (counted, logged, exit 1)" in flat
+    assert "--drain-timeout S" in flat and "GET /health" in flat
