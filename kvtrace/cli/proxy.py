@@ -104,6 +104,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
     p.add_argument(
+        "--export-delay-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="how long ended spans wait in memory before they go to the Parquet writer: about what a "
+        f"SIGKILL loses (see below) (default {settings.BATCH_DELAY_MS.default}; env {settings.BATCH_DELAY_MS.env})",
+    )
+    p.add_argument(
         "--loop",
         choices=LOOPS,
         default=None,
@@ -163,6 +171,16 @@ def run(args: argparse.Namespace) -> int:
     `kv_transfer` object (streaming: on the final chunk) and an x-kvtrace-trace-id header unless
     --no-patch (or KVTRACE_PATCH_RESPONSES=0).
     When P fails to read the blocks offered from D (expired), P is asked again without them.
+
+    What the proxy's spans survive: SIGINT/SIGTERM flush every span of every answered request.
+    A SIGKILL (or OOM kill) loses the spans still waiting in memory: those of the requests that
+    ended in the last --export-delay-ms (1 s by default; at most 8192 spans, the span queue,
+    4 x KVTRACE_BATCH_SIZE); what was already handed to the writer process is still written.  There is no
+    durable-ack mode: a request's spans end after its last byte has gone to the client, so making
+    them durable first would add a write (and an fsync) to every response.  A full trace disk
+    never fails a request: the spans that cannot be written are dropped, counted as
+    kvtrace_dropped_spans{reason="write_failed"} (/metrics, and dropped_spans on /health),
+    logged once when writes start failing and once when they work again.
     """
     import asyncio
 
@@ -176,7 +194,11 @@ def run(args: argparse.Namespace) -> int:
         telemetry.check_traces_dir(args.traces)
     except OSError as exc:  # NotWritable: one line naming the directory and the reason
         raise CLIError(str(exc)) from None
-    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process())
+    if args.export_delay_ms is not None and args.export_delay_ms < 1:
+        raise CLIError("--export-delay-ms must be >= 1")
+    provider = telemetry.configure(
+        "kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process(), batch_delay_ms=args.export_delay_ms
+    )
 
     async def serve() -> None:
         try:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from kvtrace import semconv as sc
-from kvtrace import settings
+from kvtrace import settings, telemetry
 from kvtrace.proxy import legs, prefix_table
 from kvtrace.proxy.call import CLIENT_GONE, Call, Done, end_stream, json_response, stream_failure
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
@@ -82,7 +82,8 @@ class Proxy:
     # ------------------------------------------------------------------ routes
     def health_body(self) -> dict:
         prefix = self.chains.health() if self.chains is not None else {}
-        return {"status": "ok", **self.table.health(), **prefix}
+        # spans this process lost (e.g. write_failed: a full trace disk); serving goes on regardless
+        return {"status": "ok", **self.table.health(), **prefix, "dropped_spans": telemetry.dropped_spans()}
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(self.health_body())

@@ -22,6 +22,7 @@ import uuid
 from aiohttp import web
 
 from kvtrace import semconv as sc
+from kvtrace import telemetry
 from kvtrace.sim import tokenizer, wire
 from kvtrace.sim.engine import FINISH_LENGTH, Engine, EngineError
 from kvtrace.sim.metrics import WorkerMetrics
@@ -90,7 +91,8 @@ class SimWorker:
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        # vLLM answers an empty 200; the JSON body adds the spans this process lost (full trace disk)
+        return _json({"status": "ok", "dropped_spans": telemetry.dropped_spans()})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render(request.headers.get("Accept"))

@@ -140,7 +140,7 @@ def write_atomic(
         size = data.size
         os.replace(tmp, final)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     if fsync:
         fsync_path(directory)
@@ -201,14 +201,14 @@ def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -
             fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     if fsync:
         fsync_path(directory)
     return size
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
