@@ -22,7 +22,7 @@ import bisect
 import itertools
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -198,7 +198,8 @@ class Pool:
         self.config = config
         self.prefill: list[Client] = []
         self.decode: list[Client] = []
-        self._p = self._d = None
+        self._p: Iterator[Client] = iter(())  # start() makes the round robins
+        self._d: Iterator[Client] = iter(())
 
     async def start(self) -> None:
         cfg = self.config
