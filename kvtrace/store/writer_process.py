@@ -40,6 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import Literal
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -299,7 +300,7 @@ class _Writer:
                     raise WriterFailed(f"writer process took no data for {self._limit():.0f} s")
                 self._wait(self.to_fd, select.POLLOUT, left)
 
-    def reply(self, seq: int) -> bool | str:
+    def reply(self, seq: int) -> Literal[True] | str:
         """Wait for the writer's answer to batch ``seq``: True when written, else the reason why not."""
         deadline = time.monotonic() + self._limit()
         while b"\n" not in self.buffer:
