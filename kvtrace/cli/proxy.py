@@ -102,8 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="seconds one connection attempt to a worker may take before the request fails, counted from "
-        "the attempt (a wait for a free connection does not count; default 10)",
+        help="seconds one connection attempt to a worker may take (a wait for a free one does not count; default 10)",
     )
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
     p.add_argument(
