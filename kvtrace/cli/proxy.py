@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kvtrace import settings
-from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, PREFILL_FAILURE_MODES, TTL_MARGIN_S
+from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, LOOPS, PREFILL_FAILURE_MODES, TTL_MARGIN_S
 
-_GC_GEN0_THRESHOLD = 10_000  # see _tune_gc
-LOOPS = ("auto", "uvloop", "asyncio")
 # hardening limits: flag, ProxyConfig field, type, metavar, the KVTRACE_* setting that is its default
 _LIMITS = (
     ("--request-timeout", "request_timeout_s", float, "S", settings.PROXY_REQUEST_TIMEOUT),
@@ -19,6 +17,8 @@ _LIMITS = (
     ("--max-id-bytes", "max_id_bytes", int, "N", settings.PROXY_MAX_ID_BYTES),
     ("--decoder-kv-ttl", "decoder_kv_ttl_s", float, "S", settings.PROXY_DECODER_KV_TTL),
     ("--max-chain-bytes", "max_chain_bytes", int, "N", settings.PROXY_MAX_CHAIN_BYTES),
+    ("--max-worker-connections", "max_worker_connections", int, "N", settings.PROXY_MAX_WORKER_CONNECTIONS),
+    ("--max-worker-queue", "max_worker_queue", int, "N", settings.PROXY_MAX_WORKER_QUEUE),
 )
 
 
@@ -69,7 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DECODER_KV_BLOCKS_TTL_S - TTL_MARGIN_S,
         metavar="S",
-        help="offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; default %(default)s)",
+        help=(
+            "offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; "
+            "default %(default)s)"
+        ),
     )
     p.add_argument("--max-conversations", type=int, default=100_000, help="conversation table size (LRU)")
     p.add_argument(
@@ -97,14 +100,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="seconds to connect to a worker before the request fails (default 10)",
+        help="seconds one connection attempt to a worker may take (a wait for a free one does not count; default 10)",
     )
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
+    p.add_argument(
+        "--export-delay-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="how long ended spans wait in memory before they go to the Parquet writer: about what a "
+        f"SIGKILL loses (see below) (default {settings.BATCH_DELAY_MS.default}; env {settings.BATCH_DELAY_MS.env})",
+    )
     p.add_argument(
         "--loop",
         choices=LOOPS,
         default=None,
-        help=f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})",
+        help=(
+            f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})"
+        ),
     )
     for flag, dest, kind, metavar, setting in _LIMITS:
         doc = setting.doc.split("): ", 1)[1]
@@ -154,83 +167,50 @@ def run(args: argparse.Namespace) -> int:
     requests, the session whose served messages (and the reply the proxy streamed) the request
     extends, or a new one the proxy names (prefix matching; --no-prefix-match turns it off).  Each
     chat turn is checked against the session's last served turn: a turn whose messages diverged
-    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a `kv_transfer` object (streaming: on
-    the final chunk) and an x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
+    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a
+    `kv_transfer` object (streaming: on the final chunk) and an x-kvtrace-trace-id header unless
+    --no-patch (or KVTRACE_PATCH_RESPONSES=0).
     When P fails to read the blocks offered from D (expired), P is asked again without them.
-    """
-    import asyncio
 
+    What the proxy's spans survive: SIGINT/SIGTERM flush every span of every answered request.
+    A SIGKILL (or OOM kill) loses the spans still waiting in memory: those of the requests that
+    ended in the last --export-delay-ms (1 s by default; at most 8192 spans, the span queue,
+    4 x KVTRACE_BATCH_SIZE); what was already handed to the writer process is still written.  There is no
+    durable-ack mode: a request's spans end after its last byte has gone to the client, so making
+    them durable first would add a write (and an fsync) to every response.  A full trace disk
+    never fails a request: the spans that cannot be written are dropped, counted as
+    kvtrace_dropped_spans{reason="write_failed"} (/metrics, and dropped_spans on /health),
+    logged once when writes start failing and once when they work again.
+    """
     from kvtrace import telemetry
     from kvtrace.errors import CLIError
-    from kvtrace.proxy.server import start
+    from kvtrace.proxy import runtime
 
     config = build_config(args)
-    factory = loop_factory(args.loop)
+    factory = runtime.loop_factory(args.loop)
     try:
         telemetry.check_traces_dir(args.traces)
     except OSError as exc:  # NotWritable: one line naming the directory and the reason
         raise CLIError(str(exc)) from None
-    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process())
-
-    async def serve() -> None:
-        try:
-            running = await start(config, provider)
-        except OSError as exc:
-            raise CLIError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-        _tune_gc()
-        print(f"kvtrace proxy listening on {running.url}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await running.close()
+    if args.export_delay_ms is not None and args.export_delay_ms < 1:
+        raise CLIError("--export-delay-ms must be >= 1")
+    provider = telemetry.configure(
+        "kvtrace-proxy",
+        traces_dir=args.traces,
+        writer_process=runtime.writer_process(),
+        batch_delay_ms=args.export_delay_ms,
+    )
 
     try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve())
+        runtime.serve_forever(
+            config, provider, factory, lambda url: print(f"kvtrace proxy listening on {url}", flush=True)
+        )
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     finally:
         telemetry.shutdown_all()
     return 0
 
 
-def writer_process() -> bool:
-    """Whether the proxy's Parquet export runs in a writer process: KVTRACE_WRITER_PROCESS, else on
-    (the proxy is where it is measured to help the tail: benchmarks/proxy/bench_proxy.py)."""
-    chosen = settings.WRITER_PROCESS.get()
-    return True if chosen is None else bool(chosen)
-
-
-def loop_factory(choice: str | None):
-    """The event loop factory for ``choice`` (else KVTRACE_PROXY_LOOP): uvloop's, or None (asyncio's).
-    ``auto`` takes uvloop when it is installed; ``uvloop`` without it is a CLIError."""
-    from kvtrace.errors import CLIError
-
-    choice = settings.PROXY_LOOP.get(choice)
-    if choice not in LOOPS:
-        raise CLIError(f"{settings.PROXY_LOOP.env}={choice!r}: expected one of {', '.join(LOOPS)}")
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise CLIError("--loop uvloop: uvloop is not installed (pip install 'kvtrace[proxy-fast]')") from None
-        return None
-    return uvloop.new_event_loop
-
-
-def _tune_gc() -> None:
-    """The proxy process's garbage collector, once serving.
-
-    Per request the proxy allocates a few hundred container objects that reference counting frees
-    (no cycles), but with concurrent requests in flight the young generation keeps crossing the
-    default threshold (700), so the collector runs every few requests and, every ~100 young
-    collections, rescans the ~90k objects of the loaded modules: ~50 us of CPU per request.
-    ``gc.freeze()`` moves everything alive now (modules, app, pools) out of the collector's scans and
-    a higher young threshold lets transient request objects die before a collection sees them.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, _GC_GEN0_THRESHOLD), gen1, gen2)
+def _say_listening(url: str) -> None:
+    print(f"kvtrace proxy listening on {url}", flush=True)
