@@ -55,7 +55,8 @@ def request(name: str, n: int, pad: int = 0) -> ExportTraceServiceRequest:
         span.trace_id = os.urandom(16)
         span.span_id = os.urandom(8)
         a = span.attributes.add()
-        a.key, a.value.string_value = sc.SESSION_ID, os.urandom(pad // 2).hex()
+        # the padding rides in an attribute that may be long (a session id over 256 bytes is dropped)
+        a.key, a.value.string_value = sc.GEN_AI_REQUEST_MODEL, os.urandom(pad // 2).hex()
     return req
 
 
