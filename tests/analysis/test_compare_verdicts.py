@@ -191,7 +191,7 @@ def test_bench_demo_report_and_dashboard_give_the_same_verdicts(runs, monkeypatc
 
     monkeypatch.setenv("KVTRACE_TRACES_DIR", str(runs / "candidate"))
     monkeypatch.setenv("KVTRACE_COMPARE_DIR", str(runs / "baseline"))
-    app = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+    app = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
     at = AppTest.from_file(str(app), default_timeout=60).run()
     at.switch_page("app_pages/compare.py").run()
     assert not at.exception and not at.error

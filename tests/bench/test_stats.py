@@ -1,4 +1,4 @@
-"""Bench statistics and CLI error handling (the A/B rule: tests/test_compare.py)."""
+"""Bench statistics and CLI error handling (the A/B rule: tests/analysis/test_compare_verdicts.py)."""
 
 from __future__ import annotations
 

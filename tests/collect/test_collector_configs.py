@@ -10,7 +10,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "collectors").glob("*.yaml"))
 
 # Component type names of the otelcol-contrib distribution (cmd/otelcontribcol/builder-config.yaml

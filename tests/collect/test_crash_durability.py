@@ -12,13 +12,13 @@ import os
 import threading
 
 import pytest
-from test_collect_limits import post, start_cli, stop_cli
-from test_collect_protocol import BlockingSink, _request
-from test_collect_workload import read_rows, tmp_files
 
 from kvtrace.collect.server import Collector
 from kvtrace.store import writer
 from kvtrace.store.schema import SCHEMA
+
+from support.otlp_client import BlockingSink, export_request, post, start_cli, stop_cli
+from support.sim_workload import read_rows, tmp_files
 
 REQUESTS, SPANS = 12, 25
 
@@ -28,7 +28,7 @@ def _acknowledge_then_kill(traces, *flags) -> tuple[set[str], list[dict]]:
     acknowledged: set[str] = set()
     try:
         for i in range(REQUESTS):
-            status, _ = post(port, _request(SPANS, name=f"r{i}").SerializeToString())
+            status, _ = post(port, export_request(SPANS, name=f"r{i}").SerializeToString())
             assert status == 200
             acknowledged |= {f"r{i}-{j}" for j in range(SPANS)}
     finally:
@@ -74,7 +74,7 @@ def test_durable_write_failure_answers_retry_and_stores_nothing(tmp_path):
     sink = BlockingSink(tmp_path / "t", fail_first=1)
     sink.release.set()
     with Collector(tmp_path / "t", http_address="127.0.0.1:0", durable_ack=True, sink=sink) as c:
-        body = _request(4, name="d").SerializeToString()
+        body = export_request(4, name="d").SerializeToString()
         status, _ = post(c.http_port, body)
         assert status == 503
         assert c.queue.stats.failed_durable_spans == 4 and c.queue.stats.written_spans == 0
@@ -90,7 +90,7 @@ def test_concurrent_durable_senders_are_all_stored(tmp_path):
 
         def send(k):
             for i in range(5):
-                assert post(port, _request(10, name=f"s{k}-{i}").SerializeToString())[0] == 200
+                assert post(port, export_request(10, name=f"s{k}-{i}").SerializeToString())[0] == 200
 
         threads = [threading.Thread(target=send, args=(k,)) for k in range(8)]
         [t.start() for t in threads]
@@ -128,6 +128,6 @@ def test_fsync_reaches_file_and_directories(tmp_path, monkeypatch):
 def test_sigterm_loses_nothing_in_either_mode(tmp_path, mode):
     proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--batch-delay-ms", "60000", *mode)
     for i in range(3):
-        assert post(port, _request(SPANS, name=f"r{i}").SerializeToString())[0] == 200
+        assert post(port, export_request(SPANS, name=f"r{i}").SerializeToString())[0] == 200
     assert f"{3 * SPANS} spans written, 0 lost" in stop_cli(proc)
     assert len(read_rows(tmp_path / "t")) == 3 * SPANS

@@ -12,13 +12,14 @@ import json
 
 import grpc
 import pytest
-from collect_corpus import CASES, JSON, PROTOBUF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_collect_protocol import _grpc_export, _request
-from test_collect_workload import read_rows
 
 from kvtrace.collect.server import Collector
+
+from support.collect_corpus import CASES, JSON, PROTOBUF
+from support.otlp_client import export_request, grpc_export
+from support.sim_workload import read_rows
 
 HTTP_OK = {200, 400, 413, 415}
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -46,9 +47,9 @@ def _post(port: int, body: bytes, ctype: str, encoding: str | None = None) -> tu
 
 
 def _still_healthy(c: Collector) -> None:
-    status, _ = _post(c.http_port, _request(1, name="health").SerializeToString(), PROTOBUF)
+    status, _ = _post(c.http_port, export_request(1, name="health").SerializeToString(), PROTOBUF)
     assert status == 200
-    response, err = _grpc_export(c.grpc_port, _request(1, name="health").SerializeToString())
+    response, err = grpc_export(c.grpc_port, export_request(1, name="health").SerializeToString())
     assert err is None
     c.health_checks += 2
 
@@ -67,7 +68,7 @@ def test_corpus_over_http(collector, case):
     "case", [c for c in CASES if c.content_type == PROTOBUF and not c.encoding], ids=lambda case: case.name
 )
 def test_corpus_over_grpc(collector, case):
-    response, err = _grpc_export(collector.grpc_port, case.body)
+    response, err = grpc_export(collector.grpc_port, case.body)
     if case.expect == frozenset({200}):
         assert err is None
     else:
@@ -84,12 +85,12 @@ def test_corpus_over_grpc(collector, case):
 def test_random_bytes(collector, body, ctype, encoding):
     status, _ = _post(collector.http_port, body, ctype, encoding)
     assert status in HTTP_OK
-    response, err = _grpc_export(collector.grpc_port, body)
+    response, err = grpc_export(collector.grpc_port, body)
     assert err is None or err.code() == grpc.StatusCode.INVALID_ARGUMENT
     _still_healthy(collector)
 
 
-_GOOD_PROTO = _request(3, name="mut").SerializeToString()
+_GOOD_PROTO = export_request(3, name="mut").SerializeToString()
 
 
 @FUZZ

@@ -7,78 +7,23 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import gzip
-import http.client
 import os
-import signal
-import subprocess
-import sys
 import time
 import zlib
 
 import pytest
-from collect_corpus import bomb
 from google.rpc import code_pb2, status_pb2
-from test_collect_protocol import _request
-from test_collect_workload import read_rows
 
 from kvtrace import semconv as sc
 from kvtrace.collect.limits import STEP, Body, ByteBudget, Hold, RequestRefused
 from kvtrace.collect.receiver import MALFORMED, RETRY, TOO_LARGE, UNSUPPORTED
 
-PROTOBUF = "application/x-protobuf"
+from support.collect_corpus import bomb
+from support.otlp_client import export_request, post, start_cli, stop_cli
+from support.sim_workload import read_rows
+
 MIB = 1 << 20
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
-
-
-def start_cli(traces, *flags) -> tuple[subprocess.Popen, int, int | None]:
-    """A ``kvtrace collect`` subprocess on 127.0.0.1 (HTTP, and gRPC unless flags say 'off');
-    returns (process, http port, grpc port)."""
-    main = "import sys; from kvtrace.cli import main; sys.exit(main(sys.argv[1:]))"
-    grpc_flags = [] if "--otlp-grpc" in flags else ["--otlp-grpc", "127.0.0.1:0"]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            main,
-            "collect",
-            *grpc_flags,
-            "--otlp-http",
-            "127.0.0.1:0",
-            "--traces",
-            str(traces),
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    ports = {}
-    while "http" not in ports:
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read()
-        if "OTLP/gRPC on" in line:
-            ports["grpc"] = int(line.rsplit(":", 1)[1])
-        elif "OTLP/HTTP on" in line:
-            ports["http"] = int(line.rsplit(":", 1)[1].split("/")[0])
-    assert "writing" in proc.stdout.readline()
-    return proc, ports["http"], ports.get("grpc")
-
-
-def stop_cli(proc: subprocess.Popen) -> str:
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    return out
-
-
-def post(port: int, body: bytes, headers: dict | None = None) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF, **(headers or {})})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def post_until_accepted(port: int, body: bytes, deadline_s: float = 60.0) -> int:
@@ -100,7 +45,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def healthy(port: int, name: str = "health") -> bool:
-    return post(port, _request(1, name=name).SerializeToString())[0] == 200
+    return post(port, export_request(1, name=name).SerializeToString())[0] == 200
 
 
 def test_the_bombs_are_what_they_claim():
@@ -141,7 +86,7 @@ def test_many_large_requests_are_capped_by_the_byte_budgets(tmp_path):
     Retry-After), memory stays bounded, and a refused request sent again once the queue has
     drained is stored.  Before (the queue counted spans only, bodies were read whatever their
     number): all 16 taken at once, 576 MB peak; now about 255 MB."""
-    req = _request(1, name="big")
+    req = export_request(1, name="big")
     attr = req.resource_spans[0].scope_spans[0].spans[0].attributes.add()
     attr.key, attr.value.string_value = sc.SESSION_ID, "x" * (16 * MIB)
     body = req.SerializeToString()
@@ -229,7 +174,7 @@ def test_http_encoding_answers(tmp_path):
     proc, port, _ = start_cli(tmp_path / "t", "--otlp-grpc", "off", "--max-request-mib", "1")
     try:
         assert (
-            post(port, gzip.compress(_request(3, name="gz").SerializeToString()), {"Content-Encoding": "gzip"})[0]
+            post(port, gzip.compress(export_request(3, name="gz").SerializeToString()), {"Content-Encoding": "gzip"})[0]
             == 200
         )
         status, body = post(port, b"\x0a\x00 not gzip", {"Content-Encoding": "gzip"})

@@ -24,13 +24,14 @@ from opentelemetry.trace import (
     TraceState,
     set_span_in_context,
 )
-from test_collect_workload import read_rows, run_workload, tmp_files
 
 import kvtrace
 from kvtrace import semconv as sc
 from kvtrace.collect import otlp_convert
 from kvtrace.collect.server import Collector
 from kvtrace.store.convert import spans_to_table, table_to_rows
+
+from support.sim_workload import read_rows, run_workload, tmp_files
 
 ENDPOINT_VARS = (
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",

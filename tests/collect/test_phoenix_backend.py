@@ -17,11 +17,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_collect_workload import read_rows, run_workload
 
 from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.testing.wait import free_port, wait_for
+
+from support.sim_workload import read_rows, run_workload
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 120.0

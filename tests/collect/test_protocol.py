@@ -15,41 +15,15 @@ import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
-from test_collect_workload import read_rows, tmp_files
 
 from kvtrace import semconv as sc
-from kvtrace.collect.grpc_server import SERVICE
 from kvtrace.collect.queue import SpanQueue
 from kvtrace.collect.server import Collector
-from kvtrace.collect.sink import TableSink
 
-PROTOBUF = "application/x-protobuf"
-
-
-def _request(n: int, *, bad_ids: int = 0, name: str = "op") -> ExportTraceServiceRequest:
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    kv = rs.resource.attributes.add()
-    kv.key, kv.value.string_value = sc.SERVICE_NAME, "sender"
-    ss = rs.scope_spans.add()
-    for i in range(n + bad_ids):
-        span = ss.spans.add(
-            name=f"{name}-{i}",
-            kind=Span.SPAN_KIND_SERVER,
-            start_time_unix_nano=1_700_000_000_000_000_000 + i,
-            end_time_unix_nano=1_700_000_000_000_001_000 + i,
-        )
-        span.trace_id = (i + 1).to_bytes(16, "big")
-        span.span_id = (i + 1).to_bytes(8, "big") if i < n else b"\x01\x02\x03"
-        span.status.code = 2
-        span.status.message = "bad"
-        a = span.attributes.add()
-        a.key, a.value.int_value = sc.TURN_INDEX, i
-    return req
+from support.otlp_client import PROTOBUF, BlockingSink, export_request, grpc_export
+from support.sim_workload import read_rows, tmp_files
 
 
 def _post(port: int, body: bytes, ctype: str = PROTOBUF, path: str = "/v1/traces"):
@@ -61,33 +35,6 @@ def _post(port: int, body: bytes, ctype: str = PROTOBUF, path: str = "/v1/traces
             return resp.status, resp.headers, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers, err.read()
-
-
-def _grpc_export(port: int, body: bytes):
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(f"/{SERVICE}/Export")
-        try:
-            return ExportTraceServiceResponse.FromString(call(body, timeout=30)), None
-        except grpc.RpcError as err:
-            return None, err
-
-
-class BlockingSink(TableSink):
-    """Holds the writer thread inside write_table until released; can fail its first writes."""
-
-    def __init__(self, directory, fail_first: int = 0) -> None:
-        super().__init__(directory)
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.fail_first = fail_first
-
-    def write_table(self, table) -> None:
-        self.entered.set()
-        assert self.release.wait(30)
-        if self.fail_first:
-            self.fail_first -= 1
-            raise OSError("disk full (test)")
-        super().write_table(table)
 
 
 @pytest.fixture
@@ -111,19 +58,19 @@ def test_http_malformed_protobuf_is_400_with_status(collector):
 
 
 def test_grpc_malformed_is_invalid_argument(collector):
-    response, err = _grpc_export(collector.grpc_port, b"\xff\xff\xff not protobuf")
+    response, err = grpc_export(collector.grpc_port, b"\xff\xff\xff not protobuf")
     assert response is None and err.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_partial_success_rejects_bad_ids_keeps_the_rest(collector, transport):
-    body = _request(3, bad_ids=2).SerializeToString()
+    body = export_request(3, bad_ids=2).SerializeToString()
     if transport == "http":
         status, _, raw = _post(collector.http_port, body)
         assert status == 200
         response = ExportTraceServiceResponse.FromString(raw)
     else:
-        response, err = _grpc_export(collector.grpc_port, body)
+        response, err = grpc_export(collector.grpc_port, body)
         assert err is None
     assert response.partial_success.rejected_spans == 2
     assert "span_id must be 8" in response.partial_success.error_message
@@ -146,22 +93,22 @@ def test_full_queue_answers_retry_later_then_recovers(tmp_path):
         batch_delay_s=0,
         sink=sink,
     ) as c:
-        assert _post(c.http_port, _request(10, name="first").SerializeToString())[0] == 200
+        assert _post(c.http_port, export_request(10, name="first").SerializeToString())[0] == 200
         assert sink.entered.wait(30)  # the writer holds the 10 spans: the queue is full
-        status, headers, body = _post(c.http_port, _request(1, name="second").SerializeToString())
+        status, headers, body = _post(c.http_port, export_request(1, name="second").SerializeToString())
         assert status == 503 and headers["Retry-After"] == "1"
         detail = status_pb2.Status.FromString(body)
         assert detail.code == code_pb2.UNAVAILABLE
         info = error_details_pb2.RetryInfo()
         assert detail.details[0].Unpack(info) and info.retry_delay.seconds == 1
-        response, err = _grpc_export(c.grpc_port, _request(1, name="second").SerializeToString())
+        response, err = grpc_export(c.grpc_port, export_request(1, name="second").SerializeToString())
         assert err.code() == grpc.StatusCode.UNAVAILABLE
         trailers = dict(err.trailing_metadata())
         grpc_detail = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
         assert grpc_detail.details[0].Unpack(info) and info.retry_delay.seconds == 1
         sink.release.set()
         assert c.flush(30)
-        assert _post(c.http_port, _request(1, name="third").SerializeToString())[0] == 200
+        assert _post(c.http_port, export_request(1, name="third").SerializeToString())[0] == 200
         assert c.flush(30)
         assert c.queue.stats.refused_requests == 2
     names = sorted(r["SpanName"] for r in read_rows(tmp_path / "t"))
@@ -174,7 +121,7 @@ def test_failed_write_is_retried_not_lost(tmp_path):
     queue = SpanQueue(sink, max_spans=100, batch_delay_s=0, retry_delay_s=0.01)
     from kvtrace.collect.otlp_convert import request_to_table
 
-    assert queue.offer(request_to_table(_request(4))[0])
+    assert queue.offer(request_to_table(export_request(4))[0])
     assert queue.flush(30)
     assert queue.close(30)
     sink.shutdown()
@@ -186,7 +133,7 @@ def test_stop_drains_the_queue_and_refuses_new_work(tmp_path):
     sink = BlockingSink(tmp_path / "t")
     c = Collector(tmp_path / "t", http_address="127.0.0.1:0", batch_delay_s=0, sink=sink).start()
     for i in range(5):
-        assert _post(c.http_port, _request(3, name=f"r{i}").SerializeToString())[0] == 200
+        assert _post(c.http_port, export_request(3, name=f"r{i}").SerializeToString())[0] == 200
     assert sink.entered.wait(30)
     stopper = threading.Thread(target=c.stop)
     stopper.start()
@@ -196,7 +143,7 @@ def test_stop_drains_the_queue_and_refuses_new_work(tmp_path):
     assert len(read_rows(tmp_path / "t")) == 15
     assert tmp_files(tmp_path / "t") == []
     with pytest.raises(urllib.error.URLError):
-        _post(c.http_port, _request(1).SerializeToString())
+        _post(c.http_port, export_request(1).SerializeToString())
     assert not c.queue.offer(__import__("pyarrow").table({"x": [1]}))
 
 
@@ -225,7 +172,7 @@ def test_cli_receives_until_sigterm_and_flushes(tmp_path):
         line = proc.stdout.readline()
         assert "OTLP/HTTP on http://127.0.0.1:" in line, line + proc.stderr.read()
         port = int(line.rsplit(":", 1)[1].split("/")[0])
-        assert _post(port, _request(7).SerializeToString())[0] == 200
+        assert _post(port, export_request(7).SerializeToString())[0] == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)

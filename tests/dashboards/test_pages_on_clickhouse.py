@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("streamlit")
 pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
-clickhouse_check = pytest.importorskip("clickhouse_check")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 from kvtrace.analysis import sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
 
-DASH = Path(__file__).resolve().parents[1] / "dashboards"
+DASH = Path(__file__).resolve().parents[2] / "dashboards"
 PAGES = [
     "app_pages/sessions.py",
     "app_pages/drilldown.py",
@@ -44,9 +44,9 @@ def env(monkeypatch, two_days):
 
 
 def _render(monkeypatch, page: str):
-    from test_dashboard_app import _render as render
+    from support.dashboard_app import render_app
 
-    return render(monkeypatch, "not-read", page=page)
+    return render_app(monkeypatch, "not-read", page=page)
 
 
 @pytest.mark.parametrize("page", PAGES)

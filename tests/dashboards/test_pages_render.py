@@ -3,8 +3,6 @@ an empty trace directory, and with the run comparison configured."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("streamlit")
@@ -14,7 +12,8 @@ from kvtrace.analysis import compare, retention, reuse, sessions  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
 from kvtrace.testing.synth import sample_store  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+from support.dashboard_app import APP, render_app  # noqa: E402
+
 PAGES = [
     "app_pages/sessions.py",
     "app_pages/drilldown.py",
@@ -34,35 +33,21 @@ def runs(tmp_path_factory):
     return root
 
 
-def _render(monkeypatch, traces, compare=None, page=None) -> AppTest:
-    monkeypatch.setenv("KVTRACE_TRACES_DIR", str(traces))
-    if compare:
-        monkeypatch.setenv("KVTRACE_COMPARE_DIR", str(compare))
-    else:
-        monkeypatch.delenv("KVTRACE_COMPARE_DIR", raising=False)
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
-    if page:
-        at.switch_page(page).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    return at
-
-
 @pytest.mark.parametrize("page", PAGES)
 def test_pages_render_on_traces(monkeypatch, runs, page):
-    at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline", page=page)
+    at = render_app(monkeypatch, runs / "bidir", compare=runs / "baseline", page=page)
     assert at.title[0].value  # the page got past its header
     assert not at.info, [i.value for i in at.info]  # data everywhere: no "no data" notes
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_pages_render_on_empty_dir(monkeypatch, tmp_path, page):
-    at = _render(monkeypatch, tmp_path / "nothing-here", page=page)
+    at = render_app(monkeypatch, tmp_path / "nothing-here", page=page)
     assert at.info  # tells the user how to get data
 
 
 def test_overview_numbers_match_the_views(monkeypatch, runs):
-    at = _render(monkeypatch, runs / "bidir", page="app_pages/sessions.py")
+    at = render_app(monkeypatch, runs / "bidir", page="app_pages/sessions.py")
     con = connect(runs / "bidir")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Sessions"] == f"{sessions.totals(con)['sessions']:,}"
@@ -71,7 +56,7 @@ def test_overview_numbers_match_the_views(monkeypatch, runs):
 
 
 def test_reuse_page_numbers_match(monkeypatch, runs):
-    at = _render(monkeypatch, runs / "bidir", page="app_pages/reuse.py")
+    at = render_app(monkeypatch, runs / "bidir", page="app_pages/reuse.py")
     s = reuse.summary(connect(runs / "bidir"))
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Pulled tokens"] == f"{s['pulled_tokens']:,}"
@@ -81,7 +66,7 @@ def test_reuse_page_numbers_match(monkeypatch, runs):
 def test_whatif_page_numbers_match_the_replay(monkeypatch, runs):
     from kvtrace.analysis.whatif import summary as whatif_summary
 
-    at = _render(monkeypatch, runs / "bidir", page="app_pages/whatif.py")
+    at = render_app(monkeypatch, runs / "bidir", page="app_pages/whatif.py")
     a = whatif_summary.advice(connect(runs / "bidir"))
     rc = a["recommendation"]
     picked = next(r for r in a["rows"] if (r["ttl_s"], r["threshold"]) == (rc["ttl_s"], rc["threshold"]))
@@ -97,7 +82,7 @@ def test_whatif_page_numbers_match_the_replay(monkeypatch, runs):
 
 
 def test_compare_page_shows_ratios(monkeypatch, runs):
-    at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline", page="app_pages/compare.py")
+    at = render_app(monkeypatch, runs / "bidir", compare=runs / "baseline", page="app_pages/compare.py")
     shown = at.dataframe[0].value
     expected = compare.compare_runs(connect(runs / "baseline"), connect(runs / "bidir"))
     assert list(shown["turn"]) == [str(r["turn"]) for r in expected]
@@ -141,7 +126,7 @@ URLS = {
 def test_every_page_has_its_own_url_and_the_root_opens_sessions(monkeypatch, runs):
     """Streamlit serves its default page at "/" only (its url_path is ignored: /sessions was "Page not
     found"); the default is a hidden page that switches to the sessions page."""
-    at = _render(monkeypatch, runs / "bidir")
+    at = render_app(monkeypatch, runs / "bidir")
     assert at.title[0].value == "Sessions"
     registered = {info["url_pathname"]: info["page_name"] for info in at._registered_pages.values()}
     assert registered == {"": "kvtrace", **URLS}
@@ -160,7 +145,7 @@ def _formats(element) -> dict:
 def test_tables_show_times_gib_and_sensible_precision(monkeypatch, runs, page):
     import pandas as pd
 
-    at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline", page=page)
+    at = render_app(monkeypatch, runs / "bidir", compare=runs / "baseline", page=page)
     assert at.dataframe, page
     for element in at.dataframe:
         frame, formats = element.value, _formats(element)
@@ -178,7 +163,7 @@ def test_tables_show_times_gib_and_sensible_precision(monkeypatch, runs, page):
 def test_session_table_values_are_the_views_in_display_units(monkeypatch, runs):
     import pandas as pd
 
-    at = _render(monkeypatch, runs / "bidir", page="app_pages/sessions.py")
+    at = render_app(monkeypatch, runs / "bidir", page="app_pages/sessions.py")
     shown = at.dataframe[0].value
     rows = sessions.breakdown(connect(runs / "bidir"), limit=500).to_pylist()
     assert list(shown["start"]) == [pd.Timestamp(r["start_ns"], unit="ns", tz="UTC") for r in rows]
@@ -187,7 +172,7 @@ def test_session_table_values_are_the_views_in_display_units(monkeypatch, runs):
     tot = sessions.totals(connect(runs / "bidir"))
     assert metrics["User pauses"] == f"{tot['user_pause_ms'] / tot['wall_ms']:.0%}"
     # the retention engine table: GiB, not bytes
-    at = _render(monkeypatch, runs / "bidir", page="app_pages/retention.py")
+    at = render_app(monkeypatch, runs / "bidir", page="app_pages/retention.py")
     (held,) = retention.summary(connect(runs / "bidir"))
     engines = at.dataframe[0].value
     assert list(engines["peak_GiB"]) == [held["peak_bytes"] / 2**30]
@@ -195,7 +180,7 @@ def test_session_table_values_are_the_views_in_display_units(monkeypatch, runs):
 
 
 def test_never_read_says_it_is_a_run_total_beside_the_peak(monkeypatch, runs):
-    at = _render(monkeypatch, runs / "bidir", page="app_pages/retention.py")
+    at = render_app(monkeypatch, runs / "bidir", page="app_pages/retention.py")
     tot = retention.totals(connect(runs / "bidir"))
     metrics = {m.label: m for m in at.metric}
     assert "Never read" not in metrics and metrics["Never read (run total)"].value.endswith(("MiB", "GiB", "KiB", "B"))
@@ -220,9 +205,9 @@ def test_charts_use_the_shared_palette(monkeypatch, runs):
 
     parts = (palette.labels(palette.PARTS), palette.colours(palette.PARTS))
     sources = (palette.labels(palette.SOURCES), palette.colours(palette.SOURCES))
-    assert scales(_render(monkeypatch, runs / "bidir", page="app_pages/sessions.py")) == [parts, parts]
-    assert scales(_render(monkeypatch, runs / "bidir", page="app_pages/drilldown.py")) == [parts]
-    assert sources in scales(_render(monkeypatch, runs / "bidir", page="app_pages/reuse.py"))
+    assert scales(render_app(monkeypatch, runs / "bidir", page="app_pages/sessions.py")) == [parts, parts]
+    assert scales(render_app(monkeypatch, runs / "bidir", page="app_pages/drilldown.py")) == [parts]
+    assert sources in scales(render_app(monkeypatch, runs / "bidir", page="app_pages/reuse.py"))
 
 
 def test_trace_directory_box_stays_within_the_directories_given_at_start(monkeypatch, runs, tmp_path):
@@ -230,7 +215,7 @@ def test_trace_directory_box_stays_within_the_directories_given_at_start(monkeyp
     the dashboard was started with, or one below it, nothing else on the server."""
     (runs / "bidir" / "link-out").symlink_to(tmp_path)  # a way out through a symlink
     try:
-        at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline")
+        at = render_app(monkeypatch, runs / "bidir", compare=runs / "baseline")
         for outside in ("/etc", str(runs), str(runs / "bidir" / "link-out"), str(runs / "bidir" / ".." / "..")):
             at.sidebar.text_input[0].input(outside).run()
             assert [e.value for e in at.error] == [
@@ -241,7 +226,7 @@ def test_trace_directory_box_stays_within_the_directories_given_at_start(monkeyp
         for inside in (str(runs / "baseline"), str(runs / "bidir" / "date=2026-01-01")):
             at.sidebar.text_input[0].input(inside).run()
             assert not at.error and at.metric, inside
-        at = _render(monkeypatch, runs / "bidir", compare=runs / "baseline", page="app_pages/compare.py")
+        at = render_app(monkeypatch, runs / "bidir", compare=runs / "baseline", page="app_pages/compare.py")
         baseline_box = next(t for t in at.main.text_input if t.label == "Baseline trace directory")
         baseline_box.input("/").run()
         assert [e.value for e in at.error][0].startswith("Baseline trace directory `/` is outside")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 
-import plain_parquet
 import pytest
 
 from kvtrace import semconv as sc
@@ -20,6 +19,8 @@ from kvtrace.demo import run as demo
 from kvtrace.demo.run import SCENARIOS
 from kvtrace.store import connect
 from kvtrace.store.views.breakdown import PART_COLUMNS
+
+from support import plain_parquet
 
 pytest.importorskip("aiohttp")
 pytest.importorskip("openai")
@@ -274,6 +275,6 @@ def test_result_warns_when_turn_0_is_not_within_noise(turn0, warned):
 def test_readme_and_demo_help_give_the_same_duration():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     said = re.search(r"It takes about (\d+) s on 2 cores", readme)
     assert said and f"about {said.group(1)} s on 2 cores" in " ".join(demo_cli.run.__doc__.split())

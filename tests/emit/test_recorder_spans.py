@@ -543,14 +543,15 @@ def test_connector_defers_spans_inside_vllm_and_makes_the_same_ones(monkeypatch,
     spans and the same kv_transfer_params for a turn 1 and a pulling turn 2 on P."""
     import time
 
-    from conftest import require_vllm
+    from support.require import require_vllm
 
     require_vllm()
     require_vllm("nixl")
-    import vllm_rig as rig
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
     from kvtrace.vllm.connector import KVTraceNixlConnector
+
+    from support import vllm_rig as rig
 
     model_dir = rig.make_tiny_model(tmp_path / "model")
     d_params = {

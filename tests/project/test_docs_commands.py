@@ -28,7 +28,7 @@ import pytest
 
 from kvtrace.cli import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "collectors" / "README.md"]
 RUN = {"query", "report", "dashboard", "compact"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -196,9 +196,9 @@ def _sql(text: str, workdir: Path) -> str:
     bidir = workdir / "kvtrace-traces" / "bidir"
     if "otel.otel_traces" in text:  # ClickHouse: the demo's files through a plain glob, in chDB
         pytest.importorskip("chdb")
-        from clickhouse_check import chdb_backend
-
         from kvtrace.store.sql import CLICKHOUSE, literal
+
+        from support.clickhouse_check import chdb_backend
 
         source = f"file({literal(str(bidir / '**' / '*.parquet'), CLICKHOUSE)}, Parquet)"
         # through kvtrace's backend: chDB opens one database directory per process, and a

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = {"semconv", "settings", "errors"}
 # package -> the kvtrace packages (or top-level modules) it may import

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvtrace import semconv as sc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "grafana" / "kvtrace.json"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):

@@ -1,5 +1,6 @@
-"""The proxy between fake workers, for the proxy's fault and hardening tests (the proxy itself
-stays out of :mod:`kvtrace.testing`, which sits below it in the layout)."""
+"""Fixtures of the proxy tests: ``rig_factory``, the proxy between fake workers (fault and hardening
+tests; the proxy itself stays out of :mod:`kvtrace.testing`, which sits below it in the layout), and
+``make_stack``, the proxy over the zero-cost simulator (acceptance tests)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 from kvtrace import semconv as sc
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
+from kvtrace.sim.cluster import SimCluster
 from kvtrace.testing.proxy import BODY, CHAT, FakeWorker, wait_for
+
+from support.sim_stack import Clock, Stack, worker
 
 
 class Rig:
@@ -66,3 +70,30 @@ async def rig_factory(tracer_provider, span_exporter):
     yield make
     for rig in made:
         await rig.close()
+
+
+@pytest.fixture
+async def make_stack(tracer_provider, span_exporter):
+    """``await make_stack(n_prefill, n_decode, kv_config, **ProxyConfig)``: a :class:`support.sim_stack.Stack`;
+    every stack made is closed after the test."""
+    made = []
+
+    async def make(n_prefill=1, n_decode=1, kv_config=None, **cfg):
+        clock = Clock()
+        cluster = SimCluster(
+            n_prefill, n_decode, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv_config
+        )
+        await cluster.__aenter__()
+        config = ProxyConfig(
+            prefill=[worker(u) for u in cluster.prefill_urls], decode=[worker(u) for u in cluster.decode_urls], **cfg
+        )
+        proxy = await start(config, tracer_provider, clock=clock, port=0)
+        http = aiohttp.ClientSession()
+        made.append((cluster, proxy, http))
+        return Stack(cluster, proxy, http, clock, span_exporter)
+
+    yield make
+    for cluster, proxy, http in made:
+        await http.close()
+        await proxy.close()
+        await cluster.__aexit__(None, None, None)

@@ -8,7 +8,6 @@ import json
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
-from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 from kvtrace import semconv as sc
 from kvtrace.testing.proxy import BODY, CHAT, sse

@@ -16,7 +16,6 @@ import tracemalloc
 
 import pytest
 from opentelemetry.trace import StatusCode
-from proxy_rig import rig_factory  # noqa: E402,F401  (tests/ helper; a fixture)
 
 from kvtrace import semconv as sc
 from kvtrace.proxy.table import ConversationTable

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import openai
 import pytest
 from opentelemetry.trace import SpanKind
@@ -16,80 +15,7 @@ from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
 from kvtrace.sim.cluster import SimCluster
 
-CHAT = "/v1/chat/completions"
-MAX_TOKENS = 80  # > kv_recompute_threshold, so the next turn has >= 64 tokens to pull from D
-
-
-class Clock:
-    """One controllable clock for the simulator and the proxy's conversation table."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _worker(url: str) -> Worker:
-    host, port = url.rsplit("//", 1)[1].split(":")
-    return Worker(host, int(port))
-
-
-@pytest.fixture
-async def make_stack(tracer_provider, span_exporter):
-    made = []
-
-    async def make(n_prefill=1, n_decode=1, kv_config=None, **cfg):
-        clock = Clock()
-        cluster = SimCluster(
-            n_prefill, n_decode, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv_config
-        )
-        await cluster.__aenter__()
-        config = ProxyConfig(
-            prefill=[_worker(u) for u in cluster.prefill_urls], decode=[_worker(u) for u in cluster.decode_urls], **cfg
-        )
-        proxy = await start(config, tracer_provider, clock=clock, port=0)
-        http = aiohttp.ClientSession()
-        made.append((cluster, proxy, http))
-        return Stack(cluster, proxy, http, clock, span_exporter)
-
-    yield make
-    for cluster, proxy, http in made:
-        await http.close()
-        await proxy.close()
-        await cluster.__aexit__(None, None, None)
-
-
-class Stack:
-    def __init__(self, cluster, proxy, http, clock, exporter):
-        self.cluster, self.proxy, self.http, self.clock, self.exporter = cluster, proxy, http, clock, exporter
-
-    async def chat(self, messages, conv="c1", stream=True, headers=None, **extra):
-        body = {"model": "m", "messages": messages, "max_tokens": MAX_TOKENS, "stream": stream, **extra}
-        if conv is not None:
-            body[sc.BODY_CONVERSATION_ID] = conv
-        async with self.http.post(self.proxy.url + CHAT, json=body, headers=headers or {}) as r:
-            assert r.status == 200, await r.text()
-            data = await r.read()
-            trace_header = r.headers.get(sc.HEADER_TRACE_ID)
-        if not stream:
-            obj = json.loads(data)
-            return obj["choices"][0]["message"]["content"], obj, trace_header
-        events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]"
-        chunks = [json.loads(e) for e in events[:-1]]
-        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-        return text, chunks, trace_header
-
-    def spans(self, name=None):
-        return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
-
-    async def wait_spans(self, name, n):
-        deadline = asyncio.get_running_loop().time() + 5
-        while len(self.spans(name)) < n:
-            assert asyncio.get_running_loop().time() < deadline, f"{name}: {len(self.spans(name))} < {n}"
-            await asyncio.sleep(0.005)
-        return self.spans(name)
+from support.sim_stack import CHAT, MAX_TOKENS, Clock, worker
 
 
 def _children(spans, parent):
@@ -411,7 +337,7 @@ async def test_expired_offer_is_retried_and_answered(tracer_provider, span_expor
     caplog.set_level("WARNING", logger="kvtrace.proxy.decoder_ttl")
     async with SimCluster(1, 1, cost=False, tracer_provider=tracer_provider, clock=clock, kv_config=kv) as cluster:
         config = ProxyConfig(
-            prefill=[_worker(u) for u in cluster.prefill_urls], decode=[_worker(u) for u in cluster.decode_urls]
+            prefill=[worker(u) for u in cluster.prefill_urls], decode=[worker(u) for u in cluster.decode_urls]
         )
         running = await start(config, tracer_provider, clock=clock, port=0)
         try:

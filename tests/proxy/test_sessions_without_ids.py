@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import openai
 import pytest
-from test_proxy_sim import MAX_TOKENS, make_stack  # noqa: F401  (the proxy + zero-cost simulator fixture)
 
 from kvtrace import semconv as sc
+
+from support.sim_stack import MAX_TOKENS
 
 SYSTEM = {"role": "system", "content": "you are a careful travel agent"}
 THINKING = {"chat_template_kwargs": {"enable_thinking": True}}

@@ -7,7 +7,7 @@ import pathlib
 
 from kvtrace import semconv as sc
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _constants() -> dict[str, str]:

@@ -22,7 +22,8 @@ from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.holds import Hold
 from kvtrace.sim.kvcache import KVCache
-from tests.conftest import require_vllm
+
+from support.require import require_vllm
 
 BS = 16
 NOW = 1000.0

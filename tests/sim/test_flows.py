@@ -8,7 +8,6 @@ gets ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params`` with ``do_rem
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 import aiohttp
@@ -17,17 +16,11 @@ from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer
 from kvtrace.sim.cluster import SimCluster
 
+from support.pd_legs import d_leg, p_leg, sse_events
+
 BS = 16
 BPB = 262_144 * BS  # qwen3-32b bytes per block
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-P_LEG_BASE = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 VLLM_KEYS = {
     "do_remote_prefill": bool,
     "do_remote_decode": bool,
@@ -51,43 +44,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def sse_events(raw: str) -> list:
-    assert raw.endswith("data: [DONE]\n\n")
-    return [json.loads(block[6:]) for block in raw.split("\n\n") if block.startswith("data: {")]
-
-
-async def p_leg(session, cluster, body: dict, rid: str, cached: dict | None, ctx: dict | None = None, i: int = 0):
-    params = dict(P_LEG_BASE)
-    if cached:
-        params.update({k: v for k, v in cached.items() if k != sc.KV_PARAMS_KEY})
-    if ctx:
-        params[sc.KV_PARAMS_KEY] = ctx
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    req = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
-    async with session.post(cluster.prefill_urls[i] + path, json=req, headers={"X-Request-Id": rid}) as resp:
-        return resp.status, await resp.json()
-
-
-async def d_leg(session, cluster, body: dict, rid: str, p_params: dict, max_tokens: int, ctx: dict | None = None):
-    params = {k: v for k, v in p_params.items() if k != sc.KV_PARAMS_KEY}
-    if ctx:
-        params[sc.KV_PARAMS_KEY] = ctx
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    req = {
-        **body,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "kv_transfer_params": params,
-    }
-    async with session.post(cluster.decode_urls[0] + path, json=req, headers={"X-Request-Id": rid}) as resp:
-        assert resp.status == 200
-        events = sse_events(await resp.text())
-    final = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
-    assert len(final) == 1
-    return events, final[0]["kv_transfer_params"]
 
 
 def spans(exporter, name: str, **attrs):

@@ -7,11 +7,12 @@ import json
 
 import aiohttp
 import pytest
-from test_sim_flows import d_leg, p_leg
 
 from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer
 from kvtrace.sim.cluster import SimCluster
+
+from support.pd_legs import d_leg, p_leg
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "cache block token " * 40}]}
 

@@ -1,5 +1,5 @@
 """Parquet store under concurrent writers, a polling reader, SIGTERM and SIGKILL; and what a plain
-recursive glob (DuckDB, pyarrow, chDB: tests/plain_parquet.py) sees once the writers are gone."""
+recursive glob (DuckDB, pyarrow, chDB: tests/support/plain_parquet.py) sees once the writers are gone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import plain_parquet
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -18,6 +17,8 @@ from kvtrace import semconv as sc
 from kvtrace.cli import main as kvtrace_main
 from kvtrace.store import files, reader
 from kvtrace.store.exporter import ParquetSpanExporter
+
+from support import plain_parquet
 
 WRITER = r"""
 import sys

@@ -22,7 +22,7 @@ from kvtrace.store.schema import SPAN_KIND_UNSPECIFIED
 from kvtrace.store.views.docs import render
 from kvtrace.testing.synth import PROXY, SpanBuilder, sample_store, write_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_declared_columns_are_what_duckdb_returns():

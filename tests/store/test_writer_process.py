@@ -14,7 +14,6 @@ import sys
 import time
 
 import aiohttp
-import plain_parquet
 import pyarrow.parquet as pq
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -34,6 +33,8 @@ from kvtrace.store.spancols import span_columns
 from kvtrace.store.writer_process import HEADER, SLICE_SPANS, TAG_SPANS, WriterProcessExporter
 from kvtrace.testing.proxy import CHAT, FakeWorker
 from kvtrace.testing.wait import free_port
+
+from support import plain_parquet
 
 
 def _spans(n: int, tag: str = "s") -> list:

@@ -1,7 +1,7 @@
 """Do kvtrace's views give the same rows on ClickHouse as on DuckDB?  A helper for any trace
 directory (the demo's, the simulator's, the real vLLM end-to-end test's).
 
-    from clickhouse_check import check_views
+    from support.clickhouse_check import check_views
     report = check_views(trace_dir)          # AssertionError naming the view and the first difference
     # report: view -> number of rows compared
 

@@ -2,7 +2,7 @@
 
 Each :class:`Case` is a request body, its Content-Type and Content-Encoding, and the HTTP
 statuses allowed in answer (never 500).  Bodies are built by code so the corpus stays small and
-readable; the names say what each one is.  ``tests/test_collect_fuzz.py`` sends every case over
+readable; the names say what each one is.  ``tests/collect/test_fuzz.py`` sends every case over
 OTLP/HTTP (protobuf cases over gRPC too) and checks the collector still answers a good request
 after each; Hypothesis then explores around them.
 """

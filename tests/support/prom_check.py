@@ -31,7 +31,7 @@ from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.testing.wait import free_port, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "grafana" / "kvtrace.json"
 # what the dashboard's Grafana variables become in the test's queries
 GRAFANA_VARS = {"$__rate_interval": "1m", "$model_name": ".*"}

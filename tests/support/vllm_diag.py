@@ -3,7 +3,7 @@
 ``py-spy dump --native`` of each process in a server's process tree (API server, EngineCore,
 workers) shows where each thread waits -- the only way to tell a stalled engine (EngineCore in
 ``collective_rpc`` waiting for its worker) from a slow one.  Used by the e2e rig's bounded waits
-(tests/vllm_pd.py) and by scripts/e2e_stall.py.  py-spy comes with the ``dev`` extra; without it
+(tests/support/vllm_pd.py) and by scripts/e2e_stall.py.  py-spy comes with the ``dev`` extra; without it
 the report says so and carries the log tails only.
 """
 

@@ -30,10 +30,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import vllm_diag as diag
-
 from kvtrace import semconv as sc
 from kvtrace.testing.wait import free_port, wait_for
+
+from support import vllm_diag as diag
 
 MODEL = "tiny"
 PROXY_SERVICE = "kvtrace-proxy"

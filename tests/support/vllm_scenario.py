@@ -1,4 +1,4 @@
-"""The traffic of the real P/D end-to-end test, shared by tests/test_vllm_e2e.py (its fixture)
+"""The traffic of the real P/D end-to-end test, shared by tests/vllm/test_end_to_end.py (its fixture)
 and scripts/e2e_stall.py (which runs it N times, with kvtrace's connector or vLLM's plain one).
 
 P, D and D2 start at once (D2 has its own ports and a 10 s TTL; it is used after D stops).
@@ -30,12 +30,12 @@ import time
 import traceback
 from pathlib import Path
 
-import vllm_diag as diag
-import vllm_pd as pd
-import vllm_rig as rig_model
-
 from kvtrace import semconv as sc
 from kvtrace.store.views import connect
+
+from support import vllm_diag as diag
+from support import vllm_pd as pd
+from support import vllm_rig as rig_model
 
 AGENT_SESSION = "conv-agent"
 AGENT_MAX_TOKENS = [100, 4]

@@ -1,8 +1,8 @@
 """``kvtrace whatif``'s recorded row against the recorded outcomes of a trace directory.
 
-For the vLLM end-to-end test (``tests/test_vllm_e2e.py``), after its traces are flushed::
+For the vLLM end-to-end test (``tests/vllm/test_end_to_end.py``), after its traces are flushed::
 
-    from whatif_check import check_recorded_row   # tests/ is on sys.path under pytest
+    from support.whatif_check import check_recorded_row   # tests/ is on sys.path under pytest
     row = check_recorded_row(traces_dir)           # the directory kvtrace traced the run into
 
 It runs the real command (``kvtrace whatif --traces DIR --format json``) in-process and asserts
@@ -10,7 +10,7 @@ that the row flagged ``recorded`` reproduces, exactly, what the traces recorded:
 outcome, pulled and recomputed tokens (``kv_decisions``), GiB·s held on D (``kv_retention``, model
 seconds) and mean TTFT (``requests``, model ms).  That holds only if vLLM's rules, applied by the
 replay to each decision's recorded inputs, give back each recorded outcome.  Returns the row.
-``tests/test_whatif_replay.py`` and ``tests/test_whatif_sim.py`` call it on synthetic and
+``tests/analysis/whatif/test_replay.py`` and ``tests/analysis/whatif/test_replay_predicts_simulator.py`` call it on synthetic and
 simulator traces.
 """
 

@@ -26,10 +26,11 @@ import subprocess
 import sys
 import time
 
-import prom_check as pc
 import pytest
 
 from kvtrace import semconv as sc
+
+from support import prom_check as pc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 KV_CONFIG = {

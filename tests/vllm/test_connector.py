@@ -6,115 +6,36 @@ The worker side is played by hand-made ModelRunnerOutputs, as vLLM's own connect
 from __future__ import annotations
 
 import inspect
-import time
 
 import pytest
-from conftest import require_vllm
 
 from kvtrace import semconv as sc
+
+from support.require import require_vllm
 
 pytestmark = pytest.mark.vllm
 require_vllm()
 require_vllm("nixl")
 
-import vllm_rig as rig  # noqa: E402
-
-BS = 16
-BLOCK_BYTES = 2 * BS * 2 * 32 * 2 * 2  # K,V x block x kv heads x head dim x bf16 x 2 layers
-P_ENGINE, D_ENGINE = "engine-p", "engine-d"
-TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return rig.make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def connector_cls(monkeypatch, tracer_provider):
-    from kvtrace.vllm.connector import KVTraceNixlConnector
-
-    monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", tracer_provider)
-    return KVTraceNixlConnector
-
-
-def _sched(
-    model_dir,
-    *,
-    role="prefill",
-    engine=P_ENGINE,
-    ttl=480,
-    threshold=64,
-    connector="KVTraceNixlConnector",
-    module="kvtrace.vllm.connector",
-):
-    extra = {
-        "bidirectional_kv_xfer": True,
-        "kv_recompute_threshold": threshold,
-        "decoder_kv_blocks_ttl": ttl,
-        sc.KV_PARAMS_KEY: {"role": role},
-    }
-    if connector == "NixlConnector":
-        module = None
-    return rig.scheduler(
-        rig.vllm_config(
-            model_dir, extra=extra, block_size=BS, engine_id=engine, connector=connector, module_path=module
-        )
-    )
-
-
-def _d_params(num_tokens: int, blocks: int, *, expiry_in: float = 300.0, ctx: dict | None = None) -> dict:
-    """What D returned after its turn (bidirectional), as the proxy forwards it to P."""
-    params = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_block_ids": [list(range(100, 100 + blocks))],
-        "remote_engine_id": D_ENGINE,
-        "remote_request_id": "chatcmpl-prev-0000abcd",
-        "remote_host": "127.0.0.1",
-        "remote_port": 5601,
-        "tp_size": 1,
-        "remote_num_tokens": num_tokens,
-        "remote_blocks_expiry_time": time.perf_counter() + expiry_in,
-    }
-    if ctx is not None:
-        params[sc.KV_PARAMS_KEY] = ctx
-    return params
-
-
-def _run(sched, req, **connector_output):
-    """One step: schedule and feed back a runner output.  Returns the engine outputs."""
-    out = sched.schedule()
-    running = [r for r in (req,) if r.request_id in out.num_scheduled_tokens]
-    return sched.update_from_output(out, rig.runner_output(running, **connector_output)), out
-
-
-def _finished_params(engine_outputs, rid):
-    for outs in engine_outputs.values():
-        for o in outs.outputs:
-            if o.request_id == rid and o.finish_reason is not None:
-                return o.kv_transfer_params
-    raise AssertionError(f"{rid} did not finish")
+from support import vllm_rig as rig  # noqa: E402
+from support.connector_turns import (  # noqa: E402
+    BLOCK_BYTES,
+    BS,
+    D_ENGINE,
+    P_ENGINE,
+    TRACEPARENT,
+    d_params,
+    decode_turn,
+    finished_params,
+    make_scheduler,
+    nixl_stats,
+    prefill_turn,
+    run_step,
+)
 
 
 def _spans(exporter, name):
     return [s for s in exporter.get_finished_spans() if s.name == name]
-
-
-def _stats(**data):
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
-
-    stats = NixlKVConnectorStats()
-    for k, v in data.items():
-        stats.data[k] = list(v)
-    return stats
-
-
-def _prefill_turn(sched, prompt, params, **first_output):
-    req = rig.request(prompt, params=params, max_tokens=1, block_size=BS)
-    sched.add_request(req)
-    eo, _ = _run(sched, req, **first_output)
-    return req, eo
 
 
 # ------------------------------------------------------------------------------ contract
@@ -163,10 +84,10 @@ def test_public_request_id(internal, public):
 
 # ------------------------------------------------------------------------------ P side
 def test_turn1_prefill_no_remote_and_summary_in_params(connector_cls, model_dir, span_exporter):
-    sched = _sched(model_dir)
+    sched = make_scheduler(model_dir)
     ctx = {sc.CTX_TRACEPARENT: TRACEPARENT, sc.CTX_SESSION_ID: "s1", sc.CTX_TURN: 0}
-    req, eo = _prefill_turn(sched, list(range(1, 201)), {"do_remote_decode": True, sc.KV_PARAMS_KEY: ctx})
-    params = _finished_params(eo, req.request_id)
+    req, eo = prefill_turn(sched, list(range(1, 201)), {"do_remote_decode": True, sc.KV_PARAMS_KEY: ctx})
+    params = finished_params(eo, req.request_id)
     assert params["do_remote_prefill"] is True and params["remote_engine_id"] == P_ENGINE
     [decision] = _spans(span_exporter, sc.SPAN_KV_DECISION)
     [engine] = _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)
@@ -217,15 +138,15 @@ def test_turn1_prefill_no_remote_and_summary_in_params(connector_cls, model_dir,
 
 
 def test_turn2_pull_decision_transfer_and_stats(connector_cls, model_dir, span_exporter):
-    sched = _sched(model_dir)
-    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # 96 tokens now cached on P
+    sched = make_scheduler(model_dir)
+    prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # 96 tokens now cached on P
     prompt = list(range(1, 301))
-    req, eo = _prefill_turn(sched, prompt, _d_params(260, 17))
+    req, eo = prefill_turn(sched, prompt, d_params(260, 17))
     assert req.request_id not in sched.running  # waiting for the remote KV
-    stats = _stats(transfer_duration=[0.004], post_duration=[0.001], bytes_transferred=[123], num_descriptors=[4])
-    _run(sched, req, finished_recving={req.request_id}, stats=stats)
-    eo, _ = _run(sched, req)
-    params = _finished_params(eo, req.request_id)
+    stats = nixl_stats(transfer_duration=[0.004], post_duration=[0.001], bytes_transferred=[123], num_descriptors=[4])
+    run_step(sched, req, finished_recving={req.request_id}, stats=stats)
+    eo, _ = run_step(sched, req)
+    params = finished_params(eo, req.request_id)
     decision = [s for s in _spans(span_exporter, sc.SPAN_KV_DECISION) if s.attributes[sc.KV_OUTCOME] == "pulled"]
     [transfer] = _spans(span_exporter, sc.SPAN_KV_TRANSFER)
     assert len(decision) == 1
@@ -277,10 +198,10 @@ def test_turn2_pull_decision_transfer_and_stats(connector_cls, model_dir, span_e
     [(96 + 40, sc.OUTCOME_BELOW_THRESHOLD), (90, sc.OUTCOME_LOCAL_HIT)],
 )
 def test_no_pull_outcomes(connector_cls, model_dir, span_exporter, remote_tokens, outcome):
-    sched = _sched(model_dir)
-    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
-    req, eo = _prefill_turn(sched, list(range(1, 201)), _d_params(remote_tokens, 9))
-    params = _finished_params(eo, req.request_id)
+    sched = make_scheduler(model_dir)
+    prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
+    req, eo = prefill_turn(sched, list(range(1, 201)), d_params(remote_tokens, 9))
+    params = finished_params(eo, req.request_id)
     assert params[sc.KV_PARAMS_KEY][sc.KVT_DECISION] == outcome
     [d] = [s for s in _spans(span_exporter, sc.SPAN_KV_DECISION) if s.attributes[sc.KV_REMOTE_TOKENS]]
     assert (
@@ -297,10 +218,10 @@ def test_no_pull_outcomes(connector_cls, model_dir, span_exporter, remote_tokens
     [([1], sc.OUTCOME_EXPIRED, sc.TRANSFER_EXPIRED), ([], sc.OUTCOME_FAILED, sc.TRANSFER_FAILED)],
 )
 def test_failed_pull_is_expired_or_failed(connector_cls, model_dir, span_exporter, expired_stats, outcome, status):
-    sched = _sched(model_dir)
-    req, _ = _prefill_turn(sched, list(range(1, 201)), _d_params(180, 12, expiry_in=2.0))
-    stats = _stats(num_kv_expired_reqs=expired_stats, num_failed_transfers=[] if expired_stats else [1])
-    _run(sched, req, finished_recving={req.request_id}, failed_recving={req.request_id}, stats=stats)
+    sched = make_scheduler(model_dir)
+    req, _ = prefill_turn(sched, list(range(1, 201)), d_params(180, 12, expiry_in=2.0))
+    stats = nixl_stats(num_kv_expired_reqs=expired_stats, num_failed_transfers=[] if expired_stats else [1])
+    run_step(sched, req, finished_recving={req.request_id}, failed_recving={req.request_id}, stats=stats)
     [d] = _spans(span_exporter, sc.SPAN_KV_DECISION)
     [t] = _spans(span_exporter, sc.SPAN_KV_TRANSFER)
     assert (d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS], d.attributes[sc.KV_RECOMPUTED_TOKENS]) == (
@@ -313,12 +234,12 @@ def test_failed_pull_is_expired_or_failed(connector_cls, model_dir, span_exporte
 
 
 def test_unattributable_stats_become_events(connector_cls, model_dir, span_exporter):
-    sched = _sched(model_dir)
-    a, _ = _prefill_turn(sched, list(range(1, 201)), _d_params(180, 12))
-    b = rig.request(list(range(500, 700)), params=_d_params(180, 12), max_tokens=1, block_size=BS)
+    sched = make_scheduler(model_dir)
+    a, _ = prefill_turn(sched, list(range(1, 201)), d_params(180, 12))
+    b = rig.request(list(range(500, 700)), params=d_params(180, 12), max_tokens=1, block_size=BS)
     sched.add_request(b)
-    _run(sched, b)
-    stats = _stats(transfer_duration=[0.002, 0.003], post_duration=[0.001, 0.001], bytes_transferred=[10, 20])
+    run_step(sched, b)
+    stats = nixl_stats(transfer_duration=[0.002, 0.003], post_duration=[0.001, 0.001], bytes_transferred=[10, 20])
     out = sched.schedule()
     sched.update_from_output(out, rig.runner_output([], finished_recving={a.request_id, b.request_id}, stats=stats))
     sched.finish_requests(
@@ -340,36 +261,10 @@ def test_unattributable_stats_become_events(connector_cls, model_dir, span_expor
 
 
 # ------------------------------------------------------------------------------ D side
-def _decode_turn(sched, prompt, *, max_tokens=3):
-    p_params = {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_block_ids": [list(range(len(prompt) // BS))],
-        "remote_engine_id": P_ENGINE,
-        "remote_request_id": "chatcmpl-p1-00aa00aa",
-        "remote_host": "127.0.0.1",
-        "remote_port": 5600,
-        "tp_size": 1,
-        "remote_num_tokens": len(prompt),
-    }
-    req = rig.request(
-        prompt, params=p_params, max_tokens=max_tokens, block_size=BS, trace_headers={"traceparent": TRACEPARENT}
-    )
-    sched.add_request(req)
-    _run(sched, req)
-    _run(sched, req, finished_recving={req.request_id})
-    eo = None
-    for _ in range(max_tokens + 1):
-        eo, _ = _run(sched, req)
-        if any(o.finish_reason is not None for outs in eo.values() for o in outs.outputs):
-            break
-    return req, _finished_params(eo, req.request_id)
-
-
 @pytest.mark.parametrize("ttl, outcome", [(480, sc.RETENTION_READ), (0, sc.RETENTION_EXPIRED)])
 def test_decode_pull_and_retention(connector_cls, model_dir, span_exporter, ttl, outcome):
-    sched = _sched(model_dir, role="decode", engine=D_ENGINE, ttl=ttl)
-    req, params = _decode_turn(sched, list(range(1, 161)))
+    sched = make_scheduler(model_dir, role="decode", engine=D_ENGINE, ttl=ttl)
+    req, params = decode_turn(sched, list(range(1, 161)))
     assert params["do_remote_decode"] is True and params["remote_engine_id"] == D_ENGINE
     [d] = _spans(span_exporter, sc.SPAN_KV_DECISION)
     assert (d.attributes[sc.KV_DIRECTION], d.attributes[sc.KV_OUTCOME], d.attributes[sc.KV_PULLED_TOKENS]) == (
@@ -387,7 +282,7 @@ def test_decode_pull_and_retention(connector_cls, model_dir, span_exporter, ttl,
         float(ttl),
     )
     assert _spans(span_exporter, sc.SPAN_KV_RETENTION) == []  # held until the next turn reads it
-    _run(sched, req, finished_sending={req.request_id})
+    run_step(sched, req, finished_sending={req.request_id})
     [ret] = _spans(span_exporter, sc.SPAN_KV_RETENTION)
     assert {
         k: ret.attributes[k]
@@ -410,10 +305,10 @@ def test_decode_pull_and_retention(connector_cls, model_dir, span_exporter, ttl,
 
 
 def test_echoed_worker_summary_is_not_a_context(connector_cls, model_dir, span_exporter):
-    sched = _sched(model_dir)
+    sched = make_scheduler(model_dir)
     echoed = {sc.KVT_ENGINE_ID: D_ENGINE, sc.KVT_SESSION_ID: "old", sc.KVT_TURN: 3, sc.KVT_DECISION: "pulled"}
-    req, eo = _prefill_turn(sched, list(range(1, 201)), _d_params(40, 3, ctx=echoed))
-    assert _finished_params(eo, req.request_id)[sc.KV_PARAMS_KEY][sc.KVT_SESSION_ID] is None
+    req, eo = prefill_turn(sched, list(range(1, 201)), d_params(40, 3, ctx=echoed))
+    assert finished_params(eo, req.request_id)[sc.KV_PARAMS_KEY][sc.KVT_SESSION_ID] is None
     for span in _spans(span_exporter, sc.SPAN_ENGINE_PREFILL) + _spans(span_exporter, sc.SPAN_KV_DECISION):
         assert sc.SESSION_ID not in span.attributes and sc.TURN_INDEX not in span.attributes
     assert _spans(span_exporter, sc.SPAN_ENGINE_PREFILL)[0].parent is None
@@ -423,12 +318,12 @@ def test_echoed_worker_summary_is_not_a_context(connector_cls, model_dir, span_e
 def _conversation(sched):
     """Turn 1 then a pulling turn 2 on P; returns what vLLM hands back (params sans kvtrace, tokens)."""
     seen = []
-    r1, eo = _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
-    seen.append(_finished_params(eo, r1.request_id))
-    r2, _ = _prefill_turn(sched, list(range(1, 301)), _d_params(260, 17))
-    _run(sched, r2, finished_recving={r2.request_id}, stats=_stats(transfer_duration=[0.001]))
-    eo, out = _run(sched, r2)
-    seen.append(_finished_params(eo, r2.request_id))
+    r1, eo = prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
+    seen.append(finished_params(eo, r1.request_id))
+    r2, _ = prefill_turn(sched, list(range(1, 301)), d_params(260, 17))
+    run_step(sched, r2, finished_recving={r2.request_id}, stats=nixl_stats(transfer_duration=[0.001]))
+    eo, out = run_step(sched, r2)
+    seen.append(finished_params(eo, r2.request_id))
     for p in seen:
         p.pop(sc.KV_PARAMS_KEY, None)
         p.pop("remote_request_id")
@@ -453,12 +348,12 @@ def test_raising_telemetry_does_not_change_vllm(monkeypatch, model_dir, caplog):
 
     from kvtrace.vllm.connector import KVTraceNixlConnector
 
-    bare, bare_stats = _conversation(_sched(model_dir, connector="NixlConnector"))
+    bare, bare_stats = _conversation(make_scheduler(model_dir, connector="NixlConnector"))
     provider = TracerProvider()
     provider.add_span_processor(_Raising())  # on_start / on_end raise inside the SDK
     provider.add_span_processor(SimpleSpanProcessor(_Raising()))  # export raises
     monkeypatch.setattr(KVTraceNixlConnector, "tracer_provider", provider)
-    sched = _sched(model_dir)
+    sched = make_scheduler(model_dir)
     wrapped, wrapped_stats = _conversation(sched)
     assert wrapped == bare
     assert wrapped_stats.prefix_cache_stats == bare_stats.prefix_cache_stats
@@ -480,7 +375,7 @@ def test_kv_pool_size_is_a_resource_attribute(monkeypatch, model_dir):
     monkeypatch.setattr(
         config, "configure", lambda service, **kw: seen.append((service, kw["resource_attributes"])) or TracerProvider()
     )
-    sched = _sched(model_dir, role="decode", engine=D_ENGINE)
+    sched = make_scheduler(model_dir, role="decode", engine=D_ENGINE)
     blocks = sched.kv_cache_config.num_blocks
     assert blocks > 0
     assert seen == [
@@ -500,30 +395,30 @@ def test_whatif_reproduces_the_connectors_recorded_decisions(connector_cls, mode
     """``kvtrace whatif``'s recorded row from spans vLLM's real scheduler made through the connector:
     applied to each recorded decision's inputs, kvtrace.kvrules gives back what vLLM decided (no
     remote, pulled, below threshold, local hit, expired)."""
-    from whatif_check import check_recorded_row
-
     from kvtrace.store.convert import spans_to_table
     from kvtrace.testing.synth import write_table
 
-    sched = _sched(model_dir)
-    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # no remote
+    from support.whatif_check import check_recorded_row
+
+    sched = make_scheduler(model_dir)
+    prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # no remote
     for base, remote, blocks in ((1000, 260, 17), (2000, 136, 9), (3000, 90, 9)):  # pulled, below, local hit
-        _prefill_turn(sched, list(range(base + 1, base + 101)), {"do_remote_decode": True})  # 96 tokens cached
-        req, _ = _prefill_turn(sched, list(range(base + 1, base + 301)), _d_params(remote, blocks))
+        prefill_turn(sched, list(range(base + 1, base + 101)), {"do_remote_decode": True})  # 96 tokens cached
+        req, _ = prefill_turn(sched, list(range(base + 1, base + 301)), d_params(remote, blocks))
         if req.request_id not in sched.running:
-            _run(sched, req, finished_recving={req.request_id})
-            _run(sched, req)
-    req, _ = _prefill_turn(sched, list(range(4001, 4201)), _d_params(180, 12, expiry_in=2.0))
-    _run(
+            run_step(sched, req, finished_recving={req.request_id})
+            run_step(sched, req)
+    req, _ = prefill_turn(sched, list(range(4001, 4201)), d_params(180, 12, expiry_in=2.0))
+    run_step(
         sched,
         req,
         finished_recving={req.request_id},
         failed_recving={req.request_id},
-        stats=_stats(num_kv_expired_reqs=[1]),
+        stats=nixl_stats(num_kv_expired_reqs=[1]),
     )
-    d_sched = _sched(model_dir, role="decode", engine=D_ENGINE)
-    d_req, _ = _decode_turn(d_sched, list(range(5001, 5161)))
-    _run(d_sched, d_req, finished_sending={d_req.request_id})
+    d_sched = make_scheduler(model_dir, role="decode", engine=D_ENGINE)
+    d_req, _ = decode_turn(d_sched, list(range(5001, 5161)))
+    run_step(d_sched, d_req, finished_sending={d_req.request_id})
     spans = span_exporter.get_finished_spans()
     outcomes = sorted(
         s.attributes[sc.KV_OUTCOME]

@@ -10,26 +10,17 @@ vllm:nixl_* families must still see the workers' stats.
 from __future__ import annotations
 
 import pytest
-from conftest import require_vllm
 
 from kvtrace import semconv as sc
+
+from support.require import require_vllm
 
 pytestmark = pytest.mark.vllm
 require_vllm()
 require_vllm("nixl")
 
-import vllm_rig as rig  # noqa: E402
-from test_vllm_connector import (  # noqa: E402,F401  (fixtures and helpers of the connector tests)
-    BS,
-    _d_params,
-    _decode_turn,
-    _prefill_turn,
-    _run,
-    _sched,
-    _stats,
-    connector_cls,
-    model_dir,
-)
+from support import vllm_rig as rig  # noqa: E402
+from support.connector_turns import BS, d_params, decode_turn, make_scheduler, nixl_stats, prefill_turn, run_step  # noqa: E402
 
 
 def _capture(sched) -> list[dict]:
@@ -85,15 +76,15 @@ def _spans(exporter, name):
 def test_p_side_metrics_equal_spans_through_vllms_stats_path(connector_cls, model_dir, span_exporter):
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 
-    sched = _sched(model_dir)
+    sched = make_scheduler(model_dir)
     stats = _capture(sched)
-    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # no_remote; 96 tokens cached
-    req, _ = _prefill_turn(sched, list(range(1, 301)), _d_params(260, 17))  # pulls 164 from D
-    nixl = _stats(transfer_duration=[0.004], post_duration=[0.001], bytes_transferred=[123], num_descriptors=[4])
-    _run(sched, req, finished_recving={req.request_id}, stats=nixl)
-    _run(sched, req)
-    _prefill_turn(sched, list(range(2001, 2101)), {"do_remote_decode": True})  # no_remote; 96 more cached
-    _prefill_turn(sched, list(range(2001, 2201)), _d_params(96 + 40, 9))  # 40 < 64: below_threshold
+    prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})  # no_remote; 96 tokens cached
+    req, _ = prefill_turn(sched, list(range(1, 301)), d_params(260, 17))  # pulls 164 from D
+    nixl = nixl_stats(transfer_duration=[0.004], post_duration=[0.001], bytes_transferred=[123], num_descriptors=[4])
+    run_step(sched, req, finished_recving={req.request_id}, stats=nixl)
+    run_step(sched, req)
+    prefill_turn(sched, list(range(2001, 2101)), {"do_remote_decode": True})  # no_remote; 96 more cached
+    prefill_turn(sched, list(range(2001, 2201)), d_params(96 + 40, 9))  # 40 < 64: below_threshold
     assert stats, "the scheduler sent no connector stats"
 
     prom, registry = _prom(sched.vllm_config)
@@ -137,10 +128,10 @@ def test_p_side_metrics_equal_spans_through_vllms_stats_path(connector_cls, mode
 
 
 def test_d_side_retention_gauge_ends_and_byte_seconds(connector_cls, model_dir, span_exporter):
-    sched = _sched(model_dir, role="decode", engine="engine-d", ttl=480)
+    sched = make_scheduler(model_dir, role="decode", engine="engine-d", ttl=480)
     stats = _capture(sched)
     prom, registry = _prom(sched.vllm_config)
-    req, params = _decode_turn(sched, list(range(1, 161)))
+    req, params = decode_turn(sched, list(range(1, 161)))
     for data in stats:
         prom.observe(data, 0)
     blocks = len(params["remote_block_ids"][0])
@@ -149,7 +140,7 @@ def test_d_side_retention_gauge_ends_and_byte_seconds(connector_cls, model_dir, 
     assert _series(registry, sc.METRIC_KV_RETAINED_BYTES) == {(): float(retained_bytes)}
     assert _series(registry, f"{sc.METRIC_KV_DECISIONS}_total") == {(("direction", "p2d"), ("outcome", "pulled")): 1.0}
     stats.clear()
-    _run(sched, req, finished_sending={req.request_id})  # the next turn's P read the blocks
+    run_step(sched, req, finished_sending={req.request_id})  # the next turn's P read the blocks
     for data in stats:
         prom.observe(data, 0)
     [ret] = [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_KV_RETENTION]
@@ -167,7 +158,7 @@ def test_worker_stats_of_several_ranks_aggregate(connector_cls):
 
     ranks = [
         KVTraceConnectorStats.wrap(
-            _stats(
+            nixl_stats(
                 transfer_duration=[0.001 * (i + 1)], post_duration=[0.0], bytes_transferred=[100], num_descriptors=[1]
             )
         )
@@ -192,7 +183,7 @@ def test_metrics_off_keeps_nixl_only(connector_cls, model_dir, span_exporter):
     extra = {"bidirectional_kv_xfer": True, sc.KV_PARAMS_KEY: {"role": "prefill", "metrics": False}}
     sched = rig.scheduler(rig.vllm_config(model_dir, extra=extra, block_size=BS))
     stats = _capture(sched)
-    _prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
+    prefill_turn(sched, list(range(1, 101)), {"do_remote_decode": True})
     assert stats == [] and sched.connector._probe.recorder.metrics is None
     assert len(_spans(span_exporter, sc.SPAN_KV_DECISION)) == 1  # spans as before
     prom, registry = _prom(sched.vllm_config)

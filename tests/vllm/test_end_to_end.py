@@ -11,23 +11,25 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import require_vllm
 
 from kvtrace import semconv as sc
+
+from support.require import require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 require_vllm()
 require_vllm("nixl")
 
-import vllm_pd as pd  # noqa: E402
-import vllm_rig as rig  # noqa: E402
-import vllm_scenario as scenario  # noqa: E402
 from opentelemetry.semconv.resource import ResourceAttributes  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 
 from kvtrace.agent import kv_transfer_of  # noqa: E402
 from kvtrace.store.schema import SPAN_KINDS  # noqa: E402
 from kvtrace.vllm.config import public_request_id  # noqa: E402
+
+from support import vllm_pd as pd  # noqa: E402
+from support import vllm_rig as rig  # noqa: E402
+from support import vllm_scenario as scenario  # noqa: E402
 
 AGENT_SESSION = scenario.AGENT_SESSION
 AGENT_MAX_TOKENS = scenario.AGENT_MAX_TOKENS
@@ -372,7 +374,7 @@ def test_whatif_recorded_row_equals_the_run(rig_run):
     """``kvtrace whatif`` on this run's traces: its recorded row (D at TTL 480 s and D2 at 10 s,
     each its own) gives back, exactly, the d2p outcomes, tokens, GiB·s held and mean TTFT vLLM
     recorded; the 480 s row applies 480 s to both Ds, so D2's expired turn is pulled there."""
-    from whatif_check import check_recorded_row, recorded_outcomes
+    from support.whatif_check import check_recorded_row, recorded_outcomes
 
     row = check_recorded_row(rig_run["traces"])
     assert row["ttl_s"] is None and row["expired"] == 1 and row["pulled"] >= 2
@@ -389,11 +391,11 @@ def test_whatif_recorded_row_equals_the_run(rig_run):
 # ---------------------------------------------------------------------------- the same views on ClickHouse
 def test_every_view_is_equal_on_clickhouse(rig_run):
     """This run's spans loaded into chDB as the OTel Collector's ClickHouse exporter writes them:
-    every view of the registry gives DuckDB's rows (tests/test_clickhouse_views.py's check; chDB is
+    every view of the registry gives DuckDB's rows (tests/store/clickhouse/test_views_match_duckdb.py's check; chDB is
     in the dev extra, so a missing chDB fails here rather than skipping)."""
-    import clickhouse_check
-
     from kvtrace.store.views import VIEWS
+
+    from support import clickhouse_check
 
     counts = clickhouse_check.check_views(rig_run["traces"])
     assert set(counts) == {v.name for v in VIEWS}

@@ -1,6 +1,6 @@
 """Real vLLM (CPU build, NIXL) behind the kvtrace proxy, scraped by a real Prometheus.
 
-A small P/D pair (tests/vllm_pd.py's Server: the kvtrace connector, bidirectional, threshold 64)
+A small P/D pair (tests/support/vllm_pd.py's Server: the kvtrace connector, bidirectional, threshold 64)
 and ``kvtrace proxy`` in front; Prometheus scrapes both vLLM servers' own /metrics and the
 proxy's every second.  One conversation, three non-streaming turns through the proxy:
 
@@ -25,17 +25,18 @@ import time
 import urllib.request
 
 import pytest
-from conftest import require_vllm
 
 from kvtrace import semconv as sc
+
+from support.require import require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 require_vllm()
 require_vllm("nixl")
 
-import prom_check as pc  # noqa: E402
-import vllm_pd as pd  # noqa: E402
-import vllm_rig as rig  # noqa: E402
+from support import prom_check as pc  # noqa: E402
+from support import vllm_pd as pd  # noqa: E402
+from support import vllm_rig as rig  # noqa: E402
 
 CONVERSATION = "conv-metrics"
 

@@ -9,9 +9,10 @@ import sys
 import types
 
 import pytest
-from conftest import require_vllm
 
 from kvtrace.vllm import imports, plugin, streampatch
+
+from support.require import require_vllm
 
 CHAT = "vllm.entrypoints.openai.chat_completion.serving"
 COMPLETION = "vllm.entrypoints.openai.completion.serving"

@@ -19,11 +19,12 @@ from pathlib import Path
 from urllib.error import HTTPError
 
 import pytest
-import vllm_diag as diag
-import vllm_pd as pd
-from conftest import require_vllm
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import vllm_diag as diag
+from support import vllm_pd as pd
+from support.require import require_vllm
+
+ROOT = Path(__file__).resolve().parents[2]
 needs_py_spy = pytest.mark.skipif(diag.py_spy() is None, reason="py-spy not installed (dev extra)")
 
 # a parent that starts a child; each sleeps inside a function whose name the stacks must show

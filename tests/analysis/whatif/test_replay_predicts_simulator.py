@@ -29,12 +29,13 @@ import math
 from dataclasses import replace
 
 import pytest
-from whatif_check import check_recorded_row
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import rows
 from kvtrace.analysis.whatif.replay import load, replay
 from kvtrace.store import connect as open_store
+
+from support.whatif_check import check_recorded_row
 
 SCALE = 4.0
 SEED = 7
@@ -274,7 +275,7 @@ def _skip_if_unchecked(results: list[dict]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # on an idle 2-core machine one attempt each, under a minute per test
 def test_recorded_row_equals_the_simulators_outcomes(tmp_path_factory):
-    """tests/whatif_check.py (the helper for the vLLM end-to-end test) on simulator traces."""
+    """tests/support/whatif_check.py (the helper for the vLLM end-to-end test) on simulator traces."""
     _, directory = recording(tmp_path_factory, 1)
     row = check_recorded_row(directory)
     assert row["pulled"] > 0 and row["below_threshold"] > 0 and row["no_remote"] > 0

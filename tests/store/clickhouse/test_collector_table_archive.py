@@ -5,15 +5,16 @@ table gives the DuckDB views' rows (numbers spelled by Python there, not by the 
 from __future__ import annotations
 
 import pytest
-from test_collect_workload import read_rows, run_workload
 
 from kvtrace import semconv as sc
 from kvtrace.store import clickhouse as ch
 from kvtrace.store import files
 from kvtrace.store.sql import ident
 
+from support.sim_workload import read_rows, run_workload
+
 pytest.importorskip("chdb", reason="chdb not installed (pip install 'kvtrace[clickhouse]')")
-clickhouse_check = pytest.importorskip("clickhouse_check")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 
 @pytest.fixture(scope="module")

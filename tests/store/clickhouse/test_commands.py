@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
-clickhouse_check = pytest.importorskip("clickhouse_check")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 from kvtrace.cli import main  # noqa: E402
 from kvtrace.errors import CLIError  # noqa: E402
@@ -117,7 +117,7 @@ def test_whatif_is_the_same(tmp_path, capsys):
     """The what-if replay reads the same inputs from ClickHouse (hashed ids wrap to BIGINT there,
     booleans come back as UInt8): every row and the recommendation equal DuckDB's, on a store whose
     two Ds ran different TTLs."""
-    from test_whatif_replay import build
+    from support.whatif_store import build
 
     build(tmp_path / "traces", b_ttl=10.0)
     store = clickhouse_check.load_dir(tmp_path / "traces")

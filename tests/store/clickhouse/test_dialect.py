@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
-clickhouse_check = pytest.importorskip("clickhouse_check")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 from kvtrace import semconv as sc  # noqa: E402
 from kvtrace.store.clickhouse import load  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
-clickhouse_check = pytest.importorskip("clickhouse_check")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 from kvtrace.analysis import latency, sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402

@@ -37,7 +37,7 @@ def server(tmp_path_factory):
 
 
 def test_every_view_is_equal_over_http(server):
-    import clickhouse_check
+    from support import clickhouse_check
 
     traces, store = server
     counts = clickhouse_check.check_views(traces, store)

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
-clickhouse_check = pytest.importorskip("clickhouse_check")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 from kvtrace import semconv as sc  # noqa: E402
 from kvtrace.analysis.report import document as report  # noqa: E402
@@ -58,7 +58,7 @@ def test_report_is_the_same_text(demo):
 
 
 def test_helper_on_simulator_traces(tmp_path):
-    from test_collect_workload import run_workload
+    from support.sim_workload import run_workload
 
     run_workload(traces_dir=tmp_path, sessions=2, turns=3)
     counts = clickhouse_check.check_views(tmp_path)
