@@ -196,6 +196,6 @@ def test_bench_demo_report_and_dashboard_give_the_same_verdicts(runs, monkeypatc
     at.switch_page("app_pages/compare.py").run()
     assert not at.exception and not at.error
     frame = at.dataframe[0].value
-    assert {(m, t): v for m, t, v in zip(frame["metric"], frame["turn"], frame["verdict"])} == {
+    assert {(m, t): v for m, t, v in zip(frame["metric"], frame["turn"], frame["verdict"], strict=True)} == {
         (r["metric"], str(r["turn"])): r["verdict"] for r in rows
     }

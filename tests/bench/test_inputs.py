@@ -122,8 +122,8 @@ def test_from_scenario_is_seeded_and_follows_the_spec():
     assert a == b and a != c
     renonced = from_scenario(scenarios.CODING_AGENT, sessions=3, seed=4, nonce="y")
     # another nonce changes the tag word of each user message, nothing else
-    for s1, s2 in zip(a.sessions, renonced.sessions):
-        for t1, t2 in zip(s1.turns, s2.turns):
+    for s1, s2 in zip(a.sessions, renonced.sessions, strict=True):
+        for t1, t2 in zip(s1.turns, s2.turns, strict=True):
             assert t1.user_text.split()[1:] == t2.user_text.split()[1:]
             assert t1.user_text.split()[0] != t2.user_text.split()[0] and t1.actions == t2.actions
     assert len({s.system_text for s in a.sessions}) == 1  # shared system prompt

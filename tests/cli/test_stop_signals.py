@@ -56,7 +56,7 @@ def _stop(proc: subprocess.Popen, how: str, children: list) -> tuple[int, str, s
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"still running 60 s after {how}")
+        raise AssertionError(f"still running 60 s after {how}") from None
     try:
         wait_for(lambda: not _alive(children), 20, f"no descendant left after {how}")
     finally:

@@ -112,7 +112,7 @@ def test_printed_ttft_table_matches_the_views(demo_run):
     table = _table(out, "== Mean TTFT by turn index")
     rows = [r for r in compare.compare_runs(base, bidir) if r["metric"] == "ttft_ms" and r["turn"] != compare.ALL]
     assert [r[0] for r in table] == [str(r["turn"]) for r in rows[:-1]] + [LATER_LABEL]
-    for printed, row in zip(table, rows):
+    for printed, row in zip(table, rows, strict=True):
         b, c = row["a_mean"], row["b_mean"]
         assert printed[1:] == [
             num(row["n_b"]),
@@ -178,7 +178,7 @@ def test_printed_saved_work_table_matches_the_views(demo_run):
     ]
     table = _table(out, "== Mean TTFT by prompt tokens")
     assert [r[0] for r in table] == ["< 1,000", "1,000 – 5,000", "≥ 5,000"]
-    for printed, (lo, hi) in zip(table, ((-math.inf, 1000), (1000, 5000), (5000, math.inf))):
+    for printed, (lo, hi) in zip(table, ((-math.inf, 1000), (1000, 5000), (5000, math.inf)), strict=True):
         group = [p for p in pairs if lo <= p[0] < hi]
         assert printed[1] == num(len(group))
         if group:

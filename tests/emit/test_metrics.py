@@ -5,7 +5,6 @@ are counted, and a simulated worker's /metrics equals its spans."""
 from __future__ import annotations
 
 import threading
-import time
 
 import aiohttp
 import pytest
@@ -19,6 +18,7 @@ from kvtrace import telemetry
 from kvtrace.emit import metrics as km
 from kvtrace.emit.recorder import KVRecorder
 from kvtrace.telemetry import exposition
+from kvtrace.testing.wait import wait_for
 
 BPB = 16 * 1000  # bytes per block
 
@@ -244,9 +244,7 @@ def test_dropped_spans_are_counted_queue_full_and_export_failed(monkeypatch):
     tracer = provider.get_tracer("t")
     for i in range(2):  # one full batch wakes the export thread, which then hangs in export()
         tracer.start_span(f"s{i}").end()
-    deadline = time.monotonic() + 30
-    while Stuck.calls == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)  # polling interval of a deadline wait
+    wait_for(lambda: Stuck.calls, 30, "the export thread inside export()", interval=0.01)
     for i in range(38):  # 8 fit in the queue, 30 are dropped
         tracer.start_span(f"t{i}").end()
     after = telemetry.dropped_spans()

@@ -432,7 +432,7 @@ def test_deferred_spans_equal_sync_spans():
     assert _canonical(spans) == _canonical(sync_spans)
     # summaries are computed on the caller's thread: identical, but for fresh trace ids
     fresh = {1, 2}  # p2 (no context) and p3 (invalid traceparent) start new traces
-    for i, (got, want) in enumerate(zip(returned, sync_returned)):
+    for i, (got, want) in enumerate(zip(returned, sync_returned, strict=True)):
         if i in fresh:
             got, want = dict(got), dict(want)
             assert got.pop(sc.KVT_TRACE_ID) != want.pop(sc.KVT_TRACE_ID)

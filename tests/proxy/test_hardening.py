@@ -29,7 +29,7 @@ def spans_are_utf8(span_exporter):
     """After every test: no attribute of any span holds text that is not valid UTF-8."""
     yield
     for span in span_exporter.get_finished_spans():
-        for key, value in span.attributes.items():
+        for value in span.attributes.values():
             for v in value if isinstance(value, tuple) else (value,):
                 if isinstance(v, str):
                     v.encode("utf-8")  # raises on an unpaired surrogate

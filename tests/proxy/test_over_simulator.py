@@ -43,7 +43,7 @@ async def test_multi_turn_reuse_and_metadata_equals_spans(make_stack):
     spans = stack.spans()
     p_engine, d_engine = stack.cluster.prefill[0].engine.engine_id, stack.cluster.decode[0].engine.engine_id
     prev_d_request = None
-    for turn, ((chunks, header), server) in enumerate(zip(finals, servers)):
+    for turn, ((chunks, header), server) in enumerate(zip(finals, servers, strict=True)):
         final = chunks[-1]
         assert final["choices"][0]["finish_reason"] == "length"
         assert all(sc.RESPONSE_KV_TRANSFER not in c for c in chunks[:-1])  # only the final chunk is patched

@@ -64,7 +64,7 @@ def test_reply_rebuilt_from_any_chunking_equals_the_aggregated_message():
             make_kv=None,
             on_params=lambda p: None,
             reply=reply,
-            on_finish=lambda: seen.append(reply.message()),
+            on_finish=lambda seen=seen, reply=reply: seen.append(reply.message()),
         )
         for i in range(0, len(data), step):
             patcher.feed(data[i : i + step])
@@ -197,7 +197,8 @@ _RSS_SCRIPT = textwrap.dedent("""
     feed(full, 100_000, "f")
     gc.collect(); after_full = rss()
     print(json.dumps({"base": base, "bounded": after_bounded - base, "full": after_full - after_bounded,
-                      "bounded_len": len(bounded), "bounded_bytes": bounded.nbytes, "bounded_evicted": bounded.evicted_lru,
+                      "bounded_len": len(bounded), "bounded_bytes": bounded.nbytes,
+                      "bounded_evicted": bounded.evicted_lru,
                       "bounded_index": len(bounded._index), "full_len": len(full), "full_bytes": full.nbytes,
                       "full_index": len(full._index)}))
 """)

@@ -15,6 +15,7 @@ import aiohttp
 from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer
 from kvtrace.sim.cluster import SimCluster
+from kvtrace.testing.wait import wait_for_async
 
 from support.pd_legs import d_leg, p_leg, sse_events
 
@@ -380,7 +381,7 @@ async def test_capacity_pressure_evicts_lru_unpinned(tracer_provider, span_expor
         # 97 prompt tokens need 7 blocks: more than the 6 unpinned, so the request queues
         assert (await post(ids(4000, 200), "too-big"))[0] == 400  # 13 blocks > 10: never fits
         waiting = asyncio.create_task(post(ids(4000, 97), "c5"))
-        await wait_until(lambda: engine.waiting == 1)
+        await wait_for_async(lambda: engine.waiting == 1, 5, "c5 queued", interval=0.001)
         clock.now += 60.0
         assert engine.holds.sweep() == 1
         status, body = await asyncio.wait_for(waiting, 10)
@@ -392,12 +393,3 @@ async def test_capacity_pressure_evicts_lru_unpinned(tracer_provider, span_expor
         4,
         64,
     )
-
-
-async def wait_until(predicate, timeout: float = 5.0) -> None:
-    """Poll ``predicate`` with a deadline (synchronisation by condition, not by sleeping)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)

@@ -122,7 +122,7 @@ def test_one_bad_attribute_value_keeps_the_whole_batch(tmp_path, caplog):
 def test_the_log_is_rate_limited_across_batches(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="kvtrace.store")
     exporter = ParquetSpanExporter(tmp_path)
-    for batch in range(3):
+    for _ in range(3):  # three batches
         assert exporter.export(_spans([_good(1), {sc.SESSION_ID: BAD}])).name == "SUCCESS"
     exporter.shutdown()
     assert len(_store_warnings(caplog)) == 1

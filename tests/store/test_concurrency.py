@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
@@ -17,6 +16,7 @@ from kvtrace import semconv as sc
 from kvtrace.cli import main as kvtrace_main
 from kvtrace.store import files, reader
 from kvtrace.store.exporter import ParquetSpanExporter
+from kvtrace.testing.wait import wait_for
 
 from support import plain_parquet
 
@@ -77,11 +77,16 @@ signal.pause()
 """
 
 
-def _deadline_wait(procs, poll):
-    deadline = time.monotonic() + 120
-    while any(p.poll() is None for p in procs):
-        assert time.monotonic() < deadline, "writers did not finish"
+def _poll_until_exited(procs, poll) -> None:
+    """``poll()`` (a reader at work) again and again until every writer has exited (at most 120 s)."""
+
+    def exited() -> bool:
+        if all(p.poll() is not None for p in procs):
+            return True
         poll()
+        return False
+
+    wait_for(exited, 120, "the writers to finish", interval=0)
 
 
 def _exact(con, n: int) -> None:
@@ -105,7 +110,7 @@ def test_four_writers_one_directory_no_loss_no_duplicates(tmp_path):
         assert total == distinct
         polls["ok"] += 1
 
-    _deadline_wait(procs, poll)
+    _poll_until_exited(procs, poll)
     assert [p.returncode for p in procs] == [0] * writers
     con = reader.connect(tmp_path)
     _exact(con, n * writers)
@@ -182,9 +187,12 @@ def test_an_idle_writer_sweeps_after_the_grace_period(tmp_path):
         assert exporter.export([span]) is SpanExportResult.SUCCESS
     try:
         assert any(files.superseded(names) for _, _, names in os.walk(tmp_path)), "no roll happened"
-        deadline = time.monotonic() + 30
-        while any(files.superseded(names) for _, _, names in os.walk(tmp_path)):  # no export comes: the timer
-            assert time.monotonic() < deadline, "superseded batch files outlived the grace period"
+        wait_for(  # no export comes: the grace timer sweeps them
+            lambda: not any(files.superseded(names) for _, _, names in os.walk(tmp_path)),
+            30,
+            "superseded batch files swept after the grace period",
+            interval=0.02,
+        )
         assert plain_parquet.exact(tmp_path, 3)
     finally:
         exporter.shutdown()

@@ -26,10 +26,10 @@ EXPECTED_COLUMNS = {
     "kv_decisions": "trace_id span_id request_id session_id turn engine_id engine_role direction outcome prompt_tokens "
     "local_hit_tokens remote_tokens pulled_tokens recomputed_tokens threshold expiry_remaining_s peer_engine_id "
     "start_time start_ns duration_ms service_name substrate",
-    "kv_transfers": "trace_id span_id parent_span_id request_id session_id turn engine_id direction tokens blocks bytes "
-    "status xfer_ms duration_ms start_time end_time start_ns end_ns peer_engine_id remote_request_id substrate",
-    "kv_retention": "trace_id span_id request_id session_id turn engine_id blocks tokens bytes ttl_s outcome start_time "
-    "end_time start_ns end_ns held_s byte_seconds substrate",
+    "kv_transfers": "trace_id span_id parent_span_id request_id session_id turn engine_id direction tokens blocks "
+    "bytes status xfer_ms duration_ms start_time end_time start_ns end_ns peer_engine_id remote_request_id substrate",
+    "kv_retention": "trace_id span_id request_id session_id turn engine_id blocks tokens bytes ttl_s outcome "
+    "start_time end_time start_ns end_ns held_s byte_seconds substrate",
     "engine_requests": "trace_id span_id request_id session_id turn engine_id engine_role phase prompt_tokens "
     "output_tokens cached_tokens start_ns end_ns duration_ms substrate",
     "llm_calls": "trace_id span_id session_id turn request_id model input_tokens output_tokens ttft_ms tpot_ms outcome "
@@ -38,8 +38,8 @@ EXPECTED_COLUMNS = {
     "duration_ms status_code",
     "app_work": "trace_id span_id session_id turn work_name start_ns end_ns duration_ms",
     "turns": "trace_id span_id session_id turn start_time end_time start_ns end_ns duration_ms",
-    "sessions": "trace_id session_id agent_name scenario start_time end_time start_ns end_ns wall_ms turns traces requests "
-    "kv_gib_s",
+    "sessions": "trace_id session_id agent_name scenario start_time end_time start_ns end_ns wall_ms turns traces "
+    "requests kv_gib_s",
     "continuity": "trace_id span_id request_id session_id turn start_ns agent_name scenario source continuity "
     "diverged_at reusable_tokens_lost offer_reason outcome prompt_tokens local_hit_tokens pulled_tokens "
     "recomputed_tokens prefill_ms ttft_ms",
@@ -182,8 +182,9 @@ def _stored(con):
     cols = (
         "trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, Duration, status_code, StatusMessage, "
         "ScopeName, ScopeVersion, SpanAttributes, SpanAttributesInt, SpanAttributesFloat, "
-        'list_transform("Events.Timestamp", lambda x: epoch_ns(x)), "Events.Name", "Events.Attributes", "Links.TraceId", '
-        '"Links.SpanId", "Links.Attributes", ResourceAttributes, service_name, engine_id, engine_role, substrate'
+        'list_transform("Events.Timestamp", lambda x: epoch_ns(x)), "Events.Name", "Events.Attributes", '
+        '"Links.TraceId", "Links.SpanId", "Links.Attributes", '
+        "ResourceAttributes, service_name, engine_id, engine_role, substrate"
     )
     out = {}
     for row in con.execute(f"SELECT {cols} FROM spans").fetchall():
@@ -207,10 +208,11 @@ def _stored(con):
                     "SpanAttributesFloat",
                 ],
                 row[:15],
+                strict=True,
             )
         )
-        d["events"] = [(n, t, a) for t, n, a in zip(row[15], row[16], row[17])]
-        d["links"] = list(zip(row[18], row[19], row[20]))
+        d["events"] = [(n, t, a) for t, n, a in zip(row[15], row[16], row[17], strict=True)]
+        d["links"] = list(zip(row[18], row[19], row[20], strict=True))
         out[d["span_id"]] = (d, row[21:])
     return out
 
@@ -245,7 +247,7 @@ def test_typed_views(tmp_path):
     by_name = {s.name: s for s in memory.get_finished_spans()}
     dec = con.execute("SELECT * FROM kv_decisions").fetchall()
     assert len(dec) == 1
-    row = dict(zip(reader.view_columns(con)["kv_decisions"], dec[0]))
+    row = dict(zip(reader.view_columns(con)["kv_decisions"], dec[0], strict=True))
     row.pop("start_time")
     assert row == {
         "trace_id": format(by_name[sc.SPAN_KV_DECISION].context.trace_id, "032x"),

@@ -11,7 +11,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pyarrow.parquet as pq
@@ -32,7 +31,7 @@ from kvtrace.store.schema import SCHEMA
 from kvtrace.store.spancols import span_columns
 from kvtrace.store.writer_process import HEADER, SLICE_SPANS, TAG_SPANS, WriterProcessExporter
 from kvtrace.testing.proxy import CHAT, FakeWorker
-from kvtrace.testing.wait import free_port
+from kvtrace.testing.wait import free_port, wait_for
 
 from support import plain_parquet
 
@@ -101,13 +100,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _wait(pred, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def test_the_writer_process_writes_the_rows_the_in_process_exporter_writes(tmp_path):
     spans = _spans(150)  # 300 spans: several slices per batch
     broken = ReadableSpan(
@@ -169,7 +161,7 @@ def test_sigkill_loses_at_most_the_batch_in_flight(tmp_path):
     writer_pid = int(proc.stdout.readline())
     proc.kill()
     assert proc.wait(timeout=60) == -signal.SIGKILL
-    _wait(lambda: _gone(writer_pid))
+    wait_for(lambda: _gone(writer_pid), 120, "the killed writer process gone", interval=0.02)
     assert _count(tmp_path) == 100
     assert plain_parquet.exact(tmp_path, 100)
     assert not [n for _, _, names in os.walk(tmp_path) for n in names if n.endswith(".tmp")]
@@ -235,7 +227,7 @@ def test_a_writer_killed_between_batches_is_replaced(tmp_path):
     assert exporter.export(spans[:20]).name == "SUCCESS"
     first = exporter.writer_pid
     os.kill(first, signal.SIGKILL)
-    _wait(lambda: exporter._writer.proc.poll() is not None)
+    wait_for(lambda: exporter._writer.proc.poll() is not None, 120, "the writer process exited", interval=0.02)
     assert exporter.export(spans[20:]).name == "SUCCESS"
     assert exporter.writer_pid not in (None, first) and exporter.restarts == 1
     exporter.shutdown()

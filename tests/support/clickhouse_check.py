@@ -138,7 +138,7 @@ def _same(a, b, column: str) -> bool:
     if isinstance(a, int) and isinstance(b, int) and column.endswith(("_time", "Timestamp")):
         return abs(a - b) <= TIME_TOL_US
     if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y, column) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, column) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -154,10 +154,10 @@ def compare_view(duck, ch: ClickHouseStore, name: str) -> int:
     want_rows = sorted((tuple(_norm(r[c]) for c in columns) for r in want), key=_sort_key)
     got_rows = sorted((tuple(_norm(r[c]) for c in columns) for r in got.to_pylist()), key=_sort_key)
     assert len(got_rows) == len(want_rows), f"{name}: {len(got_rows)} rows on ClickHouse, {len(want_rows)} on DuckDB"
-    for i, (g, w) in enumerate(zip(got_rows, want_rows)):
-        for c, a, b in zip(columns, g, w):
+    for i, (g, w) in enumerate(zip(got_rows, want_rows, strict=True)):
+        for c, a, b in zip(columns, g, w, strict=True):
             assert _same(a, b, c), (
-                f"{name} row {i}: {c} = {a!r} on ClickHouse, {b!r} on DuckDB\n{dict(zip(columns, w))}"
+                f"{name} row {i}: {c} = {a!r} on ClickHouse, {b!r} on DuckDB\n{dict(zip(columns, w, strict=True))}"
             )
     return len(want_rows)
 

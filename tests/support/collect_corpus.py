@@ -46,8 +46,7 @@ def _json_span(**fields) -> bytes:
 def _raw_json_span(fragment: str) -> bytes:
     """A span whose JSON text contains ``fragment`` verbatim (escapes json.dumps would not write)."""
     return (
-        '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"%s","spanId":"%s",%s}]}]}]}'
-        % (TRACE_ID, SPAN_ID, fragment)
+        f'{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"{TRACE_ID}","spanId":"{SPAN_ID}",{fragment}}}]}}]}}]}}'
     ).encode()
 
 
@@ -193,19 +192,19 @@ CASES = [
     Case("json-int-value-float", _raw_json_span('"attributes":[{"key":"k","value":{"intValue":1.5}}]'), JSON, BAD),
     Case(
         "json-nested-kvlist-30",
-        _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]' % _nested_kvlist(30)),
+        _raw_json_span(f'"name":"op","attributes":[{{"key":"k","value":{_nested_kvlist(30)}}}]'),
         JSON,
         OK,
     ),
     Case(
         "json-nested-kvlist-200",
-        _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]' % _nested_kvlist(200)),
+        _raw_json_span(f'"name":"op","attributes":[{{"key":"k","value":{_nested_kvlist(200)}}}]'),
         JSON,
         frozenset({200, 400}),
     ),
     Case(
         "json-nested-kvlist-5000",
-        _raw_json_span('"name":"op","attributes":[{"key":"k","value":%s}]' % _nested_kvlist(5000)),
+        _raw_json_span(f'"name":"op","attributes":[{{"key":"k","value":{_nested_kvlist(5000)}}}]'),
         JSON,
         BAD,
     ),

@@ -251,8 +251,8 @@ def span_totals(traces: Path, *, proxy: bool) -> dict[str, dict[tuple, float]]:
                 traces, "SELECT outcome, count(*) FROM kv_retention WHERE outcome IS NOT NULL GROUP BY ALL"
             )
         },
-        "byte_seconds": {
-            (): b for (b,) in _rows(traces, "SELECT sum(byte_seconds) FROM kv_retention WHERE outcome IS NOT NULL")
+        "byte_seconds": {  # one series, no labels
+            (): _rows(traces, "SELECT sum(byte_seconds) FROM kv_retention WHERE outcome IS NOT NULL")[0][0]
         },
     }
     for d, local, pulled, recomputed in _rows(

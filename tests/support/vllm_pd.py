@@ -490,7 +490,7 @@ async def _agent_turns(rig, url, agent, session, user_turns, max_tokens, attempt
     sent = 0
     try:
         async with agent.session(session, scenario="vllm-e2e"):
-            for index, (text, n) in enumerate(zip(user_turns, max_tokens)):
+            for index, (text, n) in enumerate(zip(user_turns, max_tokens, strict=True)):
                 messages.append({"role": "user", "content": text})
                 async with agent.turn():
                     for attempt in range(attempts):

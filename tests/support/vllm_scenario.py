@@ -58,7 +58,7 @@ def rows(traces: Path, sql: str, params: list) -> list[dict]:
     try:
         cur = con.execute(sql, params)
         cols = [c[0] for c in cur.description]
-        return [dict(zip(cols, row)) for row in cur.fetchall()]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
     finally:
         con.close()
 
@@ -176,7 +176,7 @@ def _wait_for_spans(rig: pd.Rig, out: dict) -> None:
     traces = out["traces"]
     for turn in (out["t1"], out["t2"], out["u1"]):
         rig.wait_for(
-            lambda: rows(
+            lambda turn=turn: rows(
                 traces,
                 "SELECT 1 FROM kv_decisions WHERE request_id = ? AND engine_role = ?",
                 [turn.request_id, sc.ROLE_PREFILL],
@@ -186,7 +186,7 @@ def _wait_for_spans(rig: pd.Rig, out: dict) -> None:
         )
     for turn in (out["t1"], out["u1"]):
         rig.wait_for(
-            lambda: rows(
+            lambda turn=turn: rows(
                 traces,
                 "SELECT 1 FROM kv_transfers WHERE request_id = ? AND direction = ?",
                 [turn.request_id, sc.DIRECTION_D2P],
@@ -225,7 +225,9 @@ def _agent_session(rig: pd.Rig, p, d, traces: Path, model: Path, traced: bool) -
         ("SELECT 1 FROM kv_retention WHERE request_id = ? AND outcome IS NOT NULL", [rid0]),
     ]
     for sql, params in waits:
-        rig.wait_for(lambda: rows(traces, sql, params), deadline_s=SPAN_WAIT_S, what=f"{sql} {params}")
+        rig.wait_for(
+            lambda sql=sql, params=params: rows(traces, sql, params), deadline_s=SPAN_WAIT_S, what=f"{sql} {params}"
+        )
     rig.progress(
         f"agent session through the kvtrace proxy: {time.monotonic() - started:.1f}s, "
         f"attempts per turn {[t.attempts for t in turns]}"

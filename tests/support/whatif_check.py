@@ -10,8 +10,8 @@ that the row flagged ``recorded`` reproduces, exactly, what the traces recorded:
 outcome, pulled and recomputed tokens (``kv_decisions``), GiB·s held on D (``kv_retention``, model
 seconds) and mean TTFT (``requests``, model ms).  That holds only if vLLM's rules, applied by the
 replay to each decision's recorded inputs, give back each recorded outcome.  Returns the row.
-``tests/analysis/whatif/test_replay.py`` and ``tests/analysis/whatif/test_replay_predicts_simulator.py`` call it on synthetic and
-simulator traces.
+``tests/analysis/whatif/test_replay.py`` and ``tests/analysis/whatif/test_replay_predicts_simulator.py``
+call it on synthetic and simulator traces.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def _exported(fast: bool) -> list[dict]:
 def test_fast_spans_export_what_the_sdk_exports():
     fast, sdk = _exported(True), _exported(False)
     assert len(fast) == 4
-    for got, want in zip(fast, sdk):
+    for got, want in zip(fast, sdk, strict=True):
         if got["name"] == sc.SPAN_AGENT_TOOL_CALL:  # the exception's stack trace names the frame
             for events in (got["events"], want["events"]):
                 for _, attrs in events:

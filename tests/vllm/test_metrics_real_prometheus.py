@@ -27,6 +27,7 @@ import urllib.request
 import pytest
 
 from kvtrace import semconv as sc
+from kvtrace.testing.wait import wait_for
 
 from support.require import require_vllm
 
@@ -144,12 +145,17 @@ def run(tmp_path_factory):
 def _settled(fetch, done, deadline_s: float):
     """``fetch()`` polled until ``done`` of it (or the deadline); the last value, which the test then
     checks and reports."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fetch()
-        if done(value) or time.monotonic() > end:
-            return value
-        time.sleep(0.5)
+    last = []
+
+    def settled() -> bool:
+        last[:] = [fetch()]
+        return done(last[0])
+
+    try:
+        wait_for(settled, deadline_s, "settled values", interval=0.5)
+    except TimeoutError:
+        pass  # the test's own assertion on the last value says what differs
+    return last[0]
 
 
 def test_the_turns_did_what_the_metrics_must_show(run):

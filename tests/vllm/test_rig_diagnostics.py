@@ -149,7 +149,7 @@ def test_a_decode_leg_that_does_not_finish_is_retried_once_then_fails(tmp_path, 
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
     p, d = (
         pd.Server(name, role, tmp_path, tmp_path, tmp_path, port=httpd.server_port)
-        for name, role, httpd in zip("pd", ("prefill", "decode"), fakes)
+        for name, role, httpd in zip("pd", ("prefill", "decode"), fakes, strict=True)
     )
     try:
         with pytest.raises(pd.LegFailed, match=r"D's leg of conv-x-t0-r1 did not finish: last chunk \{'error'"):

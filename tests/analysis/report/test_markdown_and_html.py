@@ -120,7 +120,7 @@ def test_plots_use_the_shared_palette(runs):
             assert draw(con, ax)
             legend = {
                 t.get_text(): to_hex(h.patches[0].get_facecolor())
-                for t, h in zip(ax.get_legend().get_texts(), ax.get_legend_handles_labels()[0])
+                for t, h in zip(ax.get_legend().get_texts(), ax.get_legend_handles_labels()[0], strict=True)
             }
         finally:
             plt.close(fig)

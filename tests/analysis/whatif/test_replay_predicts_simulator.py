@@ -216,7 +216,7 @@ def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
         order = per_decision(recorded)
         r = replay(rec, *setting)
         got = measured(sim)
-        predicted = {(d["session_id"], d["turn"]): sc.OUTCOMES[c] for d, c in zip(order, r.codes)}
+        predicted = {(d["session_id"], d["turn"]): sc.OUTCOMES[c] for d, c in zip(order, r.codes, strict=True)}
         actual = {(d["session_id"], d["turn"]): d for d in per_decision(sim)}
         recorded_hits = {(d["session_id"], d["turn"]): d["local_hit_tokens"] for d in order}
         out.append(

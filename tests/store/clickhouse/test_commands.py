@@ -77,7 +77,7 @@ def test_report_is_the_same(loaded, capsys):
 def test_source_errors_are_one_line(loaded, capsys, argv, message):
     _, url, table = loaded
     args = {"--clickhouse": url, "--table": table}
-    args.update(dict(zip(argv[::2], argv[1::2])))
+    args.update(dict(zip(argv[::2], argv[1::2], strict=True)))
     rc, out, err = run(capsys, "query", "SELECT 1", *[x for kv in args.items() for x in kv])
     assert rc == 2 and out == ""
     assert err.startswith("kvtrace query: error: ") and message in err and err.count("\n") == 1, err

@@ -41,7 +41,7 @@ def close(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-12)
     if isinstance(a, list):
-        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -101,9 +101,12 @@ def test_attribute_maps_read_like_duckdb(backend):
     attrs = {sc.SESSION_ID: "s1", sc.KV_PULLED_TOKENS: "640", sc.REQUEST_TTFT_MS: "12.5", sc.TURN_INDEX: "3"}
     pairs = ", ".join(f"{literal(k)}, {literal(v)}" for k, v in attrs.items())
     sql = (
-        f"SELECT SpanAttributes[{literal(sc.SESSION_ID)}] AS s, SpanAttributes[{literal(sc.GEN_AI_REQUEST_ID)}] AS absent, "
-        f"SpanAttributesInt[{literal(sc.KV_PULLED_TOKENS)}] AS i, SpanAttributesInt[{literal(sc.REQUEST_TTFT_MS)}] AS not_int, "
-        f"SpanAttributesFloat[{literal(sc.REQUEST_TTFT_MS)}] AS f, SpanAttributesFloat[{literal(sc.TURN_INDEX)}] AS int_as_float, "
+        f"SELECT SpanAttributes[{literal(sc.SESSION_ID)}] AS s, "
+        f"SpanAttributes[{literal(sc.GEN_AI_REQUEST_ID)}] AS absent, "
+        f"SpanAttributesInt[{literal(sc.KV_PULLED_TOKENS)}] AS i, "
+        f"SpanAttributesInt[{literal(sc.REQUEST_TTFT_MS)}] AS not_int, "
+        f"SpanAttributesFloat[{literal(sc.REQUEST_TTFT_MS)}] AS f, "
+        f"SpanAttributesFloat[{literal(sc.TURN_INDEX)}] AS int_as_float, "
         f"SpanAttributesInt[{literal(sc.GEN_AI_REQUEST_ID)}] AS absent_int "
         f"FROM attrs"
     )

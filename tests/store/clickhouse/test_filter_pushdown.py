@@ -60,7 +60,7 @@ def same(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and b is not None:
         return math.isclose(a, b, rel_tol=1e-9)
     return a == b
