@@ -1,6 +1,6 @@
 """kvtrace.kvrules: one rule code for one request (the simulator) and for arrays (the what-if replay).
 
-The simulator's decisions are checked against vLLM's own scheduler in test_sim_scheduler; here the
+The simulator's decisions are checked against vLLM's own scheduler in tests/sim/test_decisions_match_vllm.py; here the
 array form must give, element by element, what the scalar form gives, and the proxy's conversation
 table must offer exactly when :func:`kvrules.entry_offered` says so.
 """

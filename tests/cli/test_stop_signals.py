@@ -1,5 +1,5 @@
-"""Stopping ``kvtrace demo`` and ``kvtrace dashboard`` with a signal leaves no process behind (#15
-item 8, #16 item 3): each runs as a real subprocess in its own session; SIGTERM goes to the
+"""Stopping ``kvtrace demo`` and ``kvtrace dashboard`` with a signal leaves no process behind:
+each runs as a real subprocess in its own session; SIGTERM goes to the
 command's process only (what ``kill PID`` or a service manager does), SIGINT to its whole process
 group (what a terminal's Ctrl-C does).  Every descendant seen while it ran must be gone within a
 deadline; the demo also says it was interrupted, with its exit status and without tracebacks."""

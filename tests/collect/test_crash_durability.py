@@ -1,4 +1,4 @@
-"""What a crash of ``kvtrace collect`` loses, in each acknowledgement mode (issue 15, item 6).
+"""What a crash of ``kvtrace collect`` loses, in each acknowledgement mode.
 
 A collector subprocess is SIGKILLed right after N requests were acknowledged (200); the rows on
 disk are then compared with the acknowledged spans.  The writer is told to gather requests for

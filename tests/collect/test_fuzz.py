@@ -1,4 +1,4 @@
-"""Fuzzing ``kvtrace collect`` (issue 15): the checked-in corpus (:mod:`collect_corpus`) and
+"""Fuzzing ``kvtrace collect``: the checked-in corpus (:mod:`support.collect_corpus`) and
 Hypothesis-generated requests, over OTLP/HTTP and OTLP/gRPC.  Every request gets a 2xx/4xx/503
 answer of its own, never a 500 or a dropped connection, and after each one the collector still
 accepts a good request and writes it."""

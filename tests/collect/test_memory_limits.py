@@ -1,4 +1,4 @@
-"""kvtrace collect's memory bounds (issue 15, item 2) and the answers for bad encodings (item 8):
+"""kvtrace collect's memory bounds and the answers for bad encodings:
 compressed bodies are inflated in bounded steps and stop at the limit, all requests in flight
 share one byte budget, the queue is bounded in bytes.  Memory is measured on a real collector
 subprocess (``VmHWM``, its peak resident set, from /proc); loads are bounded, on 127.0.0.1."""

@@ -199,7 +199,7 @@ def test_cli_errors_are_one_line(tmp_path, args, message):
 
 @pytest.mark.parametrize("kind", ["existing-sysfs-dir", "under-a-file", "a-file", "read-only-dir"])
 def test_cli_unwritable_traces_dir_is_one_line_before_listening(tmp_path, kind):
-    """#16: `kvtrace collect --traces RO_DIR` exits at once with one line naming the directory
+    """`kvtrace collect --traces RO_DIR` exits at once with one line naming the directory
     (before: an existing directory it could not write was accepted; it listened, acknowledged
     spans and failed every write).  /sys/kernel refuses new files even to root; a read-only
     mode is tried too when not root (root ignores permission bits)."""

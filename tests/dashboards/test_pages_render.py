@@ -211,7 +211,7 @@ def test_charts_use_the_shared_palette(monkeypatch, runs):
 
 
 def test_trace_directory_box_stays_within_the_directories_given_at_start(monkeypatch, runs, tmp_path):
-    """#15 item 8: the sidebar's box (and the comparison page's baseline box) opens the directory
+    """The sidebar's box (and the comparison page's baseline box) opens the directory
     the dashboard was started with, or one below it, nothing else on the server."""
     (runs / "bidir" / "link-out").symlink_to(tmp_path)  # a way out through a symlink
     try:

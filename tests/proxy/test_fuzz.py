@@ -2,7 +2,7 @@
 
 - Client side: a Hypothesis fuzz of request bodies (JSON of every shape, random bytes, unpaired
   surrogates, over-long ids) through the parser and over HTTP, plus a checked-in corpus of the
-  inputs that once broke it (issue #15): never a 5xx, always a JSON error, and a valid request
+  inputs that once broke it: never a 5xx, always a JSON error, and a valid request
   succeeds right after each.
 - Worker side: a Hypothesis fuzz of D's stream (valid chunks, garbage chunks of every JSON shape,
   raw bytes, cut streams): a streaming client always gets one status line, a well-formed chunked
@@ -69,7 +69,7 @@ def _body(**kw) -> bytes:
     return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, **kw}).encode()
 
 
-# inputs that once broke the proxy (issue #15) or are close to them: (body, extra header lines, error code)
+# inputs that once broke the proxy or are close to them: (body, extra header lines, error code)
 _U, _L, _J = "invalid_unicode", "id_too_long", "invalid_json"
 CLIENT_CORPUS = {
     "surrogate-conversation-id": (_body(conversation_id="\ud800"), "", _U),
@@ -242,7 +242,7 @@ def test_fuzzed_decoder_streams_end_cleanly(live, stream, client_streams):
 
 
 def test_decoder_corpus_garbage_after_tokens(live):
-    """The issue's example, with the tokens before it reaching the client first."""
+    """The reported example (garbage after tokens), with the tokens before it reaching the client first."""
     first = b'data: {"choices":[{"index":0,"delta":{"content":"t0"},"finish_reason":null}]}\n\n'
     live.d.script = [first + b'data: {"finish_reason":"stop","choices":5}\n\n']
     got = live.raw(_body())

@@ -1,4 +1,4 @@
-"""Proxy hardening (issue #15, proxy side), each against fake workers and reproduced first:
+"""Proxy hardening, each case against fake workers and reproduced first:
 unpaired surrogates and over-long ids are 400s and never reach a span; a decode worker failing or
 sending garbage mid-stream ends the stream with an SSE error event and [DONE] (one status line, a
 well-formed chunked body, every span ended with ERROR); the total request deadline, the upstream
@@ -155,7 +155,7 @@ async def test_garbage_mid_stream_aiohttp_client_does_not_hang(rig_factory):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
 async def test_garbage_mid_stream_curl_exits_0(rig_factory):
-    """The issue's report: curl exited 56 (a broken chunked body) on D's garbage mid-stream."""
+    """As reported: curl exited 56 (a broken chunked body) on D's garbage mid-stream."""
     rig = await rig_factory(d_kwargs={"script": [_first_token(), GARBAGE["choices-not-a-list"]]})
     proc = await asyncio.create_subprocess_exec(
         "curl",

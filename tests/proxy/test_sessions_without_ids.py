@@ -1,4 +1,4 @@
-"""Acceptance (#13): sessions without any id found by prefix matching, continuity per turn, and a
+"""Acceptance: sessions without any id found by prefix matching, continuity per turn, and a
 client that strips reasoning — the official openai client through the proxy and the simulator."""
 
 from __future__ import annotations

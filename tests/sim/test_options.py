@@ -1,4 +1,4 @@
-"""Simulator options of #13: vLLM's --no-enable-prefix-caching per role, and a thinking model's
+"""Simulator options: vLLM's --no-enable-prefix-caching per role, and a thinking model's
 reasoning (chat_template_kwargs.enable_thinking) streamed as vLLM's reasoning parser does."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kvtrace.store.access.ensure_writable: the check commands run before writing traces (#16)."""
+"""kvtrace.store.access.ensure_writable: the check commands run before writing traces."""
 
 from __future__ import annotations
 

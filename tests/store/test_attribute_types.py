@@ -48,7 +48,7 @@ def test_mixed_types_keep_their_keys():
     assert [r["SpanAttributesFloat"] for r in rows] == [{}, {sc.REQUEST_TTFT_MS: 1.5}, {}]
 
 
-# -- one bad value never costs a batch (issue 15, item 1) ---------------------------------------
+# -- one bad value never costs a batch ---------------------------------------
 
 import logging  # noqa: E402
 

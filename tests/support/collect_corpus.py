@@ -1,4 +1,4 @@
-"""Checked-in corpus of hostile and odd OTLP requests for ``kvtrace collect`` (issue 15).
+"""Checked-in corpus of hostile and odd OTLP requests for ``kvtrace collect``.
 
 Each :class:`Case` is a request body, its Content-Type and Content-Encoding, and the HTTP
 statuses allowed in answer (never 500).  Bodies are built by code so the corpus stays small and
@@ -131,7 +131,7 @@ OK, BAD = frozenset({200}), frozenset({400})
 GOOD_JSON = _json_span()
 
 CASES = [
-    # issue 15 item 8: were 500
+    # malformed ids and encodings: once answered 500
     Case("json-non-hex-trace-id", _json_span(traceId="zz" * 16), JSON, BAD),
     Case("json-odd-length-span-id", _json_span(spanId="abc"), JSON, BAD),
     Case("json-100k-deep-array", b'{"resourceSpans":' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, BAD),
@@ -155,7 +155,7 @@ CASES = [
         "gzip",
     ),
     Case("gzip-header-on-plain-json", GOOD_JSON, JSON, BAD, "gzip"),
-    # issue 15 items 1 and 2
+    # text that is not valid UTF-8, and bodies that expand without bound
     Case("json-unpaired-surrogate-in-name", _raw_json_span('"name":"op-\\ud800"'), JSON, BAD),
     Case(
         "json-unpaired-surrogate-in-attribute",

@@ -9,7 +9,8 @@
   ``dashboards/grafana/kvtrace.json`` (Grafana variables substituted) returns data.
 
 Waits are deadline-bounded polls of the API (:meth:`Prometheus.wait_scraped_after`), never
-sleeps.  Used by test_metrics_prometheus.py (simulator) and test_vllm_metrics.py (real vLLM).
+sleeps.  Used by tests/telemetry/test_real_prometheus.py (simulator) and
+tests/vllm/test_metrics_real_prometheus.py (real vLLM).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ DASHBOARD = ROOT / "dashboards" / "grafana" / "kvtrace.json"
 # what the dashboard's Grafana variables become in the test's queries
 GRAFANA_VARS = {"$__rate_interval": "1m", "$model_name": ".*"}
 # prometheus_client >= 0.22 (vLLM's /metrics) writes `vllm:x` in # TYPE but `vllm_x` on OpenMetrics
-# samples (prometheus/client_python#1177); this scrape rule puts the colon back (README, "Metrics")
+# samples (reported upstream, prometheus/client_python 1177); this scrape rule puts the colon back (README, "Metrics")
 VLLM_COLON_FIX = {
     "source_labels": ["__name__"],
     "regex": "vllm_(.+)",

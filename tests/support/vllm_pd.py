@@ -2,7 +2,7 @@
 them the way the P/D proxy does (P leg: max_tokens=1, non-streaming, ``do_remote_decode`` + D's
 cached params; D leg: streaming with P's params); ``run_agent_session`` drives a chat through the
 real kvtrace proxy (in-process, ephemeral port) with the kvtrace agent API and the official
-``openai`` client.  Used by test_vllm_e2e.py (via vllm_scenario.py) and scripts/e2e_stall.py.
+``openai`` client.  Used by tests/vllm/test_end_to_end.py (via support/vllm_scenario.py) and scripts/e2e_stall.py.
 
 Every wait is bounded (readiness, each request's socket reads, each polled condition); when one
 runs out, :class:`RigError` carries every running server's stacks (py-spy) and log tail.

@@ -1,4 +1,4 @@
-"""The what-if replay and session continuity (#12 x #13): a turn whose messages diverged from what D
+"""The what-if replay and session continuity: a turn whose messages diverged from what D
 holds is never offered D's blocks, so no retention TTL or threshold can make it pull."""
 
 from __future__ import annotations

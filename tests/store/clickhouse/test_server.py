@@ -1,5 +1,5 @@
 """kvtrace's views on a ClickHouse *server*, through clickhouse-connect: the equivalence test of
-``test_clickhouse_views`` with the spans inserted over HTTP.  Needs a server (ClickHouse 25 or
+``test_views_match_duckdb`` with the spans inserted over HTTP.  Needs a server (ClickHouse 25 or
 newer): ``KVTRACE_TEST_CLICKHOUSE_URL=http://default:@127.0.0.1:8123``; skipped without one.
 
 None runs on the development machines: Debian ships clickhouse-server 18.16.1, which cannot create
