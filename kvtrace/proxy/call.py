@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec, metadata
+from kvtrace.proxy import codec, metadata, prefix_table
 from kvtrace.proxy.parse import ClientRequest, error_body
 from kvtrace.proxy.spans import RequestTrace, end_leg
 from kvtrace.proxy.stream import InvalidChunk, sse_event
@@ -60,8 +60,14 @@ class Call:
     read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
     decoder_ttl_s: float | None = None
     hashes: list | None = None  # chain hashes of the messages (prefix matching on, one-choice chat)
-    reply: object = None  # kvtrace.proxy.prefix_table.Reply rebuilding a streamed answer, or None
+    reply: prefix_table.Reply | None = None  # rebuilding a streamed answer
     recorded: bool = False  # the prefix table has this turn
+
+    @property
+    def decoder(self) -> Client:
+        """The decode worker: chosen when D's leg opens, before anything that reports it."""
+        assert self.d_client is not None
+        return self.d_client
 
     def kv_object(self) -> dict:
         if self.kv is None:
@@ -161,8 +167,8 @@ def stream_failure(call: Call, exc: Exception, request_timeout_s: float) -> tupl
         msg = f"request not completed within {request_timeout_s:g} s"
         return sc.ERROR_DEADLINE_EXCEEDED, error_body(msg, sc.ERROR_DEADLINE_EXCEEDED, 504), b""
     if isinstance(exc, InvalidChunk):
-        msg = f"decode worker {call.d_client.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
-        call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.d_client.host, call.d_client.port)
+        msg = f"decode worker {call.decoder.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
+        call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.decoder.host, call.decoder.port)
         return sc.ERROR_INVALID_CHUNK, error_body(msg, "upstream_error", 502), exc.passed
     log.exception("kvtrace proxy: request %s failed mid-stream", call.request_id)
     return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
@@ -185,9 +191,9 @@ async def end_stream(
     r.close()
     if failure is None:  # D's stream broke
         why = f"response exceeds {max_upstream_bytes} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
-        msg = f"decode worker {call.d_client.base} failed mid-stream: {why}"
+        msg = f"decode worker {call.decoder.base} failed mid-stream: {why}"
         failure = error_body(msg, "upstream_error", 502)
-        call.rt.upstream_error(error, call.d_client.host, call.d_client.port)
+        call.rt.upstream_error(error, call.decoder.host, call.decoder.port)
     end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: call.rt.ttft_ms})
     if not resp.prepared:
         status = failure["error"]["code"]

@@ -103,4 +103,4 @@ class ProxyConfig:
             hosts = hosts * len(ports)
         if len(hosts) != len(ports):
             raise ValueError(f"number of {role} hosts ({len(hosts)}) must match ports ({len(ports)})")
-        return [Worker(h, int(p)) for h, p in zip(hosts, ports)]
+        return [Worker(h, int(p)) for h, p in zip(hosts, ports, strict=True)]

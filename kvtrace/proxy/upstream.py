@@ -9,7 +9,7 @@ and :func:`pump` read a worker's response and stop at ``max_upstream_bytes``
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -85,7 +85,8 @@ class Pool:
         self.config = config
         self.prefill: list[Client] = []
         self.decode: list[Client] = []
-        self._p = self._d = None
+        self._p: Iterator[Client] = iter(())  # start() makes the round robins
+        self._d: Iterator[Client] = iter(())
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(

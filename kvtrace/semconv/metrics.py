@@ -118,7 +118,9 @@ METRICS: dict[str, dict] = {
         "labels": (LABEL_REASON,),
         "span": None,
         "doc": f"Spans lost by this process: {DROP_QUEUE_FULL} (batch processor queue full), "
-        f"{DROP_EXPORT_FAILED} (an exporter failed).",
+        f"{DROP_EXPORT_FAILED} (an exporter failed: OTLP send, Parquet writer process lost or "
+        f"spans not convertible), {DROP_WRITE_FAILED} (the Parquet trace directory refused the write: "
+        "full disk, I/O error).",
     },
     VLLM_METRIC_TTFT: {
         "type": "histogram",

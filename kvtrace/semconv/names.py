@@ -360,7 +360,8 @@ EVICTION_STALE = "stale"
 EVICTION_REASONS = (EVICTION_LRU, EVICTION_STALE)
 DROP_QUEUE_FULL = "queue_full"
 DROP_EXPORT_FAILED = "export_failed"
-DROP_REASONS = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED)
+DROP_WRITE_FAILED = "write_failed"  # the Parquet store could not write the batch (full disk, I/O error)
+DROP_REASONS = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_WRITE_FAILED)
 # key of kvtrace's part of the connector stats payload (KVConnectorStats.data) vLLM carries from
 # the EngineCore to the API server
 STATS_KEY = "kvtrace"

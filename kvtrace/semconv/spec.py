@@ -316,7 +316,10 @@ EVENTS: dict[str, dict] = {
 }
 
 RESOURCE: dict[str, str] = {
-    SERVICE_NAME: "kvtrace-proxy, kvtrace-sim-prefill, kvtrace-sim-decode, vllm-prefill, vllm-decode, kvtrace-agent, kvtrace-bench.",
+    SERVICE_NAME: (
+        "kvtrace-proxy, kvtrace-sim-prefill, kvtrace-sim-decode, vllm-prefill, vllm-decode, kvtrace-agent, "
+        "kvtrace-bench."
+    ),
     SERVICE_INSTANCE_ID: "Unique per process.",
     HOST_NAME: "Host name.",
     SUBSTRATE: f"{SUBSTRATE_SIM} or {SUBSTRATE_VLLM} (connector / simulator processes).",

@@ -16,25 +16,13 @@ from google.rpc import code_pb2, status_pb2
 from kvtrace import semconv as sc
 from kvtrace.collect.limits import STEP, Body, ByteBudget, Hold, RequestRefused
 from kvtrace.collect.receiver import MALFORMED, RETRY, TOO_LARGE, UNSUPPORTED
-from kvtrace.testing.wait import wait_for
 
 from support.collect_corpus import bomb
-from support.otlp_client import export_request, post, start_cli, stop_cli
+from support.otlp_client import export_request, post, post_until_accepted, start_cli, stop_cli
 from support.sim_workload import read_rows
 
 MIB = 1 << 20
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
-
-
-def post_until_accepted(port: int, body: bytes, deadline_s: float = 60.0) -> int:
-    """POST like an OTLP sender: resend after "retry later" (503) until answered otherwise (the status)."""
-
-    def answer() -> int | None:
-        status = post(port, body)[0]
-        return None if status == 503 else status
-
-    # poll interval 50 ms: the server's Retry-After is 1 s, no need to wait it all
-    return wait_for(answer, deadline_s, "an answer other than 503 (retry later)", interval=0.05)
 
 
 def peak_rss_mb(pid: int) -> float:

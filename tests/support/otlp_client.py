@@ -20,6 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from kvtrace import semconv as sc
 from kvtrace.collect.grpc_server import SERVICE
 from kvtrace.collect.sink import TableSink
+from kvtrace.testing.wait import wait_for
 
 PROTOBUF = "application/x-protobuf"
 
@@ -127,3 +128,14 @@ def post(port: int, body: bytes, headers: dict | None = None) -> tuple[int, byte
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def post_until_accepted(port: int, body: bytes, deadline_s: float = 60.0) -> int:
+    """POST like an OTLP sender: resend after "retry later" (503) until answered otherwise (the status)."""
+
+    def answer() -> int | None:
+        status = post(port, body)[0]
+        return None if status == 503 else status
+
+    # poll interval 50 ms: the server's Retry-After is 1 s, no need to wait it all
+    return wait_for(answer, deadline_s, "an answer other than 503 (retry later)", interval=0.05)
