@@ -199,6 +199,23 @@ PROXY_MAX_CHAIN_BYTES = Setting(
     ),
     int,
 )
+PROXY_MAX_WORKER_CONNECTIONS = Setting(
+    "KVTRACE_PROXY_MAX_WORKER_CONNECTIONS",
+    1024,
+    "Proxy (--max-worker-connections): most requests in flight to one P or D worker, each on its own connection "
+    "(kept alive); more wait for one in a FIFO queue. 1024 = vLLM's max_num_seqs on large GPUs, half the accept "
+    "backlog of vLLM's API server (uvicorn's 2048), so a burst never overflows it (a worker with a smaller "
+    "backlog needs a smaller value).",
+    int,
+)
+PROXY_MAX_WORKER_QUEUE = Setting(
+    "KVTRACE_PROXY_MAX_WORKER_QUEUE",
+    4096,
+    "Proxy (--max-worker-queue): most requests waiting for a connection to one worker; past it a request is "
+    "answered 503 (error type pool_full) with Retry-After (the recent queue wait, rounded up, at least 1 s). "
+    "A wait is also bounded by --request-timeout (504).",
+    int,
+)
 VLLM_STREAM_PATCH = Setting(
     "KVTRACE_VLLM_STREAM_PATCH",
     True,

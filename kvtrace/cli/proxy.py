@@ -19,6 +19,8 @@ _LIMITS = (
     ("--max-id-bytes", "max_id_bytes", int, "N", settings.PROXY_MAX_ID_BYTES),
     ("--decoder-kv-ttl", "decoder_kv_ttl_s", float, "S", settings.PROXY_DECODER_KV_TTL),
     ("--max-chain-bytes", "max_chain_bytes", int, "N", settings.PROXY_MAX_CHAIN_BYTES),
+    ("--max-worker-connections", "max_worker_connections", int, "N", settings.PROXY_MAX_WORKER_CONNECTIONS),
+    ("--max-worker-queue", "max_worker_queue", int, "N", settings.PROXY_MAX_WORKER_QUEUE),
 )
 
 
@@ -100,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="seconds to connect to a worker before the request fails (default 10)",
+        help="seconds one connection attempt to a worker may take (a wait for a free one does not count; default 10)",
     )
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
     p.add_argument(

@@ -18,10 +18,12 @@ Faults: when P answers 5xx to a turn that offered D's blocks (vLLM under
 without them (a fresh prefill) and the decision is recorded as ``expired`` (the entry was older than
 D's retention minus vLLM's 5 s margin) or ``failed``.  Everything runs under ``--request-timeout``
 (504, or an SSE error event once streaming) and reads at most ``--max-upstream-bytes`` per worker
-response.  Once a stream has started, every failure — the worker, its garbage, the deadline, a
-proxy bug — ends it with an SSE error event and ``[DONE]`` and ends the spans with ERROR.  D's
-``[DONE]`` goes to the client together with the end of the chunked body, at once; a failure after
-it (D's body not ending cleanly) is recorded on the spans only: the client already has its stream.
+response.  A leg waits for one of its worker's connections (:class:`.upstream.Gate`); past the
+worker's queue bound the request is answered 503 with ``Retry-After`` (``pool_full``).  Once a
+stream has started, every failure — the worker, its garbage, the deadline, a proxy bug — ends it
+with an SSE error event and ``[DONE]`` and ends the spans with ERROR.  D's ``[DONE]`` goes to the
+client together with the end of the chunked body, at once; a failure after it (D's body not ending
+cleanly) is recorded on the spans only: the client already has its stream.
 """
 
 from __future__ import annotations
@@ -45,7 +47,17 @@ from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, check_id
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
 from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher
 from kvtrace.proxy.table import ConversationTable
-from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Client, Pool, TooLarge, json_object, never_reached, pump, read_body
+from kvtrace.proxy.upstream import (
+    UPSTREAM_ERRORS,
+    Client,
+    Pool,
+    PoolFull,
+    TooLarge,
+    json_object,
+    never_reached,
+    pump,
+    read_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +89,7 @@ class Proxy:
         )
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
         on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
-        self.metrics = ProxyMetrics(self.table) if on else None
+        self.metrics = ProxyMetrics(self.table, self.pool) if on else None
 
     # ------------------------------------------------------------------ routes
     def health_body(self) -> dict:
@@ -123,6 +135,9 @@ class Proxy:
             return await self._decode_aggregate(call)
         except Done as done:
             return done.response
+        except PoolFull as full:  # a worker's queue is full: 503, never a 502
+            call.turn.restore()  # P never got it (a no-op once P answered)
+            return call.busy(full)
         except asyncio.CancelledError:
             call.disconnected()
             raise
@@ -248,8 +263,8 @@ class Proxy:
         try:
             async with asyncio.timeout_at(call.deadline):
                 try:
-                    async with client.session.post(
-                        call.req.path, data=body, headers=legs.headers(call.request_id, tp, call.auth)
+                    async with await client.post(
+                        call.req.path, span, body, legs.headers(call.request_id, tp, call.auth)
                     ) as r:
                         out.status = r.status
                         out.data = await read_body(r, self.config.max_upstream_bytes)
@@ -291,7 +306,7 @@ class Proxy:
         try:
             async with asyncio.timeout_at(call.deadline):
                 try:
-                    r = await client.session.post(call.req.path, data=body, headers=hdrs)
+                    r = await client.post(call.req.path, span, body, hdrs)
                     if r.status != 200:
                         try:
                             data = await read_body(r, self.config.max_upstream_bytes)

@@ -1,7 +1,8 @@
 """One proxied request's state (:class:`Call`) and the ways it ends: a JSON answer, a passthrough
-of a worker's 4xx, a client disconnect, a finished stream, or a failed one (:func:`end_stream`) —
-each ends the SERVER span once with the client-facing status and the merged ``kv_transfer`` facts
-(:mod:`.metadata`), and every leg span that is still open.  Used by :mod:`kvtrace.proxy.app`.
+of a worker's 4xx, a 503 when a worker's connection queue is full, a client disconnect, a finished
+stream, or a failed one (:func:`end_stream`) — each ends the SERVER span once with the client-facing
+status and the merged ``kv_transfer`` facts (:mod:`.metadata`), and every leg span that is still
+open.  Used by :mod:`kvtrace.proxy.app`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import codec, metadata, prefix_table
@@ -18,7 +19,7 @@ from kvtrace.proxy.parse import ClientRequest, error_body
 from kvtrace.proxy.spans import RequestTrace, end_leg
 from kvtrace.proxy.stream import InvalidChunk, sse_event
 from kvtrace.proxy.table import Turn
-from kvtrace.proxy.upstream import Client
+from kvtrace.proxy.upstream import Client, PoolFull
 
 log = logging.getLogger(__name__)
 STATUS_CLIENT_CLOSED = 499
@@ -130,6 +131,12 @@ class Call:
     def fail(self, status: int, etype: str, msg: str, type_: str) -> web.Response:
         self.finish(status, etype)
         return self.json(error_body(msg, type_, status), status)
+
+    def busy(self, full: PoolFull) -> web.Response:
+        """A worker's connection queue was full: 503 with Retry-After (the client may send it again)."""
+        resp = self.fail(503, sc.ERROR_POOL_FULL, str(full), sc.ERROR_POOL_FULL)
+        resp.headers[hdrs.RETRY_AFTER] = str(full.retry_after_s)
+        return resp
 
     def passthrough(self, status: int, data: bytes) -> web.Response:
         """A worker's 4xx goes back to the client as it is (the request was at fault)."""

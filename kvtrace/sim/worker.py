@@ -28,6 +28,7 @@ from kvtrace.sim.engine import FINISH_LENGTH, Engine, EngineError
 from kvtrace.sim.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+LISTEN_BACKLOG = 2048  # vLLM's API server listens with uvicorn's default backlog (aiohttp's is 128)
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -79,7 +80,7 @@ class SimWorker:
     async def start(self, host: str, port: int) -> int:
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        site = web.TCPSite(self.runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self.port
