@@ -1,7 +1,7 @@
 # The contributor's loops (CONTRIBUTING.md).  `make test` is the fast one: no apt, no vLLM, no
 # browser, no Prometheus server; `make test-all` is the README's test command (everything CI runs).
 PYTHON ?= python
-PYTEST_FAST = -m "not vllm and not slow" --deselect tests/dashboards/test_dashboard_browser.py
+PYTEST_FAST = -m "not vllm and not slow" --deselect tests/dashboards/test_browser.py
 
 .PHONY: help install test test-all lint format typecheck docs docs-check bench
 

@@ -1,6 +1,6 @@
 """Run the real-vLLM P/D rig N times and catch engine stalls with their stacks.
 
-Each run starts P, D and D2 (tests/vllm_scenario.py: the e2e test's traffic) in a child process,
+Each run starts P, D and D2 (tests/support/vllm_scenario.py: the e2e test's traffic) in a child process,
 or with ``--pytest`` the e2e test itself.  While it runs, a monitor reads the vLLM logs every 2 s:
 when one shows vLLM's shared-memory stall warning (``No available shared memory broadcast block
 found in 60 seconds``) or nothing progresses for ``--stall-s`` (no rig step, no HTTP response),
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import vllm_diag as diag  # noqa: E402
+from support import vllm_diag as diag  # noqa: E402
 
 _WALL = re.compile(r"vLLM P/D e2e wall time: ([0-9.]+)s")
 _PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error).*)$", re.M)
@@ -53,7 +53,7 @@ def _child_command(args, connector: str, run_dir: Path) -> list[str]:
             "-p",
             "no:cacheprovider",
             "-s",
-            str(ROOT / "tests/test_vllm_e2e.py"),
+            str(ROOT / "tests/vllm/test_end_to_end.py"),
             "--basetemp",
             str(run_dir / "pytest"),
         ]
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--connector", default="kvtrace", help="kvtrace, plain, or a comma list to alternate")
     parser.add_argument("--layout", choices=("uni", "mp"), default="uni")
-    parser.add_argument("--pytest", action="store_true", help="run tests/test_vllm_e2e.py (kvtrace, its layout)")
+    parser.add_argument("--pytest", action="store_true", help="run tests/vllm/test_end_to_end.py (kvtrace, its layout)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--stall-s", type=float, default=60.0)
     parser.add_argument("--max-dumps", type=int, default=5)
@@ -298,7 +298,7 @@ def _one(argv: list[str]) -> int:
     parser.add_argument("--ready-s", type=float, required=True)
     parser.add_argument("--keep-vllm-pinning", action="store_true")
     args = parser.parse_args(argv)
-    import vllm_scenario
+    from support import vllm_scenario
 
     try:
         vllm_scenario.run(

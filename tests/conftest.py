@@ -9,8 +9,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kvtrace import settings
-
 
 @pytest.fixture
 def span_exporter() -> InMemorySpanExporter:
@@ -23,15 +21,6 @@ def tracer_provider(span_exporter) -> TracerProvider:
     provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     yield provider
     provider.shutdown()
-
-
-def require_vllm(module: str = "vllm"):
-    """Import ``module`` or skip; under KVTRACE_REQUIRE_VLLM=1 a missing module fails the test."""
-    if settings.REQUIRE_VLLM.get():
-        import importlib
-
-        return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"{module} not importable (set KVTRACE_REQUIRE_VLLM=1 to fail instead)")
 
 
 @pytest.fixture(scope="session")

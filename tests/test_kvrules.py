@@ -1,6 +1,6 @@
 """kvtrace.kvrules: one rule code for one request (the simulator) and for arrays (the what-if replay).
 
-The simulator's decisions are checked against vLLM's own scheduler in test_sim_scheduler; here the
+The simulator's decisions are checked against vLLM's own scheduler in tests/sim/test_decisions_match_vllm.py; here the
 array form must give, element by element, what the scalar form gives, and the proxy's conversation
 table must offer exactly when :func:`kvrules.entry_offered` says so.
 """
@@ -37,7 +37,7 @@ def _params(remote: int) -> dict:
 
 def test_array_outcomes_equal_the_simulators_scalar_outcomes():
     grid = list(itertools.product((False, True), PROMPTS, HITS, REMOTES, THRESHOLDS))
-    offered, prompt, hit, remote, threshold = (np.array(c) for c in zip(*grid))
+    offered, prompt, hit, remote, threshold = (np.array(c) for c in zip(*grid, strict=True))
     count = kvrules.pull_count(remote, prompt, hit)
     codes = kvrules.d2p_outcome(offered, count, hit, threshold)
     want = [scheduler.outcome(_params(r) if o else None, p, h, t) for o, p, h, r, t in grid]
@@ -70,7 +70,7 @@ def test_the_proxy_offers_exactly_when_the_rule_says():
     got = []
     for age in ages:
         now = [100.0]
-        table = ConversationTable(ttl, clock=lambda: now[0])
+        table = ConversationTable(ttl, clock=lambda now=now: now[0])
         table.store("c", 0, {"do_remote_decode": True}, "http://d")
         now[0] += age
         got.append(table.begin("c").offered)

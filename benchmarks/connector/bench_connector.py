@@ -65,13 +65,14 @@ class _Discard:
 
 
 def _connectors(model_dir: Path, deferred: bool, metrics: bool = True):
-    import vllm_rig as rig
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
     import kvtrace
     from kvtrace.vllm.connector import KVTraceNixlConnector
+
+    from support import vllm_rig as rig
 
     extra = {"bidirectional_kv_xfer": True, "kvtrace": {"role": "prefill", "metrics": metrics}}
     cfg = rig.vllm_config(model_dir, extra=extra, block_size=BS)
@@ -87,13 +88,14 @@ def _connectors(model_dir: Path, deferred: bool, metrics: bool = True):
 
 def _calls(i: int, conn_tag: str):
     """The hook sequence of synthetic request ``i`` (fresh objects per connector)."""
-    import vllm_rig as rig
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import RequestStatus
+
+    from support import vllm_rig as rig
 
     pull = i % 2 == 1
     prompt = [5 + (i + k) % 400 for k in range(256)]
@@ -146,11 +148,12 @@ def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
     """Median ns of one observe() in the API server: vllm:kvtrace_* + vllm:nixl_* vs vllm:nixl_* alone."""
     from functools import partial
 
-    import vllm_rig as rig
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlPromMetrics
 
     from kvtrace.vllm.metrics import NIXL_KEYS, KVTracePromMetrics
+
+    from support import vllm_rig as rig
 
     cfg = rig.vllm_config(model_dir, extra={}, block_size=BS)
     medians = []
@@ -269,7 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2048, help="--export-stall: spans per export (default 2048)")
     ap.add_argument("--writer-process", action="store_true", help="--export-stall: export via the writer process")
     args = ap.parse_args(argv)
-    import vllm_rig as rig
+    from support import vllm_rig as rig
 
     model_dir = rig.make_tiny_model(Path(tempfile.mkdtemp()) / "model")
     if args.export_stall:

@@ -37,7 +37,7 @@ import time
 import aiohttp
 
 from kvtrace.testing.proxy import FakeWorker, http_head, raw_request
-from kvtrace.testing.wait import free_port
+from kvtrace.testing.wait import free_port, wait_for_async
 
 HOST = "127.0.0.1"
 CHAT = "/v1/chat/completions"
@@ -89,16 +89,19 @@ class Proxy:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     async def ready(self) -> None:
-        deadline = time.monotonic() + 60
         async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
+
+            async def up() -> bool:
                 try:
                     async with http.get(self.url + "/health") as r:
-                        if r.status == 200:
-                            return
+                        return r.status == 200
                 except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
-        raise SystemExit("proxy not ready")
+                    return False
+
+            try:
+                await wait_for_async(up, 60, f"{self.url}/health", interval=0.1)
+            except TimeoutError as exc:
+                raise SystemExit(f"proxy not ready: {exc}") from None
 
     def close(self) -> None:
         self.proc.terminate()

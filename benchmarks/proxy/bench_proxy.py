@@ -68,7 +68,7 @@ import aiohttp
 
 from kvtrace.proxy.stream import Aggregator
 from kvtrace.semconv import KV_PARAMS_KEY
-from kvtrace.testing.wait import free_port
+from kvtrace.testing.wait import free_port, wait_for_async
 
 HOST = "127.0.0.1"
 HERE = Path(__file__).resolve().parent
@@ -78,19 +78,21 @@ STATELESS = "kv_stateless"  # its requests carry no conversation id
 
 
 async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
+
+        async def up() -> bool:
             if proc.poll() is not None:
                 raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
             try:
                 async with http.get(url + "/health") as r:
-                    if r.status < 500:
-                        return
+                    return r.status < 500
             except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} not ready after {timeout}s")
+                return False
+
+        try:
+            await wait_for_async(up, timeout, f"{url}/health", interval=0.1)
+        except TimeoutError as exc:
+            raise SystemExit(f"{url} not ready: {exc}") from None
 
 
 def body(max_tokens: int, stream: bool = True, **extra) -> dict:

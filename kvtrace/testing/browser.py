@@ -4,7 +4,7 @@ Chromium (Debian package ``chromium``) is driven over the DevTools protocol with
 websocket client: navigate, poll the DOM until the script has finished and the charts' geometry
 is stable, measure what a reader sees (charts, slider labels, metric texts, waterfall bars), grow
 the viewport to the page's height and take a screenshot.  Used by
-``tests/test_dashboard_browser.py`` and ``scripts/dashboard_screenshots.py``.
+``tests/dashboards/test_browser.py`` and ``scripts/dashboard_screenshots.py``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from kvtrace import semconv as sc
+from kvtrace.testing.wait import wait_for_async
 
 
 @dataclass
@@ -197,13 +198,9 @@ BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 async def wait_for(pred, timeout: float = 5.0) -> None:
-    """Poll ``pred`` until true, at most ``timeout`` s (spans end asynchronously after a response)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
+    """Poll ``pred`` until true, at most ``timeout`` s (spans end asynchronously after a response):
+    :func:`kvtrace.testing.wait.wait_for_async` under the name the proxy tests use."""
+    await wait_for_async(pred, timeout, "condition")
 
 
 def sse(data: bytes) -> list[str]:

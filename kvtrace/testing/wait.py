@@ -1,8 +1,11 @@
 """What tests, benchmarks and scripts that start servers share: a free loopback port, and a
-deadline-bounded poll (a wait on a condition, never a sleep used as synchronisation)."""
+deadline-bounded poll (a wait on a condition, never a sleep used as synchronisation), in a
+blocking form and in an asyncio form for code whose condition needs the event loop to run."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import socket
 import time
 
@@ -12,6 +15,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _timeout(deadline_s: float, what: str, last) -> TimeoutError:
+    return TimeoutError(f"timed out after {deadline_s:g}s waiting for {what} (last: {last!r})")
 
 
 def wait_for(predicate, deadline_s: float, what: str, interval: float = 0.2):
@@ -24,4 +31,20 @@ def wait_for(predicate, deadline_s: float, what: str, interval: float = 0.2):
         if last:
             return last
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {deadline_s:g}s waiting for {what} (last: {last!r})")
+    raise _timeout(deadline_s, what, last)
+
+
+async def wait_for_async(predicate, deadline_s: float, what: str, interval: float = 0.005):
+    """:func:`wait_for` inside an event loop: ``predicate`` (a plain function or a coroutine
+    function) is called every ``interval`` s, the loop running in between."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    last = None
+    while loop.time() < end:
+        last = predicate()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise _timeout(deadline_s, what, last)

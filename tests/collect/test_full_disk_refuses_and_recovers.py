@@ -195,7 +195,7 @@ def test_durable_ack_on_a_full_tmpfs_answers_503_stores_nothing_unacknowledged_a
 
 
 def test_a_tmpfs_filled_by_the_spans_themselves_loses_no_acknowledged_span(small_disk):
-    """The issue's case: spans sent until 3 MiB are full.  Before: every request 200, most spans
+    """The reported case: spans sent until 3 MiB are full.  Before: every request 200, most spans
     lost at SIGTERM.  Now: 503 once the disk is full; every 200 is on disk once space returns."""
     traces = small_disk / "t"
     proc, port = start_cli(traces, "--batch-delay-ms", "20")

@@ -1,0 +1,60 @@
+"""The kvtrace proxy over the zero-cost simulator, in process, with one controllable clock: what
+the ``make_stack`` fixture (tests/proxy/conftest.py) builds and the proxy acceptance tests drive."""
+
+from __future__ import annotations
+
+import json
+
+from kvtrace import semconv as sc
+from kvtrace.proxy.config import Worker
+from kvtrace.testing.wait import wait_for_async
+
+CHAT = "/v1/chat/completions"
+MAX_TOKENS = 80  # > kv_recompute_threshold, so the next turn has >= 64 tokens to pull from D
+
+
+class Clock:
+    """One controllable clock for the simulator and the proxy's conversation table."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def worker(url: str) -> Worker:
+    host, port = url.rsplit("//", 1)[1].split(":")
+    return Worker(host, int(port))
+
+
+class Stack:
+    """A proxy over a zero-cost simulated cluster, an HTTP client, one clock, the span exporter."""
+
+    def __init__(self, cluster, proxy, http, clock, exporter):
+        self.cluster, self.proxy, self.http, self.clock, self.exporter = cluster, proxy, http, clock, exporter
+
+    async def chat(self, messages, conv="c1", stream=True, headers=None, **extra):
+        body = {"model": "m", "messages": messages, "max_tokens": MAX_TOKENS, "stream": stream, **extra}
+        if conv is not None:
+            body[sc.BODY_CONVERSATION_ID] = conv
+        async with self.http.post(self.proxy.url + CHAT, json=body, headers=headers or {}) as r:
+            assert r.status == 200, await r.text()
+            data = await r.read()
+            trace_header = r.headers.get(sc.HEADER_TRACE_ID)
+        if not stream:
+            obj = json.loads(data)
+            return obj["choices"][0]["message"]["content"], obj, trace_header
+        events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        return text, chunks, trace_header
+
+    def spans(self, name=None):
+        return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+    async def wait_spans(self, name, n):
+        """The spans named ``name`` once there are ``n`` (they end just after the response)."""
+        await wait_for_async(lambda: len(self.spans(name)) >= n, 5, f"{n} {name} spans")
+        return self.spans(name)
