@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from proxy_rig import rig_factory  # noqa: F401  (tests/ helper; a fixture)
 
 from kvtrace import semconv as sc
 from kvtrace.testing.proxy import BODY, CHAT, http_head, raw_request

@@ -8,7 +8,6 @@ import json
 
 import pytest
 from opentelemetry.trace import StatusCode
-from proxy_rig import rig_factory  # noqa: F401  (tests/ helper; a fixture)
 
 from kvtrace import semconv as sc
 from kvtrace.proxy.legs import unusable_params
