@@ -253,7 +253,7 @@ TEST_CLICKHOUSE_URL = Setting(
     None,
     (
         "Tests: a ClickHouse server (http(s)://...) for the clickhouse-connect tests "
-        "(tests/test_clickhouse_server.py); unset = those tests skip."
+        "(tests/store/clickhouse/test_server.py); unset = those tests skip."
     ),
 )
 REQUIRE_VLLM = Setting("KVTRACE_REQUIRE_VLLM", False, "Tests that need vLLM/NIXL fail instead of skipping.", bool)

@@ -13,7 +13,7 @@ small query first:
 
 Every span a session-scoped query reads belongs to a selected session, and a session's spans start
 inside its window (children start after their parents), so reading only the bounds gives the same
-rows as reading everything.  ``tests/test_clickhouse_filters.py`` checks the results against DuckDB
+rows as reading everything.  ``tests/store/clickhouse/test_filter_pushdown.py`` checks the results against DuckDB
 and that fewer rows are read.  DuckDB connections (and filters without a session or time
 restriction) are returned as they are.
 """

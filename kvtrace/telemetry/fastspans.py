@@ -16,7 +16,7 @@ int, float, tuples of those) are stored as given; anything else goes through the
 attribute cleaning.  At most ``max_span_attributes`` attributes, ``max_events`` events and
 ``max_event_attributes`` attributes per event are kept (the newest, counted as dropped), as by the
 SDK.  Links are kept as given (the proxy makes none).  ``KVTRACE_PROXY_FASTSPANS=0`` gives the
-proxy the SDK's own tracer; ``tests/test_proxy_fastspans.py`` checks both export the same spans
+proxy the SDK's own tracer; ``tests/proxy/test_fastspans_equal_sdk_spans.py`` checks both export the same spans
 for the same proxy requests.  Spans are not thread-safe: use one from one thread (the proxy's loop).
 """
 

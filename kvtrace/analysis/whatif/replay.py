@@ -29,8 +29,9 @@ fitted transfer cost (recorded transfer time when the pull is the same).  Reques
 recorded TTFT (failed ones) and requests the replay predicts to fail are left out.
 
 With the recorded setting the replay gives back the recorded outcomes, tokens, GiB·s and TTFT
-exactly (the ``recorded`` row); ``tests/test_whatif_replay.py`` checks that, and
-``tests/test_whatif_sim.py`` checks the other rows against the simulator run at those settings.
+exactly (the ``recorded`` row); ``tests/analysis/whatif/test_replay.py`` checks that, and
+``tests/analysis/whatif/test_replay_predicts_simulator.py`` checks the other rows against the
+simulator run at those settings.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every view of :mod:`kvtrace.store.views` and every named query of :mod:`kvtrace.
 written once, in DuckDB SQL.  :func:`to_clickhouse` parses it with SQLGlot (DuckDB dialect),
 rewrites what SQLGlot's generic DuckDB -> ClickHouse rules do not carry over with the same
 meaning, and prints ClickHouse SQL.  The rewrites (each checked by the view equivalence test,
-``tests/test_clickhouse_views.py``):
+``tests/store/clickhouse/test_views_match_duckdb.py``):
 
 - **attributes**: ``SpanAttributes['k']`` / ``ResourceAttributes['k']`` are NULL in DuckDB when the
   key is absent, ``''`` in ClickHouse: read as ``if(mapContains(m, 'k'), m['k'], NULL)``.  The

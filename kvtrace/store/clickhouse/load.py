@@ -13,7 +13,7 @@ are spelled the same by both; arrays and maps keep kvtrace's JSON.
 :func:`load` creates the table with the exporter's DDL (:data:`.ddl.TRACES_TABLE_DDL`; the
 database too, for ``db.table``) when missing and inserts every complete Parquet file of the
 directory (one run, as :func:`kvtrace.store.connect` reads it).  The equivalence test
-(``tests/test_clickhouse_views.py``) and ``tests/clickhouse_check.py`` load with it.
+(``tests/store/clickhouse/test_views_match_duckdb.py``) and ``tests/support/clickhouse_check.py`` load with it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :class:`View` and :class:`Column` are the registry's entries; the modules of this package define
 the views, :mod:`kvtrace.store.views` lists them in creation order, :mod:`kvtrace.store.reader`
 creates them on every connection and :mod:`.docs` writes docs/query.md from them.
-``tests/test_store_views.py`` checks every declared column (name, order and type) against what
+``tests/store/test_views.py`` checks every declared column (name, order and type) against what
 DuckDB makes of the SQL, and every documented value against rows of a store.
 
 Derived columns that several views share (:data:`COMMON`) have one meaning everywhere.  Their
