@@ -1,4 +1,7 @@
-"""``kvtrace.configure``: one TracerProvider per component, exporting to Parquet and/or OTLP.
+"""kvtrace.telemetry: the OpenTelemetry and Prometheus plumbing every component shares.  This module
+is ``kvtrace.configure``: one TracerProvider per component, exporting to Parquet and/or OTLP;
+:mod:`.fastspans` makes spans for one event-loop thread at a fraction of the SDK's cost;
+:mod:`.exposition` renders a Prometheus registry for ``GET /metrics``.
 
 Each kvtrace component (proxy, simulator worker, connector, agent, bench) calls
 :func:`configure` with its own ``service_name`` and passes the returned provider to the code
