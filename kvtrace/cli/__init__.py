@@ -2,7 +2,7 @@
 traffic, what does it save, what does it hold, and where does an agent's time go?).
 
 Each sub-command lives in its own module here, ``kvtrace/cli/<command>.py``, thin: it parses,
-calls its package and prints.  It which defines ``add_arguments(parser)`` and
+calls its package and prints.  Each defines ``add_arguments(parser)`` and
 ``run(args) -> int``; the docstring of ``run`` is the command's ``--help``.  Modules are imported
 only when their command runs, so ``kvtrace query`` never imports aiohttp or Streamlit.
 """
