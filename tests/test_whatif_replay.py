@@ -61,14 +61,19 @@ TURNS = [
 ]
 
 
-def build(directory, time_scale: float = 1.0, b_ttl: float | None = None) -> None:
+def build(directory, time_scale: float = 1.0, b_ttl: float | None = None, unverified: int | None = None) -> None:
     """The store above; with ``b_ttl`` session B ran on a second D, ``d1``, whose
-    decoder_kv_blocks_ttl is ``b_ttl``: its last blocks expire ``b_ttl`` s after they were retained."""
+    decoder_kv_blocks_ttl is ``b_ttl``: its last blocks expire ``b_ttl`` s after they were retained.
+    With ``unverified``, P ran verify=enforce and D's digest proved only that many of A turn 1's
+    tokens: 1000 - 992 = 8 to pull, below the threshold: recorded ``unverified``, nothing pulled."""
     b = SpanBuilder()
     res = {**RESOURCE, sc.SIM_TIME_SCALE: time_scale}
     p_res = {**res, sc.ENGINE_ID: "p0", sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.ENGINE_KV_POOL_BYTES: POOL}
     prev_ret = {}
     for sess, turn, at, prompt, hit, remote, outcome, pulled, xfer, ttft, age, r0, tokens, r1, r_out in TURNS:
+        enforced = unverified is not None and (sess, turn) == ("A", 1)
+        if enforced:
+            outcome, pulled, xfer = sc.OUTCOME_UNVERIFIED, 0, 0.0
         d_id, ttl = ("d1", b_ttl) if sess == "B" and b_ttl is not None else ("d0", 480.0)
         d_res = {**res, sc.ENGINE_ID: d_id, sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: POOL}
         if r1 == END_S and ttl < END_S - r0:
@@ -109,6 +114,16 @@ def build(directory, time_scale: float = 1.0, b_ttl: float | None = None) -> Non
             sc.KV_THRESHOLD: 64,
             sc.KV_LOAD_FAILURE_POLICY: "fail",
         }
+        if enforced:
+            d_attrs.update(
+                {
+                    sc.KV_VERIFIED: sc.VERIFIED_MISMATCH,
+                    sc.KV_VERIFY_MODE: sc.VERIFY_ENFORCE,
+                    sc.KV_VERIFIED_TOKENS: unverified,
+                    sc.KV_VERIFY_MISMATCH_TOKEN: unverified,
+                    sc.KV_VERIFY_WRONG_TOKENS: remote - unverified,
+                }
+            )
         if offered:
             gap = (at - prev_ret[sess]) * time_scale  # model s
             d_attrs.update({sc.KV_PEER_ENGINE_ID: d_id, sc.KV_EXPIRY_REMAINING_S: ttl - gap})
@@ -300,6 +315,7 @@ def test_recorded_setting_gives_back_the_recorded_run(store):
         "no_remote": 2,
         "local_hit": 0,
         "failed": 0,
+        "unverified": 0,
         "pulled_tokens": 224,
         "recomputed_tokens": 1000 + 196 + 92 + 500 + 64,
         "gib_s_held": pytest.approx(gib_s, rel=1e-12),
@@ -330,6 +346,7 @@ def test_shorter_ttl_drops_the_long_gap(store):
         "no_remote": 3,
         "local_hit": 0,
         "failed": 0,
+        "unverified": 0,
         "pulled_tokens": 112,
         "recomputed_tokens": 1000 + 196 + 204 + 500 + 64,
         "gib_s_held": pytest.approx(gib_s, rel=1e-9),
@@ -498,3 +515,20 @@ def test_cli_one_line_errors_for_unusable_traces(tmp_path, capsys):
     assert main(["whatif", "--traces", str(tmp_path / "agent-only")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no d2p decisions" in err
+
+
+def test_enforce_replays_the_verified_prefix_against_each_threshold(tmp_path):
+    build(tmp_path, unverified=1000)
+    rec = load(open_store(tmp_path))
+    a1 = 1  # decisions in start order: A-0, B-0, B-1, A-1, A-2
+    assert [sc.OUTCOMES[c] for c in replay(rec, 480.0, 64).codes] == [
+        "no_remote",
+        "no_remote",
+        "below_threshold",
+        "unverified",
+        "pulled",
+    ]
+    low = replay(rec, 480.0, 8)  # the 8 verified tokens clear a threshold of 8: only they are pulled
+    assert sc.OUTCOMES[low.codes[3]] == sc.OUTCOME_PULLED and low.row["pulled_tokens"] == 8 + 48 + 112
+    assert replay(rec, 480.0, 64).row["unverified"] == a1
+    assert replay(rec, 480.0, 128).row["unverified"] == 0  # 112 offered < 128: below threshold either way
