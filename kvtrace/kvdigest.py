@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hashlib
 from array import array
 from dataclasses import dataclass
@@ -46,25 +45,38 @@ MAX_TOKENS = 1 << 24
 _PUBLIC_KEY = b"kvtrace-kv-digest-v1 (public: set KVTRACE_KV_DIGEST_KEY)"
 
 
-@functools.lru_cache(maxsize=4)
-def _key_bytes(value: str | None) -> bytes:
-    raw = value.encode() if value else _PUBLIC_KEY
-    return hashlib.blake2b(raw, digest_size=32).digest()  # any length in, BLAKE2b's 64-byte key limit out
+_KEYS: dict[str | None, bytes] = {}
+_ENV: list[str | None] = []  # KVTRACE_KV_DIGEST_KEY as read at the first use in this process
 
 
 def key(value: str | None = None) -> bytes:
-    """The digest key: ``value``, else KVTRACE_KV_DIGEST_KEY, else the public default."""
-    return _key_bytes(settings.KV_DIGEST_KEY.get(value))
+    """The digest key: ``value``, else KVTRACE_KV_DIGEST_KEY (read once per process: this runs
+    per request, and os.environ costs more than the rest of the lookup), else the public default."""
+    if value is None:
+        if not _ENV:
+            _ENV.append(settings.KV_DIGEST_KEY.get())
+        value = _ENV[0]
+    k = _KEYS.get(value)
+    if k is None:
+        raw = value.encode() if value else _PUBLIC_KEY
+        k = _KEYS[value] = hashlib.blake2b(raw, digest_size=32).digest()  # any length in, a 32-byte key out
+    return k
 
 
 def _start(k: bytes, engine_id: object, request_id: object, block_ids: object):
-    h = hashlib.blake2b(key=k, digest_size=16)
-    h.update(f"{engine_id}\x00{request_id}\x00".encode())
-    for group in block_ids or ():  # vLLM: one list per KV-cache group; a flat list is one group
-        h.update(array("q", group if isinstance(group, (list, tuple)) else (group,)).tobytes())
+    h = hashlib.blake2b(f"{engine_id}\x00{request_id}\x00".encode(), key=k, digest_size=16)
+    groups = block_ids or ()
+    if groups and not isinstance(groups[0], (list, tuple)):
+        groups = (groups,)  # a flat list is one group
+    for group in groups:  # vLLM: one list per KV-cache group
+        h.update(array("q", group).tobytes())
         h.update(b"\xff")
-    h.update(b"\x00")
     return h
+
+
+def _count(n: int, chunk: int) -> int:
+    """Tags of an ``n``-token digest: one per whole chunk, one for a partial last chunk."""
+    return n // chunk + (1 if n % chunk else 0)
 
 
 def _boundaries(n: int, chunk: int) -> list[int]:
@@ -76,15 +88,16 @@ def _boundaries(n: int, chunk: int) -> list[int]:
 
 def _tags(h, data: bytes, bounds: list[int]):
     """Yield the tag at each boundary (token counts), feeding ``h`` the tokens in between."""
-    pos = 0
+    pos, view = 0, memoryview(data)
     for b in bounds:
-        h.update(data[pos * 4 : b * 4])
+        h.update(view[pos * 4 : b * 4])
         pos = b
         yield h.copy().digest()[:TAG_BYTES]
 
 
-def _token_bytes(tokens, n: int) -> bytes:
-    return array("I", tokens[:n] if len(tokens) > n else tokens).tobytes()
+def _token_bytes(tokens, n: int) -> memoryview:
+    """The first ``n`` token ids as uint32 bytes (a view: no copy of the list or of the bytes)."""
+    return memoryview(array("I", tokens if len(tokens) <= n + 64 else tokens[:n]))[:n].cast("B")
 
 
 def make(tokens, n: int, *, engine_id, request_id, block_ids, key_value: str | None = None) -> dict:
@@ -125,7 +138,7 @@ def _parse(obj) -> tuple[int, int, bytes] | None:
         raw = base64.b64decode(tags, validate=True)
     except (binascii.Error, ValueError):
         return None
-    if len(raw) != TAG_BYTES * len(_boundaries(n, chunk)):
+    if len(raw) != TAG_BYTES * _count(n, chunk):
         return None
     return chunk, n, raw
 
@@ -142,18 +155,18 @@ def verify(obj, tokens, limit: int, *, engine_id, request_id, block_ids, key_val
             return UNVERIFIABLE
         chunk, n, raw = parsed
         limit = max(0, min(int(limit), n, len(tokens)))
-        bounds = [b for b in _boundaries(n, chunk) if b <= limit]
-        if not bounds:
+        last = limit if limit == n else limit // chunk * chunk  # the last boundary P can check
+        if last == 0:
             return Verdict(sc.VERIFIED_MATCH, 0)
         h = _start(key(key_value), engine_id, request_id, block_ids)
-        data = _token_bytes(tokens, bounds[-1])
-        last = bounds[-1]
-        # the common case first: one copy at the limit proves every earlier boundary (prefix-closed)
+        data = _token_bytes(tokens, last)
+        # the common case first: the tag at the limit proves every earlier boundary (prefix-closed)
+        i = _count(last, chunk) - 1
         whole = h.copy()
         whole.update(data)
-        i = len(bounds) - 1  # bounds is a prefix of every boundary of D's digest
         if whole.digest()[:TAG_BYTES] == raw[i * TAG_BYTES : (i + 1) * TAG_BYTES]:
             return Verdict(sc.VERIFIED_MATCH, last)
+        bounds = [b for b in _boundaries(n, chunk) if b <= last]
         verified = 0
         for j, tag in enumerate(_tags(h, data, bounds)):
             if tag != raw[j * TAG_BYTES : (j + 1) * TAG_BYTES]:
