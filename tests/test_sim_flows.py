@@ -63,7 +63,10 @@ async def p_leg(session, cluster, body: dict, rid: str, cached: dict | None, ctx
     if cached:
         params.update({k: v for k, v in cached.items() if k != sc.KV_PARAMS_KEY})
     if ctx:
-        params[sc.KV_PARAMS_KEY] = ctx
+        params[sc.KV_PARAMS_KEY] = dict(ctx)
+        digest = (cached or {}).get(sc.KV_PARAMS_KEY, {}).get(sc.KVT_DIGEST)
+        if digest is not None:  # D's identity of its blocks travels beside the trace context
+            params[sc.KV_PARAMS_KEY][sc.KVT_DIGEST] = digest
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     req = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
     async with session.post(cluster.prefill_urls[i] + path, json=req, headers={"X-Request-Id": rid}) as resp:
@@ -182,6 +185,9 @@ async def test_two_turn_chat_turn2_p_pulls_d_blocks(tracer_provider, span_export
         sc.KV_PEER_ENGINE_ID: "sim-decode-0",
         sc.KV_REMOTE_REQUEST_ID: d1["remote_request_id"],
         sc.KV_OUTCOME: sc.OUTCOME_PULLED,
+        sc.KV_VERIFIED: sc.VERIFIED_MATCH,
+        sc.KV_VERIFY_MODE: sc.VERIFY_RECORD,
+        sc.KV_VERIFIED_TOKENS: n1 + out1 - 1,
     }
     assert decision.parent.span_id == engine.context.span_id
     transfer = one(span_exporter, sc.SPAN_KV_TRANSFER, **{sc.GEN_AI_REQUEST_ID: "turn-1"})
