@@ -22,6 +22,12 @@ Sources (vLLM 0.33.0 wheel, ``distributed/kv_transfer/kv_connector/v1/nixl/``):
   ``local_hit`` (``no_remote`` when the local hit is 0 too); below threshold ->
   ``below_threshold``; else ``pulled`` (``expired`` / ``failed`` replace it when the load does not
   happen).
+- Verification (:mod:`kvtrace.kvdigest`, kvtrace's own rule, not vLLM's): P knows how many of
+  its prompt's tokens D's digest proves (``verified``).  Under ``verify=enforce`` P loads at most
+  those: ``min(verified, prompt) - local_hit`` (:func:`verified_count`), pulled if that still
+  clears the threshold, else outcome ``unverified`` (recomputed) (:func:`enforced_outcome`); under
+  ``record`` vLLM's rule is unchanged and :func:`wrong_tokens` counts what it loads from KV of
+  other tokens.
 - The proxy (``kvtrace.proxy.table.ConversationTable.begin``, as upstream's
   ``disagg_proxy_multiturn.py``) offers D's blocks while the conversation entry's age is at most
   its ``--conversation-ttl`` (:func:`entry_offered`).
@@ -39,6 +45,7 @@ EXPIRY_SAFETY_MARGIN_S = 5.0  # pull_worker._KV_BLOCKS_EXPIRY_SAFETY_MARGIN
 CODE = {name: i for i, name in enumerate(sc.OUTCOMES)}
 PULLED, BELOW_THRESHOLD, EXPIRED = CODE[sc.OUTCOME_PULLED], CODE[sc.OUTCOME_BELOW_THRESHOLD], CODE[sc.OUTCOME_EXPIRED]
 NO_REMOTE, LOCAL_HIT, FAILED = CODE[sc.OUTCOME_NO_REMOTE], CODE[sc.OUTCOME_LOCAL_HIT], CODE[sc.OUTCOME_FAILED]
+UNVERIFIED = CODE[sc.OUTCOME_UNVERIFIED]
 
 
 def pull_count(remote_num_tokens, prompt_tokens, local_hit):
@@ -75,3 +82,30 @@ def d2p_outcome(offered, count, local_hit, threshold):
 def entry_offered(age_s, ttl_s):
     """The proxy offers the conversation's cached D blocks while their age is at most its TTL."""
     return np.asarray(age_s) <= ttl_s
+
+
+def verified_count(verified, prompt_tokens, local_hit):
+    """Tokens P may load under ``verify=enforce``: the verified prefix beyond the local hit."""
+    return np.minimum(verified, prompt_tokens) - local_hit
+
+
+def enforced_outcome(code, count, vcount, threshold):
+    """``verify=enforce``: a pull (``code`` = :data:`PULLED` from :func:`d2p_outcome`) of more
+    than the ``vcount`` verified tokens loads only those if they still clear the threshold
+    (:data:`PULLED`, ``vcount`` tokens), else :data:`UNVERIFIED` (P recomputes); any other code
+    is unchanged."""
+    trimmed = np.logical_and(np.asarray(code) == PULLED, np.asarray(vcount) < count)
+    return np.where(trimmed, np.where(loads(vcount, threshold), PULLED, UNVERIFIED), code).astype(np.int8)
+
+
+def enforced_pull(count, vcount, threshold):
+    """Tokens P loads under ``verify=enforce`` (0 when it recomputes)."""
+    pull = np.where(np.asarray(vcount) < count, vcount, count)
+    return np.where(loads(pull, threshold), pull, 0)
+
+
+def wrong_tokens(count, local_hit, verified, threshold):
+    """Tokens vLLM's rule loads from KV of other tokens: ``local_hit + count`` (where P would load
+    up to) minus ``max(verified, local_hit)``; 0 when the rule loads nothing."""
+    wrong = np.maximum(0, np.asarray(local_hit) + count - np.maximum(verified, local_hit))
+    return np.where(loads(count, threshold), wrong, 0)

@@ -256,6 +256,14 @@ TEST_CLICKHOUSE_URL = Setting(
         "(tests/store/clickhouse/test_server.py); unset = those tests skip."
     ),
 )
+KV_DIGEST_KEY = Setting(
+    "KVTRACE_KV_DIGEST_KEY",
+    None,
+    "Secret key of the digest D's connector puts in kv_transfer_params and P's connector checks "
+    "before a pull (kvtrace.kvdigest); set the same value on P and D. Unset = a built-in public key: "
+    "honest mismatches (a reused id, a rewritten history) are still found, but anyone who sees the "
+    "params can test a guessed text against them and forge a digest for an offer.",
+)
 REQUIRE_VLLM = Setting("KVTRACE_REQUIRE_VLLM", False, "Tests that need vLLM/NIXL fail instead of skipping.", bool)
 
 ALL: tuple[Setting, ...] = tuple(v for v in globals().values() if isinstance(v, Setting))

@@ -23,6 +23,11 @@ vs NIXL's families alone.  Run with the vLLM venv:
     /opt/kvtrace-vllm/bin/python benchmarks/connector/bench_connector.py [--requests 3000] [--spans sync] \
         [--metrics both|on|off]
 
+``--verify`` (default on; ``--no-verify`` skips it) also runs a kvtrace connector whose digest check
+is switched off (its probe's ``verify`` a no-op), interleaved with the others, and times D's side
+(``kvdigest.make`` over the tokens D offers) on the same requests: the cost of verified reuse per
+request = (check on - check off, sum of hook medians) + D's digest median.  Target <= 5 us.
+
 ``--export-stall STEPS [--batch 2048] [--writer-process]`` measures instead what an export running in
 the engine process does to the scheduler: step time (one request's hooks) with and without a
 Parquet export of a 2048-span batch running on the exporter's thread, p50 / p99 / max.
@@ -95,12 +100,18 @@ def _calls(i: int, conn_tag: str):
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import RequestStatus
 
+    from kvtrace import kvdigest
+    from kvtrace import semconv as sc
+
     from support import vllm_rig as rig
 
     pull = i % 2 == 1
     prompt = [5 + (i + k) % 400 for k in range(256)]
     params = {"do_remote_decode": True, "do_remote_prefill": False}
     if pull:
+        # D's kvtrace entry with the digest of the 250 tokens it holds (what an id-only router sends back)
+        digest = kvdigest.make(prompt, 250, engine_id="d", request_id=f"d-{i}", block_ids=[list(range(16))])
+        params[sc.KV_PARAMS_KEY] = {sc.KVT_ENGINE_ID: "d", sc.KVT_DIGEST: digest}
         params.update(
             remote_block_ids=[list(range(16))],
             remote_engine_id="d",
@@ -142,6 +153,19 @@ def _calls(i: int, conn_tag: str):
         ("get_kv_connector_stats", lambda c: c.get_kv_connector_stats()),
         ("request_finished_all_groups", finish),
     ]
+
+
+def _digest_cost(requests: int) -> float:
+    """Median ns of D's side: kvdigest.make over the 250 tokens its blocks hold (request_finished)."""
+    from kvtrace import kvdigest
+
+    times = []
+    for i in range(requests):
+        prompt = [5 + (i + k) % 400 for k in range(256)]
+        t0 = time.perf_counter_ns()
+        kvdigest.make(prompt, 250, engine_id="d", request_id=f"d-{i}", block_ids=[list(range(16))])
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times[requests // 10 :])
 
 
 def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
@@ -271,6 +295,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--batch", type=int, default=2048, help="--export-stall: spans per export (default 2048)")
     ap.add_argument("--writer-process", action="store_true", help="--export-stall: export via the writer process")
+    ap.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the digest check (a connector with it off) and D's digest",
+    )
     args = ap.parse_args(argv)
     from support import vllm_rig as rig
 
@@ -283,6 +313,10 @@ def main(argv=None) -> int:
     conns = {"kvtrace": wrapped, "bare": bare}
     if args.metrics == "both":
         conns["metrics_off"] = _connectors(model_dir, deferred, metrics=False)[0]
+    if args.verify:
+        unchecked = _connectors(model_dir, deferred, metrics=args.metrics != "off")[0]
+        unchecked._probe.verify = lambda request: None  # the same connector without the digest check
+        conns["verify_off"] = unchecked
     samples = {(tag, h): [] for tag in conns for h in HOOKS}
     payloads = []
     clock = time.perf_counter_ns
@@ -320,6 +354,17 @@ def main(argv=None) -> int:
         on = sum(med[("kvtrace", h)] for h in HOOKS)
         off = sum(med[("metrics_off", h)] for h in HOOKS)
         print(f"metrics cost per request (sum of hook medians): {on - off:.0f} ns ({on / off:.3f}x of metrics off)")
+    if args.verify:
+        # the check runs on the pull requests (odd i) only: their medians
+        pulls = {k: statistics.median(v[warm + (warm % 2 == 0) :: 2]) for k, v in samples.items()}
+        check = sum(pulls[("kvtrace", h)] - pulls[("verify_off", h)] for h in HOOKS)
+        d_side = _digest_cost(args.requests)
+        print(
+            f"verified reuse: P's check {check:.0f} ns per pulling request (sum of hook medians, check on - off); "
+            f"D's digest of the 250 tokens it holds {d_side:.0f} ns per retaining request (target <= 5000 ns each)"
+        )
+        per_hook = {h: round(pulls[("kvtrace", h)] - pulls[("verify_off", h)]) for h in HOOKS}
+        print(f"  check on - off per hook, pulling requests: {per_hook}")
     if payloads:
         with_kv, nixl_only = _observe_cost(model_dir, payloads)
         print(

@@ -137,6 +137,26 @@ FROM kv_decisions {where}
 GROUP BY direction, outcome ORDER BY direction, decisions DESC, outcome
 """
 
+# P's check of D's digest (kvtrace.kv.verified): mismatches first, then unverifiable, then match
+_VERIFIED_RANK = f"""CASE verified WHEN {literal(sc.VERIFIED_MISMATCH)} THEN 0
+    WHEN {literal(sc.VERIFIED_UNVERIFIABLE)} THEN 1 ELSE 2 END"""
+
+VERIFICATION_SQL = f"""
+SELECT verified, count(*) AS decisions,
+       count(*) FILTER (WHERE outcome = {literal(sc.OUTCOME_PULLED)}) AS pulled,
+       coalesce(sum(wrong_tokens), 0)::BIGINT AS wrong_tokens
+FROM kv_decisions WHERE direction = {D2P} AND verified IS NOT NULL {{where}}
+GROUP BY verified ORDER BY {_VERIFIED_RANK}, verified
+"""
+
+MISMATCHES_SQL = f"""
+SELECT start_ns, session_id, turn, request_id, engine_id, peer_engine_id, verify_mode, outcome,
+       remote_tokens, verified_tokens, first_mismatch_token, wrong_tokens, pulled_tokens
+FROM kv_decisions WHERE direction = {D2P} AND verified = {literal(sc.VERIFIED_MISMATCH)} {{where}}
+ORDER BY wrong_tokens DESC, start_ns, request_id
+LIMIT $limit
+"""
+
 OFFER_MIX_SQL = """
 SELECT offer_reason, count(*) AS requests FROM requests {where}
 GROUP BY offer_reason ORDER BY requests DESC, offer_reason
@@ -186,6 +206,18 @@ def decision_mix(con, filters: Filters | None = None) -> pa.Table:
     """Decisions per (direction, outcome)."""
     clause, params = where(filters, ROW_SCOPE)
     return table(con, DECISION_MIX_SQL.format(where=clause), params)
+
+
+def verification(con, filters: Filters | None = None) -> pa.Table:
+    """d2p decisions with D's blocks offered, per ``kvtrace.kv.verified``: mismatches first."""
+    clause, params = where(filters, ROW_SCOPE, prefix="AND")
+    return table(con, VERIFICATION_SQL.format(where=clause), params)
+
+
+def mismatches(con, filters: Filters | None = None, limit: int = 20) -> pa.Table:
+    """The mismatched offers (D's blocks hold other tokens than the prompt), most wrong tokens first."""
+    clause, params = where(filters, ROW_SCOPE, prefix="AND")
+    return table(con, MISMATCHES_SQL.format(where=clause), {**params, "limit": limit})
 
 
 def offer_mix(con, filters: Filters | None = None) -> pa.Table:

@@ -85,6 +85,8 @@ def run(args) -> int:
       no_remote           nothing offered (no previous turn, or its entry too old for the proxy)
       local_hit           P's own prefix cache already held everything D had
       failed              pulls recorded as failed for other reasons that the replay still makes
+      unverified          P ran verify=enforce and too few of the offered tokens were proven its
+                          prompt's (D's digest) to clear `threshold`: P recomputed them
       pulled_tokens       tokens pulled from D
       recomputed_tokens   prompt tokens P computed
       gib_s_held          KV held on every D for next turns, GiB x model s

@@ -25,7 +25,9 @@ Payload (string keys only, so it survives vLLM's msgpack IPC)::
      "transfers": {"d2p|ok": [[seconds, bytes], ...]},  # direction|status -> samples
      "retention_ends": {"read": 2, ...},             # outcome -> count
      "retained_byte_seconds": 1.5e9,                 # added since the last drain
-     "retained": [blocks, bytes]}                    # held now (absolute)
+     "retained": [blocks, bytes],                   # held now (absolute)
+     "verifications": {"match": 2, ...},             # kvtrace.kv.verified -> count
+     "mismatched_tokens": 172}                       # sum of kvtrace.kv.verify.wrong_tokens
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ DECISIONS, TOKENS, TRANSFERS, ENDS, BYTE_SECONDS, RETAINED = (
     "retained_byte_seconds",
     "retained",
 )
+VERIFICATIONS, WRONG = "verifications", "mismatched_tokens"
 SEP = "|"
 # transfer duration buckets, s: NIXL's (vllm:nixl_xfer_time_seconds) plus sub-ms and long loads
 TRANSFER_BUCKETS = (
@@ -69,7 +72,16 @@ TRANSFER_BUCKETS = (
 
 
 def empty_payload() -> dict:
-    return {DECISIONS: {}, TOKENS: {}, TRANSFERS: {}, ENDS: {}, BYTE_SECONDS: 0.0, RETAINED: None}
+    return {
+        DECISIONS: {},
+        TOKENS: {},
+        TRANSFERS: {},
+        ENDS: {},
+        BYTE_SECONDS: 0.0,
+        RETAINED: None,
+        VERIFICATIONS: {},
+        WRONG: 0,
+    }
 
 
 def is_empty(payload: dict | None) -> bool:
@@ -82,6 +94,8 @@ def is_empty(payload: dict | None) -> bool:
         or payload.get(ENDS)
         or payload.get(BYTE_SECONDS)
         or payload.get(RETAINED) is not None
+        or payload.get(VERIFICATIONS)
+        or payload.get(WRONG)
     )
 
 
@@ -89,7 +103,7 @@ def merge(into: dict, other: dict | None) -> dict:
     """Add ``other`` (a later payload) into ``into``; returns ``into``."""
     if not other:
         return into
-    for key in (DECISIONS, TOKENS, ENDS):
+    for key in (DECISIONS, TOKENS, ENDS, VERIFICATIONS):
         acc = into.setdefault(key, {})
         for k, v in (other.get(key) or {}).items():
             acc[k] = acc.get(k, 0) + v
@@ -97,6 +111,7 @@ def merge(into: dict, other: dict | None) -> dict:
     for k, samples in (other.get(TRANSFERS) or {}).items():
         acc.setdefault(k, []).extend(samples)
     into[BYTE_SECONDS] = into.get(BYTE_SECONDS, 0.0) + (other.get(BYTE_SECONDS) or 0.0)
+    into[WRONG] = into.get(WRONG, 0) + (other.get(WRONG) or 0)
     if other.get(RETAINED) is not None:
         into[RETAINED] = list(other[RETAINED])
     return into
@@ -122,8 +137,17 @@ class KVMetrics:
         self._bytes = 0
         self._dirty = False
 
-    def decision(self, direction: str, outcome: str, local: int, pulled: int, recomputed: int) -> None:
-        """A decision span ended with these attribute values."""
+    def decision(
+        self,
+        direction: str,
+        outcome: str,
+        local: int,
+        pulled: int,
+        recomputed: int,
+        verified: str | None = None,
+        wrong: int = 0,
+    ) -> None:
+        """A decision span ended with these attribute values (``verified``: its kvtrace.kv.verified)."""
         keys = _TOKEN_KEYS.get(direction) or _token_keys(direction)
         key = direction + SEP + outcome
         with self._lock:
@@ -137,6 +161,10 @@ class KVMetrics:
                 t[keys[1]] = t.get(keys[1], 0) + pulled
             if recomputed:
                 t[keys[2]] = t.get(keys[2], 0) + recomputed
+            if verified is not None:
+                v = p[VERIFICATIONS]
+                v[verified] = v.get(verified, 0) + 1
+                p[WRONG] += wrong
             self._dirty = True
 
     def transfer(self, direction: str, status: str, nbytes: int, seconds: float) -> None:
@@ -219,6 +247,10 @@ class KVPromMetrics:
             counter, sc.METRIC_KV_RETENTION_ENDS, (sc.LABEL_OUTCOME,), [(o,) for o in sc.RETENTION_OUTCOMES]
         )
         self.byte_seconds = family(counter, sc.METRIC_KV_RETAINED_BYTE_SECONDS, (), [()])
+        self.verifications = family(
+            counter, sc.METRIC_KV_VERIFICATIONS, (sc.LABEL_VERIFIED,), [(v,) for v in sc.VERIFIED_VALUES]
+        )
+        self.wrong = family(counter, sc.METRIC_KV_MISMATCHED_TOKENS, (), [()])
         self._logged = False
 
     def observe(self, payload: dict | None, engine_idx: int = 0) -> None:
@@ -234,7 +266,14 @@ class KVPromMetrics:
                 log.exception("kvtrace: could not apply a metrics payload; metrics continue without it")
 
     def _observe(self, payload: dict, engine_idx: int) -> None:
-        for children, key in ((self.decisions, DECISIONS), (self.tokens, TOKENS), (self.ends, ENDS)):
+        if payload.get(WRONG):
+            self.wrong[(engine_idx, "")].inc(payload[WRONG])
+        for children, key in (
+            (self.decisions, DECISIONS),
+            (self.tokens, TOKENS),
+            (self.ends, ENDS),
+            (self.verifications, VERIFICATIONS),
+        ):
             for k, n in (payload.get(key) or {}).items():
                 child = children.get((engine_idx, k))
                 if child is not None and n:

@@ -98,6 +98,8 @@ class _Request:
     direction: str = ""  # of the decision (metrics): set with ``decision``
     transfer_direction: str = ""  # set with ``transfer``
     transfer_bytes: int = 0
+    verified: str | None = None  # kvtrace.kv.verified of the decision (metrics)
+    wrong_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -217,9 +219,11 @@ class KVRecorder:
         expiry_remaining_s: float | None = None,
         peer_engine_id: str | None = None,
         remote_request_id: str | None = None,
+        verification: dict | None = None,
     ) -> None:
         """The scheduler decided.  ``outcome=None`` means a pull was scheduled and its outcome
-        (pulled / expired / failed) is settled by :meth:`transfer_finished`."""
+        (pulled / expired / failed) is settled by :meth:`transfer_finished`.  ``verification``:
+        the ``kvtrace.kv.verified`` / ``kvtrace.kv.verify.*`` attributes of a checked offer."""
         req = self._get(request_id)
         if req is None or req.decision is not None:
             return
@@ -244,6 +248,11 @@ class KVRecorder:
             attrs[sc.KV_PEER_ENGINE_ID] = peer_engine_id
         if remote_request_id is not None:
             attrs[sc.KV_REMOTE_REQUEST_ID] = remote_request_id
+        if verification:
+            attrs.update(verification)
+            req.verified = verification.get(sc.KV_VERIFIED)
+            req.wrong_tokens = int(verification.get(sc.KV_VERIFY_WRONG_TOKENS) or 0)
+            req.summary[sc.KVT_VERIFIED] = req.verified
         req.decision = self._spans.start(sc.SPAN_KV_DECISION, req.span, attrs, self._clock())
         req.direction = direction
         summary = req.summary
@@ -472,6 +481,8 @@ class KVRecorder:
                 summary[sc.KVT_LOCAL_HIT_TOKENS],
                 summary[sc.KVT_PULLED_TOKENS],
                 summary[sc.KVT_RECOMPUTED_TOKENS],
+                req.verified,
+                req.wrong_tokens,
             )
 
     def _count_transfer(self, req: _Request, status: str, end_ns: int) -> None:

@@ -67,6 +67,21 @@ METRICS: dict[str, dict] = {
         "doc": f"Bytes x seconds held, added when a retention ends ({KV_RETENTION_BYTES} x span duration); "
         "the memory cost of keeping KV for next turns.",
     },
+    METRIC_KV_VERIFICATIONS: {
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS + (LABEL_VERIFIED,),
+        "span": SPAN_KV_DECISION,
+        "doc": f"d2p decisions with D's blocks offered, by {KV_VERIFIED} (= {SPAN_KV_DECISION} spans by it).",
+    },
+    METRIC_KV_MISMATCHED_TOKENS: {
+        "type": "counter",
+        "emitter": _kv_emitter,
+        "labels": _ENGINE_LABELS,
+        "span": SPAN_KV_DECISION,
+        "doc": f"Tokens vLLM's rule loads (under verify=enforce: would have loaded) from KV of other tokens "
+        f"(sum of {KV_VERIFY_WRONG_TOKENS}).",
+    },
     METRIC_PROXY_REQUESTS: {
         "type": "counter",
         "emitter": "proxy",
@@ -192,6 +207,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     LABEL_DIRECTION: DIRECTIONS,
     LABEL_OUTCOME: OUTCOMES + RETENTION_OUTCOMES + (OUTCOME_UNKNOWN,),
     LABEL_SOURCE: TOKEN_SOURCES,
+    LABEL_VERIFIED: VERIFIED_VALUES,
     LABEL_STATUS: TRANSFER_STATUSES + ("HTTP status code",),
     LABEL_OFFER_REASON: OFFER_REASONS,
     LABEL_REASON: EVICTION_REASONS + DROP_REASONS,

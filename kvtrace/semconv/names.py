@@ -134,6 +134,12 @@ KV_EXPIRY_REMAINING_S = "kvtrace.kv.expiry_remaining_s"
 KV_PEER_ENGINE_ID = "kvtrace.kv.peer_engine_id"
 KV_REMOTE_REQUEST_ID = "kvtrace.kv.remote_request_id"
 KV_LOAD_FAILURE_POLICY = "kvtrace.kv.load_failure_policy"
+# verification of the offered KV against the prompt (d2p, P): kvtrace.kvdigest
+KV_VERIFIED = "kvtrace.kv.verified"  # match / mismatch / unverifiable
+KV_VERIFY_MODE = "kvtrace.kv.verify.mode"  # record / enforce
+KV_VERIFIED_TOKENS = "kvtrace.kv.verify.verified_tokens"  # int: prompt tokens proven equal to D's
+KV_VERIFY_MISMATCH_TOKEN = "kvtrace.kv.verify.first_mismatch_token"  # int: start of the first differing chunk
+KV_VERIFY_WRONG_TOKENS = "kvtrace.kv.verify.wrong_tokens"  # int: tokens vLLM's rule would load from other tokens
 
 # transfer
 KV_TRANSFER_TOKENS = "kvtrace.kv.transfer.tokens"
@@ -174,6 +180,7 @@ OUTCOME_EXPIRED = "expired"
 OUTCOME_NO_REMOTE = "no_remote"
 OUTCOME_LOCAL_HIT = "local_hit"
 OUTCOME_FAILED = "failed"
+OUTCOME_UNVERIFIED = "unverified"  # verify=enforce: the offer's unverified tokens were recomputed
 OUTCOMES = (
     OUTCOME_PULLED,
     OUTCOME_BELOW_THRESHOLD,
@@ -181,7 +188,15 @@ OUTCOMES = (
     OUTCOME_NO_REMOTE,
     OUTCOME_LOCAL_HIT,
     OUTCOME_FAILED,
+    OUTCOME_UNVERIFIED,
 )
+VERIFIED_MATCH = "match"
+VERIFIED_MISMATCH = "mismatch"
+VERIFIED_UNVERIFIABLE = "unverifiable"
+VERIFIED_VALUES = (VERIFIED_MATCH, VERIFIED_MISMATCH, VERIFIED_UNVERIFIABLE)
+VERIFY_RECORD = "record"
+VERIFY_ENFORCE = "enforce"
+VERIFY_MODES = (VERIFY_RECORD, VERIFY_ENFORCE)
 
 DIRECTION_D2P = "d2p"  # reverse: next turn's P pulls D's retained blocks (bidirectional)
 DIRECTION_P2D = "p2d"  # forward: D pulls the prompt's blocks from P
@@ -311,6 +326,13 @@ KVT_PREFILL = "prefill"
 KVT_DECODE = "decode"
 KVT_FALLBACK = "fallback"
 KVT_TTFT_MS = "ttft_ms"
+KVT_VERIFIED = "verified"  # P: the kvtrace.kv.verified of its decision
+KVT_DIGEST = "kv_digest"  # D: the keyed digest of the tokens its retained blocks hold (kvtrace.kvdigest)
+# fields of the kv_digest object
+DIGEST_VERSION = "v"
+DIGEST_CHUNK = "chunk"
+DIGEST_TOKENS = "n"
+DIGEST_TAGS = "tags"
 
 # --------------------------------------------------------------------------------------------
 # Prometheus metrics (docs/metrics.md is generated from METRICS below)
@@ -326,6 +348,8 @@ METRIC_KV_RETAINED_BLOCKS = "vllm:kvtrace_retained_blocks"
 METRIC_KV_RETAINED_BYTES = "vllm:kvtrace_retained_bytes"
 METRIC_KV_RETENTION_ENDS = "vllm:kvtrace_retention_ends"
 METRIC_KV_RETAINED_BYTE_SECONDS = "vllm:kvtrace_retained_byte_seconds"
+METRIC_KV_VERIFICATIONS = "vllm:kvtrace_verifications"
+METRIC_KV_MISMATCHED_TOKENS = "vllm:kvtrace_mismatched_tokens"
 # proxy (kvtrace proxy's /metrics) and every kvtrace process that exports spans
 METRIC_PROXY_REQUESTS = "kvtrace_proxy_requests"
 METRIC_PROXY_TTFT = "kvtrace_proxy_time_to_first_token_seconds"
@@ -356,6 +380,7 @@ LABEL_STATUS = "status"
 LABEL_OFFER_REASON = "offer_reason"
 LABEL_REASON = "reason"
 LABEL_ROLE = "role"  # proxy: the worker's role, prefill or decode
+LABEL_VERIFIED = "verified"
 
 # label values not enumerated above
 SOURCE_LOCAL_HIT = "local_hit"

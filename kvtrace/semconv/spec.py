@@ -165,6 +165,19 @@ SPANS: dict[str, dict] = {
             KV_PEER_ENGINE_ID: "Peer engine id (remote_engine_id).",
             KV_REMOTE_REQUEST_ID: "Peer's request id (remote_request_id).",
             KV_LOAD_FAILURE_POLICY: "kv_load_failure_policy: fail or recompute.",
+            KV_VERIFIED: f"d2p decisions with D's blocks offered: whether the offer's `{KVT_DIGEST}` (D's keyed "
+            f"digest of the tokens its blocks hold) proves they are this prompt's: {VERIFIED_MATCH}, "
+            f"{VERIFIED_MISMATCH} (a chunk differs), {VERIFIED_UNVERIFIABLE} (the offer has no valid digest).",
+            KV_VERIFY_MODE: f"The connector's `verify` setting: `{VERIFY_RECORD}` (record only; vLLM's rule decides) "
+            f"or `{VERIFY_ENFORCE}` (P loads only the verified prefix, else `{OUTCOME_UNVERIFIED}`).",
+            KV_VERIFIED_TOKENS: "Prompt tokens proven equal to the tokens D's blocks hold (int; whole digest chunks, "
+            "or D's whole sequence).",
+            KV_VERIFY_MISMATCH_TOKEN: f"When {VERIFIED_MISMATCH}: index of the first prompt token not proven equal, "
+            "the start of the first digest chunk that differs; the first differing token lies in the chunk it "
+            "starts (64 tokens; int).",
+            KV_VERIFY_WRONG_TOKENS: f"When {VERIFIED_MISMATCH}: tokens vLLM's rule loads (or, under "
+            f"{VERIFY_ENFORCE}, would have loaded) from KV of other tokens: min(D's tokens, prompt) - "
+            "max(verified, local hit), 0 when that rule loads nothing (int).",
             ERROR_TYPE: "Error class when the outcome is failed.",
         },
     },
@@ -368,6 +381,12 @@ KV_TRANSFER_FIELDS: dict[str, str] = {
     KVT_DECODE: "D's own kvtrace object, unmerged (proxy only).",
     KVT_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
     KVT_TTFT_MS: "TTFT measured at the proxy, ms (float).",
+    KVT_VERIFIED: f"P's {KV_VERIFIED} (connector/simulator objects only; null when nothing was offered).",
+    KVT_DIGEST: f"D's keyed digest of the tokens its retained blocks hold (connector/simulator objects only): "
+    f"`{DIGEST_VERSION}` (1), `{DIGEST_CHUNK}` (tokens per chunk), `{DIGEST_TOKENS}` (tokens covered = "
+    f"remote_num_tokens), `{DIGEST_TAGS}` (base64 of 4 bytes per chunk boundary and one for a partial last "
+    "chunk: BLAKE2b keyed with KVTRACE_KV_DIGEST_KEY over D's engine id, request id, block ids and the tokens "
+    "up to the boundary). At most 86 bytes per 1,000 tokens (+ 60): about 11 KB for 128k tokens.",
 }
 
 CONTEXT_FIELDS: dict[str, str] = {

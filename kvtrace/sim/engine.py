@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvtrace import kvdigest
 from kvtrace import semconv as sc
 from kvtrace.emit.recorder import KVRecorder
 from kvtrace.sim import scheduler, tokenizer
@@ -32,6 +33,12 @@ from kvtrace.sim.holds import Hold, Holds
 from kvtrace.sim.kvcache import KVCache, NoSpace, block_hashes
 
 FINISH_LENGTH = "length"
+
+
+def block_ids_of(params: dict) -> list:
+    """The first KV-cache group's block ids of a params object."""
+    ids = params.get("remote_block_ids") or [[]]
+    return ids[0] if ids and isinstance(ids[0], list) else ids
 
 
 class EngineError(Exception):
@@ -265,8 +272,14 @@ class Engine:
         )
         if isinstance(expiry, (int, float)):
             common.update(expiry_deadline=float(expiry), expiry_remaining_s=round(float(expiry) - self.clock(), 6))
+        common["verification"], enforced = scheduler.check_offer(
+            p, gen.prompt, gen.local_hit, self.kv.threshold, self.kv.verify
+        )
+        if enforced is not None:  # verify=enforce: only the verified prefix, or recompute
+            count, load, outcome = enforced
         if not load:
-            outcome = scheduler.outcome(p, n, gen.local_hit, self.kv.threshold)
+            if enforced is None:
+                outcome = scheduler.outcome(p, n, gen.local_hit, self.kv.threshold)
             self.recorder.decision(gen.record_id, direction=sc.DIRECTION_D2P, outcome=outcome, **common)
             self._notify(p, sc.RETENTION_RELEASED)  # vLLM's empty read: D frees its blocks
             return
@@ -359,6 +372,14 @@ class Engine:
             gen.record_id, output_tokens=len(gen.output), cached_tokens=gen.cached_tokens
         )
         out = dict(params) if params else {}
+        if params and params["do_remote_decode"] and block_ids_of(params):  # D retains: what its blocks hold
+            summary[sc.KVT_DIGEST] = kvdigest.make(
+                gen.prompt + gen.output[:-1],
+                computed,
+                engine_id=self.engine_id,
+                request_id=gen.internal_id,
+                block_ids=params["remote_block_ids"],
+            )
         out[sc.KV_PARAMS_KEY] = summary
         return out
 

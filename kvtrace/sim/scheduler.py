@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtrace import kvrules
+from kvtrace import kvdigest, kvrules
 from kvtrace import semconv as sc
 
 EXPIRY_SAFETY_MARGIN_S = kvrules.EXPIRY_SAFETY_MARGIN_S
@@ -58,6 +58,7 @@ class KVConfig:
     ttl_s: float = 480.0  # decoder_kv_blocks_ttl
     lease_s: float = 30.0  # kv_lease_duration
     extra: dict = field(default_factory=dict)
+    verify: str = sc.VERIFY_RECORD  # kv_connector_extra_config.kvtrace.verify, as the connector's
 
     @classmethod
     def from_dict(cls, cfg: dict | None) -> KVConfig:
@@ -74,6 +75,12 @@ class KVConfig:
         role = cfg.get("kv_role", "kv_both")
         if role not in KV_ROLES:
             raise ConfigError(f"kv_role must be one of {KV_ROLES}, not {role!r}")
+        entry = extra.get(sc.KV_PARAMS_KEY) or {}
+        verify = entry.get("verify", sc.VERIFY_RECORD) if isinstance(entry, dict) else None
+        if verify not in sc.VERIFY_MODES:
+            raise ConfigError(
+                f"kv_connector_extra_config.kvtrace.verify must be one of {sc.VERIFY_MODES}, not {verify!r}"
+            )
         return cls(
             kv_connector=str(cfg.get("kv_connector", "NixlConnector")),
             kv_role=role,
@@ -84,6 +91,7 @@ class KVConfig:
             ttl_s=_number(extra, "decoder_kv_blocks_ttl", 480),
             lease_s=_number(extra, "kv_lease_duration", 30),
             extra=extra,
+            verify=verify,
         )
 
     def to_dict(self) -> dict:
@@ -142,3 +150,30 @@ def outcome(params: dict | None, prompt_tokens: int, local_hit: int, threshold: 
     offered = has_remote_blocks(params)
     count = kvrules.pull_count((params or {}).get("remote_num_tokens") or 0, prompt_tokens, local_hit)
     return sc.OUTCOMES[int(kvrules.d2p_outcome(offered, count, local_hit, threshold))]
+
+
+def check_offer(
+    params: dict, prompt: list[int], local_hit: int, threshold: int, mode: str
+) -> tuple[dict, tuple | None]:
+    """P's check of D's digest (:mod:`kvtrace.kvdigest`), as the instrumented connector does it:
+    (the decision's verification attributes, None or, when ``enforce`` trims the offer,
+    ``(count, load, outcome)`` by :func:`kvrules.enforced_outcome`)."""
+    n = len(prompt)
+    wanted = min(int(params.get("remote_num_tokens") or 0), n)
+    verdict = kvdigest.verify(
+        kvdigest.offered(params),
+        prompt,
+        wanted,
+        engine_id=params.get("remote_engine_id"),
+        request_id=params.get("remote_request_id"),
+        block_ids=params.get("remote_block_ids"),
+    )
+    attrs = kvdigest.attributes(verdict, mode, wanted, local_hit, threshold)
+    limit = kvdigest.enforced_limit(verdict, mode, wanted)
+    if limit is None:
+        return attrs, None
+    count = wanted - local_hit
+    vcount = int(kvrules.verified_count(limit, n, local_hit))
+    code = kvrules.enforced_outcome(kvrules.d2p_outcome(True, count, local_hit, threshold), count, vcount, threshold)
+    pull = int(kvrules.enforced_pull(count, vcount, threshold))
+    return attrs, (pull, pull > 0, sc.OUTCOMES[int(code)])

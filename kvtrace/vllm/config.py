@@ -2,8 +2,18 @@
 
 The scheduler-side :class:`~kvtrace.vllm.connector.KVTraceNixlConnector` (EngineCore process)
 calls :func:`recorder_for` once, at construction.  Settings come from the ``kvtrace`` object in
-``kv_connector_extra_config`` (``traces_dir``, ``service_name``, ``otlp``, ``role``, ``metrics``), else the
-``KVTRACE_*`` / ``OTEL_*`` environment (read by :func:`kvtrace.configure`).  One TracerProvider
+``kv_connector_extra_config`` (``traces_dir``, ``service_name``, ``otlp``, ``role``, ``metrics``,
+``verify``), else the ``KVTRACE_*`` / ``OTEL_*`` environment (read by :func:`kvtrace.configure`).
+
+``verify`` (P, d2p pulls; :mod:`kvtrace.kvdigest`): ``record`` (the default) checks D's digest
+against the prompt and records ``kvtrace.kv.verified`` but lets vLLM's rule decide; ``enforce``
+loads only the verified prefix when it still clears ``kv_recompute_threshold``, else recomputes
+(outcome ``unverified``), and refuses offers without a digest (an uninstrumented D) the same way.
+``record`` is the default because a tracing connector must not change what vLLM does until the
+operator asks: ``enforce`` with a D that does not run this connector, or with P and D on different
+``KVTRACE_KV_DIGEST_KEY`` values, recomputes every turn; turn it on once the spans show
+``match`` for the healthy turns.  The digest key is read from the environment only
+(``KVTRACE_KV_DIGEST_KEY``): vLLM logs its kv_transfer_config, so a secret must not live there.  One TracerProvider
 per process and engine id; resource attributes ``kvtrace.substrate=vllm``, engine id, role and the
 KV cache pool's size in bytes.
 """
@@ -58,6 +68,7 @@ class ConnectorSettings:
     bidirectional: bool
     load_failure_policy: str
     metrics: bool = True
+    verify: str = sc.VERIFY_RECORD
 
     @classmethod
     def from_kv_transfer_config(cls, ktc) -> ConnectorSettings:
@@ -68,7 +79,11 @@ class ConnectorSettings:
         role = entry.get("role") or _ROLE_BY_KV_ROLE.get(getattr(ktc, "kv_role", None) or "", sc.ROLE_BOTH)
         if role not in sc.ROLES:
             raise ValueError(f"kvtrace role must be one of {sc.ROLES}, got {role!r}")
+        verify = entry.get("verify") or sc.VERIFY_RECORD
+        if verify not in sc.VERIFY_MODES:
+            raise ValueError(f"kvtrace verify must be one of {sc.VERIFY_MODES}, got {verify!r}")
         return cls(
+            verify=verify,
             engine_id=str(ktc.engine_id),
             role=role,
             service_name=entry.get("service_name") or f"vllm-{role}",

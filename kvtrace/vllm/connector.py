@@ -7,7 +7,8 @@ Load it with::
                            "kv_role": "kv_both",
                            "kv_connector_extra_config": {"bidirectional_kv_xfer": true,
                                "kvtrace": {"traces_dir": "...", "service_name": "...",
-                                           "otlp": "auto", "role": "prefill"}}}'
+                                           "otlp": "auto", "role": "prefill",
+                                           "verify": "record"}}}'
 
 **Subclass, not composition.**  vLLM treats the connector *class* as part of the contract:
 the factory checks ``SupportsHMA`` with ``issubclass`` and calls classmethods on it
@@ -71,7 +72,10 @@ class KVTraceNixlConnector(NixlConnector):
             settings = ConnectorSettings.from_kv_transfer_config(vllm_config.kv_transfer_config)
             recorder = self._recorder(settings, kv_cache_config, vllm_config.cache_config.block_size)
             self._probe = SchedulerProbe(
-                recorder, block_bytes=block_bytes_by_group(kv_cache_config), bidirectional=settings.bidirectional
+                recorder,
+                block_bytes=block_bytes_by_group(kv_cache_config),
+                bidirectional=settings.bidirectional,
+                verify=settings.verify,
             )
 
     @classmethod
@@ -141,7 +145,12 @@ class KVTraceNixlConnector(NixlConnector):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         """Scheduler.schedule, per attempt to admit a waiting request (repeats while blocks
-        cannot be allocated): records the decision's inputs."""
+        cannot be allocated): records the decision's inputs.  Before the forward, P checks D's
+        digest once (:meth:`SchedulerProbe.verify`); under ``verify: enforce`` that trims the
+        offer in ``request.kv_transfer_params`` to the verified prefix, so NixlConnector's own rule
+        (threshold, block tail) decides on tokens D's blocks are proven to hold."""
+        if self._probe is not None:
+            self._probe.verify(request)
         result = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if self._probe is not None:
             self._probe.matched(request, num_computed_tokens)

@@ -12,6 +12,11 @@ Per request (keyed by vLLM's internal request id):
   before NixlConnector mutates them: ``do_remote_decode`` = P leg (phase prefill, direction
   d2p: the next turn's P pulls D's retained blocks), ``do_remote_prefill`` = D leg (phase
   decode, p2d); neither = not disaggregated (engine span only, no decision).
+- ``verify`` (get_num_new_matched_tokens, before the forward, once): a P leg offered D's blocks
+  checks the offer's digest against the prompt (:mod:`kvtrace.kvdigest`); under ``enforce`` a
+  shorter verified prefix rewrites the offer (``remote_num_tokens`` and ``remote_block_ids``
+  trimmed to it: NIXL reads the tail of that list for the blocks it loads), so vLLM's own rule
+  loads only verified tokens or recomputes.
 - ``matched`` (get_num_new_matched_tokens; may run several times while the request cannot be
   allocated) keeps the latest inputs; ``allocated`` (update_state_after_alloc; its
   ``num_external_tokens`` is what the scheduler really loads) makes the decision and, when
@@ -21,7 +26,8 @@ Per request (keyed by vLLM's internal request id):
   reads), NIXL stats are attributed, ``finished_sending`` of a retained request ends its
   retention (``expired`` when past D's own deadline, else ``read``).
 - ``finished`` (request_finished*): retention starts on D when the returned params carry
-  ``do_remote_decode`` with held blocks; the recorder's summary goes into the params.
+  ``do_remote_decode`` with held blocks, and the digest of the tokens they hold joins the
+  recorder's summary, which goes into the params.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from kvtrace import kvdigest
 from kvtrace import semconv as sc
 from kvtrace.emit.recorder import KVRecorder, never_raise
 from kvtrace.vllm.config import public_request_id
@@ -53,6 +60,9 @@ class _Req:
     deadline: float | None = None  # peer's remote_blocks_expiry_time (peer clock)
     loading: bool = False
     block_ids: tuple | list = ()  # per KV-cache group: the blocks being loaded
+    verification: dict | None = None  # the decision's kvtrace.kv.verified attributes (d2p with an offer)
+    limit: int | None = None  # verify=enforce: the offer was trimmed to this many tokens
+    verdict: kvdigest.Verdict | None = None
 
 
 def _has_remote(params: dict) -> bool:
@@ -72,8 +82,11 @@ def _context_entry(params: dict | None) -> dict | None:
 class SchedulerProbe:
     """Instrumentation state of one scheduler-side connector."""
 
-    def __init__(self, recorder: KVRecorder, *, block_bytes: list[int], bidirectional: bool) -> None:
+    def __init__(
+        self, recorder: KVRecorder, *, block_bytes: list[int], bidirectional: bool, verify: str = sc.VERIFY_RECORD
+    ) -> None:
         self.recorder = recorder
+        self.verify_mode = verify
         self.threshold = recorder.threshold
         self.block_bytes = block_bytes
         self.bidirectional = bidirectional
@@ -117,6 +130,27 @@ class SchedulerProbe:
 
     # ------------------------------------------------------------------ the decision
     @never_raise()
+    def verify(self, request) -> None:
+        st = self._reqs.get(request.request_id)
+        if st is None or st.verification is not None or st.direction != sc.DIRECTION_D2P or not st.has_remote:
+            return
+        params = request.kv_transfer_params
+        verdict = kvdigest.verify(
+            kvdigest.offered(params),
+            request.prompt_token_ids or (),
+            st.offered,
+            engine_id=params.get("remote_engine_id"),
+            request_id=params.get("remote_request_id"),
+            block_ids=params.get("remote_block_ids"),
+        )
+        # attributes before the local hit is known: the mismatch's wrong tokens are set in allocated()
+        st.verification = {sc.KV_VERIFIED: verdict.status}
+        st.limit = kvdigest.enforced_limit(verdict, self.verify_mode, st.offered)
+        st.verdict = verdict
+        if st.limit is not None:
+            _trim_offer(params, st.limit, self.recorder.block_size)
+
+    @never_raise()
     def matched(self, request, num_computed_tokens: int) -> None:
         st = self._reqs.get(request.request_id)
         if st is not None and not st.decided:
@@ -130,6 +164,8 @@ class SchedulerProbe:
             return
         st.decided = True
         pulled = int(num_external_tokens) if num_external_tokens > 0 else 0
+        if st.verification is not None:
+            st.verification = kvdigest.attributes(st.verdict, self.verify_mode, st.offered, st.local, self.threshold)
         self.recorder.decision(
             rid,
             direction=st.direction,
@@ -142,6 +178,7 @@ class SchedulerProbe:
             expiry_remaining_s=self._remaining(st),
             peer_engine_id=st.peer,
             remote_request_id=st.remote_request_id,
+            verification=st.verification,
         )
         if pulled:
             self._start_transfer(rid, st, blocks, pulled)
@@ -154,6 +191,8 @@ class SchedulerProbe:
             return sc.OUTCOME_LOCAL_HIT
         if st.direction == sc.DIRECTION_D2P and self.threshold > 0 and wanted < self.threshold:
             return sc.OUTCOME_BELOW_THRESHOLD
+        if st.limit is not None:  # kvrules.enforced_outcome: the verified part did not clear the threshold
+            return sc.OUTCOME_UNVERIFIED
         # the scheduler declined a load NixlConnector offered (e.g. prompt logprobs)
         return sc.OUTCOME_LOCAL_HIT if st.local > 0 else sc.OUTCOME_NO_REMOTE
 
@@ -269,6 +308,8 @@ class SchedulerProbe:
             self._retained[rid] = params.get("remote_blocks_expiry_time")
         summary = self.recorder.request_finished(rid, **finish)
         if params is not None and summary:
+            if rid in self._retained:
+                summary[sc.KVT_DIGEST] = _digest(request, params)
             params[sc.KV_PARAMS_KEY] = summary
 
     @never_raise()
@@ -282,6 +323,32 @@ class SchedulerProbe:
     def shutdown(self) -> None:
         self._retained.clear()
         self.recorder.shutdown()
+
+
+def _digest(request, params: dict) -> dict:
+    """D: the digest of the tokens its retained blocks hold (remote_num_tokens of them)."""
+    return kvdigest.make(
+        request.all_token_ids,
+        int(params.get("remote_num_tokens") or 0),
+        engine_id=params.get("remote_engine_id"),
+        request_id=params.get("remote_request_id"),
+        block_ids=params.get("remote_block_ids"),
+    )
+
+
+def _trim_offer(params: dict, limit: int, block_size: int) -> None:
+    """``verify: enforce``: make the offer cover the first ``limit`` tokens only.  NIXL pairs the
+    blocks it loads with the *tail* of remote_block_ids, so the list is cut to the blocks of those
+    tokens; with several KV-cache groups (hybrid models) the positions differ per group, so the
+    offer is emptied instead (P recomputes; D is still notified)."""
+    groups = params.get("remote_block_ids") or []
+    nested = bool(groups) and isinstance(groups[0], list)
+    if nested and len(groups) > 1:
+        limit = 0
+    keep = -(-limit // block_size)
+    params["remote_num_tokens"] = limit
+    if keep:
+        params["remote_block_ids"] = [groups[0][:keep]] if nested else groups[:keep]
 
 
 def _stats_event(stats: dict) -> dict:

@@ -129,6 +129,7 @@ def test_merge_adds_counters_concatenates_samples_keeps_latest_gauge():
         km.TRANSFERS: {"d2p|ok": [[0.1, 10]]},
         km.BYTE_SECONDS: 2.0,
         km.RETAINED: [5, 50],
+        km.VERIFICATIONS: {"match": 1},
     }
     b = {
         **km.empty_payload(),
@@ -137,6 +138,8 @@ def test_merge_adds_counters_concatenates_samples_keeps_latest_gauge():
         km.ENDS: {"read": 1},
         km.BYTE_SECONDS: 1.5,
         km.RETAINED: [1, 10],
+        km.VERIFICATIONS: {"match": 1, "mismatch": 1},
+        km.WRONG: 172,
     }
     merged = km.merge(km.merge(km.empty_payload(), a), b)
     assert merged == {
@@ -146,6 +149,8 @@ def test_merge_adds_counters_concatenates_samples_keeps_latest_gauge():
         km.ENDS: {"read": 1},
         km.BYTE_SECONDS: 3.5,
         km.RETAINED: [1, 10],
+        km.VERIFICATIONS: {"match": 2, "mismatch": 1},
+        km.WRONG: 172,
     }
     assert km.merge(dict(merged), None) == merged
     assert km.is_empty(km.empty_payload()) and km.is_empty(None) and not km.is_empty(b)

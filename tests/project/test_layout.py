@@ -20,13 +20,14 @@ ALLOWED: dict[str, set[str]] = {
     "settings": set(),
     "errors": set(),
     "kvrules": {"semconv"},  # vLLM's reuse rules, shared by the simulator and the what-if replay
+    "kvdigest": {"semconv", "settings", "kvrules"},  # identity of retained KV: D makes it, P checks it
     "store": BASE,
     "telemetry": BASE | {"store"},  # OTel providers and exporters, fast spans, Prometheus exposition
     "emit": BASE | {"telemetry"},
     "agent": BASE | {"telemetry"},
     "proxy": BASE | {"telemetry"},
-    "sim": BASE | {"telemetry", "emit", "kvrules"},
-    "vllm": BASE | {"telemetry", "emit"},
+    "sim": BASE | {"telemetry", "emit", "kvrules", "kvdigest"},
+    "vllm": BASE | {"telemetry", "emit", "kvdigest"},
     "collect": BASE | {"telemetry", "store"},
     "analysis": BASE | {"store", "kvrules"},
     "dashboards": BASE | {"store", "analysis"},

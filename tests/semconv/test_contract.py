@@ -25,7 +25,9 @@ def test_every_constant_is_documented():
 
 
 def test_outcomes_are_exactly_the_contract():
-    assert sc.OUTCOMES == ("pulled", "below_threshold", "expired", "no_remote", "local_hit", "failed")
+    assert sc.OUTCOMES == ("pulled", "below_threshold", "expired", "no_remote", "local_hit", "failed", "unverified")
+    assert sc.VERIFIED_VALUES == ("match", "mismatch", "unverifiable")
+    assert sc.VERIFY_MODES == ("record", "enforce")
     assert sc.DIRECTIONS == ("d2p", "p2d")
     assert sc.RETENTION_OUTCOMES == ("read", "expired", "released")
 

@@ -139,6 +139,9 @@ async def test_two_turn_chat_turn2_p_pulls_d_blocks(tracer_provider, span_export
         sc.KV_PEER_ENGINE_ID: "sim-decode-0",
         sc.KV_REMOTE_REQUEST_ID: d1["remote_request_id"],
         sc.KV_OUTCOME: sc.OUTCOME_PULLED,
+        sc.KV_VERIFIED: sc.VERIFIED_MATCH,
+        sc.KV_VERIFY_MODE: sc.VERIFY_RECORD,
+        sc.KV_VERIFIED_TOKENS: n1 + out1 - 1,
     }
     assert decision.parent.span_id == engine.context.span_id
     transfer = one(span_exporter, sc.SPAN_KV_TRANSFER, **{sc.GEN_AI_REQUEST_ID: "turn-1"})

@@ -25,6 +25,7 @@ EXPECTED_COLUMNS = {
     "pulled_tokens prefill_endpoint decode_endpoint substrate",
     "kv_decisions": "trace_id span_id request_id session_id turn engine_id engine_role direction outcome prompt_tokens "
     "local_hit_tokens remote_tokens pulled_tokens recomputed_tokens threshold expiry_remaining_s peer_engine_id "
+    "verified verify_mode verified_tokens first_mismatch_token wrong_tokens "
     "start_time start_ns duration_ms service_name substrate",
     "kv_transfers": "trace_id span_id parent_span_id request_id session_id turn engine_id direction tokens blocks "
     "bytes status xfer_ms duration_ms start_time end_time start_ns end_ns peer_engine_id remote_request_id substrate",
@@ -104,6 +105,11 @@ def _emit(provider):
             sc.KV_THRESHOLD: 64,
             sc.KV_EXPIRY_REMAINING_S: 470.5,
             sc.KV_PEER_ENGINE_ID: "D0",
+            sc.KV_VERIFIED: sc.VERIFIED_MISMATCH,
+            sc.KV_VERIFY_MODE: sc.VERIFY_RECORD,
+            sc.KV_VERIFIED_TOKENS: 512,
+            sc.KV_VERIFY_MISMATCH_TOKEN: 512,
+            sc.KV_VERIFY_WRONG_TOKENS: 372,
             sc.ENGINE_ROLE: sc.ROLE_DECODE,
         },
     )
@@ -267,6 +273,11 @@ def test_typed_views(tmp_path):
         "threshold": 64,
         "expiry_remaining_s": 470.5,
         "peer_engine_id": "D0",
+        "verified": sc.VERIFIED_MISMATCH,
+        "verify_mode": sc.VERIFY_RECORD,
+        "verified_tokens": 512,
+        "first_mismatch_token": 512,
+        "wrong_tokens": 372,
         "start_ns": T0 + 100,
         "duration_ms": (3_000_000 - 100) / 1e6,
         "service_name": "svc-a",

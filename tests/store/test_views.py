@@ -62,6 +62,8 @@ ATTRIBUTE_OF_COLUMN = {
     "substrate": sc.SUBSTRATE,
     "source": sc.SESSION_SOURCE,
     "continuity": sc.SESSION_CONTINUITY,
+    "verified": sc.KV_VERIFIED,
+    "verify_mode": sc.KV_VERIFY_MODE,
 }
 
 

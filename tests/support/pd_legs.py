@@ -31,7 +31,10 @@ async def p_leg(session, cluster, body: dict, rid: str, cached: dict | None, ctx
     if cached:
         params.update({k: v for k, v in cached.items() if k != sc.KV_PARAMS_KEY})
     if ctx:
-        params[sc.KV_PARAMS_KEY] = ctx
+        params[sc.KV_PARAMS_KEY] = dict(ctx)
+        digest = (cached or {}).get(sc.KV_PARAMS_KEY, {}).get(sc.KVT_DIGEST)
+        if digest is not None:  # D's identity of its blocks travels beside the trace context
+            params[sc.KV_PARAMS_KEY][sc.KVT_DIGEST] = digest
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     req = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
     async with session.post(cluster.prefill_urls[i] + path, json=req, headers={"X-Request-Id": rid}) as resp:

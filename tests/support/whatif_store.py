@@ -51,14 +51,19 @@ TURNS = [
 ]
 
 
-def build(directory, time_scale: float = 1.0, b_ttl: float | None = None) -> None:
+def build(directory, time_scale: float = 1.0, b_ttl: float | None = None, unverified: int | None = None) -> None:
     """The store above; with ``b_ttl`` session B ran on a second D, ``d1``, whose
-    decoder_kv_blocks_ttl is ``b_ttl``: its last blocks expire ``b_ttl`` s after they were retained."""
+    decoder_kv_blocks_ttl is ``b_ttl``: its last blocks expire ``b_ttl`` s after they were retained.
+    With ``unverified``, P ran verify=enforce and D's digest proved only that many of A turn 1's
+    tokens: 1000 - 992 = 8 to pull, below the threshold: recorded ``unverified``, nothing pulled."""
     b = SpanBuilder()
     res = {**RESOURCE, sc.SIM_TIME_SCALE: time_scale}
     p_res = {**res, sc.ENGINE_ID: "p0", sc.ENGINE_ROLE: sc.ROLE_PREFILL, sc.ENGINE_KV_POOL_BYTES: POOL}
     prev_ret = {}
     for sess, turn, at, prompt, hit, remote, outcome, pulled, xfer, ttft, age, r0, tokens, r1, r_out in TURNS:
+        enforced = unverified is not None and (sess, turn) == ("A", 1)
+        if enforced:
+            outcome, pulled, xfer = sc.OUTCOME_UNVERIFIED, 0, 0.0
         d_id, ttl = ("d1", b_ttl) if sess == "B" and b_ttl is not None else ("d0", 480.0)
         d_res = {**res, sc.ENGINE_ID: d_id, sc.ENGINE_ROLE: sc.ROLE_DECODE, sc.ENGINE_KV_POOL_BYTES: POOL}
         if r1 == END_S and ttl < END_S - r0:
@@ -99,6 +104,16 @@ def build(directory, time_scale: float = 1.0, b_ttl: float | None = None) -> Non
             sc.KV_THRESHOLD: 64,
             sc.KV_LOAD_FAILURE_POLICY: "fail",
         }
+        if enforced:
+            d_attrs.update(
+                {
+                    sc.KV_VERIFIED: sc.VERIFIED_MISMATCH,
+                    sc.KV_VERIFY_MODE: sc.VERIFY_ENFORCE,
+                    sc.KV_VERIFIED_TOKENS: unverified,
+                    sc.KV_VERIFY_MISMATCH_TOKEN: unverified,
+                    sc.KV_VERIFY_WRONG_TOKENS: remote - unverified,
+                }
+            )
         if offered:
             gap = (at - prev_ret[sess]) * time_scale  # model s
             d_attrs.update({sc.KV_PEER_ENGINE_ID: d_id, sc.KV_EXPIRY_REMAINING_S: ttl - gap})

@@ -67,6 +67,7 @@ def build(
         (
             "md",
             "## KV reuse\n\n"
+            + _verification(con)
             + text.md_table(*text.reuse_rows(con))
             + "\n\n"
             + text.md_table(*text.decision_mix_rows(con))
@@ -100,6 +101,18 @@ def build(
         )
     images = render_plots(con) if plots else {}
     return [d for d in doc if d[0] == "md" or d[1] in images], images
+
+
+def _verification(con) -> str:
+    """Mismatched offers first: P loaded (or, under verify=enforce, refused) KV of other tokens."""
+    cols, rows = text.verification_rows(con)
+    if not rows:
+        return ""
+    out = "Offered KV checked against the prompt (D's digest):\n\n" + text.md_table(cols, rows) + "\n\n"
+    mcols, mrows = text.mismatch_rows(con)
+    if mrows:
+        out += "Mismatched offers (D's blocks hold other tokens):\n\n" + text.md_table(mcols, mrows) + "\n\n"
+    return out
 
 
 def to_markdown(doc: list[tuple[str, str]], image_links: dict[str, str]) -> str:

@@ -116,6 +116,34 @@ def reuse_rows(con, filters: Filters | None = None) -> tuple[list[str], list[lis
     return ["reuse", "value"], rows
 
 
+def verification_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
+    """P's check of D's digest per result, mismatches first."""
+    rows = [
+        [r["verified"], num(r["decisions"]), num(r["pulled"]), num(r["wrong_tokens"])]
+        for r in reuse.verification(con, filters).to_pylist()
+    ]
+    return ["offered KV verified", "decisions", "pulled", "tokens from other KV"], rows
+
+
+def mismatch_rows(con, filters: Filters | None = None, limit: int = 20) -> tuple[list[str], list[list[str]]]:
+    """The mismatched offers, most tokens from other KV first."""
+    rows = [
+        [
+            r["session_id"] or "–",
+            num(r["turn"]),
+            r["request_id"] or "–",
+            r["verify_mode"] or "–",
+            r["outcome"] or "–",
+            num(r["first_mismatch_token"]),
+            num(r["wrong_tokens"]),
+            num(r["pulled_tokens"]),
+        ]
+        for r in reuse.mismatches(con, filters, limit=limit).to_pylist()
+    ]
+    cols = ["session", "turn", "request", "verify", "outcome", "first mismatch", "tokens from other KV", "pulled"]
+    return cols, rows
+
+
 def decision_mix_rows(con, filters: Filters | None = None) -> tuple[list[str], list[list[str]]]:
     rows = [
         [

@@ -117,6 +117,8 @@ class Recorded:
     d_xfer_a: np.ndarray  # fitted transfer overhead (wall ms) of that engine
     d_xfer_b: np.ndarray  # fitted transfer ms per token of that engine
     d_ttl_s: np.ndarray  # decoder_kv_blocks_ttl of the D holding the session's previous blocks (s)
+    d_enforce: np.ndarray  # P ran verify=enforce: it loads at most d_verified tokens (kvrules.enforced_outcome)
+    d_verified: np.ndarray  # prompt tokens D's digest proved (recorded); under enforce, no digest = 0
     # retentions
     r_engine: np.ndarray  # index into d_engines
     r_start_ns: np.ndarray
@@ -327,6 +329,8 @@ def _decisions(dec: pa.Table) -> tuple[np.ndarray, dict]:
         d_has_entry=None,
         d_gap_s=None,
         d_diverged=_np(dec, "diverged", False, bool),
+        d_enforce=_np(dec, "enforce", False, bool),
+        d_verified=_np(dec, "verified_tokens", 0, np.int64),
     )
 
 

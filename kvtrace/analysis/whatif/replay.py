@@ -11,7 +11,9 @@ decided again with vLLM's rules (:mod:`kvtrace.kvrules`, the code the simulator 
    old (the recorded entry age; the recorded gap when no proxy recorded one);
 2. **decision**: ``count = min(D's tokens, prompt) - local hit``; pulled, below threshold, local
    hit or no remote (:func:`kvrules.d2p_outcome`) from the recorded prompt, local-hit and
-   reusable tokens;
+   reusable tokens; where P ran ``verify: enforce``, a pull of more than the verified tokens it
+   recorded loads only those, or is ``unverified`` (recomputed) when they miss the threshold
+   (:func:`kvrules.enforced_outcome`);
 3. **expiry**: a pull whose blocks have at most 5 s left at the recorded gap (``T - gap``; vLLM's
    own measure ``ttl - expiry_remaining_s`` when it was recorded) is declined ``expired``, which
    under ``kv_load_failure_policy=fail`` (vLLM's default, recorded on the decision) fails the
@@ -59,6 +61,7 @@ COLUMNS = (
     "no_remote",
     "local_hit",
     "failed",
+    "unverified",
     "pulled_tokens",
     "recomputed_tokens",
     "gib_s_held",
@@ -67,7 +70,7 @@ COLUMNS = (
     "ttft_p90_ms",
     "recorded",
 )
-OUTCOME_COLUMNS = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
+OUTCOME_COLUMNS = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed", "unverified")
 GIB = float(2**30)
 TTFT_TOLERANCE = 0.05  # "within 5 % of the best TTFT"
 
@@ -120,6 +123,10 @@ class _Fixed:
     def __init__(self, rec: Recorded) -> None:
         pulled_rec = rec.d_code == kvrules.PULLED
         self.count = kvrules.pull_count(rec.d_remote, rec.d_prompt, rec.d_local)
+        # verify=enforce: at most the verified prefix (kvrules.verified_count); elsewhere no limit
+        self.vcount = np.where(
+            rec.d_enforce, kvrules.verified_count(rec.d_verified, rec.d_prompt, rec.d_local), self.count
+        )
         xfer_pulled = np.where(pulled_rec, rec.d_xfer_ms, rec.d_xfer_a + rec.d_xfer_b * self.count)
         self.has_next = rec.r_next >= 0
         self.at = np.where(self.has_next, rec.r_next, 0)
@@ -143,7 +150,7 @@ class _Fixed:
         self.thresholds: dict = {}
 
     def _decisions(self, rec: Recorded, pulled_rec: np.ndarray, xfer_pulled: np.ndarray) -> None:
-        self.pull_amount = np.where(pulled_rec, rec.d_pulled, self.count)  # what a pull moves
+        self.pull_amount = np.where(pulled_rec, rec.d_pulled, np.minimum(self.count, self.vcount))  # what a pull moves
         missing = rec.d_prompt - rec.d_local
         self.failed_rec = rec.d_code == kvrules.FAILED
         per_token_ms = np.where(np.isnan(rec.d_rate), 0.0, 1.0 / rec.d_rate)
@@ -219,7 +226,8 @@ class _Fixed:
 
     def threshold(self, rec: Recorded, threshold: int) -> np.ndarray:
         if threshold not in self.thresholds:
-            self.thresholds[threshold] = kvrules.d2p_outcome(True, self.count, rec.d_local, threshold)
+            code = kvrules.d2p_outcome(True, self.count, rec.d_local, threshold)
+            self.thresholds[threshold] = kvrules.enforced_outcome(code, self.count, self.vcount, threshold)
         return self.thresholds[threshold]
 
 

@@ -35,7 +35,8 @@ x AS (SELECT trace_id, parent_span_id, sum(duration_ms) AS xfer_ms FROM base WHE
 SELECT d.span_id, d.engine_id, d.start_ns, d.prompt_tokens, d.local_hit_tokens, d.remote_tokens, d.pulled_tokens,
        d.recomputed_tokens, d.threshold, d.outcome, d.policy, d.peer_engine_id IS NOT NULL AS offered, d.remaining_s,
        coalesce(x.xfer_ms, 0.0) AS xfer_ms, q.ttft_ms, q.entry_age_s * coalesce(d.time_scale, 1.0) AS entry_age_s,
-       coalesce(q.offer_reason = {_q(sc.OFFER_DIVERGED)}, false) AS diverged
+       coalesce(q.offer_reason = {_q(sc.OFFER_DIVERGED)}, false) AS diverged,
+       coalesce(d.verify_mode = {_q(sc.VERIFY_ENFORCE)}, false) AS enforce, d.verified_tokens
 FROM d LEFT JOIN x ON x.trace_id = d.trace_id AND x.parent_span_id = d.span_id
 LEFT JOIN q ON q.trace_id = d.trace_id AND q.request_id = d.request_id
 """

@@ -173,6 +173,11 @@ KV_DECISIONS = View(
         col("threshold", BIGINT, "kv_recompute_threshold in force"),
         col("expiry_remaining_s", DOUBLE, "seconds left before the peer's blocks expire"),
         col("peer_engine_id", VARCHAR, "peer engine"),
+        col("verified", VARCHAR, "whether D's digest proves the offered KV is this prompt's", sc.VERIFIED_VALUES),
+        col("verify_mode", VARCHAR, "the connector's verify setting", sc.VERIFY_MODES),
+        col("verified_tokens", BIGINT, "prompt tokens proven equal to the tokens D's blocks hold"),
+        col("first_mismatch_token", BIGINT, "mismatch: start of the first digest chunk that differs"),
+        col("wrong_tokens", BIGINT, "mismatch: tokens vLLM's rule loads (or would) from KV of other tokens"),
         *common("start_time", "start_ns", "duration_ms", "service_name", "substrate"),
     ),
     f"""
@@ -182,6 +187,9 @@ SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
   {_i(sc.KV_REMOTE_TOKENS)} AS remote_tokens, {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens,
   {_i(sc.KV_RECOMPUTED_TOKENS)} AS recomputed_tokens, {_i(sc.KV_THRESHOLD)} AS threshold,
   {_f(sc.KV_EXPIRY_REMAINING_S)} AS expiry_remaining_s, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
+  {_s(sc.KV_VERIFIED)} AS verified, {_s(sc.KV_VERIFY_MODE)} AS verify_mode,
+  {_i(sc.KV_VERIFIED_TOKENS)} AS verified_tokens, {_i(sc.KV_VERIFY_MISMATCH_TOKEN)} AS first_mismatch_token,
+  {_i(sc.KV_VERIFY_WRONG_TOKENS)} AS wrong_tokens,
   start_time, start_ns, duration_ms, service_name, substrate
 FROM spans WHERE name = {_q(sc.SPAN_KV_DECISION)}
 """,

@@ -169,6 +169,7 @@ def test_recorded_setting_gives_back_the_recorded_run(store):
         "no_remote": 2,
         "local_hit": 0,
         "failed": 0,
+        "unverified": 0,
         "pulled_tokens": 224,
         "recomputed_tokens": 1000 + 196 + 92 + 500 + 64,
         "gib_s_held": pytest.approx(gib_s, rel=1e-12),
@@ -199,6 +200,7 @@ def test_shorter_ttl_drops_the_long_gap(store):
         "no_remote": 3,
         "local_hit": 0,
         "failed": 0,
+        "unverified": 0,
         "pulled_tokens": 112,
         "recomputed_tokens": 1000 + 196 + 204 + 500 + 64,
         "gib_s_held": pytest.approx(gib_s, rel=1e-9),
@@ -367,3 +369,20 @@ def test_cli_one_line_errors_for_unusable_traces(tmp_path, capsys):
     assert main(["whatif", "--traces", str(tmp_path / "agent-only")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no d2p decisions" in err
+
+
+def test_enforce_replays_the_verified_prefix_against_each_threshold(tmp_path):
+    build(tmp_path, unverified=1000)
+    rec = load(open_store(tmp_path))
+    a1 = 1  # decisions in start order: A-0, B-0, B-1, A-1, A-2
+    assert [sc.OUTCOMES[c] for c in replay(rec, 480.0, 64).codes] == [
+        "no_remote",
+        "no_remote",
+        "below_threshold",
+        "unverified",
+        "pulled",
+    ]
+    low = replay(rec, 480.0, 8)  # the 8 verified tokens clear a threshold of 8: only they are pulled
+    assert sc.OUTCOMES[low.codes[3]] == sc.OUTCOME_PULLED and low.row["pulled_tokens"] == 8 + 48 + 112
+    assert replay(rec, 480.0, 64).row["unverified"] == a1
+    assert replay(rec, 480.0, 128).row["unverified"] == 0  # 112 offered < 128: below threshold either way
