@@ -35,7 +35,7 @@ import vllm_pd as pd
 import vllm_rig as rig_model
 
 from kvtrace import semconv as sc
-from kvtrace.store.views import connect
+from kvtrace.store import connect
 
 AGENT_SESSION = "conv-agent"
 AGENT_MAX_TOKENS = [100, 4]
