@@ -17,6 +17,7 @@ from kvtrace.store.sql import literal as _q
 from kvtrace.store.sql import literals
 from kvtrace.store.sql import str_attr as _s
 from kvtrace.store.sql import str_attr_or_resource as _sr
+from kvtrace.store.units import GIB
 from kvtrace.store.views.registry import (
     BIGINT,
     BOOLEAN,
@@ -365,7 +366,7 @@ SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.a
   COALESCE(sess.start_ns, req.start_ns) AS start_ns, COALESCE(sess.end_ns, req.end_ns) AS end_ns,
   (COALESCE(sess.end_ns, req.end_ns) - COALESCE(sess.start_ns, req.start_ns)) / 1e6 AS wall_ms,
   COALESCE(trn.turns, req.turns, 0) AS turns, COALESCE(trc.traces, 0) AS traces,
-  COALESCE(req.requests, llm.calls, 0) AS requests, COALESCE(ret.byte_s, 0) / 1073741824.0 AS kv_gib_s
+  COALESCE(req.requests, llm.calls, 0) AS requests, COALESCE(ret.byte_s, 0) / {float(GIB)} AS kv_gib_s
 FROM ids LEFT JOIN sess USING (session_id) LEFT JOIN req USING (session_id) LEFT JOIN llm USING (session_id)
   LEFT JOIN trn USING (session_id) LEFT JOIN trc USING (session_id) LEFT JOIN ret USING (session_id)
 """,
