@@ -4,7 +4,7 @@
 # proxy's fast spans).  Two virtual environments, made with uv (installed from PyPI when not on
 # PATH): `lowest` resolves every direct dependency to its lower bound (uv's
 # --resolution lowest-direct), `highest` to the newest allowed.  The test tools are the newest in
-# both.  The working tree's kvtrace is tested (PYTHONPATH); the install is what picks the versions.
+# both.  kvtrace is installed from the working tree (not editable) and tested as installed.
 #
 #   scripts/deps_bounds.sh            # both; exit status non-zero if either fails
 #   scripts/deps_bounds.sh lowest     # one
@@ -62,8 +62,10 @@ for mode in "${MODES[@]}"; do
     echo "== $mode: $("$UV" pip freeze --python "$env_dir/bin/python" |
         grep -iE '^(opentelemetry-(api|sdk|exporter-otlp-proto-grpc)|pyarrow|duckdb|numpy|aiohttp|orjson|prometheus-client)==' |
         tr '\n' ' ')"
-    if (cd "$ROOT" && PYTHONPATH=$ROOT "$env_dir/bin/python" -m pytest -q -p no:cacheprovider -m "not slow and not vllm" \
-        "${TESTS[@]}"); then
+    # the installed kvtrace (built from this tree) runs: not from the tree, whose kvtrace/ lacks
+    # kvtrace/dashboards; its own temporary directories, so pytest sweeps no one else's
+    if (cd "$env_dir" && "$env_dir/bin/python" -m pytest -q -p no:cacheprovider -c "$ROOT/pyproject.toml" \
+        --rootdir "$ROOT" --basetemp "$env_dir/tmp" -m "not slow and not vllm" "${TESTS[@]}"); then
         result=passed
     else
         result=FAILED
