@@ -1,8 +1,8 @@
 """``streamlit`` with the pages' heavy imports done at server start (what ``kvtrace dashboard`` runs).
 
 Every page imports pandas, Altair and kvtrace's analysis and store modules (through ``common``);
-in a fresh ``streamlit run`` process the first page view pays for importing them (0.45 s on 2 cores
-for pandas and Altair alone: half of the sessions page's first render at 1 M spans) and for
+in a fresh ``streamlit run`` process the first page view pays for importing them (pandas and
+Altair alone are a large share of the sessions page's first render: docs/benchmarks.md) and for
 DuckDB's first connection.  This entry point does both before Streamlit's server starts, then is
 ``python -m streamlit`` (same arguments, same ``prog_name``).
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,9 @@ class Setting:
     doc: str
     kind: type = str
 
-    def get(self, override: object = None) -> object:
+    # Any: the value is a ``kind`` (or the default, or the caller's override), which one table of
+    # mixed settings cannot express to a type checker; callers convert or pass it on
+    def get(self, override: object = None) -> Any:
         """``override`` if given, else the environment, else the default, as ``kind``."""
         if override is not None:
             return override
@@ -47,32 +50,49 @@ ROLL_SECONDS = Setting("KVTRACE_ROLL_SECONDS", 60.0, "Parquet segment is rolled 
 ROLL_GRACE_SECONDS = Setting(
     "KVTRACE_ROLL_GRACE_SECONDS",
     5.0,
-    "Batch files a roll merged into a segment are deleted this long after it (readers holding an older listing finish; a plain glob may count them twice meanwhile), s; at shutdown at once.",
+    (
+        "Batch files a roll merged into a segment are deleted this long after it (readers holding an older listing "
+        "finish; a plain glob may count them twice meanwhile), s; at shutdown at once."
+    ),
     float,
 )
 BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
 BATCH_SIZE = Setting(
     "KVTRACE_BATCH_SIZE",
     2048,
-    "BatchSpanProcessor max_export_batch_size (queue = 4x); bigger batches export faster but hold the GIL longer per export (in-process export).",
+    (
+        "BatchSpanProcessor max_export_batch_size (queue = 4x); bigger batches export faster but hold the GIL longer "
+        "per export (in-process export)."
+    ),
     int,
 )
 WRITER_PROCESS = Setting(
     "KVTRACE_WRITER_PROCESS",
     None,
-    "Parquet export converts and writes spans in a writer process fed through a pipe, so the exporting process never holds the GIL for it: 1 = everywhere, 0 = nowhere (conversion and writes in the exporting process's own export thread); unset = on in `kvtrace proxy` only (measured there: benchmarks/proxy), off elsewhere (vLLM connector, simulator, bench, demo).",
+    (
+        "Parquet export converts and writes spans in a writer process fed through a pipe, so the exporting process "
+        "never holds the GIL for it: 1 = everywhere, 0 = nowhere (conversion and writes in the exporting process's own "
+        "export thread); unset = on in `kvtrace proxy` only (measured there: benchmarks/proxy), off elsewhere (vLLM "
+        "connector, simulator, bench, demo)."
+    ),
     bool,
 )
 WRITER_TIMEOUT_S = Setting(
     "KVTRACE_WRITER_TIMEOUT_S",
     30.0,
-    "A Parquet writer process that takes longer to accept or write a batch is killed and restarted (that batch counts as dropped); also its limit to finish at shutdown, s.",
+    (
+        "A Parquet writer process that takes longer to accept or write a batch is killed and restarted (that batch "
+        "counts as dropped); also its limit to finish at shutdown, s."
+    ),
     float,
 )
 METRICS = Setting(
     "KVTRACE_METRICS",
     True,
-    "Prometheus metrics: the connector's vllm:kvtrace_* families in vLLM's /metrics, /metrics on kvtrace proxy and sim workers (0 = off).",
+    (
+        "Prometheus metrics: the connector's vllm:kvtrace_* families in vLLM's /metrics, /metrics on kvtrace proxy and "
+        "sim workers (0 = off)."
+    ),
     bool,
 )
 PROMETHEUS_BIN = Setting(
@@ -91,26 +111,39 @@ PROXY_LOOP = Setting(
 PROXY_FASTSPANS = Setting(
     "KVTRACE_PROXY_FASTSPANS",
     True,
-    "Proxy spans made by kvtrace.telemetry.fastspans (the SDK's ReadableSpans, handed to the SDK's span processors, without the SDK tracer's per-span machinery) where the provider allows it; 0 = the SDK's own tracer.",
+    (
+        "Proxy spans made by kvtrace.telemetry.fastspans (the SDK's ReadableSpans, handed to the SDK's span "
+        "processors, without the SDK tracer's per-span machinery) where the provider allows it; 0 = the SDK's own "
+        "tracer."
+    ),
     bool,
 )
 PATCH_RESPONSES = Setting("KVTRACE_PATCH_RESPONSES", True, "Proxy adds the kv_transfer object to responses.", bool)
 PROXY_REQUEST_TIMEOUT = Setting(
     "KVTRACE_PROXY_REQUEST_TIMEOUT",
     1800.0,
-    "Proxy (--request-timeout): total deadline of one request, s, P and D legs and the client's reads included; a stream past it ends with an SSE error event and [DONE].",
+    (
+        "Proxy (--request-timeout): total deadline of one request, s, P and D legs and the client's reads included; a "
+        "stream past it ends with an SSE error event and [DONE]."
+    ),
     float,
 )
 PROXY_MAX_UPSTREAM_BYTES = Setting(
     "KVTRACE_PROXY_MAX_UPSTREAM_BYTES",
     64 * 1024 * 1024,
-    "Proxy (--max-upstream-bytes): largest response read from one P or D request, bytes (a 32k-token answer with top-20 logprobs is ~50 MB); past it the request fails with response_too_large.",
+    (
+        "Proxy (--max-upstream-bytes): largest response read from one P or D request, bytes (a 32k-token answer with "
+        "top-20 logprobs is ~50 MB); past it the request fails with response_too_large."
+    ),
     int,
 )
 PROXY_CLIENT_HEADER_TIMEOUT = Setting(
     "KVTRACE_PROXY_CLIENT_HEADER_TIMEOUT",
     60.0,
-    "Proxy (--client-header-timeout): a client connection must deliver a complete request head within this many s of opening (or of its last response, keep-alive); else it is closed.",
+    (
+        "Proxy (--client-header-timeout): a client connection must deliver a complete request head within this many s "
+        "of opening (or of its last response, keep-alive); else it is closed."
+    ),
     float,
 )
 PROXY_CLIENT_BODY_TIMEOUT = Setting(
@@ -122,31 +155,65 @@ PROXY_CLIENT_BODY_TIMEOUT = Setting(
 PROXY_MAX_TABLE_BYTES = Setting(
     "KVTRACE_PROXY_MAX_TABLE_BYTES",
     256 * 1024 * 1024,
-    "Proxy (--max-table-bytes): memory bound of the conversation table, bytes (least recently used conversations are evicted).",
+    (
+        "Proxy (--max-table-bytes): memory bound of the conversation table, bytes (least recently used conversations "
+        "are evicted)."
+    ),
     int,
 )
 PROXY_MAX_ID_BYTES = Setting(
     "KVTRACE_PROXY_MAX_ID_BYTES",
     256,
-    "Proxy (--max-id-bytes): longest conversation_id / X-Session-ID / baggage session.id / X-Request-Id, UTF-8 bytes; longer is a 400.",
+    (
+        "Proxy (--max-id-bytes): longest conversation_id / X-Session-ID / baggage session.id / X-Request-Id, UTF-8 "
+        "bytes; longer is a 400."
+    ),
     int,
 )
 PROXY_DECODER_KV_TTL = Setting(
     "KVTRACE_PROXY_DECODER_KV_TTL",
     None,
-    "Proxy (--decoder-kv-ttl): D's decoder_kv_blocks_ttl, s, when D does not report it (an instrumented D does); used to warn when --conversation-ttl can outlive it and to name a failed offered read `expired`.",
+    (
+        "Proxy (--decoder-kv-ttl): D's decoder_kv_blocks_ttl, s, when D does not report it (an instrumented D does); "
+        "used to warn when --conversation-ttl can outlive it and to name a failed offered read `expired`."
+    ),
     float,
 )
 PROXY_PREFIX_MATCH = Setting(
     "KVTRACE_PROXY_PREFIX_MATCH",
     True,
-    "Proxy (--no-prefix-match turns it off): chat requests that carry no session id continue the session whose served messages (plus the reply the proxy streamed) they extend, and every chat turn of a known session is checked for continuity (extends / diverged / new); the proxy then keeps a hash per message of each session's last turn, never the text.",
+    (
+        "Proxy (--no-prefix-match turns it off): chat requests that carry no session id continue the session whose "
+        "served messages (plus the reply the proxy streamed) they extend, and every chat turn of a known session is "
+        "checked for continuity (extends / diverged / new); the proxy then keeps a hash per message of each session's "
+        "last turn, never the text."
+    ),
     bool,
 )
 PROXY_MAX_CHAIN_BYTES = Setting(
     "KVTRACE_PROXY_MAX_CHAIN_BYTES",
     64 * 1024 * 1024,
-    "Proxy (--max-chain-bytes): memory bound of the prefix-matching table (message hashes of each session's last turn), bytes; least recently used sessions are evicted (it also holds at most --max-conversations sessions).",
+    (
+        "Proxy (--max-chain-bytes): memory bound of the prefix-matching table (message hashes of each session's last "
+        "turn), bytes; least recently used sessions are evicted (it also holds at most --max-conversations sessions)."
+    ),
+    int,
+)
+PROXY_MAX_WORKER_CONNECTIONS = Setting(
+    "KVTRACE_PROXY_MAX_WORKER_CONNECTIONS",
+    1024,
+    "Proxy (--max-worker-connections): most requests in flight to one P or D worker, each on its own connection "
+    "(kept alive); more wait for one in a FIFO queue. 1024 = vLLM's max_num_seqs on large GPUs, half the accept "
+    "backlog of vLLM's API server (uvicorn's 2048), so a burst never overflows it (a worker with a smaller "
+    "backlog needs a smaller value).",
+    int,
+)
+PROXY_MAX_WORKER_QUEUE = Setting(
+    "KVTRACE_PROXY_MAX_WORKER_QUEUE",
+    4096,
+    "Proxy (--max-worker-queue): most requests waiting for a connection to one worker; past it a request is "
+    "answered 503 (error type pool_full) with Retry-After (the recent queue wait, rounded up, at least 1 s). "
+    "A wait is also bounded by --request-timeout (504).",
     int,
 )
 VLLM_STREAM_PATCH = Setting(
@@ -169,7 +236,11 @@ COMPARE_DIR = Setting(
 CLICKHOUSE = Setting(
     "KVTRACE_CLICKHOUSE",
     None,
-    "query / report / dashboard / whatif read an otel_traces table instead of --traces: http(s)://[user[:password]@]host[:port][/database] (clickhouse-connect) or chdb:PATH (chDB in process); docs/clickhouse.md.",
+    (
+        "query / report / dashboard / whatif read an otel_traces table instead of --traces: "
+        "http(s)://[user[:password]@]host[:port][/database] (clickhouse-connect) or chdb:PATH (chDB in process); "
+        "docs/clickhouse.md."
+    ),
 )
 CLICKHOUSE_TABLE = Setting(
     "KVTRACE_CLICKHOUSE_TABLE", "otel_traces", "The table (name or database.name) --clickhouse reads."
@@ -180,7 +251,10 @@ PHOENIX_BIN = Setting(
 TEST_CLICKHOUSE_URL = Setting(
     "KVTRACE_TEST_CLICKHOUSE_URL",
     None,
-    "Tests: a ClickHouse server (http(s)://...) for the clickhouse-connect tests (tests/test_clickhouse_server.py); unset = those tests skip.",
+    (
+        "Tests: a ClickHouse server (http(s)://...) for the clickhouse-connect tests "
+        "(tests/test_clickhouse_server.py); unset = those tests skip."
+    ),
 )
 REQUIRE_VLLM = Setting("KVTRACE_REQUIRE_VLLM", False, "Tests that need vLLM/NIXL fail instead of skipping.", bool)
 

@@ -101,10 +101,11 @@ def test_chdb_opens_one_directory_per_process(loaded, tmp_path):
 
 
 def test_dashboard_passes_the_source_on(loaded, tmp_path):
-    from kvtrace.dashboards import launch as cli
+    from kvtrace.cli import dashboard as cli
+    from kvtrace.dashboards.launch import command
 
     _, url, table = loaded
-    cmd = cli.command("ignored", clickhouse=(url, table))
+    cmd = command("ignored", clickhouse=(url, table))
     assert cmd[cmd.index("--clickhouse") + 1] == url and cmd[cmd.index("--table") + 1] == table
     args = argparse.Namespace(
         traces=None, clickhouse=f"chdb:{tmp_path / 'missing'}", table=None, compare=None, port=8501, host="127.0.0.1"

@@ -12,7 +12,7 @@ import os
 import threading
 
 import pytest
-from test_collect_limits import post, start_cli, stop_cli
+from test_collect_limits import post, post_until_accepted, start_cli, stop_cli
 from test_collect_protocol import BlockingSink, _request
 from test_collect_workload import read_rows, tmp_files
 
@@ -78,7 +78,8 @@ def test_durable_write_failure_answers_retry_and_stores_nothing(tmp_path):
         status, _ = post(c.http_port, body)
         assert status == 503
         assert c.queue.stats.failed_durable_spans == 4 and c.queue.stats.written_spans == 0
-        assert post(c.http_port, body)[0] == 200
+        # the back-off after a failed write refuses resends for a moment; then one probes the disk
+        assert post_until_accepted(c.http_port, body) == 200
         assert c.queue.stats.written_spans == 4  # already written when the 200 came
     assert sorted(r["SpanName"] for r in read_rows(tmp_path / "t")) == [f"d-{i}" for i in range(4)]
 

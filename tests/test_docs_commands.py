@@ -29,7 +29,7 @@ import pytest
 from kvtrace.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "collectors" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "collectors" / "README.md"]
 RUN = {"query", "report", "dashboard", "compact"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 

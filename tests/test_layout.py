@@ -153,3 +153,20 @@ def test_every_package_says_what_it_is_for():
     for init in sorted((ROOT / "kvtrace").glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert len(doc.split()) >= 15, f"{init.relative_to(ROOT)}: the docstring should say what the package is for"
+
+
+def test_every_command_is_a_thin_module_of_the_cli_package():
+    """One rule for commands: ``kvtrace/cli/<command>.py`` defines ``add_arguments(parser)`` and
+    ``run(args)`` (its docstring is the command's --help) and stays small; what a command does lives
+    in its package.  The dispatcher lists exactly these modules."""
+    from kvtrace.cli import COMMANDS
+
+    cli = ROOT / "kvtrace" / "cli"
+    modules = {p.stem for p in cli.glob("*.py")} - {"__init__", "__main__", "options"}
+    assert {m.rsplit(".", 1)[1] for m in COMMANDS.values()} == modules
+    for name in sorted(modules):
+        tree = ast.parse((cli / f"{name}.py").read_text())
+        defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"add_arguments", "run"} <= set(defs), name
+        assert len(ast.get_docstring(defs["run"]) or "") > 40, f"{name}.run needs a docstring: it is the --help"
+        assert len((cli / f"{name}.py").read_text().splitlines()) <= 250, f"kvtrace/cli/{name}.py: move the work out"

@@ -317,8 +317,10 @@ def test_unwritable_directory_returns_failure_and_logs(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="kvtrace.store.exporter"):
         assert exporter.export(memory.get_finished_spans()) is SpanExportResult.FAILURE
         assert exporter.export(memory.get_finished_spans()) is SpanExportResult.FAILURE
-    assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.ERROR]
+    # one line per episode of failures, not per batch (a full disk fails every batch)
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
     assert "failed" in caplog.records[0].getMessage()
+    assert (exporter.failure_reason, exporter.failed_spans) == (sc.DROP_WRITE_FAILED, 2)
     exporter.shutdown()
 
 

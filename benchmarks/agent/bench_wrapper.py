@@ -114,10 +114,12 @@ async def main(calls: int, tokens: int) -> None:
     p, t = results["plain"], results["traced"]
     for name, xs in results.items():
         print(
-            f"{name:7s} mean {statistics.mean(xs):8.1f} us  p50 {statistics.median(xs):8.1f} us  ({len(xs)} calls, {tokens} chunks)"
+            f"{name:7s} mean {statistics.mean(xs):8.1f} us  p50 {statistics.median(xs):8.1f} us  "
+            f"({len(xs)} calls, {tokens} chunks)"
         )
     print(
-        f"added   mean {statistics.mean(t) - statistics.mean(p):8.1f} us  p50 {statistics.median(t) - statistics.median(p):8.1f} us"
+        f"added   mean {statistics.mean(t) - statistics.mean(p):8.1f} us  "
+        f"p50 {statistics.median(t) - statistics.median(p):8.1f} us"
     )
     print(f"ratio traced/plain (p50) {statistics.median(t) / statistics.median(p):.3f}")
 

@@ -229,7 +229,8 @@ def bench_dashboard(directory: Path) -> None:
     reuse_page = time.perf_counter() - t
     print(
         f"dashboard (AppTest): sessions page first render {first:.2f} s (target <= {TARGET_S:.1f} s: "
-        f"{'HOLDS' if first <= TARGET_S else 'MISSED'}), rerun from cache {cached:.2f} s, KV reuse page {reuse_page:.2f} s"
+        f"{'HOLDS' if first <= TARGET_S else 'MISSED'}), rerun from cache {cached:.2f} s, "
+        f"KV reuse page {reuse_page:.2f} s"
     )
     from kvtrace.dashboards.serve import PRELOAD
 

@@ -173,9 +173,9 @@ def bench(parquet: Path, db: Path, days: int, threads: int, repeat: int = REPEAT
         ("dashboard first page", lambda c: first_page(c, False), lambda c: first_page(c, True)),
     ]
     for label, on_duck, on_ch in cases:
-        d = timed(lambda: on_duck(duck), repeat)
+        d = timed(lambda on_duck=on_duck: on_duck(duck), repeat)  # bound: loop variables
         before = backend.rows_read
-        c = timed(lambda: on_ch(ch), repeat)
+        c = timed(lambda on_ch=on_ch: on_ch(ch), repeat)
         read = (backend.rows_read - before) / repeat
         check = "" if label == "dashboard first page" else ("same" if _equal(d[2], c[2]) else "DIFFERENT")
         rows.append((label, d, c, read, check))

@@ -127,7 +127,7 @@ def report(out: dict, concurrency: list[int]) -> None:
         for variant in VARIANTS:
             on, off = out[(variant, conc, "on")], out[(variant, conc, "off")]
             med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
-            rounds = " ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(on, off))
+            rounds = " ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(on, off, strict=True))
             print(
                 f"{variant:<16} {conc:>4} {med(on, 0):13.0f} {med(off, 0):6.0f} {med(on, 0) / med(off, 0):6.2f} "
                 f"{med(on, 1):7.2f} {med(off, 1):7.2f} {med(on, 2):7.2f} {med(off, 2):7.2f}  {rounds}"
@@ -156,7 +156,7 @@ def unit_cost(args, n: int = 2000) -> None:
             ]
         history.append({"role": "user", "content": "next " + "detail " * args.user_words})
         t0 = time.perf_counter()
-        for i in range(n):
+        for _ in range(n):
             hashes = prefix_table.chain(history)
             key = table.find(hashes) or prefix_table.new_session_id()
             table.check(key, hashes)

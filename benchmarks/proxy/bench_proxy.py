@@ -264,12 +264,16 @@ async def lag_phase(args, urls: dict, conc: int) -> dict:
                 url = urls[mode]
                 async with http.get(url + "/lagprobe/start") as resp:
                     await resp.read()
-                await load(lambda w: one_stream(http, url, args.max_tokens, w, conv=mode != STATELESS), conc, per_round)
+
+                def stream(w, url=url, mode=mode):  # url, mode bound: loop variables
+                    return one_stream(http, url, args.max_tokens, w, conv=mode != STATELESS)
+
+                await load(stream, conc, per_round)
                 async with http.get(url + "/lagprobe/stop") as resp:
                     got = await resp.json()
                 o = out[mode]
                 o["lags"] += got["lags"]
-                o["export"] += [lag for lag, flag in zip(got["lags"], got["flags"]) if flag]
+                o["export"] += [lag for lag, flag in zip(got["lags"], got["flags"], strict=True) if flag]
                 o["exports"] += got["exports"]
                 if got["max_slice_cpu_ms"] is not None:
                     o["slice"] = max(o["slice"] or 0.0, got["max_slice_cpu_ms"])
@@ -398,7 +402,9 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
             f"c={conc} CPU/request {own:.0f} us ({with_writer:.0f} us with the writer process) vs forwarder "
             f"{fwd:.0f} us: {own / fwd:.2f}x ({with_writer / fwd:.2f}x) (<= 1.5x): {verdict(own / fwd <= 1.5)} "
             f"({verdict(with_writer / fwd <= 1.5)})   "
-            + beside(lambda m: f"{results[(m, conc)][4] / fwd:.2f}x" if results[(m, conc)][4] else "-")
+            + beside(
+                lambda m, conc=conc, fwd=fwd: f"{results[(m, conc)][4] / fwd:.2f}x" if results[(m, conc)][4] else "-"
+            )
         )
     for conc, by_mode in (lag or {}).items():
         report_lag_target(by_mode, conc, verdict)

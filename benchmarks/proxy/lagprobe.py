@@ -5,8 +5,8 @@
 Adds two routes to the proxy app: ``GET /lagprobe/start`` starts a task that sleeps
 :data:`TICK_S` in a loop and records how late each wake-up is (the lag: how long the loop was
 kept from running ready callbacks: a GIL held by another thread, a long callback, the OS not
-scheduling the process); ``GET /lagprobe/stop`` stops it and answers the samples' summary as JSON; ``GET /lagprobe/flush``
-exports the spans queued so far.
+scheduling the process); ``GET /lagprobe/stop`` stops it and answers the samples' summary as
+JSON; ``GET /lagprobe/flush`` exports the spans queued so far.
 Each sample is marked as overlapping a span export when an ``export`` call of one of the
 process's span exporters was running at its start or end, or started during it.  The probe runs
 only between start and stop, so it costs nothing while the benchmark measures CPU per request.

@@ -147,18 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{f'batch {batch}: OTLP protobuf encoder spans/s':44} {otlp_rate:12,.0f}")
         print(f"{f'batch {batch}: export spans/s (convert+write)':44} {rate:12,.0f}   {rate / otlp_rate:.2f}x OTLP")
         print(
-            f"{f'batch {batch}: spans/s incl. final roll/merge':44} {rate_all:12,.0f}   {rate_all / otlp_rate:.2f}x OTLP"
+            f"{f'batch {batch}: spans/s incl. final roll/merge':44} {rate_all:12,.0f}   "
+            f"{rate_all / otlp_rate:.2f}x OTLP"
         )
         print(
             f"{f'batch {batch}: writer-process handoff spans/s':44} {handoff:12,.0f}   {handoff / otlp_rate:.2f}x OTLP"
         )
         print(
-            f"{f'batch {batch}: batch files bytes/span':44} {r['batch_bytes'] / n:12.1f} {r['batch_bytes'] / json_len:13.3f}"
+            f"{f'batch {batch}: batch files bytes/span':44} {r['batch_bytes'] / n:12.1f} "
+            f"{r['batch_bytes'] / json_len:13.3f}"
         )
         print(f"{f'batch {batch}: rolled segments bytes/span':44} {seg:12.1f} {r['segment_bytes'] / json_len:13.3f}")
         verdicts.append((batch, rate, rate_all, seg, rate / otlp_rate, r["batch_bytes"] / n))
     print()
-    for batch, rate, rate_all, seg, ratio, batch_b in verdicts:
+    for batch, rate, _rate_all, seg, ratio, batch_b in verdicts:
         print(
             f"batch {batch}: export {ratio:.2f}x the OTLP protobuf encoder (>= 4x): "
             f"{'HOLDS' if ratio >= 4 else 'MISSED'}; on disk {seg:.1f} B/span rolled, {batch_b:.1f} B/span in batch "

@@ -34,7 +34,7 @@ tot, rows = overview["totals"], df(overview["rows"])
 
 cols[0].metric("Sessions", f"{tot['sessions']:,}")
 cols[1].metric("Turns", f"{tot['turns']:,}")
-for col, (key, label) in zip(cols[2:], PART_LABELS.items()):
+for col, (key, label) in zip(cols[2:], PART_LABELS.items(), strict=True):
     share = tot[key] / tot["wall_ms"] if tot["wall_ms"] else 0
     col.metric(label.capitalize(), f"{share:.0%}", fmt_ms(tot[key]), delta_color="off", delta_arrow="off")
 

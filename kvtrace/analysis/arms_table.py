@@ -152,7 +152,9 @@ def tables(arms: list[Arm], *, seed: int = 0) -> list[PresetTable]:
         missing = [arm_label(*k) for k in ARMS if k not in got]
         if missing:
             raise ValueError(f"{preset}: no run of {', '.join(missing)}")
-        cmp = lambda cache: compare.compare(got[(cache, False)].values, got[(cache, True)].values, seed=seed)  # noqa: E731
+        cmp = lambda cache, got=got: compare.compare(  # noqa: E731 - got bound: a loop variable
+            got[(cache, False)].values, got[(cache, True)].values, seed=seed
+        )
         out.append(PresetTable(preset, got, cmp(False), cmp(True)))
     return out
 

@@ -2,12 +2,12 @@
 
 :class:`SessionRunner` is driven by :mod:`kvtrace.bench.api`: for each
 :class:`~kvtrace.bench.workload.SessionPlan` it opens a ``kvtrace.agent.session`` span, and per
-turn pauses (a ``kvtrace.agent.user_pause`` span outside the turn span), opens a turn span, then runs the planned actions: streamed
-chat calls through the traced ``openai`` client (so each is an llm_call span whose traceparent and
-conversation id reach the proxy), tool waits (parallel ones with ``asyncio.gather``) and app
-work.  The endpoint's actual answer is appended to the history, so the next turn's prompt
-extends what D holds (with its reasoning, unless the workload drops it: then it does not).  It
-returns plain records for :mod:`kvtrace.bench.stats`.
+turn pauses (a ``kvtrace.agent.user_pause`` span outside the turn span), opens a turn span, then
+runs the planned actions: streamed chat calls through the traced ``openai`` client (so each is an
+llm_call span whose traceparent and conversation id reach the proxy), tool waits (parallel ones
+with ``asyncio.gather``) and app work.  The endpoint's actual answer is appended to the history, so
+the next turn's prompt extends what D holds (with its reasoning, unless the workload drops it: then
+it does not).  It returns plain records for :mod:`kvtrace.bench.stats`.
 """
 
 from __future__ import annotations
@@ -205,7 +205,9 @@ class SessionRunner:
                         rec.llm_ms += (time.perf_counter() - a0) * 1e3
                     elif isinstance(action, ToolAction):
                         ids = [f"call_{turn.index}_{k}_{j}" for j in range(len(action.calls))]
-                        pending += await asyncio.gather(*(self._tool(c, i) for c, i in zip(action.calls, ids)))
+                        pending += await asyncio.gather(
+                            *(self._tool(c, i) for c, i in zip(action.calls, ids, strict=True))
+                        )
                         rec.tool_ms += (time.perf_counter() - a0) * 1e3
                     elif isinstance(action, WorkAction):
                         async with self.agent.app_work(action.name):

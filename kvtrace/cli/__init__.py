@@ -182,10 +182,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kvtrace {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # ``python -m kvtrace.cli``: go through the package module so CLIError is the same class
-    from kvtrace.cli import main as _main
-
-    sys.exit(_main())

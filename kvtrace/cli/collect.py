@@ -65,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long the writer gathers requests into one file (default 200); not used with --durable-ack",
     )
     parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="at SIGINT/SIGTERM, how long to keep retrying writes that fail (full disk) before giving up on "
+        "the acknowledged spans still queued (exit 1) (default 30)",
+    )
+    parser.add_argument(
         "--durable-ack",
         action="store_true",
         help="answer a request only once its spans are in an fsynced file (see 'What a crash can lose' above)",
@@ -101,6 +109,7 @@ def _limits(args) -> dict:
         ("max_request_mib", "max_request_bytes", 1, 1 << 20),
         ("max_inflight_mib", "max_inflight_bytes", 1, 1 << 20),
         ("batch_delay_ms", "batch_delay_s", 0, 1e-3),
+        ("drain_timeout", "drain_timeout_s", 0, 1),
     ]
     out = {}
     for flag, kwarg, minimum, unit in flags:
@@ -122,6 +131,8 @@ def run(args) -> int:
     optionally gzip) unless told otherwise.  When the in-memory queue or the in-flight byte
     budget is full senders get "retry later" (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with
     Retry-After).  SIGINT/SIGTERM: stop accepting, write everything queued, exit 0.
+    GET /health (on the HTTP listener) answers JSON: status ok or unwritable, the write error,
+    what is queued, and counters (accepted, written, refused, refused while unwritable, lost).
 
     What a crash can lose (SIGINT/SIGTERM lose nothing acknowledged):
       default: a request is acknowledged once its spans are queued in memory; the writer
@@ -136,6 +147,18 @@ def run(args) -> int:
         sender retries; a crash between the fsync and the answer makes the sender resend
         spans already stored (duplicates, never loss).  Costs one fsync per written file;
         requests arriving during a write share the next file.
+
+    A full disk (any failed write), in both modes: no failed write is ever acknowledged.
+      From the first failed write until a write succeeds, every new request is answered
+      "retry later" (503 + Retry-After, gRPC UNAVAILABLE), so senders keep their spans; the
+      acknowledged spans already queued stay in memory (within --max-queue-spans and
+      --max-queue-mib) and are retried with a back-off (0.25 s doubling to 5 s); when space
+      returns the collector resumes by itself.  With --durable-ack the failed request is
+      answered "retry later" and, after the back-off, one request at a time probes the disk.
+      One log line when writes start failing and one when they succeed again; /health counts
+      the refusals.  Not guaranteed: if the disk is still full at SIGINT/SIGTERM after
+      --drain-timeout, the acknowledged spans still queued are lost (counted, logged, exit 1);
+      a crash while unwritable loses them as any crash does in the default mode.
 
     Example: kvtrace collect --otlp-grpc 127.0.0.1:4317 --otlp-http 127.0.0.1:4318 --traces ./traces
     """
@@ -167,5 +190,9 @@ def run(args) -> int:
     stop.wait()
     collector.stop()
     st = collector.queue.stats
-    print(f"kvtrace collect: stopped; {st.written_spans} spans written, {st.lost_spans} lost", flush=True)
+    print(
+        f"kvtrace collect: stopped; {st.written_spans} spans written, {st.lost_spans} lost, "
+        f"{st.unwritable_refused_spans} refused while unwritable",
+        flush=True,
+    )
     return 0 if st.lost_spans == 0 else 1

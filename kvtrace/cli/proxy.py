@@ -19,6 +19,8 @@ _LIMITS = (
     ("--max-id-bytes", "max_id_bytes", int, "N", settings.PROXY_MAX_ID_BYTES),
     ("--decoder-kv-ttl", "decoder_kv_ttl_s", float, "S", settings.PROXY_DECODER_KV_TTL),
     ("--max-chain-bytes", "max_chain_bytes", int, "N", settings.PROXY_MAX_CHAIN_BYTES),
+    ("--max-worker-connections", "max_worker_connections", int, "N", settings.PROXY_MAX_WORKER_CONNECTIONS),
+    ("--max-worker-queue", "max_worker_queue", int, "N", settings.PROXY_MAX_WORKER_QUEUE),
 )
 
 
@@ -69,7 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DECODER_KV_BLOCKS_TTL_S - TTL_MARGIN_S,
         metavar="S",
-        help="offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; default %(default)s)",
+        help=(
+            "offer D's blocks only if cached less than S seconds ago (decoder_kv_blocks_ttl minus a margin; "
+            "default %(default)s)"
+        ),
     )
     p.add_argument("--max-conversations", type=int, default=100_000, help="conversation table size (LRU)")
     p.add_argument(
@@ -97,14 +102,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="seconds to connect to a worker before the request fails (default 10)",
+        help="seconds one connection attempt to a worker may take (a wait for a free one does not count; default 10)",
     )
     p.add_argument("--read-timeout", type=float, default=600.0, metavar="S", help="max silence on a worker connection")
+    p.add_argument(
+        "--export-delay-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="how long ended spans wait in memory before they go to the Parquet writer: about what a "
+        f"SIGKILL loses (see below) (default {settings.BATCH_DELAY_MS.default}; env {settings.BATCH_DELAY_MS.env})",
+    )
     p.add_argument(
         "--loop",
         choices=LOOPS,
         default=None,
-        help=f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})",
+        help=(
+            f"event loop (default {settings.PROXY_LOOP.default}: uvloop when installed; env {settings.PROXY_LOOP.env})"
+        ),
     )
     for flag, dest, kind, metavar, setting in _LIMITS:
         doc = setting.doc.split("): ", 1)[1]
@@ -154,9 +169,20 @@ def run(args: argparse.Namespace) -> int:
     requests, the session whose served messages (and the reply the proxy streamed) the request
     extends, or a new one the proxy names (prefix matching; --no-prefix-match turns it off).  Each
     chat turn is checked against the session's last served turn: a turn whose messages diverged
-    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a `kv_transfer` object (streaming: on
-    the final chunk) and an x-kvtrace-trace-id header unless --no-patch (or KVTRACE_PATCH_RESPONSES=0).
+    (e.g. the client dropped the reasoning) is not offered D's blocks.  Responses carry a
+    `kv_transfer` object (streaming: on the final chunk) and an x-kvtrace-trace-id header unless
+    --no-patch (or KVTRACE_PATCH_RESPONSES=0).
     When P fails to read the blocks offered from D (expired), P is asked again without them.
+
+    What the proxy's spans survive: SIGINT/SIGTERM flush every span of every answered request.
+    A SIGKILL (or OOM kill) loses the spans still waiting in memory: those of the requests that
+    ended in the last --export-delay-ms (1 s by default; at most 8192 spans, the span queue,
+    4 x KVTRACE_BATCH_SIZE); what was already handed to the writer process is still written.  There is no
+    durable-ack mode: a request's spans end after its last byte has gone to the client, so making
+    them durable first would add a write (and an fsync) to every response.  A full trace disk
+    never fails a request: the spans that cannot be written are dropped, counted as
+    kvtrace_dropped_spans{reason="write_failed"} (/metrics, and dropped_spans on /health),
+    logged once when writes start failing and once when they work again.
     """
     import asyncio
 
@@ -170,7 +196,11 @@ def run(args: argparse.Namespace) -> int:
         telemetry.check_traces_dir(args.traces)
     except OSError as exc:  # NotWritable: one line naming the directory and the reason
         raise CLIError(str(exc)) from None
-    provider = telemetry.configure("kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process())
+    if args.export_delay_ms is not None and args.export_delay_ms < 1:
+        raise CLIError("--export-delay-ms must be >= 1")
+    provider = telemetry.configure(
+        "kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process(), batch_delay_ms=args.export_delay_ms
+    )
 
     async def serve() -> None:
         try:
@@ -224,7 +254,8 @@ def _tune_gc() -> None:
     Per request the proxy allocates a few hundred container objects that reference counting frees
     (no cycles), but with concurrent requests in flight the young generation keeps crossing the
     default threshold (700), so the collector runs every few requests and, every ~100 young
-    collections, rescans the ~90k objects of the loaded modules: ~50 us of CPU per request.
+    collections, rescans the ~90k objects of the loaded modules: CPU every request pays for
+    (docs/benchmarks.md, ``benchmarks/proxy``).
     ``gc.freeze()`` moves everything alive now (modules, app, pools) out of the collector's scans and
     a higher young threshold lets transient request objects die before a collection sees them.
     """

@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _render_table(columns: list[str], rows: list[tuple]) -> str:
     cells = [[("" if v is None else str(v)) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(lines) + "\n"
 
@@ -48,7 +48,7 @@ def _render(fmt: str, columns: list[str], rows: list[tuple]) -> str:
         return buf.getvalue()
     import json
 
-    return json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1) + "\n"
+    return json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=1) + "\n"
 
 
 def _empty(sql: str) -> bool:
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CLIError(f"cannot write {args.output}: {exc}") from None
         return 0
-    rows = list(zip(*(c.to_pylist() for c in result.columns))) if result.num_columns else []
+    rows = list(zip(*(c.to_pylist() for c in result.columns), strict=True)) if result.num_columns else []
     text = _render(args.format, result.column_names, rows)
     if args.output:
         try:

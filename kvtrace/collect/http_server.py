@@ -6,7 +6,9 @@ Responses use the request's encoding (OTLP spec, "OTLP/HTTP Response"): 200 with
 ``google.rpc.Status`` for malformed payloads (bad protobuf or JSON, bad ids, JSON nested too
 deeply, a body marked gzip that is not), 503 + ``Retry-After`` when the queue is full or the
 in-flight byte budget is spent, 413 for bodies over the size limit (after decompression), 415
-for other content types and encodings.  ``Content-Encoding: gzip`` (what the OTel SDKs send with
+for other content types and encodings.  ``GET /health`` answers the queue's state and counters
+(:meth:`~kvtrace.collect.queue.SpanQueue.health`: ``status`` ``ok`` or ``unwritable``, refusals,
+losses).  ``Content-Encoding: gzip`` (what the OTel SDKs send with
 compression on) and ``deflate`` bodies are inflated here, not by aiohttp, in bounded steps
 (:mod:`kvtrace.collect.limits`).
 """
@@ -38,6 +40,7 @@ from kvtrace.collect.receiver import (
 log = logging.getLogger(__name__)
 
 PATH = "/v1/traces"
+HEALTH_PATH = "/health"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -94,8 +97,14 @@ def make_app(
             outcome = Outcome(INTERNAL, f"internal error: {type(exc).__name__}")
         return _reply(outcome, as_json)
 
+    async def health(request: web.Request) -> web.Response:
+        # 200 even while unwritable: the body says so; a probe that restarted the collector then
+        # would lose the acknowledged spans it holds in memory
+        return web.json_response(queue.health())
+
     app = web.Application(client_max_size=max_body_bytes)
     app.router.add_post(PATH, export)
+    app.router.add_get(HEALTH_PATH, health)
     return app
 
 

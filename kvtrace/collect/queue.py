@@ -10,13 +10,22 @@ When is a request acknowledged?
 
 - default: once its table is queued.  The writer waits up to ``batch_delay_s`` for company, then
   writes; a crash of the process (SIGKILL, OOM kill) loses what is queued or being written at
-  that moment.  A failed write keeps its rows queued and is retried after a back-off, so a full
-  disk turns into back-pressure rather than loss.
+  that moment.
 - durable (``offer(table, durable=True)``, ``kvtrace collect --durable-ack``): ``offer`` returns
   a future that the writer resolves once the batch holding the table is in an fsynced file (the
   receiver answers only then), or fails when the write fails (the receiver answers "retry
   later"; the rows are dropped, the sender resends them).  The writer starts as soon as anything
   is queued (no ``batch_delay_s``): requests arriving while a file is written share the next one.
+
+When a write fails (a full disk, an I/O error) the queue is *unwritable* until a write succeeds
+again: every offer is refused ("retry later"), so nothing more is acknowledged than the memory
+already holding it, and nothing acknowledged is dropped: the failed batch's acknowledged rows are
+queued again and retried after a back-off that doubles from ``retry_delay_s`` up to
+``max_retry_delay_s``.  In durable mode the failed rows are the senders' to resend, so the queue is
+empty; once the back-off has passed one offer is let through as the probe (the others are still
+refused while it is written).  The first failure and the recovery are logged once per episode;
+:attr:`QueueStats` counts the refusals.  :meth:`close` keeps retrying a failing write for
+``close_timeout_s``, and only then gives up on what is queued (logged, counted as lost).
 
 The queue is bounded in spans and in bytes (Arrow buffer sizes).  When an offer would exceed
 either bound, ``offer`` refuses and the receiver answers "retry later" (gRPC UNAVAILABLE +
@@ -27,10 +36,12 @@ RetryInfo, HTTP 503 + Retry-After), as the OTLP specification asks of an overloa
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
@@ -41,9 +52,13 @@ log = logging.getLogger(__name__)
 class QueueStats:
     accepted_spans: int = 0
     written_spans: int = 0
-    refused_requests: int = 0
+    refused_requests: int = 0  # every refusal: queue full, closing, unwritable
+    refused_spans: int = 0
+    unwritable_refused_requests: int = 0  # refused because writes were failing (part of the above)
+    unwritable_refused_spans: int = 0
     write_failures: int = 0
-    lost_spans: int = 0
+    unwritable_episodes: int = 0  # runs of failed writes ended by a success (or still going)
+    lost_spans: int = 0  # acknowledged spans given up on at close (the disk never took them)
     failed_durable_spans: int = 0  # durable offers whose write failed (senders told to retry)
 
 
@@ -66,8 +81,9 @@ class SpanQueue:
         max_batch_spans: int = 65536,
         max_batch_bytes: int = 64 << 20,
         batch_delay_s: float = 0.2,
-        retry_delay_s: float = 1.0,
-        close_retries: int = 3,
+        retry_delay_s: float = 0.25,
+        max_retry_delay_s: float = 5.0,
+        close_timeout_s: float = 30.0,
     ) -> None:
         if max_spans < 1 or max_bytes < 1:
             raise ValueError("max_spans and max_bytes must be >= 1")
@@ -75,9 +91,14 @@ class SpanQueue:
         self.max_spans, self.max_bytes = max_spans, max_bytes
         self.max_batch_spans, self.max_batch_bytes = max_batch_spans, max_batch_bytes
         self.batch_delay_s = batch_delay_s
-        self.retry_delay_s = retry_delay_s
-        self.close_retries = close_retries
+        self.retry_delay_s, self.max_retry_delay_s = retry_delay_s, max_retry_delay_s
+        self.close_timeout_s = close_timeout_s
         self.stats = QueueStats()
+        self.write_error: str | None = None  # set while writes fail (the queue refuses offers)
+        self._failing_since = 0.0
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._close_deadline = math.inf
         self._items: deque[_Item] = deque()
         self._queued = 0  # spans queued or being written
         self._queued_bytes = 0
@@ -95,18 +116,40 @@ class SpanQueue:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    def retry_after_s(self) -> int:
+        """Whole seconds a refused sender should wait: the back-off left while unwritable, else 1."""
+        if self.write_error is None:
+            return 1
+        return max(1, min(math.ceil(self._retry_at - time.monotonic()), math.ceil(self.max_retry_delay_s)))
+
+    def health(self) -> dict:
+        """What ``GET /health`` reports: ``writing`` (or ``unwritable`` and why), queue and counters."""
+        with self._cond:
+            return {
+                "status": "ok" if self.write_error is None else "unwritable",
+                "write_error": self.write_error,
+                "queued_spans": self._queued,
+                "queued_bytes": self._queued_bytes,
+                **asdict(self.stats),
+            }
+
     def offer(self, table: pa.Table, *, durable: bool = False):
-        """Queue ``table``.  Returns False when closed or when it would overflow a bound (retry
-        later); otherwise True, or with ``durable`` a Future resolved once the table is in an
-        fsynced file (exception: the write failed).
+        """Queue ``table``.  Returns False when closed, unwritable (module doc) or when it would
+        overflow a bound (retry later); otherwise True, or with ``durable`` a Future resolved once
+        the table is in an fsynced file (exception: the write failed).
 
         A table larger than a whole bound is still taken when the queue is empty, so one
         oversized request cannot be refused forever."""
         n, nbytes = table.num_rows, table.nbytes
         with self._cond:
             full = self._queued and (self._queued + n > self.max_spans or self._queued_bytes + nbytes > self.max_bytes)
-            if self._closed or full:
+            unwritable = self.write_error is not None and (self._queued or time.monotonic() < self._retry_at)
+            if self._closed or full or unwritable:
                 self.stats.refused_requests += 1
+                self.stats.refused_spans += n
+                if unwritable:
+                    self.stats.unwritable_refused_requests += 1
+                    self.stats.unwritable_refused_spans += n
                 return False
             done = Future() if durable else None
             if not n:
@@ -127,9 +170,12 @@ class SpanQueue:
             return self._cond.wait_for(lambda: self._queued == 0, timeout)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Refuse new offers, drain the queue, stop the writer; idempotent. False on timeout."""
+        """Refuse new offers, drain the queue (retrying a failing write for ``close_timeout_s``),
+        stop the writer; idempotent. False on timeout."""
         with self._cond:
-            self._closed = True
+            if not self._closed:
+                self._closed = True
+                self._close_deadline = time.monotonic() + self.close_timeout_s
             self._cond.notify_all()
         self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -140,7 +186,8 @@ class SpanQueue:
             self._cond.wait_for(lambda: self._items or self._closed)
             if not self._items:
                 return None  # closed and drained
-            if not self._closed and self.batch_delay_s > 0 and not self._durable:
+            # while unwritable nothing new comes: no point waiting for company
+            if not self._closed and self.batch_delay_s > 0 and not self._durable and self.write_error is None:
                 self._cond.wait_for(
                     lambda: (
                         self._closed
@@ -166,7 +213,6 @@ class SpanQueue:
             return batch
 
     def _run(self) -> None:
-        failures = 0
         while True:
             batch = self._take()
             if batch is None:
@@ -174,30 +220,60 @@ class SpanQueue:
             try:
                 self.sink.write_table(pa.concat_tables([item.table for item in batch]))
             except Exception as exc:
-                failures += 1
-                self._failed(batch, exc, failures)
+                self._failed(batch, exc)
                 continue
-            failures = 0
             self._done(batch, lost=False)
 
-    def _failed(self, batch: list[_Item], exc: Exception, failures: int) -> None:
-        """Durable items are failed (their senders retry); the rest are requeued and retried
-        after a back-off, or given up on when closing and the retries are spent."""
-        self.stats.write_failures += 1
+    def _failed(self, batch: list[_Item], exc: Exception) -> None:
+        """Durable items are failed (their senders retry); the rest (acknowledged) are requeued
+        and retried after the back-off, or given up on once closing and ``close_timeout_s`` spent."""
         n = sum(item.table.num_rows for item in batch)
-        log.error("kvtrace collect: writing %d spans failed (%s); will retry", n, exc, exc_info=failures == 1)
+        with self._cond:
+            self.stats.write_failures += 1
+            first = self.write_error is None
+            self.write_error = str(exc) or type(exc).__name__
+            if first:
+                self._failing_since = time.monotonic()
+                self.stats.unwritable_episodes += 1
+                self._backoff = self.retry_delay_s
+            else:
+                self._backoff = min(self._backoff * 2, self.max_retry_delay_s)
+            self._retry_at = time.monotonic() + self._backoff
+        if first:  # once per episode, not per retry or per refused request
+            log.error(
+                "kvtrace collect: writing %d spans failed (%s); refusing new requests (retry later) until a "
+                "write succeeds; the %d acknowledged spans queued are kept and retried",
+                n,
+                exc,
+                self._queued - sum(item.table.num_rows for item in batch if item.done is not None),
+                exc_info=True,
+            )
         durable = [item for item in batch if item.done is not None]
         keep = [item for item in batch if item.done is None]
         if durable:
             self._done(durable, lost=False, error=exc)
         if not keep:
             return
-        if self._closed and failures > self.close_retries:
+        if self._closed and time.monotonic() >= self._close_deadline:
             self._done(keep, lost=True)
             return
         with self._cond:
             self._items.extendleft(reversed(keep))
-            self._cond.wait_for(lambda: self._closed, self.retry_delay_s)
+            self._cond.wait_for(lambda: time.monotonic() >= min(self._retry_at, self._close_deadline), self._backoff)
+
+    def _recovered(self) -> None:
+        """The first write to succeed after failures ends the episode (caller holds the lock)."""
+        if self.write_error is None:
+            return
+        log.warning(
+            "kvtrace collect: writing again after %.1f s unwritable (%s); %d requests (%d spans) refused so far",
+            time.monotonic() - self._failing_since,
+            self.write_error,
+            self.stats.unwritable_refused_requests,
+            self.stats.unwritable_refused_spans,
+        )
+        self.write_error = None
+        self._backoff = self._retry_at = 0.0
 
     def _done(self, batch: list[_Item], *, lost: bool, error: Exception | None = None) -> None:
         n = sum(item.table.num_rows for item in batch)
@@ -206,11 +282,18 @@ class SpanQueue:
             self._queued_bytes -= sum(item.nbytes for item in batch)
             if lost:
                 self.stats.lost_spans += n
-                log.error("kvtrace collect: gave up on %d spans at shutdown", n)
+                log.error(
+                    "kvtrace collect: gave up on %d acknowledged spans at shutdown: writes still failing after "
+                    "%.0f s (%s)",
+                    n,
+                    self.close_timeout_s,
+                    self.write_error,
+                )
             elif error is not None:
                 self.stats.failed_durable_spans += n
             else:
                 self.stats.written_spans += n
+                self._recovered()
             self._cond.notify_all()
         for item in batch:
             if item.done is not None:

@@ -12,8 +12,10 @@ malformed          INVALID_ARGUMENT            400 + google.rpc.Status
 too large          RESOURCE_EXHAUSTED (grpc)   413 + google.rpc.Status
 unsupported        (n/a)                       415 + google.rpc.Status (Content-Encoding)
 full / busy /      UNAVAILABLE + RetryInfo     503 + Retry-After + google.rpc.Status
-closing / durable
-write failed
+closing /
+unwritable /
+durable write
+failed
 =================  =========================  ==================================
 
 With ``durable`` (``kvtrace collect --durable-ack``) :func:`ingest` returns the queue's future in
@@ -60,11 +62,12 @@ def ingest(queue: SpanQueue, request, *, retry_after_s: int = 1, durable: bool =
         return Outcome(MALFORMED, f"cannot convert spans: {exc}")
     queued = queue.offer(table, durable=durable)
     if queued is False:
-        return Outcome(
-            RETRY,
-            f"queue full ({queue.queued_spans} spans, {queue.queued_bytes} bytes queued); retry later",
-            retry_after_s=retry_after_s,
-        )
+        error = queue.write_error
+        if error is not None:
+            why = f"cannot write to the trace directory ({error}); no new spans are accepted until a write succeeds"
+        else:
+            why = f"queue full ({queue.queued_spans} spans, {queue.queued_bytes} bytes queued)"
+        return Outcome(RETRY, f"{why}; retry later", retry_after_s=max(retry_after_s, queue.retry_after_s()))
     response = ExportTraceServiceResponse()
     if rejected:
         response.partial_success.rejected_spans = rejected

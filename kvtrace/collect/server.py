@@ -11,7 +11,9 @@ Memory is bounded three ways: each request body (after decompression) by ``max_r
 all requests being read or converted together by ``max_inflight_bytes``
 (:mod:`kvtrace.collect.limits`), and converted spans waiting for the writer by
 ``max_queue_spans`` and ``max_queue_bytes`` (:mod:`kvtrace.collect.queue`).  ``durable_ack``:
-requests are answered only once their spans are in an fsynced file.
+requests are answered only once their spans are in an fsynced file.  A write that fails (full
+disk) makes the queue refuse new requests until a write succeeds (:mod:`kvtrace.collect.queue`);
+``drain_timeout_s`` bounds how long :meth:`Collector.stop` keeps retrying such a write.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ DEFAULT_MAX_QUEUE_BYTES = 256 << 20
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
 DEFAULT_BATCH_DELAY_S = 0.2
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -58,6 +61,7 @@ class Collector:
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
         batch_delay_s: float = DEFAULT_BATCH_DELAY_S,
         durable_ack: bool = False,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
         grace_s: float = 5.0,
         sink=None,
     ) -> None:
@@ -70,6 +74,7 @@ class Collector:
         self.budget = ByteBudget(max_inflight_bytes)
         self.batch_delay_s = batch_delay_s
         self.durable_ack = durable_ack
+        self.drain_timeout_s = drain_timeout_s
         self.grace_s = grace_s
         self._sink = sink
         self.queue: SpanQueue | None = None
@@ -87,7 +92,11 @@ class Collector:
         if self._sink is None:
             self._sink = TableSink(self.traces_dir, fsync=self.durable_ack)
         self.queue = SpanQueue(
-            self._sink, max_spans=self.max_queue_spans, max_bytes=self.max_queue_bytes, batch_delay_s=self.batch_delay_s
+            self._sink,
+            max_spans=self.max_queue_spans,
+            max_bytes=self.max_queue_bytes,
+            batch_delay_s=self.batch_delay_s,
+            close_timeout_s=self.drain_timeout_s,
         )
         limits = dict(budget=self.budget, durable=self.durable_ack)
         try:
@@ -126,11 +135,13 @@ class Collector:
         if self.queue is not None:
             st = self.queue.stats
             log.info(
-                "kvtrace collect: stopped; %d spans accepted, %d written, %d lost, %d requests refused",
+                "kvtrace collect: stopped; %d spans accepted, %d written, %d lost, %d requests refused "
+                "(%d while the directory was unwritable)",
                 st.accepted_spans,
                 st.written_spans,
                 st.lost_spans,
                 st.refused_requests,
+                st.unwritable_refused_requests,
             )
 
     def __enter__(self) -> Collector:

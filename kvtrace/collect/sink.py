@@ -22,4 +22,5 @@ class TableSink(ParquetSpanExporter):
         if self._closed:
             raise RuntimeError("sink already shut down")
         if self.export_table(table) is not SpanExportResult.SUCCESS:
-            raise OSError(f"writing {table.num_rows} spans to {self.directory} failed")
+            # the exporter's own error (e.g. ENOSPC), so the collector can tell senders why
+            raise self.last_error or OSError(f"writing {table.num_rows} spans to {self.directory} failed")

@@ -247,7 +247,7 @@ def clear_previous(directory: str, error) -> None:
     """Remove an earlier demo run's traces (only Parquet files in date=/hour= partitions)."""
     if not os.path.exists(directory):
         return
-    for base, dirs, files in os.walk(directory):
+    for base, _dirs, files in os.walk(directory):
         rel = os.path.relpath(base, directory)
         if rel != "." and not all(p.split("=")[0] in ("date", "hour") for p in rel.split(os.sep)):
             raise error(f"{directory} holds something other than kvtrace traces ({rel}); choose another --traces")

@@ -96,8 +96,8 @@ def setup_lines(time_scale: float, sessions: int) -> list[str]:
     return [
         text.wrap(p)
         for p in (
-            f"Setup: simulated vLLM P/D cluster (Qwen3-32B preset), {PREFILL_WORKERS} prefill workers + 1 decode worker "
-            "behind the instrumented proxy (round-robin over P).",
+            f"Setup: simulated vLLM P/D cluster (Qwen3-32B preset), {PREFILL_WORKERS} prefill workers "
+            "+ 1 decode worker behind the instrumented proxy (round-robin over P).",
             f"Workload (same seed in both runs): {sessions} session(s) each of {', '.join(SCENARIOS)}; a "
             f"~{sum(SYSTEM_TOKENS) // 2:,}-token system prompt, files, documents and pages of 3-12k tokens, test logs "
             "of 1-2k per turn; contexts of 6-25k tokens.",

@@ -6,14 +6,15 @@ The recorder describes its spans as four operations on opaque handles (``start``
 - :class:`SyncSpans` calls the SDK right away, on the caller's thread.  The simulator uses it:
   its tests read the spans as soon as a request is done.
 - :class:`DeferredSpans` is for the real vLLM connector, whose calls run inside vLLM's scheduler
-  hooks, where one SDK span start or end costs 10-20 µs.  On the caller's thread it only
-  pre-assigns the span id (and the trace id of a root span) and appends the operation to a
-  deque: no lock, no thread wake-up (waking a waiting thread per operation costs about as much
-  as the span).  A daemon thread wakes every :data:`INTERVAL_S` (or once :data:`BATCH`
-  operations wait) and replays them through a :class:`SyncSpans`, so both modes make the same
-  spans.  The SDK takes the pre-assigned ids from :class:`_PresetIds`, installed as the
-  ``id_generator`` of the applier's own copy of the SDK tracer, so trace ids (the summary's
-  ``trace_id``) and parent links are known before the span exists.
+  hooks, where an SDK span start or end is a cost every scheduler step pays (figures:
+  docs/benchmarks.md, ``benchmarks/connector``).  On the caller's thread it only pre-assigns the
+  span id (and the trace id of a root span) and appends the operation to a deque: no lock, no
+  thread wake-up (waking a waiting thread per operation would cost about as much as the span).
+  A daemon thread wakes every :data:`INTERVAL_S` (or once :data:`BATCH` operations wait) and
+  replays them through a :class:`SyncSpans`, so both modes make the same spans.  The SDK takes
+  the pre-assigned ids from :class:`_PresetIds`, installed as the ``id_generator`` of the
+  applier's own copy of the SDK tracer, so trace ids (the summary's ``trace_id``) and parent
+  links are known before the span exists.
 
 The SDK work itself still runs in the same process (and under the same GIL); it just no longer
 runs inside the hook.  :meth:`DeferredSpans.flush` waits until everything queued so far is
@@ -31,6 +32,7 @@ import random
 import threading
 import weakref
 from collections import deque
+from typing import Any, TypeGuard
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 0.1  # how stale a span may get before the thread applies it (exporters batch ~1 s)
 BATCH = 1024  # operations waiting that wake the thread early
 MAX_PENDING = 200_000  # beyond this (the SDK cannot keep up) operations are dropped, with a warning
+# what an applier's ``start`` returns and its other operations take: a :class:`_Handle`
+# (:class:`DeferredSpans`) or the SDK span itself (:class:`SyncSpans`), opaque to the recorder
+SpanHandle = Any
 
 
 def _context(parent):
@@ -106,7 +111,7 @@ class _PresetIds(IdGenerator):
         self.inner = inner
         self.local = threading.local()
 
-    def preset(self, trace_id: int, span_id: int) -> None:
+    def preset(self, trace_id: int | None, span_id: int | None) -> None:
         self.local.trace_id, self.local.span_id = trace_id, span_id
 
     def generate_span_id(self) -> int:
@@ -191,7 +196,7 @@ class DeferredSpans:
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     @staticmethod
-    def supports(tracer) -> bool:
+    def supports(tracer) -> TypeGuard[SdkTracer]:
         return isinstance(tracer, SdkTracer)
 
     # ---------------------------------------------------------------- caller's thread: O(1)
@@ -263,7 +268,7 @@ class DeferredSpans:
 
     def _log_failure(self, op: tuple) -> None:
         name = getattr(op[1], "__name__", None) if len(op) > 1 else None
-        name = name or getattr(op[0], "__name__", "op")
+        name = str(name or getattr(op[0], "__name__", "op"))
         if name not in self._failed:
             self._failed.add(name)
             log.exception("kvtrace: applying span %s failed; telemetry continues without it", name)

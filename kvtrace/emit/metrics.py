@@ -106,7 +106,8 @@ _TOKEN_KEYS: dict[str, tuple[str, str, str]] = {}
 
 
 def _token_keys(direction: str) -> tuple[str, str, str]:
-    keys = tuple(direction + SEP + source for source in sc.TOKEN_SOURCES)
+    local, pulled, recomputed = (direction + SEP + source for source in sc.TOKEN_SOURCES)
+    keys = (local, pulled, recomputed)
     _TOKEN_KEYS[direction] = keys
     return keys
 

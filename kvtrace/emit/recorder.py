@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kvtrace import semconv as sc
-from kvtrace.emit.deferred import DeferredSpans, SyncSpans
+from kvtrace.emit.deferred import DeferredSpans, SpanHandle, SyncSpans
 from kvtrace.emit.metrics import KVMetrics
 
 log = logging.getLogger(__name__)
@@ -89,20 +89,20 @@ class _Request:
 
     request_id: str
     role: str
-    span: object
+    span: SpanHandle
     base: dict  # identity + engine attributes: what every span of the request carries
     summary: dict = field(default_factory=dict)
-    decision: object | None = None
-    transfer: object | None = None
+    decision: SpanHandle = None  # None until started, as is transfer
+    transfer: SpanHandle = None
     transfer_start_ns: int = 0
-    direction: str | None = None  # of the decision (metrics)
-    transfer_direction: str | None = None
+    direction: str = ""  # of the decision (metrics): set with ``decision``
+    transfer_direction: str = ""  # set with ``transfer``
     transfer_bytes: int = 0
 
 
 @dataclass(slots=True)
 class _Retention:
-    span: object
+    span: SpanHandle
     blocks: int
     nbytes: int
     start_ns: int = 0
@@ -174,7 +174,7 @@ class KVRecorder:
         if request_id in self._requests:
             return
         entry = (kv_params or {}).get(sc.KV_PARAMS_KEY) or {}
-        identity = {sc.GEN_AI_REQUEST_ID: public_id or request_id}
+        identity: dict[str, object] = {sc.GEN_AI_REQUEST_ID: public_id or request_id}
         session = entry.get(sc.CTX_SESSION_ID) if isinstance(entry, dict) else None
         turn = entry.get(sc.CTX_TURN) if isinstance(entry, dict) else None
         if session is not None:
@@ -305,7 +305,7 @@ class KVRecorder:
         span = req.transfer
         if span is not None:
             req.transfer = None
-            attrs = {sc.KV_TRANSFER_STATUS: status}
+            attrs: dict[str, object] = {sc.KV_TRANSFER_STATUS: status}
             if xfer_ms is not None:
                 attrs[sc.KV_TRANSFER_XFER_MS] = float(xfer_ms)
             if post_ms is not None:
@@ -350,7 +350,7 @@ class KVRecorder:
             self._count_transfer(req, sc.TRANSFER_FAILED, now)
         if req.decision is not None and sc.KVT_DECISION not in req.summary:
             self._end_decision(req, sc.OUTCOME_FAILED, end_ns=now)
-        attrs = {}
+        attrs: dict[str, object] = {}
         if output_tokens is not None:
             attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(output_tokens)
         if cached_tokens is not None:

@@ -18,10 +18,12 @@ Faults: when P answers 5xx to a turn that offered D's blocks (vLLM under
 without them (a fresh prefill) and the decision is recorded as ``expired`` (the entry was older than
 D's retention minus vLLM's 5 s margin) or ``failed``.  Everything runs under ``--request-timeout``
 (504, or an SSE error event once streaming) and reads at most ``--max-upstream-bytes`` per worker
-response.  Once a stream has started, every failure — the worker, its garbage, the deadline, a
-proxy bug — ends it with an SSE error event and ``[DONE]`` and ends the spans with ERROR.  D's
-``[DONE]`` goes to the client together with the end of the chunked body, at once; a failure after
-it (D's body not ending cleanly) is recorded on the spans only: the client already has its stream.
+response.  A leg waits for one of its worker's connections (:class:`.upstream.Gate`); past the
+worker's queue bound the request is answered 503 with ``Retry-After`` (``pool_full``).  Once a
+stream has started, every failure — the worker, its garbage, the deadline, a proxy bug — ends it
+with an SSE error event and ``[DONE]`` and ends the spans with ERROR.  D's ``[DONE]`` goes to the
+client together with the end of the chunked body, at once; a failure after it (D's body not ending
+cleanly) is recorded on the spans only: the client already has its stream.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from kvtrace import semconv as sc
-from kvtrace import settings
+from kvtrace import settings, telemetry
 from kvtrace.proxy import legs, prefix_table
 from kvtrace.proxy.call import CLIENT_GONE, Call, Done, end_stream, json_response, stream_failure
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
@@ -45,7 +47,17 @@ from kvtrace.proxy.parse import CHAT_PATH, ClientRequest, RequestError, check_id
 from kvtrace.proxy.spans import RequestTrace, end_leg, tracer
 from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher
 from kvtrace.proxy.table import ConversationTable
-from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Client, Pool, TooLarge, json_object, never_reached, pump, read_body
+from kvtrace.proxy.upstream import (
+    UPSTREAM_ERRORS,
+    Client,
+    Pool,
+    PoolFull,
+    TooLarge,
+    json_object,
+    never_reached,
+    pump,
+    read_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +66,7 @@ log = logging.getLogger(__name__)
 class _PResult:
     """What one P leg got: status, body, decoded object, error type, whether P got the request."""
 
-    status: int | None = None
+    status: int = 0  # 0: P sent no answer (its leg failed before a status)
     data: bytes = b""
     obj: dict | None = None
     error: str | None = None
@@ -77,17 +89,19 @@ class Proxy:
         )
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
         on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
-        self.metrics = ProxyMetrics(self.table) if on else None
+        self.metrics = ProxyMetrics(self.table, self.pool) if on else None
 
     # ------------------------------------------------------------------ routes
     def health_body(self) -> dict:
         prefix = self.chains.health() if self.chains is not None else {}
-        return {"status": "ok", **self.table.health(), **prefix}
+        # spans this process lost (e.g. write_failed: a full trace disk); serving goes on regardless
+        return {"status": "ok", **self.table.health(), **prefix, "dropped_spans": telemetry.dropped_spans()}
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(self.health_body())
 
     async def prometheus(self, request: web.Request) -> web.Response:
+        assert self.metrics is not None  # the route exists only with metrics on (server.py)
         body, content_type = self.metrics.render(request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -121,6 +135,9 @@ class Proxy:
             return await self._decode_aggregate(call)
         except Done as done:
             return done.response
+        except PoolFull as full:  # a worker's queue is full: 503, never a 502
+            call.turn.restore()  # P never got it (a no-op once P answered)
+            return call.busy(full)
         except asyncio.CancelledError:
             call.disconnected()
             raise
@@ -198,7 +215,7 @@ class Proxy:
 
     def _served(self, call: Call, reply: dict | None) -> None:
         """D finished the turn: the prefix table records its messages and the reply."""
-        if call.hashes is not None and self.chains is not None and not call.recorded:
+        if call.hashes is not None and call.session_id is not None and self.chains is not None and not call.recorded:
             call.recorded = True
             self.chains.served(call.session_id, call.hashes, reply)
 
@@ -211,7 +228,9 @@ class Proxy:
             # P could not read the offered blocks (expired or failed): once more, without them
             call.rt.upstream_error(str(p.status), client.host, client.port)
             call.prefill_attempts = 2
-            call.read_failure = self.retention.read_failure(turn.entry.decode_endpoint, turn.entry_age_s)
+            entry, age = turn.entry, turn.entry_age_s
+            assert entry is not None and age is not None  # an offered turn holds the entry it offered
+            call.read_failure = self.retention.read_failure(entry.decode_endpoint, age)
             p = await self._prefill_leg(call, client, None, retry=True)
         if p.error == sc.ERROR_DEADLINE_EXCEEDED:
             turn.restore()
@@ -244,8 +263,8 @@ class Proxy:
         try:
             async with asyncio.timeout_at(call.deadline):
                 try:
-                    async with client.session.post(
-                        call.req.path, data=body, headers=legs.headers(call.request_id, tp, call.auth)
+                    async with await client.post(
+                        call.req.path, span, body, legs.headers(call.request_id, tp, call.auth)
                     ) as r:
                         out.status = r.status
                         out.data = await read_body(r, self.config.max_upstream_bytes)
@@ -259,7 +278,9 @@ class Proxy:
             out.obj = json_object(out.data)
             if out.obj is None:
                 out.error_leg = sc.ERROR_INVALID_RESPONSE
-        end_leg(span, out.status, out.error or out.error_leg or (str(out.status) if out.status >= 400 else None))
+        end_leg(
+            span, out.status or None, out.error or out.error_leg or (str(out.status) if out.status >= 400 else None)
+        )
         return out
 
     def _prefill_failed(self, call: Call, etype: str, client: Client, restore: bool) -> None:
@@ -285,7 +306,7 @@ class Proxy:
         try:
             async with asyncio.timeout_at(call.deadline):
                 try:
-                    r = await client.session.post(call.req.path, data=body, headers=hdrs)
+                    r = await client.post(call.req.path, span, body, hdrs)
                     if r.status != 200:
                         try:
                             data = await read_body(r, self.config.max_upstream_bytes)
@@ -294,7 +315,8 @@ class Proxy:
                 except (*UPSTREAM_ERRORS, TooLarge) as exc:
                     etype = sc.ERROR_RESPONSE_TOO_LARGE if isinstance(exc, TooLarge) else type(exc).__name__
                     end_leg(span, None, etype)
-                    raise Done(self._decode_failed(call, etype, f"decode worker {client.base} failed: {etype}"))
+                    msg = f"decode worker {client.base} failed: {etype}"
+                    raise Done(self._decode_failed(call, etype, msg)) from None
         except TimeoutError:
             raise Done(self._deadline(call)) from None
         if r.status != 200:
@@ -305,7 +327,7 @@ class Proxy:
         return r, span
 
     def _decode_failed(self, call: Call, etype: str, msg: str) -> web.Response:
-        call.rt.upstream_error(etype, call.d_client.host, call.d_client.port)
+        call.rt.upstream_error(etype, call.decoder.host, call.decoder.port)
         return call.fail(502, etype, msg, "upstream_error")
 
     def _deadline(self, call: Call) -> web.Response:
@@ -314,8 +336,8 @@ class Proxy:
 
     def _on_params(self, call: Call, params: dict) -> None:
         """D's final kv_transfer_params: remember where its blocks live for the next turn."""
-        base = call.d_client.base
-        params["remote_host"] = call.d_client.host
+        base = call.decoder.base
+        params["remote_host"] = call.decoder.host
         call.d_params = params
         self.retention.learn(base, params)
         call.decoder_ttl_s = self.retention.ttl(base)
@@ -328,13 +350,14 @@ class Proxy:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         if call.patch:
             resp.headers[sc.HEADER_TRACE_ID] = rt.trace_id
+        reply = call.reply
         patcher = StreamPatcher(
             patch_usage_chunk=call.req.include_usage,
             drop_usage=not call.req.include_usage,
             make_kv=call.kv_object if call.patch else None,
             on_params=lambda p: self._on_params(call, p),
-            reply=call.reply,
-            on_finish=None if call.reply is None else lambda: self._served(call, call.reply.message()),
+            reply=reply,
+            on_finish=None if reply is None else lambda: self._served(call, reply.message()),
         )
 
         ended = False  # the client's stream is complete: the end of its body went out
@@ -415,7 +438,7 @@ class Proxy:
                 if error == sc.ERROR_RESPONSE_TOO_LARGE
                 else error
             )
-            return self._decode_failed(call, error, f"decode worker {call.d_client.base} failed: {why}")
+            return self._decode_failed(call, error, f"decode worker {call.decoder.base} failed: {why}")
         if agg.kv_params is not None:
             self._on_params(call, agg.kv_params)
         call.usage, call.finish_reasons = agg.usage, agg.finish_reasons

@@ -1,7 +1,8 @@
 """One proxied request's state (:class:`Call`) and the ways it ends: a JSON answer, a passthrough
-of a worker's 4xx, a client disconnect, a finished stream, or a failed one (:func:`end_stream`) —
-each ends the SERVER span once with the client-facing status and the merged ``kv_transfer`` facts
-(:mod:`.metadata`), and every leg span that is still open.  Used by :mod:`kvtrace.proxy.app`.
+of a worker's 4xx, a 503 when a worker's connection queue is full, a client disconnect, a finished
+stream, or a failed one (:func:`end_stream`) — each ends the SERVER span once with the client-facing
+status and the merged ``kv_transfer`` facts (:mod:`.metadata`), and every leg span that is still
+open.  Used by :mod:`kvtrace.proxy.app`.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec, metadata
+from kvtrace.proxy import codec, metadata, prefix_table
 from kvtrace.proxy.parse import ClientRequest, error_body
 from kvtrace.proxy.spans import RequestTrace, end_leg
 from kvtrace.proxy.stream import InvalidChunk, sse_event
 from kvtrace.proxy.table import Turn
-from kvtrace.proxy.upstream import Client
+from kvtrace.proxy.upstream import Client, PoolFull
 
 log = logging.getLogger(__name__)
 STATUS_CLIENT_CLOSED = 499
@@ -60,8 +61,14 @@ class Call:
     read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
     decoder_ttl_s: float | None = None
     hashes: list | None = None  # chain hashes of the messages (prefix matching on, one-choice chat)
-    reply: object = None  # kvtrace.proxy.prefix_table.Reply rebuilding a streamed answer, or None
+    reply: prefix_table.Reply | None = None  # rebuilding a streamed answer
     recorded: bool = False  # the prefix table has this turn
+
+    @property
+    def decoder(self) -> Client:
+        """The decode worker: chosen when D's leg opens, before anything that reports it."""
+        assert self.d_client is not None
+        return self.d_client
 
     def kv_object(self) -> dict:
         if self.kv is None:
@@ -125,6 +132,12 @@ class Call:
         self.finish(status, etype)
         return self.json(error_body(msg, type_, status), status)
 
+    def busy(self, full: PoolFull) -> web.Response:
+        """A worker's connection queue was full: 503 with Retry-After (the client may send it again)."""
+        resp = self.fail(503, sc.ERROR_POOL_FULL, str(full), sc.ERROR_POOL_FULL)
+        resp.headers[hdrs.RETRY_AFTER] = str(full.retry_after_s)
+        return resp
+
     def passthrough(self, status: int, data: bytes) -> web.Response:
         """A worker's 4xx goes back to the client as it is (the request was at fault)."""
         self.finish(status, str(status))
@@ -161,8 +174,8 @@ def stream_failure(call: Call, exc: Exception, request_timeout_s: float) -> tupl
         msg = f"request not completed within {request_timeout_s:g} s"
         return sc.ERROR_DEADLINE_EXCEEDED, error_body(msg, sc.ERROR_DEADLINE_EXCEEDED, 504), b""
     if isinstance(exc, InvalidChunk):
-        msg = f"decode worker {call.d_client.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
-        call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.d_client.host, call.d_client.port)
+        msg = f"decode worker {call.decoder.base} failed mid-stream: {sc.ERROR_INVALID_CHUNK} ({exc})"
+        call.rt.upstream_error(sc.ERROR_INVALID_CHUNK, call.decoder.host, call.decoder.port)
         return sc.ERROR_INVALID_CHUNK, error_body(msg, "upstream_error", 502), exc.passed
     log.exception("kvtrace proxy: request %s failed mid-stream", call.request_id)
     return type(exc).__name__, error_body("internal proxy error", "internal_error", 500), b""
@@ -185,9 +198,9 @@ async def end_stream(
     r.close()
     if failure is None:  # D's stream broke
         why = f"response exceeds {max_upstream_bytes} bytes" if error == sc.ERROR_RESPONSE_TOO_LARGE else error
-        msg = f"decode worker {call.d_client.base} failed mid-stream: {why}"
+        msg = f"decode worker {call.decoder.base} failed mid-stream: {why}"
         failure = error_body(msg, "upstream_error", 502)
-        call.rt.upstream_error(error, call.d_client.host, call.d_client.port)
+        call.rt.upstream_error(error, call.decoder.host, call.decoder.port)
     end_leg(span, 200, error, **{sc.REQUEST_TTFT_MS: call.rt.ttft_ms})
     if not resp.prepared:
         status = failure["error"]["code"]

@@ -2,8 +2,9 @@
 
 Every body the proxy reads (the client request, P's response, D's final/usage chunks, aggregated
 streams) goes through :func:`loads`, and every body it writes through :func:`dumps`.  ``orjson`` is
-optional (not a kvtrace dependency) and 3-10x faster on these bodies; it is used only where its
-result equals the standard library's, so the proxy behaves the same with or without it:
+optional (not a kvtrace dependency) and several times faster on these bodies (docs/benchmarks.md);
+it is used only where its result equals the standard library's, so the proxy behaves the same with
+or without it:
 
 - :func:`loads`: orjson rejects what it cannot represent as ``json`` does (NaN/Infinity literals,
   numbers that overflow a double, lone surrogates, non-UTF-8, BOMs), and those bodies fall back to
@@ -32,10 +33,10 @@ import sys
 try:
     import orjson as _orjson
 except ImportError:  # optional accelerator
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]  # every use checks for None first
 
 # bytes.translate maps every digit to "0" and anything else to " "; a run of 19 zeros then marks a
-# 19+ digit number (10x faster than a regex search)
+# 19+ digit number (faster than a regex search: docs/benchmarks.md)
 _DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
 _LONG_RUN = b"0" * 19
 # what a non-finite float can be decoded from: NaN/Infinity literals, or a literal that overflows

@@ -4,9 +4,11 @@ Built by :mod:`kvtrace.cli.proxy` from flags (or by tests directly) and read by
 :mod:`kvtrace.proxy.app`.  Defaults follow vLLM's upstream ``disagg_proxy_multiturn.py``
 (conversation TTL 450 s = ``decoder_kv_blocks_ttl`` 480 s minus a 30 s margin), except that the
 proxy binds 127.0.0.1 unless told otherwise.  The hardening limits (request deadline, upstream
-size cap, client read timeouts, table bytes, id length, D's TTL) and prefix matching (on, and the
-prefix table's bytes) default to their ``KVTRACE_PROXY_*`` settings (:mod:`kvtrace.settings`);
-explicit values beat them.
+size cap, client read timeouts, table bytes, id length, D's TTL, connections and queue per worker)
+and prefix matching (on, and the prefix table's bytes) default to their ``KVTRACE_PROXY_*`` settings
+(:mod:`kvtrace.settings`); explicit values beat them.  ``connect_timeout_s`` bounds each connection
+attempt to a worker, from the attempt: a request's wait for a free connection (:class:`~kvtrace.proxy.
+upstream.Gate`) does not count (bounded by ``max_worker_queue`` and ``request_timeout_s`` instead).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class ProxyConfig:
     decoder_kv_ttl_s: float | None = field(default_factory=lambda: settings.PROXY_DECODER_KV_TTL.get())
     prefix_match: bool = field(default_factory=lambda: bool(settings.PROXY_PREFIX_MATCH.get()))
     max_chain_bytes: int = field(default_factory=lambda: int(settings.PROXY_MAX_CHAIN_BYTES.get()))
+    max_worker_connections: int = field(default_factory=lambda: int(settings.PROXY_MAX_WORKER_CONNECTIONS.get()))
+    max_worker_queue: int = field(default_factory=lambda: int(settings.PROXY_MAX_WORKER_QUEUE.get()))
     patch_responses: bool = field(default_factory=lambda: bool(settings.PATCH_RESPONSES.get()))
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY") or None)
 
@@ -88,9 +92,12 @@ class ProxyConfig:
             "max_table_bytes",
             "max_id_bytes",
             "max_chain_bytes",
+            "max_worker_connections",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_worker_queue < 0:
+            raise ValueError("max_worker_queue must be >= 0")
 
     def offer_outlives(self, decoder_ttl_s: float | None) -> bool:
         """An entry may still be offered when D has dropped (or P declines to read) its blocks."""
@@ -103,4 +110,4 @@ class ProxyConfig:
             hosts = hosts * len(ports)
         if len(hosts) != len(ports):
             raise ValueError(f"number of {role} hosts ({len(hosts)}) must match ports ({len(ports)})")
-        return [Worker(h, int(p)) for h, p in zip(hosts, ports)]
+        return [Worker(h, int(p)) for h, p in zip(hosts, ports, strict=True)]

@@ -45,7 +45,7 @@ class Retention:
         return sc.OUTCOME_FAILED
 
     def _warn(self, decoder_ttl_s: float | None, source: str) -> None:
-        if self.config.offer_outlives(decoder_ttl_s):
+        if decoder_ttl_s is not None and self.config.offer_outlives(decoder_ttl_s):
             log.warning(
                 "kvtrace proxy: --conversation-ttl %g s + %g s (vLLM's read margin) reaches D's block retention "
                 "%g s from %s: turns resumed after a pause may be offered blocks D has dropped; P then fails "

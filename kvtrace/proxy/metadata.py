@@ -89,7 +89,7 @@ def build(
     """The merged ``kv_transfer`` object (every :data:`sc.KV_TRANSFER_FIELDS` key but the
     connector-only ``engine_id``/``role``).  ``prefill_answered``: P's leg returned 200."""
     p_obj, d_obj = kvtrace_object(p_params), kvtrace_object(d_params)
-    out = {
+    out: dict[str, object] = {
         sc.KVT_TRACE_ID: trace_id,
         sc.KVT_REQUEST_ID: request_id,
         sc.KVT_SESSION_ID: session_id,

@@ -6,10 +6,14 @@ offer_reason}``, and the TTFT / latency histograms by P's decision outcome, from
 span records (so the counters equal counts of ``kvtrace.proxy.request`` spans).  Children are
 cached per label set: a request costs a dict lookup and a counter increment or two, no
 per-chunk work.  The conversation table is read at scrape time (sizes, evictions), like
-``/health``; ``kvtrace_dropped_spans_total`` comes from :mod:`kvtrace.telemetry`.
+``/health``, and so are the workers' connection gates (:class:`~kvtrace.proxy.upstream.Gate`: in
+use, queued, refused, and the histogram of waits they keep), by role;
+``kvtrace_dropped_spans_total`` comes from :mod:`kvtrace.telemetry`.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from kvtrace import semconv as sc
 from kvtrace.telemetry import exposition
@@ -66,9 +70,10 @@ _OUTCOMES = frozenset(sc.OUTCOMES)
 
 
 class ProxyMetrics:
-    """The proxy's families; ``table`` is its :class:`~kvtrace.proxy.table.ConversationTable`."""
+    """The proxy's families; ``table`` is its :class:`~kvtrace.proxy.table.ConversationTable`, ``pool``
+    its :class:`~kvtrace.proxy.upstream.Pool`."""
 
-    def __init__(self, table) -> None:
+    def __init__(self, table, pool=None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
@@ -98,6 +103,8 @@ class ProxyMetrics:
             self._child(self._ttft, outcome)
             self._child(self._latency, outcome)
         self.registry.register(_TableCollector(table))
+        if pool is not None:
+            self.registry.register(_PoolCollector(pool))
         exposition.register_dropped_spans(self.registry)
 
     def _child(self, family, *labels: str):
@@ -125,7 +132,7 @@ class ProxyMetrics:
 class _TableCollector:
     """Conversation-table sizes and evictions, read when scraped."""
 
-    def __init__(self, table) -> None:
+    def __init__(self, table, pool=None) -> None:
         self.table = table
 
     def collect(self):
@@ -148,3 +155,37 @@ class _TableCollector:
         evictions.add_metric([sc.EVICTION_LRU], health["evicted_lru"])
         evictions.add_metric([sc.EVICTION_STALE], health["evicted_stale"])
         yield evictions
+
+
+class _PoolCollector:
+    """The P and D workers' connection gates, summed per role, read when scraped."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        from kvtrace.proxy.upstream import WAIT_BUCKETS
+
+        doc = lambda name: sc.METRICS[name]["doc"]  # noqa: E731
+        label = [sc.LABEL_ROLE]
+        in_use = GaugeMetricFamily(sc.METRIC_PROXY_POOL_IN_USE, doc(sc.METRIC_PROXY_POOL_IN_USE), labels=label)
+        queued = GaugeMetricFamily(sc.METRIC_PROXY_POOL_QUEUED, doc(sc.METRIC_PROXY_POOL_QUEUED), labels=label)
+        rejected = CounterMetricFamily(sc.METRIC_PROXY_POOL_REJECTED, doc(sc.METRIC_PROXY_POOL_REJECTED), labels=label)
+        waits = HistogramMetricFamily(sc.METRIC_PROXY_POOL_WAIT, doc(sc.METRIC_PROXY_POOL_WAIT), labels=label)
+        for role in (sc.ROLE_PREFILL, sc.ROLE_DECODE):
+            gates = self.pool.gates(role)
+            in_use.add_metric([role], sum(g.in_use for g in gates))
+            queued.add_metric([role], sum(g.queued for g in gates))
+            rejected.add_metric([role], sum(g.rejected for g in gates))
+            counts = [sum(g.wait_counts[i] for g in gates) for i in range(len(WAIT_BUCKETS))]
+            total = sum(counts) + sum(g.wait_over for g in gates)
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(_le(b), n) for b, n in zip(WAIT_BUCKETS, cumulative, strict=True)] + [("+Inf", total)]
+            waits.add_metric([role], buckets, sum_value=sum(g.wait_sum for g in gates))
+        yield from (in_use, queued, rejected, waits)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))

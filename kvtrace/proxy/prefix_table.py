@@ -38,6 +38,7 @@ import uuid
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, cast
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import codec
@@ -68,7 +69,7 @@ def _text(value: object) -> object:
 def _tools(calls: object) -> tuple:
     if not isinstance(calls, list):
         return (codec.dumps(calls),)
-    out = []
+    out: list[object] = []
     for c in calls:
         fn = c.get("function") if isinstance(c, dict) else None
         if isinstance(fn, dict):
@@ -134,7 +135,7 @@ class Reply:
             if _TOOL_CALLS not in line:
                 continue
             try:
-                obj = codec.loads(line.strip()[len(b"data:") :])
+                obj: Any = codec.loads(line.strip()[len(b"data:") :])  # not a dict: AttributeError below
                 for choice in obj.get("choices") or ():
                     for tc in (choice.get("delta") or {}).get("tool_calls") or ():
                         self._tool(tc)
@@ -154,7 +155,7 @@ class Reply:
         if self.bad:
             return None
         try:
-            msg = {"role": "assistant", "content": _join(self.content)}
+            msg: dict[str, object] = {"role": "assistant", "content": _join(self.content)}
             if self.reasoning:
                 msg["reasoning"] = _join(self.reasoning)
         except (ValueError, UnicodeDecodeError):
@@ -168,7 +169,7 @@ class Reply:
 
 
 def _join(parts: list[bytes]) -> str:
-    return codec.loads(b'"' + b"".join(parts) + b'"') if parts else ""
+    return cast(str, codec.loads(b'"' + b"".join(parts) + b'"')) if parts else ""  # a JSON string
 
 
 def new_session_id() -> str:

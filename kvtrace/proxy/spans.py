@@ -16,11 +16,11 @@ exporter.  ASCII text of normal length (nearly all) costs one ``isascii`` and on
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from opentelemetry import baggage, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -55,7 +55,7 @@ def clean(attrs: dict) -> dict:
     return attrs
 
 
-def tracer(provider: TracerProvider | None, fast: bool | None = None) -> trace.Tracer:
+def tracer(provider: trace.TracerProvider | None, fast: bool | None = None) -> trace.Tracer:
     """The proxy's tracer: :mod:`kvtrace.telemetry.fastspans`' where the provider allows it, unless ``fast``
     (else ``KVTRACE_PROXY_FASTSPANS``) is false, then the SDK's own."""
     provider = provider or trace.get_tracer_provider()
@@ -98,7 +98,7 @@ class RequestTrace:
         self, request_id: str, session_id: str | None, turn: int | None, extra: dict | None = None
     ) -> None:
         """Record who the request is (copied onto each leg span); ``extra`` attributes are set in the same call."""
-        ident = {sc.GEN_AI_REQUEST_ID: request_id}
+        ident: dict[str, Any] = {sc.GEN_AI_REQUEST_ID: request_id}
         if session_id:
             ident[sc.SESSION_ID] = session_id
             ident[sc.GEN_AI_CONVERSATION_ID] = session_id

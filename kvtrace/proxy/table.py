@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import codec
@@ -50,7 +51,7 @@ class Entry:
 
     @property
     def params(self) -> dict:
-        return codec.unpack(self.raw)
+        return cast(dict, codec.unpack(self.raw))  # store() packed a dict
 
     @property
     def nbytes(self) -> int:
@@ -217,6 +218,7 @@ class ConversationTable:
             if key is None:
                 return
             conv = self._convs[key]
+            assert conv.entry is not None  # a key in _by_age holds an entry
             if conv.entry.stored_at >= limit:
                 return
             self._take(key, conv)

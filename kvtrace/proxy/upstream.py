@@ -1,15 +1,28 @@
 """Pooled HTTP clients for the P and D workers, with round-robin selection, and size-capped reads.
 
-One ``aiohttp.ClientSession`` (keep-alive pool, no connection limit) per worker, created when the
-proxy app starts and closed when it stops (:mod:`kvtrace.proxy.app` wires both).  :func:`read_body`
-and :func:`pump` read a worker's response and stop at ``max_upstream_bytes``
-(``response_too_large``), so a misbehaving worker cannot grow the proxy's memory without bound.
+One ``aiohttp.ClientSession`` (keep-alive pool) per worker, created when the proxy app starts and
+closed when it stops (:mod:`kvtrace.proxy.app` wires both).  :func:`read_body` and :func:`pump` read
+a worker's response and stop at ``max_upstream_bytes`` (``response_too_large``), so a misbehaving
+worker cannot grow the proxy's memory without bound.
+
+Bursts queue: each worker has a :class:`Gate` of ``max_worker_connections`` slots, one per request
+in flight (= one connection), held until aiohttp gives the connection back (the body read, or the
+response released or closed).  Requests beyond them wait in FIFO order, at most ``max_worker_queue``
+of them; one more gets :class:`PoolFull` (the proxy answers 503 with ``Retry-After``).  Without the
+bound, one connection per in-flight request meant thousands of simultaneous connects that overflowed
+a worker's accept backlog and failed as ``ConnectionTimeoutError`` (502).  The queue wait is outside
+aiohttp's timers: ``ClientTimeout.sock_connect`` (``connect_timeout_s``) bounds each connection
+attempt from its start, while aiohttp's ``connect`` (unset) would also count aiohttp's own pool wait.
 """
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import itertools
-from collections.abc import Awaitable, Callable
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -60,10 +73,92 @@ async def pump(
         await sink(chunk)
 
 
+WAIT_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_EWMA = 0.2  # weight of the newest wait in Gate.recent_wait_s
+
+
+class PoolFull(Exception):
+    """A worker's queue for a connection is full; ``retry_after_s`` is the Retry-After to send."""
+
+    def __init__(self, base: str, queued: int, retry_after_s: int) -> None:
+        super().__init__(f"worker {base} is busy: {queued} requests already wait for a connection")
+        self.retry_after_s = retry_after_s
+
+
+class Gate:
+    """At most ``limit`` requests in flight to one worker; up to ``max_queue`` more wait, first come
+    first served.  A released slot passes straight to the oldest waiter, so no newcomer overtakes it.
+    Also counts, for ``/metrics``: waits (histogram over :data:`WAIT_BUCKETS`), refusals."""
+
+    def __init__(self, limit: int, max_queue: int, clock: Callable[[], float] | None = None) -> None:
+        self.limit, self.max_queue = limit, max_queue
+        self.clock = clock
+        self.in_use = 0
+        self.queued = 0  # live waiters (the deque may also hold cancelled ones, skipped on release)
+        self._waiters: deque[asyncio.Future] = deque()
+        self.recent_wait_s = 0.0  # moving average of the waits of requests that queued
+        self.rejected = 0
+        self.wait_counts = [0] * len(WAIT_BUCKETS)  # per bucket (not cumulative); past the last: wait_over
+        self.wait_over = 0
+        self.wait_sum = 0.0
+
+    def _now(self) -> float:
+        return self.clock() if self.clock is not None else asyncio.get_running_loop().time()
+
+    def _observe(self, waited: float) -> None:
+        i = bisect.bisect_left(WAIT_BUCKETS, waited)
+        if i < len(WAIT_BUCKETS):
+            self.wait_counts[i] += 1
+        else:
+            self.wait_over += 1
+        self.wait_sum += waited
+
+    async def acquire(self, base: str = "") -> float | None:
+        """Take a slot: None when one was free, else the seconds waited; PoolFull when the queue is full."""
+        if self.in_use < self.limit and not self.queued:
+            self.in_use += 1
+            self._observe(0.0)
+            return None
+        if self.queued >= self.max_queue:
+            self.rejected += 1
+            raise PoolFull(base, self.queued, max(1, math.ceil(self.recent_wait_s)))
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self.queued += 1
+        t0 = self._now()
+        try:
+            await fut
+        except asyncio.CancelledError:  # the client left or the deadline passed while waiting
+            if fut.cancelled():
+                self.queued -= 1
+                if len(self._waiters) > 2 * self.queued + 64:  # drop cancelled entries now and then
+                    self._waiters = deque(f for f in self._waiters if not f.done())
+            else:  # the slot was handed over just as we were cancelled: pass it on
+                self.release()
+            raise
+        waited = self._now() - t0
+        self.recent_wait_s += _EWMA * (waited - self.recent_wait_s)
+        self._observe(waited)
+        return waited
+
+    def release(self) -> None:
+        """Give a slot back: to the oldest live waiter, else free."""
+        waiters = self._waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                self.queued -= 1
+                fut.set_result(None)  # in_use unchanged: the slot is now the waiter's
+                return
+        self.in_use -= 1
+
+
 @dataclass
 class Client:
     worker: Worker
     session: aiohttp.ClientSession
+    gate: Gate
+    role: str
 
     @property
     def host(self) -> str:
@@ -77,6 +172,24 @@ class Client:
     def base(self) -> str:
         return self.worker.base
 
+    async def post(self, path: str, span, data: bytes, headers: dict) -> aiohttp.ClientResponse:
+        """POST through the worker's gate (PoolFull past its queue; a wait is recorded on ``span`` as
+        ``sc.PROXY_POOL_WAIT_MS``); the slot is held until the response's connection is given back."""
+        waited = await self.gate.acquire(self.base)
+        if waited is not None:
+            span.set_attribute(sc.PROXY_POOL_WAIT_MS, round(waited * 1000.0, 3))
+        try:
+            r = await self.session.post(path, data=data, headers=headers)
+        except BaseException:
+            self.gate.release()
+            raise
+        conn = r.connection
+        if conn is None:  # the whole body came with the head: aiohttp has the connection back already
+            self.gate.release()
+        else:
+            conn.add_callback(self.gate.release)  # called once, when aiohttp releases or closes it
+        return r
+
 
 class Pool:
     """Clients of all P and D workers; ``next_prefill`` / ``next_decode`` round-robin."""
@@ -85,19 +198,22 @@ class Pool:
         self.config = config
         self.prefill: list[Client] = []
         self.decode: list[Client] = []
-        self._p = self._d = None
+        self._p: Iterator[Client] = iter(())  # start() makes the round robins
+        self._d: Iterator[Client] = iter(())
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.read_timeout_s
-        )
+        cfg = self.config
+        # no total / connect timeout: a request's wait for a slot must not count as connecting
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
 
-        def make(w: Worker) -> Client:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-            return Client(w, aiohttp.ClientSession(base_url=w.base, connector=connector, timeout=timeout))
+        def make(w: Worker, role: str) -> Client:
+            # aiohttp's own per-host limit only backs the gate up (GET /v1/models does not pass the gate)
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=cfg.max_worker_connections, keepalive_timeout=60)
+            session = aiohttp.ClientSession(base_url=w.base, connector=connector, timeout=timeout)
+            return Client(w, session, Gate(cfg.max_worker_connections, cfg.max_worker_queue), role)
 
-        self.prefill = [make(w) for w in self.config.prefill]
-        self.decode = [make(w) for w in self.config.decode]
+        self.prefill = [make(w, sc.ROLE_PREFILL) for w in cfg.prefill]
+        self.decode = [make(w, sc.ROLE_DECODE) for w in cfg.decode]
         self._p = itertools.cycle(self.prefill)
         self._d = itertools.cycle(self.decode)
 
@@ -111,6 +227,9 @@ class Pool:
     def next_decode(self) -> Client:
         return next(self._d)
 
+    def gates(self, role: str) -> list[Gate]:
+        return [c.gate for c in (self.prefill if role == sc.ROLE_PREFILL else self.decode)]
+
 
 def json_object(data: bytes) -> dict | None:
     try:
@@ -122,4 +241,6 @@ def json_object(data: bytes) -> dict | None:
 
 def never_reached(exc: BaseException) -> bool:
     """The worker never got the request (connect failed): its table entry is still unused."""
-    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError))
+    return isinstance(
+        exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.ServerDisconnectedError)
+    )

@@ -112,13 +112,45 @@ METRICS: dict[str, dict] = {
         "doc": f"Conversation-table entries dropped: {EVICTION_LRU} (table full), {EVICTION_STALE} "
         "(older than the conversation TTL, on /health).",
     },
+    METRIC_PROXY_POOL_WAIT: {
+        "type": "histogram",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE,),
+        "span": None,
+        "doc": f"Time each P / D leg waited for a connection to its worker, s (0 when one was free; "
+        f"{PROXY_POOL_WAIT_MS} / 1000 on the legs that waited).",
+    },
+    METRIC_PROXY_POOL_IN_USE: {
+        "type": "gauge",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE,),
+        "span": None,
+        "doc": "Requests in flight to the workers of a role now (each holds one connection; at most "
+        "--max-worker-connections per worker).",
+    },
+    METRIC_PROXY_POOL_QUEUED: {
+        "type": "gauge",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE,),
+        "span": None,
+        "doc": "Legs waiting for a connection to a worker of a role now (at most --max-worker-queue per worker).",
+    },
+    METRIC_PROXY_POOL_REJECTED: {
+        "type": "counter",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE,),
+        "span": None,
+        "doc": f"Requests answered 503 ({ERROR_POOL_FULL}) because a worker's connection queue was full.",
+    },
     METRIC_DROPPED_SPANS: {
         "type": "counter",
         "emitter": "proxy / simulator worker",
         "labels": (LABEL_REASON,),
         "span": None,
         "doc": f"Spans lost by this process: {DROP_QUEUE_FULL} (batch processor queue full), "
-        f"{DROP_EXPORT_FAILED} (an exporter failed).",
+        f"{DROP_EXPORT_FAILED} (an exporter failed: OTLP send, Parquet writer process lost or "
+        f"spans not convertible), {DROP_WRITE_FAILED} (the Parquet trace directory refused the write: "
+        "full disk, I/O error).",
     },
     VLLM_METRIC_TTFT: {
         "type": "histogram",
@@ -163,6 +195,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     LABEL_STATUS: TRANSFER_STATUSES + ("HTTP status code",),
     LABEL_OFFER_REASON: OFFER_REASONS,
     LABEL_REASON: EVICTION_REASONS + DROP_REASONS,
+    LABEL_ROLE: (ROLE_PREFILL, ROLE_DECODE),
     LABEL_MODEL_NAME: ("served model name",),
     LABEL_ENGINE: ("engine index in the server (0 unless data parallel)",),
 }

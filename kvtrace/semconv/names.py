@@ -102,6 +102,7 @@ PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
 PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: 2 when P was asked again without the offer
 PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
 PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
+PROXY_POOL_WAIT_MS = "kvtrace.proxy.pool_wait_ms"  # float on a leg: time queued for a connection to the worker
 
 # session identification and continuity (proxy request span, chat requests)
 SESSION_SOURCE = "kvtrace.session.source"  # how the request's session was found
@@ -248,6 +249,7 @@ ERROR_INCOMPLETE_STREAM = "incomplete_stream"  # proxy: D's stream ended without
 ERROR_INVALID_RESPONSE = "invalid_response"  # proxy: P's answer is not a JSON object
 ERROR_RESPONSE_TOO_LARGE = "response_too_large"  # proxy: a worker's response passed --max-upstream-bytes
 ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"  # proxy: the request passed --request-timeout
+ERROR_POOL_FULL = "pool_full"  # proxy: a worker's connection queue was full (503 with Retry-After)
 ERROR_VALUES = (
     ERROR_STREAM_INTERRUPTED,
     ERROR_CLIENT_DISCONNECT,
@@ -256,6 +258,7 @@ ERROR_VALUES = (
     ERROR_INVALID_RESPONSE,
     ERROR_RESPONSE_TOO_LARGE,
     ERROR_DEADLINE_EXCEEDED,
+    ERROR_POOL_FULL,
 )
 
 FALLBACK_NONE = "none"
@@ -330,6 +333,10 @@ METRIC_PROXY_LATENCY = "kvtrace_proxy_request_latency_seconds"
 METRIC_PROXY_CONVERSATIONS = "kvtrace_proxy_conversations"
 METRIC_PROXY_CONVERSATIONS_OFFERABLE = "kvtrace_proxy_conversations_with_blocks"
 METRIC_PROXY_EVICTIONS = "kvtrace_proxy_conversation_evictions"
+METRIC_PROXY_POOL_WAIT = "kvtrace_proxy_upstream_pool_wait_seconds"
+METRIC_PROXY_POOL_IN_USE = "kvtrace_proxy_upstream_connections"
+METRIC_PROXY_POOL_QUEUED = "kvtrace_proxy_upstream_queued"
+METRIC_PROXY_POOL_REJECTED = "kvtrace_proxy_upstream_rejected"
 METRIC_DROPPED_SPANS = "kvtrace_dropped_spans"
 # vLLM's own families (names and buckets of vLLM 0.32/0.33): the simulator emits them too, so a
 # simulated cluster fills the same dashboard panels as a real one
@@ -348,6 +355,7 @@ LABEL_SOURCE = "source"
 LABEL_STATUS = "status"
 LABEL_OFFER_REASON = "offer_reason"
 LABEL_REASON = "reason"
+LABEL_ROLE = "role"  # proxy: the worker's role, prefill or decode
 
 # label values not enumerated above
 SOURCE_LOCAL_HIT = "local_hit"
@@ -360,7 +368,8 @@ EVICTION_STALE = "stale"
 EVICTION_REASONS = (EVICTION_LRU, EVICTION_STALE)
 DROP_QUEUE_FULL = "queue_full"
 DROP_EXPORT_FAILED = "export_failed"
-DROP_REASONS = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED)
+DROP_WRITE_FAILED = "write_failed"  # the Parquet store could not write the batch (full disk, I/O error)
+DROP_REASONS = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_WRITE_FAILED)
 # key of kvtrace's part of the connector stats payload (KVConnectorStats.data) vLLM carries from
 # the EngineCore to the API server
 STATS_KEY = "kvtrace"

@@ -32,6 +32,11 @@ _ENGINE = {
     ENGINE_ROLE: f"Role of the emitting worker: {', '.join(ROLES)}.",
 }
 
+_POOL_WAIT = (
+    "Time the leg waited for one of the worker's --max-worker-connections, ms (float); absent when one was "
+    "free. The leg's span includes it; the connect timeout does not."
+)
+
 SPANS: dict[str, dict] = {
     SPAN_PROXY_REQUEST: {
         "kind": "SERVER",
@@ -94,7 +99,8 @@ SPANS: dict[str, dict] = {
             HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
             PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
             PROXY_RETRY: "This leg is the fresh prefill (no offer) after P failed to read the offered blocks (bool).",
-            ERROR_TYPE: "Error class when the leg failed.",
+            PROXY_POOL_WAIT_MS: _POOL_WAIT,
+            ERROR_TYPE: f"Error class when the leg failed; `{ERROR_POOL_FULL}` when P's connection queue was full.",
         },
     },
     SPAN_PROXY_DECODE: {
@@ -107,7 +113,8 @@ SPANS: dict[str, dict] = {
             SERVER_PORT: "D port (int).",
             HTTP_RESPONSE_STATUS_CODE: "D's status (int).",
             REQUEST_TTFT_MS: "First streamed token after the leg started, ms (float).",
-            ERROR_TYPE: "Error class when the leg failed.",
+            PROXY_POOL_WAIT_MS: _POOL_WAIT,
+            ERROR_TYPE: f"Error class when the leg failed; `{ERROR_POOL_FULL}` when D's connection queue was full.",
         },
     },
     SPAN_ENGINE_PREFILL: {
@@ -316,7 +323,10 @@ EVENTS: dict[str, dict] = {
 }
 
 RESOURCE: dict[str, str] = {
-    SERVICE_NAME: "kvtrace-proxy, kvtrace-sim-prefill, kvtrace-sim-decode, vllm-prefill, vllm-decode, kvtrace-agent, kvtrace-bench.",
+    SERVICE_NAME: (
+        "kvtrace-proxy, kvtrace-sim-prefill, kvtrace-sim-decode, vllm-prefill, vllm-decode, kvtrace-agent, "
+        "kvtrace-bench."
+    ),
     SERVICE_INSTANCE_ID: "Unique per process.",
     HOST_NAME: "Host name.",
     SUBSTRATE: f"{SUBSTRATE_SIM} or {SUBSTRATE_VLLM} (connector / simulator processes).",

@@ -26,9 +26,11 @@ API (stable; the proxy, bench, demo and tests use it)::
 
 Every worker gets its own TracerProvider (``kvtrace.configure`` with service
 ``kvtrace-sim-prefill`` / ``kvtrace-sim-decode`` and resource attributes substrate=sim, engine id,
-role, time scale, preset, prefix caching on/off, bidirectional on/off, KV pool bytes) unless ``tracer_provider`` is given; providers made here are flushed
-and shut down on exit.  With metrics on, each worker serves ``GET /metrics`` like a vLLM server
-(:mod:`kvtrace.sim.metrics`): its recorder counts every KV span it ends.  On exit every retained block is released (retention ends ``released``).
+role, time scale, preset, prefix caching on/off, bidirectional on/off, KV pool bytes) unless
+``tracer_provider`` is given; providers made here are flushed and shut down on exit.  With metrics
+on, each worker serves ``GET /metrics`` like a vLLM server (:mod:`kvtrace.sim.metrics`): its
+recorder counts every KV span it ends.  On exit every retained block is released (retention ends
+``released``).
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class Engine:
         ctx = len(gen.prompt)
         self._decode_ctx += ctx
         try:
-            for i, (tid, piece) in enumerate(zip(ids, pieces)):
+            for i, (tid, piece) in enumerate(zip(ids, pieces, strict=True)):
                 if self.cost.enabled:
                     await asyncio.sleep(self.cost.wall(self.cost.decode_step_s(self._decode_ctx)))
                     self._decode_ctx += 1

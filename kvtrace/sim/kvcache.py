@@ -109,7 +109,7 @@ class KVCache:
     def commit(self, block_ids: list[int], hashes: list[int]) -> None:
         """Publish full blocks in the prefix cache (``hashes[i]`` is block ``block_ids[i]``'s).
         A hash already cached under another block keeps the existing entry."""
-        for bid, h in zip(block_ids, hashes):
+        for bid, h in zip(block_ids, hashes, strict=True):
             if self._hash[bid] is not None:
                 continue
             if h in self._cached:

@@ -1,11 +1,12 @@
 """HTTP surface of one simulated vLLM worker (aiohttp), as a P/D proxy sees it.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /health``,
-``GET /v1/models``, and ``GET /metrics`` when the worker has :mod:`~kvtrace.sim.metrics`.  Request ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` /
-``chatcmpl-{X-Request-Id}`` (a random hex id without the header); the engine-internal id sent
-as ``remote_request_id`` adds ``-0`` (completions) and an 8-character random suffix, like
-``InputProcessor.assign_request_id``.  KVRecorder keys requests by that internal id and
-records the X-Request-Id (``public_id``) as gen_ai.request.id, the join key of proxy, P and D.
+``GET /v1/models``, and ``GET /metrics`` when the worker has :mod:`~kvtrace.sim.metrics`.  Request
+ids follow vLLM 0.33: ``cmpl-{X-Request-Id}`` / ``chatcmpl-{X-Request-Id}`` (a random hex id
+without the header); the engine-internal id sent as ``remote_request_id`` adds ``-0``
+(completions) and an 8-character random suffix, like ``InputProcessor.assign_request_id``.
+KVRecorder keys requests by that internal id and records the X-Request-Id (``public_id``) as
+gen_ai.request.id, the join key of proxy, P and D.
 
 :class:`SimWorker` is created by :class:`kvtrace.sim.cluster.SimCluster`; several run in one
 process, each on its own port.
@@ -21,11 +22,13 @@ import uuid
 from aiohttp import web
 
 from kvtrace import semconv as sc
+from kvtrace import telemetry
 from kvtrace.sim import tokenizer, wire
 from kvtrace.sim.engine import FINISH_LENGTH, Engine, EngineError
 from kvtrace.sim.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+LISTEN_BACKLOG = 2048  # vLLM's API server listens with uvicorn's default backlog (aiohttp's is 128)
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -77,7 +80,7 @@ class SimWorker:
     async def start(self, host: str, port: int) -> int:
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        site = web.TCPSite(self.runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self.port
@@ -89,7 +92,8 @@ class SimWorker:
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        # vLLM answers an empty 200; the JSON body adds the spans this process lost (full trace disk)
+        return _json({"status": "ok", "dropped_spans": telemetry.dropped_spans()})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render(request.headers.get("Accept"))

@@ -299,7 +299,7 @@ def table_to_rows(table: pa.Table) -> list[dict]:
     table = table.set_column(i, "Events.Timestamp", table["Events.Timestamp"].cast(pa.list_(pa.int64())))
     rows = table.to_pylist()
     for row in rows:
-        for key, field in zip(table.column_names, table.schema):
+        for key, field in zip(table.column_names, table.schema, strict=True):
             if pa.types.is_map(field.type):
                 row[key] = dict(row[key] or [])
             elif pa.types.is_list(field.type) and pa.types.is_map(field.type.value_type):

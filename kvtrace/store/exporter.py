@@ -24,10 +24,16 @@ Installed by :func:`kvtrace.configure` under a ``BatchSpanProcessor``.  Durabili
   the whole directory by the next exporter's first export, or by ``kvtrace compact``.  A batch
   file is only ever deleted once a complete segment holding its spans exists.
 
-Errors are logged and returned as ``SpanExportResult.FAILURE``; nothing is ever raised into the
-SDK or the host process.  One bad value never fails a batch: text Arrow cannot store is escaped
-(:mod:`kvtrace.store.sanitise`), and should a batch still not convert as a whole, it is
-converted span by span and only the spans that fail are dropped (both logged, rate-limited).
+Errors are returned as ``SpanExportResult.FAILURE`` with :attr:`ParquetSpanExporter.failure_reason`
+(``write_failed`` when the directory refused the write: a full disk, an I/O error; else
+``export_failed``), which :mod:`kvtrace.telemetry` counts as ``kvtrace_dropped_spans{reason}``;
+nothing is ever raised into the SDK or the host process.  A failed export leaves nothing behind
+(a batch spanning two hour partitions is written whole or not at all) and is logged once per
+episode: at the first failure, and once more when a write succeeds again (with the count dropped
+meanwhile), so a full disk is two lines, not one per batch.  One bad value never fails a batch:
+text Arrow cannot store is escaped (:mod:`kvtrace.store.sanitise`), and should a batch still not
+convert as a whole, it is converted span by span and only the spans that fail are dropped (both
+logged, rate-limited).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.store import files, spancols, writer
 from kvtrace.store.convert import columns_to_table, spans_to_table
@@ -92,8 +99,13 @@ class ParquetSpanExporter(SpanExporter):
         self.grace_seconds = float(settings.ROLL_GRACE_SECONDS.get(grace_seconds))
         self._lock = threading.Lock()
         self._closed = False
-        self._failures = 0
+        self._failures = 0  # failed exports in a row (the episode logged once)
+        self._roll_failing = False
+        self._episode_spans = 0
         self.spans_written = 0
+        self.failed_spans = 0  # spans of failed exports, ever
+        self.failure_reason: str | None = None  # a DROP_* reason of the last failed export
+        self.last_error: Exception | None = None  # and its exception
         self._reset_writer()
 
     def _reset_writer(self) -> None:
@@ -124,24 +136,53 @@ class ParquetSpanExporter(SpanExporter):
     def _export(self, count: int, make_table) -> SpanExportResult:
         if self._closed:
             log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", count)
+            self.failure_reason, self.last_error = sc.DROP_EXPORT_FAILED, None
             return SpanExportResult.FAILURE
         with self._lock:
             if os.getpid() != self._pid:
                 self._reset_writer()
             try:
-                self._write_table(make_table())
+                table = make_table()
             except Exception as exc:
-                self._failures += 1
-                log.error(
-                    "kvtrace: Parquet export of %d spans to %s failed: %s",
-                    count,
-                    self.directory,
-                    exc,
-                    exc_info=self._failures == 1,
-                )
-                return SpanExportResult.FAILURE
+                return self._failed(count, exc, sc.DROP_EXPORT_FAILED)
+            try:
+                self._write_table(table)
+            except Exception as exc:
+                return self._failed(count, exc, sc.DROP_WRITE_FAILED if isinstance(exc, OSError) else None)
+            self._recovered()
             self._maintain(force=False)
         return SpanExportResult.SUCCESS
+
+    def _failed(self, count: int, exc: Exception, reason: str | None) -> SpanExportResult:
+        """Count and report a failed export: one log line per episode (a run of failures ended
+        by a success), not per batch: a full disk fails every batch until space returns."""
+        self.failure_reason = reason or sc.DROP_EXPORT_FAILED
+        self.last_error = exc
+        self.failed_spans += count
+        self._failures += 1
+        if self._failures == 1:
+            self._episode_spans = 0
+            log.error(
+                "kvtrace: Parquet export of %d spans to %s failed: %s; dropping spans until a write succeeds "
+                "(counted as kvtrace_dropped_spans{reason=%s})",
+                count,
+                self.directory,
+                exc,
+                self.failure_reason,
+                exc_info=True,
+            )
+        self._episode_spans += count
+        return SpanExportResult.FAILURE
+
+    def _recovered(self) -> None:
+        if self._failures:
+            log.warning(
+                "kvtrace: Parquet export to %s works again after %d failed batches (%d spans dropped)",
+                self.directory,
+                self._failures,
+                self._episode_spans,
+            )
+            self._failures = 0
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered here: every successful export is already on disk."""
@@ -161,16 +202,27 @@ class ParquetSpanExporter(SpanExporter):
 
     # -- internals -------------------------------------------------------------------------
     def _write_table(self, table: pa.Table) -> None:
-        for part, rows in writer.split_by_partition(table):
-            self._seq += 1
-            directory = os.path.join(self.directory, part)
-            name = files.batch_name(self.writer, self._seq)
-            size = writer.write_atomic(rows, directory, name, fsync=self.fsync)
+        """All of ``table`` or none of it: should one partition's file fail (full disk), the files
+        already written for the others are removed, so a caller that retries (``kvtrace collect``)
+        never stores a span twice."""
+        written: list[tuple[str, int, str, int]] = []  # (partition, seq, path, bytes)
+        try:
+            for part, rows in writer.split_by_partition(table):
+                self._seq += 1
+                directory = os.path.join(self.directory, part)
+                name = files.batch_name(self.writer, self._seq)
+                size = writer.write_atomic(rows, directory, name, fsync=self.fsync)
+                written.append((part, self._seq, os.path.join(directory, name), size))
+        except BaseException:
+            for _, _, path, _ in written:
+                writer.unlink_quietly(path)
+            raise
+        for part, seq, path, size in written:
             pending = self._pending.setdefault(part, _Pending(since=time.monotonic()))
-            pending.seqs.append(self._seq)
-            pending.paths.append(os.path.join(directory, name))
+            pending.seqs.append(seq)
+            pending.paths.append(path)
             pending.size += size
-            self._dirs.add(directory)
+            self._dirs.add(os.path.dirname(path))
         self.spans_written += table.num_rows
 
     def _maintain(self, *, force: bool) -> None:
@@ -197,7 +249,16 @@ class ParquetSpanExporter(SpanExporter):
             if self._sweep_due:
                 self._schedule(min(when for when, _ in self._sweep_due) - now)
         except Exception as exc:  # the batch files stay valid; retry on the next export
-            log.warning("kvtrace: rolling Parquet files in %s failed: %s", self.directory, exc, exc_info=True)
+            if not self._roll_failing:  # once per episode: a nearly full disk fails every merge
+                log.warning(
+                    "kvtrace: rolling Parquet files in %s failed: %s (batch files kept; retried on later exports)",
+                    self.directory,
+                    exc,
+                    exc_info=True,
+                )
+            self._roll_failing = True
+            return
+        self._roll_failing = False
 
     def _schedule(self, delay: float) -> None:
         """Run :meth:`_maintain` again after ``delay`` s even if no export comes (an idle writer's

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import duckdb
 import pyarrow as pa
@@ -36,6 +36,9 @@ from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import literal
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.spans import RAW
+
+if TYPE_CHECKING:  # a type only: clickhouse.store imports this package
+    from kvtrace.store.clickhouse.store import ClickHouseStore
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +208,7 @@ def query(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) 
     re-list and run it again.  ``con`` may also be a
     :class:`~kvtrace.store.clickhouse.store.ClickHouseStore` (the same SQL, run on ClickHouse)."""
     if getattr(con, "is_clickhouse", False):
-        return con.query(sql, params)
+        return cast("ClickHouseStore", con).query(sql, params)
 
     def run() -> pa.Table | None:
         rel = con.sql(sql, params=params or None)

@@ -47,8 +47,8 @@ def runs(files: list[str], root: str) -> dict[str, int]:
 def several_runs_message(root: str, found: dict[str, int]) -> str:
     """The one-line refusal for a directory holding several runs."""
     paths = [root if run == "." else os.path.join(root, run) for run in found]
-    shown = [f"{p} (its own date=/hour= partitions)" if run == "." else p for p, run in zip(paths, found)]
-    first = next((p for p, run in zip(paths, found) if run != "."), paths[0])
+    shown = [f"{p} (its own date=/hour= partitions)" if run == "." else p for p, run in zip(paths, found, strict=True)]
+    first = next((p for p, run in zip(paths, found, strict=True) if run != "."), paths[0])
     return (
         f"{root} holds {len(found)} runs, which kvtrace does not merge: {', '.join(shown)}. "
         f"Pick one with --traces (e.g. --traces {first}); compare two with --traces A --compare B "

@@ -128,14 +128,14 @@ def _dicts(attrs: Sequence) -> list[dict]:
 def _per_row(objs: Sequence, convert: Callable) -> list:
     """``convert(obj)`` per row, each distinct object (by identity) converted once."""
     ids = list(map(id, objs))
-    done = {key: convert(obj) for key, obj in dict(zip(ids, objs)).items()}
+    done = {key: convert(obj) for key, obj in dict(zip(ids, objs, strict=True)).items()}
     return list(map(done.__getitem__, ids))
 
 
 def _distinct(objs: Sequence, convert: Callable) -> tuple[list, list[int]]:
     """(``convert(obj)`` per distinct object by identity, each row's index into that list)."""
     ids = list(map(id, objs))
-    distinct = dict(zip(ids, objs))
+    distinct = dict(zip(ids, objs, strict=True))
     index = {key: i for i, key in enumerate(distinct)}
     return list(map(convert, distinct.values())), list(map(index.__getitem__, ids))
 
@@ -285,5 +285,5 @@ def join(parts: Sequence[SpanColumns]) -> SpanColumns:
     }
     for distinct, index in (("resources", "resource_index"), ("scopes", "scope_index")):
         shifts = accumulate((len(getattr(p, distinct)) for p in parts[:-1]), initial=0)
-        out[index] = [i + shift for p, shift in zip(parts, shifts) for i in getattr(p, index)]
+        out[index] = [i + shift for p, shift in zip(parts, shifts, strict=True) for i in getattr(p, index)]
     return SpanColumns(**out)

@@ -6,15 +6,15 @@ readers (which ignore dot-files) only ever see whole files.  Batch files (on the
 are written as they come at a fast zstd level; segments (one writer's batch files merged, in
 export order) are compressed harder.
 
-Costs measured by ``benchmarks/store/bench_store.py`` (one core): a batch file has a fixed cost
-of roughly 0.5 ms (writer set-up, one zstd context per compressed page, footer) on top of the
+Choices made on ``benchmarks/store/bench_store.py``'s measurements (docs/benchmarks.md): a batch
+file has a fixed cost (writer set-up, one zstd context per compressed page, footer) on top of the
 per-row work, so the files are serialised in memory and written with one ``write``; tiny
 dictionary-encoded columns are stored uncompressed (compressing a few bytes costs a zstd context
 each).  Merges read with ``use_threads=False`` (the exporter thread shares the host's cores;
 Arrow's thread pool cost more than it saved) and keep export order: spans of one trace end
 within seconds of each other, so they already sit in neighbouring batches, and a
-(TraceId, Timestamp) sort measured 56.8 B/span against 56.4 unsorted while costing more CPU than
-the rest of the merge (row-group statistics on random trace ids prune nothing either way).
+(TraceId, Timestamp) sort made segments no smaller while costing more CPU than the rest of the
+merge (row-group statistics on random trace ids prune nothing either way).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _publish(directory: str, name: str, write: Callable[[str], None], *, fsync: 
             fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     if fsync:
         fsync_path(directory)
@@ -191,7 +191,8 @@ def makedirs(directory: str, *, fsync: bool = False) -> None:
 def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -> int:
     """Merge complete files ``paths`` (one writer's batch files) into segment ``name``, in export
     order and streaming: at most about one row group (:data:`SEGMENT_ROW_GROUP` rows) of decoded
-    spans is held in memory, not the whole segment (~1 KB/span decoded, 64 MB of batch files)."""
+    spans is held in memory, not the whole segment (``KVTRACE_ROLL_BYTES`` of batch files, many
+    times that decoded)."""
     options = dict(_write_options(SEGMENT_ZSTD_LEVEL, True))
     del options["row_group_size"]
 
@@ -211,7 +212,7 @@ def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -
     return _publish(directory, name, write, fsync=fsync)
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:

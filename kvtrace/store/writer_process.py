@@ -16,7 +16,9 @@ writer reports the batch's file complete; ``shutdown`` (SIGTERM, via :func:`kvtr
 closes the pipe and waits for the writer to write what it got, roll and exit, so nothing exported
 is lost.  Should the exporting process be SIGKILLed, the writer reads the end of the pipe, writes
 the complete slices it received and exits: only the spans not handed over yet (the batch in
-flight) are lost.  Failures never hang or raise into the host: a writer that dies, or takes more
+flight) are lost.  A batch the writer could not write (full disk) is answered as failed with its
+reason (:attr:`WriterProcessExporter.failure_reason`, ``write_failed``); the writer keeps running
+and logs such failures once per episode.  Failures never hang or raise into the host: a writer that dies, or takes more
 than ``timeout_s`` (``KVTRACE_WRITER_TIMEOUT_S``; plus :data:`STARTUP_S` for a new writer's first
 batch: its imports) to take or write a batch, is killed; that batch
 fails (the SDK processor's caller counts it as dropped) and the next export starts a new writer,
@@ -38,15 +40,17 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import Literal
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.store import spancols
 
 log = logging.getLogger(__name__)
 
-SLICE_SPANS = 64  # spans converted and pickled per GIL-holding slice (~0.1-0.4 ms)
+SLICE_SPANS = 64  # spans converted and pickled per GIL-holding slice (its cost: docs/benchmarks.md)
 YIELD_S = 0.0002  # pause between slices: a thread waiting for the GIL takes it meanwhile
 MAX_BACKOFF_S = 60.0
 STARTUP_S = 60.0  # added to the timeout until a new writer answered its first batch (imports)
@@ -91,6 +95,7 @@ class WriterProcessExporter(SpanExporter):
         self._backoff = 0.0
         self._not_before = 0.0
         self.restarts = 0  # writers started after the first
+        self.failure_reason: str | None = None  # a DROP_* reason of the last failed export
         self.max_slice_cpu_s = 0.0  # longest GIL-holding slice so far (thread CPU time)
         _live.add(self)
 
@@ -104,10 +109,12 @@ class WriterProcessExporter(SpanExporter):
     def export(self, spans: Sequence) -> SpanExportResult:
         if self._closed:
             log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", len(spans))
+            self.failure_reason = sc.DROP_EXPORT_FAILED
             return SpanExportResult.FAILURE
         if not spans:
             return SpanExportResult.SUCCESS
         with self._lock:
+            self.failure_reason = sc.DROP_EXPORT_FAILED
             writer = self._running()
             if writer is None:
                 return SpanExportResult.FAILURE
@@ -126,7 +133,10 @@ class WriterProcessExporter(SpanExporter):
                 self._failed(writer, f"{exc}; {len(spans)} spans lost")
                 return SpanExportResult.FAILURE
             self._backoff = 0.0
-            return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+            if ok is True:
+                return SpanExportResult.SUCCESS
+            self.failure_reason = ok  # the writer kept running: it logs its own failures, once per episode
+            return SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered here: a successful export is already in a complete file."""
@@ -290,8 +300,8 @@ class _Writer:
                     raise WriterFailed(f"writer process took no data for {self._limit():.0f} s")
                 self._wait(self.to_fd, select.POLLOUT, left)
 
-    def reply(self, seq: int) -> bool:
-        """Wait for the writer's answer to batch ``seq``: True when written."""
+    def reply(self, seq: int) -> Literal[True] | str:
+        """Wait for the writer's answer to batch ``seq``: True when written, else the reason why not."""
         deadline = time.monotonic() + self._limit()
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
@@ -304,10 +314,12 @@ class _Writer:
                 self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         self.answered = True
-        status, got = line.split()[:2]
+        status, got, *rest = line.split()
         if int(got) != seq:
             raise WriterFailed(f"writer process answered batch {int(got)}, not {seq}")
-        return status == b"ok"
+        if status == b"ok":
+            return True
+        return rest[1].decode() if len(rest) > 1 else sc.DROP_EXPORT_FAILED
 
     def finish(self, timeout_s: float) -> bool:
         """Close the pipe; wait for the writer to exit (kill it after ``timeout_s``)."""

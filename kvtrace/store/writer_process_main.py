@@ -1,12 +1,13 @@
-"""The writer process of :mod:`kvtrace.store.writer_process`: ``python -m kvtrace.store.writer_process_main DIR OPTIONS``.
+"""The writer process of :mod:`kvtrace.store.writer_process`:
+``python -m kvtrace.store.writer_process_main DIR OPTIONS``.
 
 Reads frames from stdin (``HEADER`` = tag, batch number, length; then the payload): ``S`` frames
 carry a pickled :class:`~kvtrace.store.spancols.SpanColumns` slice, an ``E`` frame ends a batch,
 which is then converted (:func:`kvtrace.store.exporter.columns_table`: a span that cannot be
 converted is dropped alone) and written as one batch file by a
 :class:`~kvtrace.store.exporter.ParquetSpanExporter` (``OPTIONS``: its keyword arguments, JSON).
-Each batch is answered on stdout with one line, ``ok <batch> <spans>`` or ``fail <batch> 0``,
-once its file is complete (or the write failed).
+Each batch is answered on stdout with one line, ``ok <batch> <spans>`` or ``fail <batch> 0
+<reason>`` (a ``kvtrace.semconv.DROP_*`` value), once its file is complete (or the write failed).
 
 At the end of stdin (the exporting process closed the pipe, or died) the complete slices of an
 unfinished batch are written too, the exporter is shut down (pending batch files rolled into
@@ -24,6 +25,7 @@ import pickle
 import signal
 import sys
 
+from kvtrace import semconv as sc
 from kvtrace.store import spancols
 from kvtrace.store.exporter import ParquetSpanExporter, columns_table
 from kvtrace.store.writer_process import HEADER, TAG_END, TAG_SPANS
@@ -41,16 +43,19 @@ def _read_exact(stream, n: int) -> bytes | None:
     return data if len(data) == n else None
 
 
-def _write(exporter: ParquetSpanExporter, parts: list) -> int | None:
-    """Write one batch (its slices joined); the number of spans written, None on failure."""
+def _write(exporter: ParquetSpanExporter, parts: list) -> tuple[int | None, str]:
+    """Write one batch (its slices joined): (spans written, "") or, on failure, (None, the
+    ``DROP_*`` reason: ``write_failed`` when the directory refused the file)."""
     if not parts:
-        return 0
+        return 0, ""
     try:
         table = columns_table(spancols.join(parts))
     except Exception as exc:  # not one span converts
         print(f"kvtrace writer: a batch of {sum(map(spancols.size, parts))} spans failed: {exc}", file=sys.stderr)
-        return None
-    return table.num_rows if exporter.export_table(table).name == "SUCCESS" else None
+        return None, sc.DROP_EXPORT_FAILED
+    if exporter.export_table(table).name == "SUCCESS":
+        return table.num_rows, ""
+    return None, exporter.failure_reason or sc.DROP_EXPORT_FAILED
 
 
 def _on_term(signum, frame) -> None:
@@ -91,11 +96,14 @@ def serve(directory: str, options: dict, stdin, answers) -> int:
             elif tag == TAG_END:
                 _writing = True
                 try:
-                    written = _write(exporter, parts)
+                    written, reason = _write(exporter, parts)
                     parts = []
                 finally:
                     _writing = False
-                answers.write(b"ok %d %d\n" % (seq, written) if written is not None else b"fail %d 0\n" % seq)
+                if written is not None:
+                    answers.write(b"ok %d %d\n" % (seq, written))
+                else:
+                    answers.write(b"fail %d 0 %s\n" % (seq, reason.encode()))
                 if _stop_due:
                     raise _Stop
     except _Stop:

@@ -5,7 +5,9 @@ Each kvtrace component (proxy, simulator worker, connector, agent, bench) calls
 that makes spans, so several components can share one process without sharing a resource.
 
 Spans the process loses are counted (:func:`dropped_spans`): a batch processor whose queue is
-full drops the span it is handed, and a failed export loses its batch.  The proxy and the
+full drops the span it is handed, and a failed export loses its batch (``write_failed`` when the
+Parquet trace directory refused it, e.g. a full disk: the process keeps serving and the next batch
+is tried as usual; ``export_failed`` otherwise).  The proxy and the
 simulator expose the counts as ``kvtrace_dropped_spans`` (:mod:`kvtrace.telemetry.exposition`).
 """
 
@@ -88,7 +90,9 @@ class _CountingExporter(SpanExporter):
             count_dropped(semconv.DROP_EXPORT_FAILED, len(spans))
             raise
         if result is not SpanExportResult.SUCCESS:
-            count_dropped(semconv.DROP_EXPORT_FAILED, len(spans))
+            # the Parquet exporters say why (write_failed: the disk refused it); others are export_failed
+            reason = getattr(self.inner, "failure_reason", None)
+            count_dropped(reason if reason in semconv.DROP_REASONS else semconv.DROP_EXPORT_FAILED, len(spans))
         return result
 
     def shutdown(self) -> None:
@@ -112,11 +116,13 @@ def otlp_exporter(protocol: str | None = None) -> SpanExporter:
     )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol in ("http/protobuf", "http"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        raise ValueError(f"unsupported OTLP protocol {protocol!r} (grpc or http/protobuf)")
-    return OTLPSpanExporter()
+
+        return OTLPSpanExporter()
+    if protocol in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as OTLPHttpSpanExporter
+
+        return OTLPHttpSpanExporter()
+    raise ValueError(f"unsupported OTLP protocol {protocol!r} (grpc or http/protobuf)")
 
 
 def parquet_exporter(directory: str | os.PathLike, writer_process: bool | None = None) -> SpanExporter:
@@ -165,6 +171,7 @@ def configure(
     set_global: bool = False,
     handle_sigterm: bool = True,
     writer_process: bool | None = None,
+    batch_delay_ms: int | None = None,
 ) -> TracerProvider:
     """Build a TracerProvider for one component.
 
@@ -174,6 +181,8 @@ def configure(
     - ``otlp`` (else ``KVTRACE_OTLP``; ``auto`` = when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is
       set): OTLP export beside Parquet.
     - ``exporters``: extra exporters (tests pass an in-memory one).
+    - ``batch_delay_ms`` (else ``KVTRACE_BATCH_DELAY_MS``): how long ended spans wait in memory
+      before they are exported, which is what a SIGKILL of the process loses.
 
     Every exporter runs under its own ``BatchSpanProcessor``.  With ``handle_sigterm`` (main
     thread only) SIGTERM flushes every provider made here before the process exits.
@@ -187,7 +196,7 @@ def configure(
         chosen.append(parquet_exporter(directory, writer_process))
     if _otlp_wanted(otlp):
         chosen.append(otlp_exporter())
-    delay, size = settings.BATCH_DELAY_MS.get(), settings.BATCH_SIZE.get()
+    delay, size = settings.BATCH_DELAY_MS.get(batch_delay_ms), settings.BATCH_SIZE.get()
     for exporter in chosen:
         provider.add_span_processor(
             _CountingBatchSpanProcessor(

@@ -23,7 +23,7 @@ for the same proxy requests.  Spans are not thread-safe: use one from one thread
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from time import time_ns
 
@@ -101,7 +101,7 @@ class FastTracer(trace_api.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace_api.Span:
-        parent = trace_api.get_current_span(context).get_span_context()
+        parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
         ids = self.id_generator
         if parent is None or not parent.is_valid:
             parent = None
@@ -122,8 +122,9 @@ class FastTracer(trace_api.Tracer):
         self.processor.on_start(span, parent_context=context)
         return span
 
+    # a plain contextmanager: the SDK's own decorator (``_agnosticcontextmanager``) is private
     @contextmanager
-    def start_as_current_span(
+    def start_as_current_span(  # type: ignore[override]
         self,
         name: str,
         context=None,
@@ -235,7 +236,8 @@ class FastSpan(trace_api.Span):
     def record_exception(
         self, exception: BaseException, attributes=None, timestamp: int | None = None, escaped: bool = False
     ) -> None:
-        SdkSpan.record_exception(self, exception, attributes, timestamp, escaped)  # the SDK's event, via add_event
+        # the SDK's event, via add_event: SdkSpan's method needs nothing else of its span
+        SdkSpan.record_exception(self, exception, attributes, timestamp, escaped)  # type: ignore[arg-type]
 
     def __exit__(self, exc_type, exc_val, exc_tb) -> None:
         if exc_val is not None and self.is_recording():
@@ -252,10 +254,10 @@ class FastSpan(trace_api.Span):
         self._end_time = end_time if end_time is not None else time_ns()
         tracer_ = self._tracer
         limits = tracer_.limits
-        attributes = self._attributes
+        attributes: Mapping = self._attributes
         if len(attributes) > limits.max_span_attributes:  # the SDK keeps the newest
             attributes = BoundedAttributes(limits.max_span_attributes, attributes, immutable=True)
-        events = self._events
+        events: Sequence[Event] = self._events
         events = BoundedList.from_seq(limits.max_events, events) if len(events) > limits.max_events else tuple(events)
         tracer_.processor.on_end(
             ReadableSpan(

@@ -43,7 +43,8 @@ STATE_JS = """JSON.stringify({
                                        + '[data-testid="stSkeletonElement"]'),  // lazy widgets still loading
   exceptions: document.querySelectorAll('[data-testid="stException"]').length,
   errors: document.querySelectorAll('[data-testid="stAlertContentError"], .stAlert [kind="error"]').length,
-  charts: document.querySelectorAll('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg').length,
+  charts: document.querySelectorAll('[data-testid="stVegaLiteChart"] canvas, '
+                                    + '[data-testid="stVegaLiteChart"] svg').length,
   tables: document.querySelectorAll('[data-testid="stDataFrame"]').length,
   dialogs: Array.from(document.querySelectorAll('[role="dialog"]')).map(d => d.innerText),
   page_height: Math.max(...['[data-testid="stMain"]', '[data-testid="stAppViewContainer"]', 'html']
@@ -82,7 +83,8 @@ STATE_JS = """JSON.stringify({
     const box = s.getBoundingClientRect();
     const side = s.closest('[data-testid="stSidebar"]');
     const outer = side ? side.getBoundingClientRect() : box;
-    const texts = Array.from(s.querySelectorAll('[data-testid="stSliderThumbValue"], [data-testid="stSliderTickBar"] > *'))
+    const texts = Array.from(s.querySelectorAll('[data-testid="stSliderThumbValue"], '
+                                                + '[data-testid="stSliderTickBar"] > *'))
       .filter(t => { const st = getComputedStyle(t);
                      return t.innerText && st.visibility !== 'hidden' && st.display !== 'none'
                             && parseFloat(st.opacity) > 0.05; })

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from kvtrace import semconv as sc
+
 
 @dataclass
 class FakeWorker:
@@ -27,6 +29,8 @@ class FakeWorker:
     pad_bytes: int = 0  # add this many bytes to every response (a "pad" field / SSE comment lines)
     after_done: str | None = None  # D after [DONE]: "hold" its body open until ``release`` is set; "die"
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    hold_each: bool = False  # D: hold each stream before its [DONE] until the test sets its event in ``held``
+    held: dict = field(default_factory=dict)  # X-Request-Id -> asyncio.Event (hold_each)
     received: list = field(default_factory=list)  # (headers dict, body dict)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -173,6 +177,9 @@ class FakeWorker:
                 "usage": usage,
             }
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        if self.hold_each:
+            event = self.held[request.headers.get(sc.HEADER_REQUEST_ID)] = asyncio.Event()
+            await event.wait()
         await resp.write(b"data: [DONE]\n\n")
         if self.after_done == "die":
             request.transport.close()  # no end of the chunked body

@@ -170,7 +170,7 @@ class SchedulerProbe:
         if len(per_group) == 1:  # the common case, without a generator
             nbytes = len(per_group[0]) * self.block_bytes[0]
         else:
-            nbytes = sum(len(ids) * size for ids, size in zip(per_group, self.block_bytes))
+            nbytes = sum(len(ids) * size for ids, size in zip(per_group, self.block_bytes, strict=True))
         st.loading = True
         st.block_ids = per_group  # checked against invalid_block_ids only when there are some
         self._loading[rid] = st

@@ -196,7 +196,7 @@ def _breakdown(con, ax) -> bool:
     for col, (name, colour) in palette.PARTS.items():
         vals = [r[col] for r in rows][::-1]
         ax.barh(labels, vals, left=left, label=name, color=colour)
-        left = [a + b for a, b in zip(left, vals)]
+        left = [a + b for a, b in zip(left, vals, strict=True)]
     ax.set_xlabel("wall ms")
     ax.set_title("Where agent time goes (longest sessions)")
     ax.legend(fontsize=8)
@@ -213,7 +213,7 @@ def _tokens(con, ax) -> bool:
     for key, (name, colour) in palette.SOURCES.items():
         vals = [r[key] for r in rows]
         ax.bar(turns, vals, bottom=bottom, label=name, color=colour)
-        bottom = [a + b for a, b in zip(bottom, vals)]
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
     ax.set_xlabel("turn index")
     ax.set_ylabel("tokens")
     ax.set_title("P's prompt tokens by source")

@@ -45,7 +45,7 @@ def wrap(paragraph: str, width: int = WIDTH) -> str:
 def md_table(columns: list[str], rows: list[list[str]]) -> str:
     """A Markdown pipe table, columns padded so it also reads well on a terminal."""
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(columns), sep, *(line(r) for r in rows)])
 

@@ -281,7 +281,7 @@ def _load(cur, lap) -> Recorded:
         calibration=calib,
     )
     bounds = np.searchsorted(out.r_engine, np.arange(len(d_engines) + 1))
-    out.r_by_engine = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    out.r_by_engine = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     calib.samples.update(
         {
             sc.SPAN_KV_DECISION: out.decisions,

@@ -307,7 +307,7 @@ def _held(rec: Recorded, fx: _Fixed, ttl_s: float | None, margin: float, codes: 
     gib_s = float(np.add.reduce(t["held"].take(at))) / 1e9 * rec.time_scale / GIB
     k_end = t["k_end"].take(at)
     peaks = {}
-    for engine, part, cum in zip(rec.d_engines, rec.r_by_engine, fx.cum_bytes):
+    for engine, part, cum in zip(rec.d_engines, rec.r_by_engine, fx.cum_bytes, strict=True):
         peaks[engine] = _peak(k_end[part], rec.r_bytes[part], cum)
     return gib_s, peaks
 

@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import urllib.parse
+from typing import Any
 
 import pyarrow as pa
 
@@ -92,8 +93,9 @@ class ChdbBackend:
         result = _has_result(sql)
         params = {k: _NULL if v is None else v for k, v in (params or {}).items()}
         with ChdbBackend._lock:
+            conn = ChdbBackend._connection()
             try:
-                out = ChdbBackend._conn.query(sql, "Arrow" if result else "CSV", params=params or None)
+                out = conn.query(sql, "Arrow" if result else "CSV", params=params or None)
             except Exception as exc:  # noqa: BLE001
                 raise BackendError(_one_line(exc)) from None
         self.rows_read += out.storage_rows_read()
@@ -104,10 +106,18 @@ class ChdbBackend:
 
     def command(self, sql: str) -> None:
         with ChdbBackend._lock:
+            conn = ChdbBackend._connection()
             try:
-                ChdbBackend._conn.query(sql, "CSV")
+                conn.query(sql, "CSV")
             except Exception as exc:  # noqa: BLE001
                 raise BackendError(_one_line(exc)) from None
+
+    @staticmethod
+    def _connection() -> Any:
+        """chDB's connection (under ``_lock``); a backend made before :meth:`shutdown` is refused."""
+        if ChdbBackend._conn is None:
+            raise BackendError("chDB was shut down in this process; open the backend again")
+        return ChdbBackend._conn
 
     def close(self) -> None:
         """Nothing: every backend of the process shares chDB's one connection (:meth:`shutdown`)."""
@@ -132,7 +142,7 @@ class ServerBackend:
             raise BackendError("clickhouse-connect is not installed: pip install 'kvtrace[clickhouse]'") from None
         u = urllib.parse.urlsplit(url)
         secure = u.scheme == "https"
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             host=u.hostname or "127.0.0.1",
             port=u.port or (8443 if secure else 8123),
             secure=secure,

@@ -33,6 +33,7 @@ joins fill NULL (``join_use_nulls``), aggregates over no rows are NULL
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import sqlglot
 from sqlglot import exp
@@ -200,7 +201,7 @@ def _order_by_output_names(tree: exp.Expression) -> None:
         order = select.args.get("order")
         if order is None:
             continue
-        outputs = {}
+        outputs: dict[str, int] = {}
         for i, node in enumerate(select.expressions, 1):
             if isinstance(node, exp.Alias) and not (isinstance(node.this, exp.Column) and node.this.name == node.alias):
                 outputs.setdefault(node.alias, i)
@@ -250,7 +251,8 @@ def _transpile(sql: str, types: tuple[tuple[str, str], ...]) -> exp.Expression:
         raise TranspileError(str(exc).splitlines()[0]) from None
     if not trees:
         raise TranspileError("no SQL statement")
-    tree = _bottom_up(_bottom_up(trees[-1], _regr), _rewrite)
+    # a statement: every concrete node is an Expression (sqlglot types parse's result as the Expr base)
+    tree = _bottom_up(_bottom_up(cast(exp.Expression, trees[-1]), _regr), _rewrite)
     _name_qualified_columns(tree)
     _order_by_output_names(tree)
     _placeholders(tree, dict(types))

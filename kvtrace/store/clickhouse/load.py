@@ -74,15 +74,16 @@ def exporter_table(table: pa.Table) -> pa.Table:
     """Rows of a kvtrace (:data:`~kvtrace.store.schema.SCHEMA`) table as the exporter writes them."""
     cols = {n: table[n] for n in COLUMNS}
     span = [
-        _span_attrs(s, f) for s, f in zip(table["SpanAttributes"].to_pylist(), table["SpanAttributesFloat"].to_pylist())
+        _span_attrs(s, f)
+        for s, f in zip(table["SpanAttributes"].to_pylist(), table["SpanAttributesFloat"].to_pylist(), strict=True)
     ]
     cols["SpanAttributes"] = pa.array(span, SCHEMA.field("SpanAttributes").type)
     for name in _MAPS:
         values = [[(k, _respelled(v)) for k, v in m or []] for m in table[name].to_pylist()]
         cols[name] = pa.array(values, SCHEMA.field(name).type)
     for name in _MAP_LISTS:
-        values = [[[(k, _respelled(v)) for k, v in m or []] for m in row or []] for row in table[name].to_pylist()]
-        cols[name] = pa.array(values, SCHEMA.field(name).type)
+        lists = [[[(k, _respelled(v)) for k, v in m or []] for m in row or []] for row in table[name].to_pylist()]
+        cols[name] = pa.array(lists, SCHEMA.field(name).type)
     return pa.table(cols, schema=pa.schema([SCHEMA.field(n) for n in COLUMNS]))
 
 

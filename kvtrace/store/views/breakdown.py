@@ -72,7 +72,7 @@ _RETENTION = literal(sc.SPAN_KV_RETENTION)
 # still decodes the map columns of every row, which is most of the scan's cost.  Spans without a
 # session id are kept here and fall out where the windows are made (they join no window): a
 # ``session_id IS NOT NULL`` here is pushed into the Parquet scan, where it reads the attribute map
-# of every span, not only of these (+25 % CPU for the scan at 10 M spans).  The breakdown
+# of every span, not only of these (its cost: docs/benchmarks.md, ``benchmarks/analysis``).  The breakdown
 # reads these rows several times; as a MATERIALIZED CTE they come off Parquet once.  (Going
 # through the per-kind views instead costs one Parquet scan each, and the ``requests`` /
 # ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
@@ -132,7 +132,8 @@ sess AS (
     FROM st GROUP BY session_id
 ),
 session_windows AS (
-    SELECT session_id, start_ns, end_ns, turns, agent_calls FROM sess WHERE start_ns IS NOT NULL AND session_id IS NOT NULL
+    SELECT session_id, start_ns, end_ns, turns, agent_calls FROM sess
+    WHERE start_ns IS NOT NULL AND session_id IS NOT NULL
 ),
 st_flags AS (
     SELECT *, bool_or(turn IS NOT NULL AND turn_start IS NOT NULL) OVER by_session AS agent_turns,

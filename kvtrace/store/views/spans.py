@@ -343,8 +343,10 @@ req AS (
   FROM requests WHERE session_id IS NOT NULL GROUP BY session_id),
 llm AS (SELECT session_id, count(*) AS calls FROM llm_calls WHERE session_id IS NOT NULL GROUP BY session_id),
 trn AS (SELECT session_id, count(DISTINCT turn) AS turns FROM turns WHERE session_id IS NOT NULL GROUP BY session_id),
-trc AS (SELECT session_id, count(DISTINCT trace_id) AS traces FROM spans WHERE session_id IS NOT NULL GROUP BY session_id),
-ret AS (SELECT session_id, sum(byte_seconds) AS byte_s FROM kv_retention WHERE session_id IS NOT NULL GROUP BY session_id),
+trc AS (SELECT session_id, count(DISTINCT trace_id) AS traces FROM spans WHERE session_id IS NOT NULL
+  GROUP BY session_id),
+ret AS (SELECT session_id, sum(byte_seconds) AS byte_s FROM kv_retention WHERE session_id IS NOT NULL
+  GROUP BY session_id),
 ids AS (SELECT session_id FROM sess UNION SELECT session_id FROM req)
 SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.agent_name, sess.scenario,
   make_timestamp(COALESCE(sess.start_ns, req.start_ns) // 1000)::TIMESTAMPTZ AS start_time,
