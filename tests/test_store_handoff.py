@@ -303,7 +303,7 @@ def _parquet_exporter(provider):
 def test_the_writer_process_is_on_by_default_in_the_proxy_only(tmp_path, monkeypatch):
     """Unset: in-process export everywhere (the vLLM connector, sim, bench), a writer process in
     ``kvtrace proxy``; KVTRACE_WRITER_PROCESS turns it on or off everywhere; an argument beats it."""
-    from kvtrace.cli.proxy import writer_process
+    from kvtrace.proxy.runtime import writer_process
 
     def kind(**kwargs):
         provider = telemetry.configure("x", traces_dir=tmp_path, otlp=False, handle_sigterm=False, **kwargs)

@@ -469,7 +469,7 @@ def kvtrace_modes(args, traces: str) -> dict[str, tuple[list[str], dict]]:
         modes["kv_nometric"] = (t, {"KVTRACE_METRICS": "0"})
     modes[STATELESS] = (t + ["--no-prefix-match"], {})
     if args.loop_ab:
-        from kvtrace.cli.proxy import loop_factory
+        from kvtrace.proxy.runtime import loop_factory
 
         other = "asyncio" if loop_factory(args.loop) is not None else "uvloop"
         modes[f"kv_{other}"] = (t + ["--loop", other], {})
@@ -576,7 +576,7 @@ async def main() -> int:
         finally:
             for task in scrapers:
                 task.cancel()
-        from kvtrace.cli.proxy import loop_factory
+        from kvtrace.proxy.runtime import loop_factory
 
         loop = "uvloop" if loop_factory(args.loop) is not None else "asyncio"
         print(

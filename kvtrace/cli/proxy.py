@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kvtrace import settings
-from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, PREFILL_FAILURE_MODES, TTL_MARGIN_S
+from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, LOOPS, PREFILL_FAILURE_MODES, TTL_MARGIN_S
 
-_GC_GEN0_THRESHOLD = 10_000  # see _tune_gc
-LOOPS = ("auto", "uvloop", "asyncio")
 # hardening limits: flag, ProxyConfig field, type, metavar, the KVTRACE_* setting that is its default
 _LIMITS = (
     ("--request-timeout", "request_timeout_s", float, "S", settings.PROXY_REQUEST_TIMEOUT),
@@ -184,14 +182,12 @@ def run(args: argparse.Namespace) -> int:
     kvtrace_dropped_spans{reason="write_failed"} (/metrics, and dropped_spans on /health),
     logged once when writes start failing and once when they work again.
     """
-    import asyncio
-
     from kvtrace import telemetry
     from kvtrace.errors import CLIError
-    from kvtrace.proxy.server import start
+    from kvtrace.proxy import runtime
 
     config = build_config(args)
-    factory = loop_factory(args.loop)
+    factory = runtime.loop_factory(args.loop)
     try:
         telemetry.check_traces_dir(args.traces)
     except OSError as exc:  # NotWritable: one line naming the directory and the reason
@@ -199,69 +195,22 @@ def run(args: argparse.Namespace) -> int:
     if args.export_delay_ms is not None and args.export_delay_ms < 1:
         raise CLIError("--export-delay-ms must be >= 1")
     provider = telemetry.configure(
-        "kvtrace-proxy", traces_dir=args.traces, writer_process=writer_process(), batch_delay_ms=args.export_delay_ms
+        "kvtrace-proxy",
+        traces_dir=args.traces,
+        writer_process=runtime.writer_process(),
+        batch_delay_ms=args.export_delay_ms,
     )
 
-    async def serve() -> None:
-        try:
-            running = await start(config, provider)
-        except OSError as exc:
-            raise CLIError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-        _tune_gc()
-        print(f"kvtrace proxy listening on {running.url}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await running.close()
-
     try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve())
+        runtime.serve_forever(
+            config, provider, factory, lambda url: print(f"kvtrace proxy listening on {url}", flush=True)
+        )
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     finally:
         telemetry.shutdown_all()
     return 0
 
 
-def writer_process() -> bool:
-    """Whether the proxy's Parquet export runs in a writer process: KVTRACE_WRITER_PROCESS, else on
-    (the proxy is where it is measured to help the tail: benchmarks/proxy/bench_proxy.py)."""
-    chosen = settings.WRITER_PROCESS.get()
-    return True if chosen is None else bool(chosen)
-
-
-def loop_factory(choice: str | None):
-    """The event loop factory for ``choice`` (else KVTRACE_PROXY_LOOP): uvloop's, or None (asyncio's).
-    ``auto`` takes uvloop when it is installed; ``uvloop`` without it is a CLIError."""
-    from kvtrace.errors import CLIError
-
-    choice = settings.PROXY_LOOP.get(choice)
-    if choice not in LOOPS:
-        raise CLIError(f"{settings.PROXY_LOOP.env}={choice!r}: expected one of {', '.join(LOOPS)}")
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise CLIError("--loop uvloop: uvloop is not installed (pip install 'kvtrace[proxy-fast]')") from None
-        return None
-    return uvloop.new_event_loop
-
-
-def _tune_gc() -> None:
-    """The proxy process's garbage collector, once serving.
-
-    Per request the proxy allocates a few hundred container objects that reference counting frees
-    (no cycles), but with concurrent requests in flight the young generation keeps crossing the
-    default threshold (700), so the collector runs every few requests and, every ~100 young
-    collections, rescans the ~90k objects of the loaded modules: CPU every request pays for
-    (docs/benchmarks.md, ``benchmarks/proxy``).
-    ``gc.freeze()`` moves everything alive now (modules, app, pools) out of the collector's scans and
-    a higher young threshold lets transient request objects die before a collection sees them.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, _GC_GEN0_THRESHOLD), gen1, gen2)
+def _say_listening(url: str) -> None:
+    print(f"kvtrace proxy listening on {url}", flush=True)

@@ -24,6 +24,7 @@ EXPIRY_SAFETY_MARGIN_S = 5.0  # vLLM's P declines a read this long before D's de
 PREFILL_FAILURE_ERROR = "error"
 PREFILL_FAILURE_DECODE_ONLY = "decode_only"
 PREFILL_FAILURE_MODES = (PREFILL_FAILURE_ERROR, PREFILL_FAILURE_DECODE_ONLY)
+LOOPS = ("auto", "uvloop", "asyncio")  # --loop: the event loop (kvtrace.proxy.runtime)
 
 
 @dataclass(frozen=True)
