@@ -61,8 +61,9 @@ def wheel(tmp_path_factory) -> pathlib.Path:
 
 
 def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    # cwd: the environment, so ``python -c`` imports the installed kvtrace, not this tree's
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=env["VIRTUAL_ENV"])
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(cmd, -1, "", f"timed out after 1200 s: {' '.join(cmd)}")
 
@@ -84,6 +85,7 @@ def _install_and_check(extra: str | None, wheel: pathlib.Path, root: pathlib.Pat
     python = str(env_dir / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
+    env["VIRTUAL_ENV"] = str(env_dir)
     spec = f"kvtrace[{extra}]" if extra else "kvtrace"
     # the wheel itself (a kvtrace on PyPI must not win); --find-links for kvtrace[...] inside extras
     done = _run([*_installer(python, wheel), f"{wheel}[{extra}]" if extra else str(wheel)], env)

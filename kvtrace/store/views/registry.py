@@ -15,7 +15,7 @@ ClickHouse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kvtrace import semconv as sc
 from kvtrace.store.schema import SPAN_KIND_UNSPECIFIED, SPAN_KINDS, STATUS_CODES
@@ -36,8 +36,9 @@ class Column:
     meaning: str
     values: tuple[str, ...] = ()
     """Every value the column can hold, for enumerated columns (besides NULL)."""
-    sql: str = ""
-    """Its expression in a view declared with ``source`` (``""``: the source's column of that name)."""
+    sql: str = field(default="", compare=False)
+    """Its expression in a view declared with ``source`` (``""``: the source's column of that name);
+    not part of the column's contract (a shared column computed another way is still that column)."""
 
     def selected(self) -> str:
         return f"{self.sql} AS {self.name}" if self.sql else self.name
