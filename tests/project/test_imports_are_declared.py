@@ -25,13 +25,13 @@ UNIT_EXTRAS: dict[str, tuple[str, ...]] = {
     "analysis/report": ("report",),
     "analysis/whatif": (),
     "bench": ("bench",),
-    "cli": ("proxy-fast",),  # uvloop, when installed
+    "cli": (),
     "collect": ("collect",),
     "dashboards": ("dashboard",),
     "demo": ("demo",),
     "emit": (),
     "kvrules": (),
-    "proxy": ("proxy",),
+    "proxy": ("proxy", "proxy-fast"),  # uvloop, when installed
     "semconv": (),
     "settings": (),
     "errors": (),
