@@ -22,10 +22,10 @@ from kvtrace.analysis import palette, sessions
 from kvtrace.analysis.filters import Filters
 from kvtrace.store import connect, source
 from kvtrace.store.runs import traces_dir
+from kvtrace.store.units import GIB
 
 ALL = "(all)"
 PART_LABELS = palette.PART_LABELS  # breakdown column -> label, in stacking order
-GIB = 2**30
 
 
 # Fit the container's width only: a chart's ``height`` (number or ``alt.Step``) is its plot area's.

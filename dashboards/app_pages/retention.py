@@ -6,6 +6,7 @@ import streamlit as st
 
 from kvtrace.analysis import retention
 from kvtrace.dashboards.common import chart, df, fmt_bytes, no_data, q, sidebar, table
+from kvtrace.store.units import GIB
 
 directory, filters, facets = sidebar()
 st.title("Retention on decode workers")
@@ -34,7 +35,7 @@ c[4].metric(
     help="Every retention no next turn read, added up over the whole run: what was held in vain, not an "
     "amount held at one time (compare Peak held).",
 )
-c[5].metric("Byte·seconds", f"{tot['byte_seconds'] / 2**30:,.1f} GiB·s")
+c[5].metric("Byte·seconds", f"{tot['byte_seconds'] / GIB:,.1f} GiB·s")
 t0, t1 = filters.start_ns or facets["start_ns"], filters.end_ns or facets["end_ns"]
 span_s = (t1 - t0) / 1e9 if t0 is not None and t1 is not None and t1 > t0 else None
 st.caption(
@@ -50,7 +51,7 @@ st.caption(
 series = df(q(retention.series, directory, filters, max_points=1500))
 if not series.empty:
     series["time"] = pd.to_datetime(series["t"], unit="ns", utc=True)
-    series["GiB held"] = series["bytes_held"] / 2**30
+    series["GiB held"] = series["bytes_held"] / GIB
     chart(
         st,
         alt.Chart(series)

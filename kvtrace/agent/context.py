@@ -76,11 +76,6 @@ def current_turn() -> TurnState | None:
     return _turn.get()
 
 
-def current_llm_call():
-    """The :class:`~kvtrace.agent.llm.LLMCall` open in this task, or None."""
-    return _call.get()
-
-
 def current_session_id(ctx: otel_context.Context | None = None) -> str | None:
     """Session id of the open session, else the ``session.id`` baggage entry, else None."""
     state = _session.get()

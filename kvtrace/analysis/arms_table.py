@@ -30,8 +30,8 @@ from kvtrace import semconv as sc
 from kvtrace.analysis import compare
 from kvtrace.analysis.common import one, rows
 from kvtrace.store.sql import literal
+from kvtrace.store.units import GIB
 
-GIB = 2**30
 ARMS = ((False, False), (False, True), (True, False), (True, True))  # (P prefix cache, bidirectional)
 
 IDENTITY_SQL = f"""

@@ -13,17 +13,9 @@ import pyarrow as pa
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import filtered, table
-from kvtrace.analysis.filters import Filters, where
+from kvtrace.analysis.filters import SESSION_ROW_SCOPE, Filters, where
 from kvtrace.store.sql import literal
 
-# the continuity view has start_ns and session_id; service / substrate through the session's spans
-SCOPE = {
-    "start_ns": "start_ns >= $start_ns",
-    "end_ns": "start_ns <= $end_ns",
-    "session_id": "session_id = $session_id",
-    "service": "session_id IN (SELECT session_id FROM spans WHERE service_name = $service)",
-    "substrate": "session_id IN (SELECT session_id FROM spans WHERE substrate = $substrate)",
-}
 _DIVERGED, _NEW = literal(sc.CONTINUITY_DIVERGED), literal(sc.CONTINUITY_NEW)
 
 SUMMARY_SQL = f"""
@@ -54,11 +46,11 @@ LIMIT $limit
 def summary(con, filters: Filters | None = None) -> pa.Table:
     """Per agent and scenario: turns checked, how many diverged (and the share), and on those the
     reusable tokens lost, the tokens P recomputed, P's prefill time; mean TTFT diverged vs extends."""
-    return filtered(con, SUMMARY_SQL, filters, SCOPE)
+    return filtered(con, SUMMARY_SQL, filters, SESSION_ROW_SCOPE)
 
 
 def breaks(con, filters: Filters | None = None, limit: int = 1000) -> pa.Table:
     """The diverged turns, largest loss first."""
-    clause, params = where(filters, SCOPE)
+    clause, params = where(filters, SESSION_ROW_SCOPE)
     sql = BREAKS_SQL.format(where=clause or "WHERE", and_="AND" if clause else "")
     return table(con, sql, {**params, "limit": limit})

@@ -39,6 +39,10 @@ SESSION_SCOPE = {
     "substrate": "session_id IN (SELECT session_id FROM spans WHERE substrate = $substrate)",
 }
 
+# fragments for views with a row's start_ns and session_id but no service / substrate columns
+# (continuity, turn_gaps): those two filters select sessions
+SESSION_ROW_SCOPE = {**SESSION_SCOPE, "start_ns": "start_ns >= $start_ns"}
+
 # fragments for connector-side views with service_name and substrate columns (kv_decisions)
 ROW_SCOPE = {
     "start_ns": "start_ns >= $start_ns",

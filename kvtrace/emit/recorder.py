@@ -387,7 +387,6 @@ class KVRecorder:
         blocks: int,
         tokens: int,
         expiry_deadline: float | None = None,
-        parent_request: dict | None = None,
     ) -> dict:
         """D pinned ``blocks`` of a finished request for the next turn (call right before
         :meth:`request_finished`, while the request is still known).  Returns the retention

@@ -207,7 +207,7 @@ class Proxy:
         if turn.entry_age_s is not None:
             attrs[sc.PROXY_ENTRY_AGE_S] = round(turn.entry_age_s, 3)
         rt.set_identity(request_id, session, turn.index, attrs)
-        auth = hdrs.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
+        auth = self._auth(hdrs)
         call = Call(req, rt, request_id, session, turn, auth, deadline, self.config.patch_responses)
         if hashes is not None:
             call.hashes, call.reply = hashes, prefix_table.Reply() if req.stream else None
@@ -455,8 +455,10 @@ class Proxy:
         call.finish(200, None)
         return call.json(body, 200)
 
+    def _auth(self, hdrs) -> str | None:
+        """The client's Authorization header, else the configured API key as a bearer token."""
+        return hdrs.get("Authorization") or (f"Bearer {self.config.api_key}" if self.config.api_key else None)
+
     def _auth_headers(self, request: web.Request) -> dict:
-        auth = request.headers.get("Authorization") or (
-            f"Bearer {self.config.api_key}" if self.config.api_key else None
-        )
+        auth = self._auth(request.headers)
         return {"Authorization": auth} if auth else {}

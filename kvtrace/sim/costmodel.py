@@ -60,7 +60,7 @@ descriptor post and completion notification).  Links: ``efa-3200`` (3200 Gb/s = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 MFU = 0.5  # assumed model-FLOPs utilisation of prefill
 TRANSFER_OVERHEAD_S = 0.001  # assumed fixed cost of one KV load over EFA
@@ -195,7 +195,3 @@ class CostModel:
     def wall(self, sim_s: float) -> float:
         """Wall seconds to sleep for ``sim_s`` simulated seconds."""
         return sim_s / self.time_scale
-
-    def with_preset(self, **changes) -> CostModel:
-        """A copy with preset fields overridden (tests, what-if runs)."""
-        return CostModel(replace(self.preset, **changes), self.link, enabled=self.enabled, time_scale=self.time_scale)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import duckdb
 import pyarrow as pa
@@ -53,6 +54,7 @@ READ_FILES = (
 SOURCE = "kvtrace_source"
 """One-row table on each connection: the directory it reads (so :func:`refresh` of a cursor can re-list)."""
 _RETRIES = 5
+T = TypeVar("T")
 _MAGIC = b"PAR1"
 
 
@@ -215,17 +217,28 @@ def connect(
     one unless ``allow_empty`` (then every view exists with its columns and zero rows)."""
     con = con or duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    for attempt in range(_RETRIES + 1):
+
+    def bind() -> duckdb.DuckDBPyConnection:
+        _bind(con, os.fspath(directory), allow_empty)
+        _create_views(con)  # binds the files (DuckDB reads their footers)
+        if read_only:
+            lock_down(con, directory)
+        return con
+
+    return _retrying(bind)
+
+
+def _retrying(attempt: Callable[[], T], before_retry: Callable[[], None] | None = None) -> T:
+    """``attempt()``, run again (after ``before_retry()``) while it raises :class:`duckdb.IOException`
+    (a listed file was swept meanwhile, so listing again finds the files that replaced it); the
+    last of ``_RETRIES`` extra tries lets the error through."""
+    for _ in range(_RETRIES):
         try:
-            _bind(con, os.fspath(directory), allow_empty)
-            _create_views(con)  # binds the files (DuckDB reads their footers)
-            if read_only:
-                lock_down(con, directory)
-            return con
-        except duckdb.IOException:  # a listed file was swept meanwhile: list again
-            if attempt == _RETRIES:
-                raise
-    raise AssertionError("unreachable")
+            return attempt()
+        except duckdb.IOException:
+            if before_retry is not None:
+                before_retry()
+    return attempt()
 
 
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
@@ -272,12 +285,7 @@ def refresh(
     files written, rolled and removed since."""
     ((src_dir, src_empty),) = con.execute(f"SELECT directory, allow_empty FROM {SOURCE}").fetchall()
     directory = os.fspath(directory) if directory is not None else src_dir
-    for attempt in range(_RETRIES + 1):
-        try:
-            return _bind(con, directory, src_empty if allow_empty is None else allow_empty)
-        except duckdb.IOException:
-            if attempt == _RETRIES:
-                raise
+    _retrying(lambda: _bind(con, directory, src_empty if allow_empty is None else allow_empty))
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> pa.Table | None:
@@ -287,15 +295,12 @@ def query(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) 
     :class:`~kvtrace.store.clickhouse.store.ClickHouseStore` (the same SQL, run on ClickHouse)."""
     if getattr(con, "is_clickhouse", False):
         return cast("ClickHouseStore", con).query(sql, params)
-    for attempt in range(_RETRIES + 1):
-        try:
-            rel = con.sql(sql, params=params or None)
-            return None if rel is None else rel.to_arrow_table()
-        except duckdb.IOException:
-            if attempt == _RETRIES:
-                raise
-            refresh(con)
-    raise AssertionError("unreachable")
+
+    def run() -> pa.Table | None:
+        rel = con.sql(sql, params=params or None)
+        return None if rel is None else rel.to_arrow_table()
+
+    return _retrying(run, lambda: refresh(con))
 
 
 def view_columns(con: duckdb.DuckDBPyConnection | None = None) -> dict[str, list[str]]:

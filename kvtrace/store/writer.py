@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -126,18 +127,30 @@ def write_atomic(
     for it), are on stable storage when this returns, so the file survives an OS crash or a
     power loss, not only a crash of this process."""
     makedirs(directory, fsync=fsync)
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, files.tmp_name(name))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, **_write_options(level, segment))
     data = sink.getvalue()
-    try:
+
+    def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        size = data.size
+
+    _publish(directory, name, write, fsync=fsync)
+    return data.size
+
+
+def _publish(directory: str, name: str, write: Callable[[str], None], *, fsync: bool = False) -> int:
+    """Make ``directory/name`` appear complete or not at all: ``write(tmp)`` fills a dot-tmp file
+    (which readers skip), then it is renamed over ``name``; return its bytes.  On any failure
+    the tmp file is removed.  ``fsync``: the file's data before the rename (a file that
+    supersedes others must be durable before it is visible), the directory entry after it."""
+    final = os.path.join(directory, name)
+    tmp = os.path.join(directory, files.tmp_name(name))
+    try:
+        write(tmp)
+        size = os.path.getsize(tmp)
+        if fsync:
+            fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
         unlink_quietly(tmp)
@@ -180,11 +193,10 @@ def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -
     order and streaming: at most about one row group (:data:`SEGMENT_ROW_GROUP` rows) of decoded
     spans is held in memory, not the whole segment (``KVTRACE_ROLL_BYTES`` of batch files, many
     times that decoded)."""
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, files.tmp_name(name))
     options = dict(_write_options(SEGMENT_ZSTD_LEVEL, True))
     del options["row_group_size"]
-    try:
+
+    def write(tmp: str) -> None:
         with pq.ParquetWriter(tmp, SCHEMA, **options) as out:
             pending: list[pa.Table] = []
             rows = 0
@@ -196,16 +208,8 @@ def merge(paths: list[str], directory: str, name: str, *, fsync: bool = False) -
                     pending, rows = [], 0
             if pending:
                 out.write_table(pa.concat_tables(pending), row_group_size=rows)
-        size = os.path.getsize(tmp)
-        if fsync:  # the segment supersedes batch files: it must be durable before it is visible
-            fsync_path(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        unlink_quietly(tmp)
-        raise
-    if fsync:
-        fsync_path(directory)
-    return size
+
+    return _publish(directory, name, write, fsync=fsync)
 
 
 def unlink_quietly(path: str) -> None:

@@ -219,7 +219,7 @@ def empty_queries(prom: Prometheus, queries: list[tuple[str, str]]) -> list[tupl
 
 # ---------------------------------------------------------------------------- counters vs spans
 def _rows(traces: Path, sql: str) -> list[tuple]:
-    from kvtrace.store.views import connect
+    from kvtrace.store import connect
 
     con = connect(traces, allow_empty=True)
     try:

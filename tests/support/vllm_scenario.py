@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 
 from kvtrace import semconv as sc
-from kvtrace.store.views import connect
+from kvtrace.store import connect
 
 from support import vllm_diag as diag
 from support import vllm_pd as pd

@@ -27,7 +27,7 @@ OUTCOMES = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "f
 def recorded_outcomes(traces_dir) -> dict:
     """What the traces say happened, straight from the store's views (model time)."""
     from kvtrace.analysis.common import rows
-    from kvtrace.store.views import connect
+    from kvtrace.store import connect
 
     con = connect(traces_dir)
     mix = {

@@ -16,6 +16,7 @@ import re
 from kvtrace.analysis import compare, latency, palette, retention, reuse, sessions
 from kvtrace.analysis.report import text
 from kvtrace.analysis.whatif import summary as whatif_summary
+from kvtrace.store.units import GIB
 from kvtrace.store.views.breakdown import PRECEDENCE
 
 TIME_NOTE = (
@@ -250,7 +251,7 @@ def _retention(con, ax) -> bool:
     for engine in sorted({r["engine_id"] for r in rows}, key=str):
         pts = [r for r in rows if r["engine_id"] == engine]
         ax.step(
-            [(r["t"] - t0) / 1e9 for r in pts], [r["bytes_held"] / 2**30 for r in pts], where="post", label=str(engine)
+            [(r["t"] - t0) / 1e9 for r in pts], [r["bytes_held"] / GIB for r in pts], where="post", label=str(engine)
         )
     ax.set_xlabel("wall s since the first retention")
     ax.set_ylabel("GiB held")

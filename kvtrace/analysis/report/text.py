@@ -16,6 +16,7 @@ from kvtrace.analysis.common import rows as query_rows
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.palette import PART_LABELS as PART_NAMES
 from kvtrace.store.sql import literal
+from kvtrace.store.units import GIB
 from kvtrace.store.views.breakdown import PART_COLUMNS
 
 WIDTH = 120  # console output (kvtrace demo) fits this many columns
@@ -34,7 +35,7 @@ def ratio(value) -> str:
 
 
 def gib(value) -> str:
-    return "–" if value is None else f"{value / 2**30:,.2f}"
+    return "–" if value is None else f"{value / GIB:,.2f}"
 
 
 def wrap(paragraph: str, width: int = WIDTH) -> str:
@@ -181,7 +182,7 @@ def retention_rows(con, filters: Filters | None = None) -> tuple[list[str], list
             num(r["expired"]),
             num(r["released"]),
             gib(r["peak_bytes"]),
-            f"{(r['byte_seconds'] or 0) / 2**30:,.1f}",
+            f"{(r['byte_seconds'] or 0) / GIB:,.1f}",
             num(r["blocks_never_read"]),
         ]
         for r in retention.summary(con, filters)

@@ -48,6 +48,7 @@ import numpy as np
 from kvtrace import kvrules
 from kvtrace import semconv as sc
 from kvtrace.analysis.whatif.data import FATE_READ, FATE_RELEASED, FATE_UNCONSUMED, Recorded, WhatIfError, load
+from kvtrace.store.units import GIB
 
 DEFAULT_TTLS = (0, 30, 60, 120, 240, 480, 900, 1800)
 DEFAULT_THRESHOLDS = (16, 32, 64, 128, 256, 512)
@@ -71,7 +72,6 @@ COLUMNS = (
     "recorded",
 )
 OUTCOME_COLUMNS = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed", "unverified")
-GIB = float(2**30)
 TTFT_TOLERANCE = 0.05  # "within 5 % of the best TTFT"
 
 __all__ = [

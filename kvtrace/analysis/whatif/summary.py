@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from kvtrace.analysis.common import filtered
-from kvtrace.analysis.filters import Filters
+from kvtrace.analysis.filters import SESSION_ROW_SCOPE, Filters
 from kvtrace.analysis.whatif.replay import (
     COLUMNS,
     DEFAULT_THRESHOLDS,
@@ -21,15 +21,6 @@ from kvtrace.analysis.whatif.replay import (
     recommendation_lines,
     run,
 )
-
-# turn_gaps has no service / substrate columns: those filters select sessions
-GAP_SCOPE = {
-    "start_ns": "start_ns >= $start_ns",
-    "end_ns": "start_ns <= $end_ns",
-    "session_id": "session_id = $session_id",
-    "service": "session_id IN (SELECT session_id FROM spans WHERE service_name = $service)",
-    "substrate": "session_id IN (SELECT session_id FROM spans WHERE substrate = $substrate)",
-}
 
 GAPS_SQL = """
 SELECT session_id, turn, COALESCE(scenario, agent_name, '(no agent span)') AS scenario, agent_name, engine_id,
@@ -77,7 +68,7 @@ def advice(
 def gaps(con, filters: Filters | None = None, limit: int = 200_000) -> pa.Table:
     """Recorded gaps between a turn's decode end on D and the session's next d2p decision (model
     s), with what D held, the TTL in force and the outcome."""
-    return filtered(con, GAPS_SQL, filters, GAP_SCOPE, limit=limit)
+    return filtered(con, GAPS_SQL, filters, SESSION_ROW_SCOPE, limit=limit)
 
 
 def pareto(rows: list[dict], x: str = "gib_s_held", y: str = "ttft_mean_ms") -> list[dict]:

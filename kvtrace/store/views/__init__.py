@@ -25,13 +25,4 @@ VIEWS: tuple[View, ...] = (*spans.VIEWS, *vllm.VIEWS, *breakdown.VIEWS, *gaps.VI
 BY_NAME: dict[str, View] = {v.name: v for v in VIEWS}
 PUBLIC: tuple[View, ...] = tuple(v for v in VIEWS if not v.helper)
 
-__all__ = ["BY_NAME", "COMMON", "PUBLIC", "VIEWS", "Column", "View", "connect"]
-
-
-def __getattr__(name: str):
-    # ``from kvtrace.store.views import connect`` keeps working (the reader imports this package)
-    if name in ("connect", "refresh", "StoreError"):
-        from kvtrace.store import reader
-
-        return getattr(reader, name)
-    raise AttributeError(name)
+__all__ = ["BY_NAME", "COMMON", "PUBLIC", "VIEWS", "Column", "View"]

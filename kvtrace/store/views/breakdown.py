@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from kvtrace import semconv as sc
 from kvtrace.store.sql import float_attr, int_attr, literal, literals
+from kvtrace.store.units import GIB
 from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 # category codes, higher wins
@@ -64,7 +65,6 @@ _TOOL, _APP, _PAUSE, _REQUEST = (
     for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST)
 )
 _RETENTION = literal(sc.SPAN_KV_RETENTION)
-GIB = 1024**3
 
 # One scan of the store feeds everything: the agent and proxy spans the breakdown needs, with TTFT
 # by the ``llm_calls`` / ``requests`` views' rules.  DuckDB applies the span-name filter (through

@@ -15,7 +15,7 @@ ClickHouse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from kvtrace import semconv as sc
 from kvtrace.store.schema import SPAN_KIND_UNSPECIFIED, SPAN_KINDS, STATUS_CODES
@@ -36,6 +36,12 @@ class Column:
     meaning: str
     values: tuple[str, ...] = ()
     """Every value the column can hold, for enumerated columns (besides NULL)."""
+    sql: str = field(default="", compare=False)
+    """Its expression in a view declared with ``source`` (``""``: the source's column of that name);
+    not part of the column's contract (a shared column computed another way is still that column)."""
+
+    def selected(self) -> str:
+        return f"{self.sql} AS {self.name}" if self.sql else self.name
 
 
 @dataclass(frozen=True)
@@ -43,10 +49,20 @@ class View:
     name: str
     description: str
     columns: tuple[Column, ...]
-    select: str
-    """The view's SELECT (it may start with a WITH)."""
+    select: str = ""
+    """The view's SELECT (it may start with a WITH); derived from the columns when ``source`` is given."""
     helper: bool = False
     """Internal building block of other views (``kvtrace_*``); documented briefly, may change."""
+    source: str = ""
+    """``FROM ... [WHERE ...]``: the view selects its columns (each :attr:`Column.sql`) from it, so
+    the column list is written once."""
+
+    def __post_init__(self) -> None:
+        if bool(self.select) == bool(self.source):
+            raise ValueError(f"view {self.name}: give either select or source")
+        if self.source:
+            listed = ", ".join(c.selected() for c in self.columns)
+            object.__setattr__(self, "select", f"SELECT {listed}\n{self.source.strip()}")
 
     def create(self) -> str:
         return f"CREATE OR REPLACE VIEW {ident(self.name)} AS\n{self.select.strip()}\n"
@@ -84,5 +100,10 @@ def common(*names: str) -> tuple[Column, ...]:
     return tuple(COMMON[n] for n in names)
 
 
-def col(name: str, type_: str, meaning: str, values: tuple[str, ...] = ()) -> Column:
-    return Column(name, type_, meaning, tuple(values))
+def common_as(name: str, sql: str) -> Column:
+    """The shared column ``name``, computed by ``sql`` in this view."""
+    return replace(COMMON[name], sql=sql)
+
+
+def col(name: str, type_: str, meaning: str, values: tuple[str, ...] = (), sql: str = "") -> Column:
+    return Column(name, type_, meaning, tuple(values), sql)

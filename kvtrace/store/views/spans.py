@@ -17,6 +17,7 @@ from kvtrace.store.sql import literal as _q
 from kvtrace.store.sql import literals
 from kvtrace.store.sql import str_attr as _s
 from kvtrace.store.sql import str_attr_or_resource as _sr
+from kvtrace.store.units import GIB
 from kvtrace.store.views.registry import (
     BIGINT,
     BOOLEAN,
@@ -30,6 +31,7 @@ from kvtrace.store.views.registry import (
     View,
     col,
     common,
+    common_as,
 )
 
 RAW = "kvtrace_raw"
@@ -115,8 +117,8 @@ REQUESTS = View(
     "requests",
     f"Proxy SERVER spans (`{sc.SPAN_PROXY_REQUEST}`): one row per request the proxy served.",
     (
+        common_as("trace_id", "s.trace_id"),
         *common(
-            "trace_id",
             "span_id",
             "request_id",
             "session_id",
@@ -127,32 +129,34 @@ REQUESTS = View(
             "start_ns",
             "end_ns",
         ),
-        col("ttft_ms", DOUBLE, "time to first token at the proxy, ms"),
-        col("latency_ms", DOUBLE, "completed latency, ms (span duration when not recorded)"),
-        col("input_tokens", BIGINT, "prompt tokens reported by D"),
-        col("output_tokens", BIGINT, "generated tokens reported by D"),
+        col("ttft_ms", DOUBLE, "time to first token at the proxy, ms", sql=_f(sc.REQUEST_TTFT_MS)),
+        col(
+            "latency_ms",
+            DOUBLE,
+            "completed latency, ms (span duration when not recorded)",
+            sql=f"COALESCE({_f(sc.REQUEST_LATENCY_MS)}, duration_ms)",
+        ),
+        col("input_tokens", BIGINT, "prompt tokens reported by D", sql=_i(sc.GEN_AI_USAGE_INPUT_TOKENS)),
+        col("output_tokens", BIGINT, "generated tokens reported by D", sql=_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
         *common("status_code"),
-        col("http_status", BIGINT, "HTTP status returned to the client"),
-        col("stream", BOOLEAN, "the client asked for streaming"),
-        col("offered", BOOLEAN, "D's retained blocks were offered to P"),
-        col("offer_reason", VARCHAR, "why (not) offered", sc.OFFER_REASONS),
-        col("fallback", VARCHAR, "fault handling applied", sc.FALLBACKS),
-        col("outcome", VARCHAR, "P's decision outcome as reported", sc.OUTCOMES),
-        col("pulled_tokens", BIGINT, "tokens P pulled from D"),
-        col("prefill_endpoint", VARCHAR, "P worker URL chosen"),
-        col("decode_endpoint", VARCHAR, "D worker URL chosen"),
-        col("substrate", VARCHAR, "the substrate of the engine spans in the request's trace", sc.SUBSTRATES),
+        col("http_status", BIGINT, "HTTP status returned to the client", sql=_i(sc.HTTP_RESPONSE_STATUS_CODE)),
+        col("stream", BOOLEAN, "the client asked for streaming", sql=_b(sc.REQUEST_STREAM)),
+        col("offered", BOOLEAN, "D's retained blocks were offered to P", sql=_b(sc.PROXY_OFFER)),
+        col("offer_reason", VARCHAR, "why (not) offered", sc.OFFER_REASONS, sql=_s(sc.PROXY_OFFER_REASON)),
+        col("fallback", VARCHAR, "fault handling applied", sc.FALLBACKS, sql=_s(sc.PROXY_FALLBACK)),
+        col("outcome", VARCHAR, "P's decision outcome as reported", sc.OUTCOMES, sql=_s(sc.KV_OUTCOME)),
+        col("pulled_tokens", BIGINT, "tokens P pulled from D", sql=_i(sc.KV_PULLED_TOKENS)),
+        col("prefill_endpoint", VARCHAR, "P worker URL chosen", sql=_s(sc.PROXY_PREFILL_ENDPOINT)),
+        col("decode_endpoint", VARCHAR, "D worker URL chosen", sql=_s(sc.PROXY_DECODE_ENDPOINT)),
+        col(
+            "substrate",
+            VARCHAR,
+            "the substrate of the engine spans in the request's trace",
+            sc.SUBSTRATES,
+            sql="COALESCE(substrate, t.t_substrate)",
+        ),
     ),
-    f"""
-SELECT s.trace_id, span_id, request_id, session_id, turn, service_name, start_time, end_time, start_ns, end_ns,
-  {_f(sc.REQUEST_TTFT_MS)} AS ttft_ms, COALESCE({_f(sc.REQUEST_LATENCY_MS)}, duration_ms) AS latency_ms,
-  {_i(sc.GEN_AI_USAGE_INPUT_TOKENS)} AS input_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
-  status_code, {_i(sc.HTTP_RESPONSE_STATUS_CODE)} AS http_status, {_b(sc.REQUEST_STREAM)} AS stream,
-  {_b(sc.PROXY_OFFER)} AS offered, {_s(sc.PROXY_OFFER_REASON)} AS offer_reason,
-  {_s(sc.PROXY_FALLBACK)} AS fallback, {_s(sc.KV_OUTCOME)} AS outcome,
-  {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens,
-  {_s(sc.PROXY_PREFILL_ENDPOINT)} AS prefill_endpoint, {_s(sc.PROXY_DECODE_ENDPOINT)} AS decode_endpoint,
-  COALESCE(substrate, t.t_substrate) AS substrate
+    source=f"""
 FROM spans s LEFT JOIN {_TRACE_SUBSTRATE} t ON t.trace_id = s.trace_id
 WHERE name = {_q(sc.SPAN_PROXY_REQUEST)}
 """,
@@ -163,36 +167,56 @@ KV_DECISIONS = View(
     f"`{sc.SPAN_KV_DECISION}` spans: each pull-vs-recompute decision of a worker.",
     (
         *common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
-        col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` (P pulls D's blocks) or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
-        col("outcome", VARCHAR, "the decision", sc.OUTCOMES),
-        col("prompt_tokens", BIGINT, "prompt tokens"),
-        col("local_hit_tokens", BIGINT, "tokens found in the local prefix cache"),
-        col("remote_tokens", BIGINT, "reusable tokens the peer offered"),
-        col("pulled_tokens", BIGINT, "tokens loaded from the peer"),
-        col("recomputed_tokens", BIGINT, "prompt tokens computed locally"),
-        col("threshold", BIGINT, "kv_recompute_threshold in force"),
-        col("expiry_remaining_s", DOUBLE, "seconds left before the peer's blocks expire"),
-        col("peer_engine_id", VARCHAR, "peer engine"),
-        col("verified", VARCHAR, "whether D's digest proves the offered KV is this prompt's", sc.VERIFIED_VALUES),
-        col("verify_mode", VARCHAR, "the connector's verify setting", sc.VERIFY_MODES),
-        col("verified_tokens", BIGINT, "prompt tokens proven equal to the tokens D's blocks hold"),
-        col("first_mismatch_token", BIGINT, "mismatch: start of the first digest chunk that differs"),
-        col("wrong_tokens", BIGINT, "mismatch: tokens vLLM's rule loads (or would) from KV of other tokens"),
+        col(
+            "direction",
+            VARCHAR,
+            f"`{sc.DIRECTION_D2P}` (P pulls D's blocks) or `{sc.DIRECTION_P2D}`",
+            sc.DIRECTIONS,
+            sql=_s(sc.KV_DIRECTION),
+        ),
+        col("outcome", VARCHAR, "the decision", sc.OUTCOMES, sql=_s(sc.KV_OUTCOME)),
+        col("prompt_tokens", BIGINT, "prompt tokens", sql=_i(sc.KV_PROMPT_TOKENS)),
+        col("local_hit_tokens", BIGINT, "tokens found in the local prefix cache", sql=_i(sc.KV_LOCAL_HIT_TOKENS)),
+        col("remote_tokens", BIGINT, "reusable tokens the peer offered", sql=_i(sc.KV_REMOTE_TOKENS)),
+        col("pulled_tokens", BIGINT, "tokens loaded from the peer", sql=_i(sc.KV_PULLED_TOKENS)),
+        col("recomputed_tokens", BIGINT, "prompt tokens computed locally", sql=_i(sc.KV_RECOMPUTED_TOKENS)),
+        col("threshold", BIGINT, "kv_recompute_threshold in force", sql=_i(sc.KV_THRESHOLD)),
+        col(
+            "expiry_remaining_s",
+            DOUBLE,
+            "seconds left before the peer's blocks expire",
+            sql=_f(sc.KV_EXPIRY_REMAINING_S),
+        ),
+        col("peer_engine_id", VARCHAR, "peer engine", sql=_s(sc.KV_PEER_ENGINE_ID)),
+        col(
+            "verified",
+            VARCHAR,
+            "whether D's digest proves the offered KV is this prompt's",
+            sc.VERIFIED_VALUES,
+            sql=_s(sc.KV_VERIFIED),
+        ),
+        col("verify_mode", VARCHAR, "the connector's verify setting", sc.VERIFY_MODES, sql=_s(sc.KV_VERIFY_MODE)),
+        col(
+            "verified_tokens",
+            BIGINT,
+            "prompt tokens proven equal to the tokens D's blocks hold",
+            sql=_i(sc.KV_VERIFIED_TOKENS),
+        ),
+        col(
+            "first_mismatch_token",
+            BIGINT,
+            "mismatch: start of the first digest chunk that differs",
+            sql=_i(sc.KV_VERIFY_MISMATCH_TOKEN),
+        ),
+        col(
+            "wrong_tokens",
+            BIGINT,
+            "mismatch: tokens vLLM's rule loads (or would) from KV of other tokens",
+            sql=_i(sc.KV_VERIFY_WRONG_TOKENS),
+        ),
         *common("start_time", "start_ns", "duration_ms", "service_name", "substrate"),
     ),
-    f"""
-SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
-  {_s(sc.KV_DIRECTION)} AS direction, {_s(sc.KV_OUTCOME)} AS outcome,
-  {_i(sc.KV_PROMPT_TOKENS)} AS prompt_tokens, {_i(sc.KV_LOCAL_HIT_TOKENS)} AS local_hit_tokens,
-  {_i(sc.KV_REMOTE_TOKENS)} AS remote_tokens, {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens,
-  {_i(sc.KV_RECOMPUTED_TOKENS)} AS recomputed_tokens, {_i(sc.KV_THRESHOLD)} AS threshold,
-  {_f(sc.KV_EXPIRY_REMAINING_S)} AS expiry_remaining_s, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
-  {_s(sc.KV_VERIFIED)} AS verified, {_s(sc.KV_VERIFY_MODE)} AS verify_mode,
-  {_i(sc.KV_VERIFIED_TOKENS)} AS verified_tokens, {_i(sc.KV_VERIFY_MISMATCH_TOKEN)} AS first_mismatch_token,
-  {_i(sc.KV_VERIFY_WRONG_TOKENS)} AS wrong_tokens,
-  start_time, start_ns, duration_ms, service_name, substrate
-FROM spans WHERE name = {_q(sc.SPAN_KV_DECISION)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_KV_DECISION)}",
 )
 
 KV_TRANSFERS = View(
@@ -200,26 +224,24 @@ KV_TRANSFERS = View(
     f"`{sc.SPAN_KV_TRANSFER}` spans: KV blocks moved between workers.",
     (
         *common("trace_id", "span_id", "parent_span_id", "request_id", "session_id", "turn", "engine_id"),
-        col("direction", VARCHAR, f"`{sc.DIRECTION_D2P}` or `{sc.DIRECTION_P2D}`", sc.DIRECTIONS),
-        col("tokens", BIGINT, "tokens loaded"),
-        col("blocks", BIGINT, "blocks loaded"),
-        col("bytes", BIGINT, "bytes loaded"),
-        col("status", VARCHAR, "how the transfer ended", sc.TRANSFER_STATUSES),
-        col("xfer_ms", DOUBLE, "transport time reported by the worker, ms"),
+        col(
+            "direction",
+            VARCHAR,
+            f"`{sc.DIRECTION_D2P}` or `{sc.DIRECTION_P2D}`",
+            sc.DIRECTIONS,
+            sql=_s(sc.KV_DIRECTION),
+        ),
+        col("tokens", BIGINT, "tokens loaded", sql=_i(sc.KV_TRANSFER_TOKENS)),
+        col("blocks", BIGINT, "blocks loaded", sql=_i(sc.KV_TRANSFER_BLOCKS)),
+        col("bytes", BIGINT, "bytes loaded", sql=_i(sc.KV_TRANSFER_BYTES)),
+        col("status", VARCHAR, "how the transfer ended", sc.TRANSFER_STATUSES, sql=_s(sc.KV_TRANSFER_STATUS)),
+        col("xfer_ms", DOUBLE, "transport time reported by the worker, ms", sql=_f(sc.KV_TRANSFER_XFER_MS)),
         *common("duration_ms", "start_time", "end_time", "start_ns", "end_ns"),
-        col("peer_engine_id", VARCHAR, "engine the blocks came from"),
-        col("remote_request_id", VARCHAR, "the peer's request id"),
+        col("peer_engine_id", VARCHAR, "engine the blocks came from", sql=_s(sc.KV_PEER_ENGINE_ID)),
+        col("remote_request_id", VARCHAR, "the peer's request id", sql=_s(sc.KV_REMOTE_REQUEST_ID)),
         *common("substrate"),
     ),
-    f"""
-SELECT trace_id, span_id, parent_span_id, request_id, session_id, turn, engine_id,
-  {_s(sc.KV_DIRECTION)} AS direction, {_i(sc.KV_TRANSFER_TOKENS)} AS tokens,
-  {_i(sc.KV_TRANSFER_BLOCKS)} AS blocks, {_i(sc.KV_TRANSFER_BYTES)} AS bytes,
-  {_s(sc.KV_TRANSFER_STATUS)} AS status, {_f(sc.KV_TRANSFER_XFER_MS)} AS xfer_ms, duration_ms,
-  start_time, end_time, start_ns, end_ns, {_s(sc.KV_PEER_ENGINE_ID)} AS peer_engine_id,
-  {_s(sc.KV_REMOTE_REQUEST_ID)} AS remote_request_id, substrate
-FROM spans WHERE name = {_q(sc.SPAN_KV_TRANSFER)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_KV_TRANSFER)}",
 )
 
 KV_RETENTION = View(
@@ -227,24 +249,17 @@ KV_RETENTION = View(
     f"`{sc.SPAN_KV_RETENTION}` spans: blocks D holds after a turn, until read, expired or released.",
     (
         *common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id"),
-        col("blocks", BIGINT, "blocks held"),
-        col("tokens", BIGINT, "tokens held"),
-        col("bytes", BIGINT, "bytes held"),
-        col("ttl_s", DOUBLE, "decoder_kv_blocks_ttl, s"),
-        col("outcome", VARCHAR, "how the hold ended", sc.RETENTION_OUTCOMES),
+        col("blocks", BIGINT, "blocks held", sql=_i(sc.KV_RETENTION_BLOCKS)),
+        col("tokens", BIGINT, "tokens held", sql=_i(sc.KV_RETENTION_TOKENS)),
+        col("bytes", BIGINT, "bytes held", sql=_i(sc.KV_RETENTION_BYTES)),
+        col("ttl_s", DOUBLE, "decoder_kv_blocks_ttl, s", sql=_f(sc.KV_RETENTION_TTL_S)),
+        col("outcome", VARCHAR, "how the hold ended", sc.RETENTION_OUTCOMES, sql=_s(sc.KV_RETENTION_OUTCOME)),
         *common("start_time", "end_time", "start_ns", "end_ns"),
-        col("held_s", DOUBLE, "how long the blocks were held, s"),
-        col("byte_seconds", DOUBLE, "`bytes * held_s`"),
+        col("held_s", DOUBLE, "how long the blocks were held, s", sql="Duration / 1e9"),
+        col("byte_seconds", DOUBLE, "`bytes * held_s`", sql=f"{_i(sc.KV_RETENTION_BYTES)} * (Duration / 1e9)"),
         *common("substrate"),
     ),
-    f"""
-SELECT trace_id, span_id, request_id, session_id, turn, engine_id,
-  {_i(sc.KV_RETENTION_BLOCKS)} AS blocks, {_i(sc.KV_RETENTION_TOKENS)} AS tokens,
-  {_i(sc.KV_RETENTION_BYTES)} AS bytes, {_f(sc.KV_RETENTION_TTL_S)} AS ttl_s,
-  {_s(sc.KV_RETENTION_OUTCOME)} AS outcome, start_time, end_time, start_ns, end_ns,
-  Duration / 1e9 AS held_s, {_i(sc.KV_RETENTION_BYTES)} * (Duration / 1e9) AS byte_seconds, substrate
-FROM spans WHERE name = {_q(sc.SPAN_KV_RETENTION)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_KV_RETENTION)}",
 )
 
 ENGINE_REQUESTS = View(
@@ -252,19 +267,19 @@ ENGINE_REQUESTS = View(
     f"`{sc.SPAN_ENGINE_PREFILL}` / `{sc.SPAN_ENGINE_DECODE}` spans: a request's work on one worker.",
     (
         *common("trace_id", "span_id", "request_id", "session_id", "turn", "engine_id", "engine_role"),
-        col("phase", VARCHAR, "which span", (sc.ROLE_PREFILL, sc.ROLE_DECODE)),
-        col("prompt_tokens", BIGINT, "prompt tokens"),
-        col("output_tokens", BIGINT, "generated tokens (decode)"),
-        col("cached_tokens", BIGINT, "tokens not computed on this worker"),
+        col(
+            "phase",
+            VARCHAR,
+            "which span",
+            (sc.ROLE_PREFILL, sc.ROLE_DECODE),
+            sql=f"CASE name WHEN {_q(sc.SPAN_ENGINE_PREFILL)} THEN {_q(sc.ROLE_PREFILL)} ELSE {_q(sc.ROLE_DECODE)} END",
+        ),
+        col("prompt_tokens", BIGINT, "prompt tokens", sql=_i(sc.KV_PROMPT_TOKENS)),
+        col("output_tokens", BIGINT, "generated tokens (decode)", sql=_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
+        col("cached_tokens", BIGINT, "tokens not computed on this worker", sql=_i(sc.REQUEST_CACHED_TOKENS)),
         *common("start_ns", "end_ns", "duration_ms", "substrate"),
     ),
-    f"""
-SELECT trace_id, span_id, request_id, session_id, turn, engine_id, engine_role,
-  CASE name WHEN {_q(sc.SPAN_ENGINE_PREFILL)} THEN {_q(sc.ROLE_PREFILL)} ELSE {_q(sc.ROLE_DECODE)} END AS phase,
-  {_i(sc.KV_PROMPT_TOKENS)} AS prompt_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
-  {_i(sc.REQUEST_CACHED_TOKENS)} AS cached_tokens, start_ns, end_ns, duration_ms, substrate
-FROM spans WHERE name IN ({literals((sc.SPAN_ENGINE_PREFILL, sc.SPAN_ENGINE_DECODE))})
-""",
+    source=f"FROM spans WHERE name IN ({literals((sc.SPAN_ENGINE_PREFILL, sc.SPAN_ENGINE_DECODE))})",
 )
 
 LLM_CALLS = View(
@@ -272,22 +287,22 @@ LLM_CALLS = View(
     f"Agent `{sc.SPAN_AGENT_LLM_CALL}` spans: each LLM call as the agent saw it.",
     (
         *common("trace_id", "span_id", "session_id", "turn", "request_id"),
-        col("model", VARCHAR, f"`{sc.GEN_AI_REQUEST_MODEL}`"),
-        col("input_tokens", BIGINT, "prompt tokens (usage)"),
-        col("output_tokens", BIGINT, "generated tokens (usage)"),
-        col("ttft_ms", DOUBLE, "time to first token, ms"),
-        col("tpot_ms", DOUBLE, "time per output token, ms"),
-        col("outcome", VARCHAR, "P's decision, from the response's kv_transfer object", sc.OUTCOMES),
-        col("pulled_tokens", BIGINT, "tokens P pulled, from the kv_transfer object"),
+        col("model", VARCHAR, f"`{sc.GEN_AI_REQUEST_MODEL}`", sql=_s(sc.GEN_AI_REQUEST_MODEL)),
+        col("input_tokens", BIGINT, "prompt tokens (usage)", sql=_i(sc.GEN_AI_USAGE_INPUT_TOKENS)),
+        col("output_tokens", BIGINT, "generated tokens (usage)", sql=_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
+        col("ttft_ms", DOUBLE, "time to first token, ms", sql=_f(sc.LLM_TTFT_MS)),
+        col("tpot_ms", DOUBLE, "time per output token, ms", sql=_f(sc.LLM_TPOT_MS)),
+        col(
+            "outcome",
+            VARCHAR,
+            "P's decision, from the response's kv_transfer object",
+            sc.OUTCOMES,
+            sql=_s(sc.KV_OUTCOME),
+        ),
+        col("pulled_tokens", BIGINT, "tokens P pulled, from the kv_transfer object", sql=_i(sc.KV_PULLED_TOKENS)),
         *common("start_ns", "end_ns", "duration_ms", "status_code"),
     ),
-    f"""
-SELECT trace_id, span_id, session_id, turn, request_id, {_s(sc.GEN_AI_REQUEST_MODEL)} AS model,
-  {_i(sc.GEN_AI_USAGE_INPUT_TOKENS)} AS input_tokens, {_i(sc.GEN_AI_USAGE_OUTPUT_TOKENS)} AS output_tokens,
-  {_f(sc.LLM_TTFT_MS)} AS ttft_ms, {_f(sc.LLM_TPOT_MS)} AS tpot_ms, {_s(sc.KV_OUTCOME)} AS outcome,
-  {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens, start_ns, end_ns, duration_ms, status_code
-FROM spans WHERE name = {_q(sc.SPAN_AGENT_LLM_CALL)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_AGENT_LLM_CALL)}",
 )
 
 TOOL_CALLS = View(
@@ -295,15 +310,11 @@ TOOL_CALLS = View(
     f"`{sc.SPAN_AGENT_TOOL_CALL}` spans: the agent's tool executions.",
     (
         *common("trace_id", "span_id", "session_id", "turn"),
-        col("tool_name", VARCHAR, f"`{sc.GEN_AI_TOOL_NAME}`"),
-        col("tool_call_id", VARCHAR, f"`{sc.GEN_AI_TOOL_CALL_ID}`"),
+        col("tool_name", VARCHAR, f"`{sc.GEN_AI_TOOL_NAME}`", sql=_s(sc.GEN_AI_TOOL_NAME)),
+        col("tool_call_id", VARCHAR, f"`{sc.GEN_AI_TOOL_CALL_ID}`", sql=_s(sc.GEN_AI_TOOL_CALL_ID)),
         *common("start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code"),
     ),
-    f"""
-SELECT trace_id, span_id, session_id, turn, {_s(sc.GEN_AI_TOOL_NAME)} AS tool_name,
-  {_s(sc.GEN_AI_TOOL_CALL_ID)} AS tool_call_id, start_time, end_time, start_ns, end_ns, duration_ms, status_code
-FROM spans WHERE name = {_q(sc.SPAN_AGENT_TOOL_CALL)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_AGENT_TOOL_CALL)}",
 )
 
 APP_WORK = View(
@@ -311,23 +322,17 @@ APP_WORK = View(
     f"`{sc.SPAN_AGENT_APP_WORK}` spans: the agent's own work between calls.",
     (
         *common("trace_id", "span_id", "session_id", "turn"),
-        col("work_name", VARCHAR, "what the work was"),
+        col("work_name", VARCHAR, "what the work was", sql=_s(sc.AGENT_WORK_NAME)),
         *common("start_ns", "end_ns", "duration_ms"),
     ),
-    f"""
-SELECT trace_id, span_id, session_id, turn, {_s(sc.AGENT_WORK_NAME)} AS work_name, start_ns, end_ns, duration_ms
-FROM spans WHERE name = {_q(sc.SPAN_AGENT_APP_WORK)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_AGENT_APP_WORK)}",
 )
 
 TURNS = View(
     "turns",
     f"`{sc.SPAN_AGENT_TURN}` spans: one user turn of a session.",
     common("trace_id", "span_id", "session_id", "turn", "start_time", "end_time", "start_ns", "end_ns", "duration_ms"),
-    f"""
-SELECT trace_id, span_id, session_id, turn, start_time, end_time, start_ns, end_ns, duration_ms
-FROM spans WHERE name = {_q(sc.SPAN_AGENT_TURN)}
-""",
+    source=f"FROM spans WHERE name = {_q(sc.SPAN_AGENT_TURN)}",
 )
 
 SESSIONS = View(
@@ -375,7 +380,7 @@ SELECT COALESCE(sess.trace_id, req.trace_id) AS trace_id, ids.session_id, sess.a
   COALESCE(sess.start_ns, req.start_ns) AS start_ns, COALESCE(sess.end_ns, req.end_ns) AS end_ns,
   (COALESCE(sess.end_ns, req.end_ns) - COALESCE(sess.start_ns, req.start_ns)) / 1e6 AS wall_ms,
   COALESCE(trn.turns, req.turns, 0) AS turns, COALESCE(trc.traces, 0) AS traces,
-  COALESCE(req.requests, llm.calls, 0) AS requests, COALESCE(ret.byte_s, 0) / 1073741824.0 AS kv_gib_s
+  COALESCE(req.requests, llm.calls, 0) AS requests, COALESCE(ret.byte_s, 0) / {float(GIB)} AS kv_gib_s
 FROM ids LEFT JOIN sess USING (session_id) LEFT JOIN req USING (session_id) LEFT JOIN llm USING (session_id)
   LEFT JOIN trn USING (session_id) LEFT JOIN trc USING (session_id) LEFT JOIN ret USING (session_id)
 """,
