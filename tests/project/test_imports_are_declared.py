@@ -31,6 +31,7 @@ UNIT_EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("demo",),
     "emit": (),
     "kvrules": (),
+    "kvdigest": (),
     "proxy": ("proxy", "proxy-fast"),  # uvloop, when installed
     "semconv": (),
     "settings": (),
