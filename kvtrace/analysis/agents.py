@@ -20,22 +20,23 @@ _VALUE = " ".join(
 
 SEEN_SQL = """
 SELECT convention, role, count(*) AS spans, count(session_id) AS with_own_session_id
-FROM kvtrace_agent_spans WHERE role IS NOT NULL
-GROUP BY convention, role ORDER BY convention, role
+FROM (SELECT convention, role, session_id FROM kvtrace_agent_spans
+      UNION ALL SELECT convention, role, session_id FROM kvtrace_foreign_spans)
+WHERE role IS NOT NULL GROUP BY convention, role ORDER BY convention, role
 """
 
 # the unplaced spans with the attribute that made them agent-side and its value
 UNPLACED_SQL = f"""
-WITH u AS (SELECT trace_id, span_id FROM kvtrace_agent_spans WHERE role IS NULL AND convention <> {_KVTRACE})
+WITH u AS (SELECT trace_id, span_id FROM kvtrace_foreign_spans WHERE role IS NULL)
 SELECT s.name, CASE {_VALUE} END AS attribute, count(*) AS spans, count(DISTINCT s.trace_id) AS traces
 FROM spans s SEMI JOIN u ON u.trace_id = s.trace_id AND u.span_id = s.span_id
 GROUP BY ALL ORDER BY spans DESC, s.name LIMIT $limit
 """
 
-NO_SESSION_SQL = f"""
+NO_SESSION_SQL = """
 SELECT convention, role, count(*) AS spans, count(DISTINCT trace_id) AS traces
-FROM kvtrace_agent_spans a
-WHERE convention <> {_KVTRACE} AND role IS NOT NULL
+FROM kvtrace_foreign_spans a
+WHERE role IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM trace_sessions t WHERE t.trace_id = a.trace_id)
 GROUP BY convention, role ORDER BY convention, role
 """

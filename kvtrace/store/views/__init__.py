@@ -21,7 +21,7 @@ from __future__ import annotations
 from kvtrace.store.views import agents, breakdown, continuity, gaps, spans, vllm
 from kvtrace.store.views.registry import COMMON, Column, View
 
-VIEWS: tuple[View, ...] = (*spans.VIEWS, *vllm.VIEWS, *breakdown.VIEWS, *agents.VIEWS, *gaps.VIEWS, *continuity.VIEWS)
+VIEWS: tuple[View, ...] = (*spans.VIEWS, *vllm.VIEWS, *agents.HELPERS, *breakdown.VIEWS, *agents.VIEWS, *gaps.VIEWS, *continuity.VIEWS)
 """Every view, in creation order (a view only reads views before it)."""
 
 BY_NAME: dict[str, View] = {v.name: v for v in VIEWS}

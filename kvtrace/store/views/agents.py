@@ -54,62 +54,65 @@ def _role_case() -> str:
 
 
 def _convention_case() -> str:
-    """The convention of the first classifying attribute a foreign span carries."""
+    """The convention of the first classifying attribute a foreign span carries (NULL: none, or
+    vLLM's own span, which carries ``gen_ai.*`` attributes but is the engine's)."""
     firsts = {}
     for conv, attr, _, _ in sc.ROLE_RULES:
         firsts.setdefault(attr, conv)
-    return "CASE " + " ".join(f"WHEN {str_attr(a)} IS NOT NULL THEN {literal(c)}" for a, c in firsts.items()) + " END"
+    whens = " ".join(f"WHEN {str_attr(a)} IS NOT NULL THEN {literal(c)}" for a, c in firsts.items())
+    return f"CASE WHEN name = {literal(sc.SPAN_VLLM_LLM_REQUEST)} THEN NULL {whens} END"
 
 
 OWN_NAMES = (*sc.ROLE_BY_SPAN_NAME, sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_RETENTION)
 _OWN_ROLE = " ".join(f"WHEN {literal(n)} THEN {literal(r)}" for n, r in sc.ROLE_BY_SPAN_NAME.items())
-FOREIGN_FILTER = (
-    f"(name NOT LIKE {literal(sc.KVTRACE_SPAN_PREFIX + '%')} AND name <> {literal(sc.SPAN_VLLM_LLM_REQUEST)} "
-    f"AND {_first(sc.CLASSIFYING_ATTRIBUTES)} IS NOT NULL)"
-)
 _PREFIX = literal(sc.PREFIX_SESSION_PREFIX + "%")
 _TTFT_S = float_attr(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)
 
-# The one scan of the store the breakdown reads (the ``kvtrace_agent_spans`` view): kvtrace's agent,
-# request and retention spans by name, and every agent-side span of another convention.  DuckDB
-# evaluates the OR's second branch only on the spans the first rejects, and its name test before
-# the map lookups; the CASEs test the name first too.  ``trace_id`` is kept where a trace's
-# session can matter, NULL elsewhere: ``movable`` spans (foreign ones, and kvtrace's whose session
-# is none or a proxy prefix session: a trace's agent session replaces it) and requests (an LLM
-# call's request is found in its trace).  A request that already carries a session id (header,
-# baggage, body) keeps it.
-_OWN = f"name IN ({literals(OWN_NAMES)})"
-_MOVABLE = f"(NOT {_OWN} OR session_id IS NULL OR session_id LIKE {_PREFIX})"
+# Three scans.  kvtrace's own agent, request and retention spans by name (``kvtrace_agent_spans``, the
+# breakdown's materialised ``b0``: what it read before conventions were mapped, plus the role).
+# Every span whose name is not kvtrace's (``kvtrace_foreign_spans``): a filter on the name only, so
+# DuckDB pushes it into the Parquet reader and a store of kvtrace's spans reads nothing more than
+# that column; the spans found are classified by attribute, those with no classifying attribute
+# dropped.  And, only when there are foreign spans (``gate``), the proxy's request and retention
+# spans again with their trace ids (``kvtrace_proxy_spans``): the breakdown then takes them from
+# there, in the session of their trace.
 AGENT_SPANS_SQL = f"""
-SELECT name,
-       CASE WHEN name IN ({REQUEST}, {RETENTION}) THEN NULL WHEN {_OWN} THEN CASE name {_OWN_ROLE} END
-            ELSE {_role_case()} END AS role,
-       CASE WHEN {_OWN} THEN {KVTRACE} ELSE {_convention_case()} END AS convention,
-       CASE WHEN {_OWN} THEN session_id ELSE {_first(sc.SESSION_ATTRIBUTES)} END AS session_id,
-       CASE WHEN {_OWN} THEN turn END AS turn, start_ns, end_ns,
-       {_MOVABLE} AS movable,
-       CASE WHEN {_MOVABLE} OR name = {REQUEST} THEN trace_id END AS trace_id,
-       CASE WHEN NOT {_OWN} THEN span_id END AS span_id,
-       CASE WHEN name = {literal(sc.SPAN_AGENT_LLM_CALL)} THEN {float_attr(sc.LLM_TTFT_MS)}
-            WHEN name = {REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)}
-            WHEN {_OWN} THEN NULL
-            ELSE COALESCE({float_attr(sc.LLM_TTFT_MS)}, {_TTFT_S} * 1e3) END AS ttft_ms,
+SELECT name, CASE name {_OWN_ROLE} END AS role, {KVTRACE} AS convention, session_id, turn, start_ns, end_ns,
+       CASE name WHEN {literal(sc.SPAN_AGENT_LLM_CALL)} THEN {float_attr(sc.LLM_TTFT_MS)}
+                 WHEN {REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms,
        CASE name WHEN {RETENTION} THEN {int_attr(sc.KV_RETENTION_BYTES)} * ((end_ns - start_ns) / 1e9) END
            AS kv_byte_s
 FROM spans
-WHERE {_OWN} OR {FOREIGN_FILTER}
+WHERE name IN ({literals(OWN_NAMES)})
+"""
+FOREIGN_SPANS_SQL = f"""
+SELECT * FROM (
+    SELECT name, {_role_case()} AS role, {_convention_case()} AS convention,
+           {_first(sc.SESSION_ATTRIBUTES)} AS session_id, start_ns, end_ns, trace_id, span_id,
+           COALESCE({float_attr(sc.LLM_TTFT_MS)}, {_TTFT_S} * 1e3) AS ttft_ms
+    FROM spans WHERE NOT starts_with(SpanName, {literal(sc.KVTRACE_SPAN_PREFIX)})
+) AS f WHERE convention IS NOT NULL
+"""
+PROXY_SPANS_SQL = f"""
+SELECT name, session_id, turn, start_ns, end_ns, trace_id,
+       CASE name WHEN {REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms,
+       CASE name WHEN {RETENTION} THEN {int_attr(sc.KV_RETENTION_BYTES)} * ((end_ns - start_ns) / 1e9) END
+           AS kv_byte_s
+FROM spans WHERE name IN ({REQUEST}, {RETENTION})
 """
 
-# The joins over ``b0`` (the materialised scan above), shared by the breakdown and the public views:
-# ``fx`` the foreign agent-side spans, ``rq`` the proxy requests, ``atr`` each foreign trace's
+# The joins, shared by the breakdown and the public views: ``fx`` the foreign agent-side spans,
+# ``rq0`` / ``rq`` the proxy's request and retention spans / requests (empty without foreign spans), ``atr`` each foreign trace's
 # session (the agent's, else the proxy's), ``pr`` every (LLM call, request) pair that overlaps in
 # time, ranked (same trace first, then a request of the call's session, then one with none or a
 # prefix session; longest overlap first), ``tmap`` the session of each trace whose spans change
 # session.  In a store without foreign spans every one of them is empty, and the joins with them
 # cost a probe of an empty table.
 JOINS_CTE = f"""
-fx AS (SELECT * FROM b0 WHERE convention <> {KVTRACE}),
-rq AS (SELECT trace_id, session_id, start_ns, end_ns, ttft_ms FROM b0 WHERE name = {REQUEST}),
+fx AS MATERIALIZED (SELECT * FROM kvtrace_foreign_spans),
+gate AS (SELECT 1 AS open FROM fx LIMIT 1),
+rq0 AS MATERIALIZED (SELECT p.* FROM kvtrace_proxy_spans p JOIN gate ON true),
+rq AS (SELECT trace_id, session_id, start_ns, end_ns, ttft_ms FROM rq0 WHERE name = {REQUEST}),
 atr AS (
     SELECT f.trace_id, COALESCE(f.sid, p.sid) AS session_id, f.sid AS agent_session_id, p.sid AS proxy_session_id
     FROM (SELECT trace_id, min(session_id) AS sid FROM fx GROUP BY trace_id) f
@@ -147,45 +150,49 @@ tmap AS (
     GROUP BY p.req_trace_id
 )"""
 
-# The breakdown's rows: every span of ``b0``; the movable ones in the session of their trace (``tmap``;
-# the others pass as they are, so a session filter still reaches the materialised scan), turn indices
-# dropped where the trace changed session (the proxy numbers requests, not the agent's turns), a
-# foreign LLM call's TTFT from its request when it has none; and one synthetic turn row (name NULL,
-# role turn) per foreign trace: the extent of its placed agent-side spans, numbered in start order
-# within the session, for sessions without kvtrace turn spans.
+# The breakdown's rows: kvtrace's agent spans from ``b0`` as they are (so a session filter still
+# reaches the materialised scan), the requests and retention spans in the session of their trace
+# (``tmap``; from ``b0`` when there are no foreign spans), turn indices dropped where the trace
+# changed session (the proxy numbers requests, not the agent's turns), a
+# foreign LLM call's TTFT from its request when it has none.  ``ftn``: one turn per foreign trace, the
+# extent of its placed agent-side spans, numbered in start order within the session (a session with
+# kvtrace turn spans uses those: ``turn_windows``); ``unp``: each session's spans seen but not placed.
 BASE_CTE = f"""
 ftw AS (
     SELECT a.session_id, f.trace_id, min(f.start_ns) AS s, max(f.end_ns) AS e
     FROM fx f JOIN atr a ON a.trace_id = f.trace_id
     WHERE f.role IS NOT NULL AND a.session_id IS NOT NULL
-      AND a.session_id NOT IN (SELECT session_id FROM b0 WHERE role = {TURN} AND session_id IS NOT NULL)
     GROUP BY a.session_id, f.trace_id
 ),
+ftn AS (SELECT *, CAST(row_number() OVER (PARTITION BY session_id ORDER BY s, trace_id) - 1 AS INTEGER) AS n FROM ftw),
 base AS (
-    SELECT name, role, convention, session_id, turn, start_ns, end_ns, ttft_ms, kv_byte_s FROM b0 WHERE NOT movable
+    SELECT name, role, session_id, turn, start_ns, end_ns, ttft_ms, kv_byte_s FROM b0
+    WHERE name NOT IN ({REQUEST}, {RETENTION}) OR NOT EXISTS (SELECT 1 FROM gate)
     UNION ALL
-    SELECT b.name, b.role, b.convention, COALESCE(t.session_id, b.session_id) AS session_id,
-           CASE WHEN t.trace_id IS NULL THEN b.turn END AS turn, b.start_ns, b.end_ns,
-           CASE WHEN p.llm_span_id IS NOT NULL AND b.ttft_ms IS NULL AND p.r_ttft IS NOT NULL
-                THEN (p.rs - b.start_ns) / 1e6 + p.r_ttft ELSE b.ttft_ms END AS ttft_ms,
-           b.kv_byte_s
-    FROM b0 b LEFT JOIN tmap t ON t.trace_id = b.trace_id
-    LEFT JOIN (SELECT llm_span_id, rs, r_ttft FROM pr WHERE by_llm = 1) p ON p.llm_span_id = b.span_id
-    WHERE b.movable
+    SELECT r.name, NULL AS role, COALESCE(t.session_id, r.session_id) AS session_id,
+           CASE WHEN t.trace_id IS NULL THEN r.turn END AS turn, r.start_ns, r.end_ns, r.ttft_ms, r.kv_byte_s
+    FROM rq0 r LEFT JOIN tmap t ON t.trace_id = r.trace_id
     UNION ALL
-    SELECT NULL AS name, {TURN} AS role, NULL AS convention, session_id,
-           CAST(row_number() OVER (PARTITION BY session_id ORDER BY s, trace_id) - 1 AS INTEGER) AS turn,
-           s AS start_ns, e AS end_ns, NULL AS ttft_ms, NULL AS kv_byte_s
-    FROM ftw
+    SELECT f.name, f.role, COALESCE(t.session_id, f.session_id) AS session_id, NULL AS turn,
+           f.start_ns, f.end_ns,
+           CASE WHEN p.llm_span_id IS NOT NULL AND f.ttft_ms IS NULL AND p.r_ttft IS NOT NULL
+                THEN (p.rs - f.start_ns) / 1e6 + p.r_ttft ELSE f.ttft_ms END AS ttft_ms,
+           NULL AS kv_byte_s
+    FROM fx f LEFT JOIN tmap t ON t.trace_id = f.trace_id
+    LEFT JOIN (SELECT llm_span_id, rs, r_ttft FROM pr WHERE by_llm = 1) p ON p.llm_span_id = f.span_id
+),
+unp AS (
+    SELECT COALESCE(t.session_id, f.session_id) AS session_id, CAST(count(*) AS BIGINT) AS unplaced
+    FROM fx f LEFT JOIN tmap t ON t.trace_id = f.trace_id WHERE f.role IS NULL
+    GROUP BY COALESCE(t.session_id, f.session_id)
 )"""
 
 # ---------------------------------------------------------------------------------------------
 # Public views: the same joins, row by row
 # ---------------------------------------------------------------------------------------------
-_B0 = "b0 AS MATERIALIZED (SELECT * FROM kvtrace_agent_spans)"
 
 TRACE_SESSIONS_SQL = f"""
-WITH {_B0}, {JOINS_CTE}
+WITH {JOINS_CTE}
 SELECT t.trace_id, t.session_id, a.agent_session_id,
        COALESCE(a.proxy_session_id, q.proxy_session_id) AS proxy_session_id, t.join_kind
 FROM tmap t LEFT JOIN atr a ON a.trace_id = t.trace_id
@@ -195,7 +202,7 @@ LEFT JOIN (SELECT trace_id, min(session_id) AS proxy_session_id FROM rq GROUP BY
 _CALL_MODEL = _first((sc.GEN_AI_REQUEST_MODEL, sc.OI_LLM_MODEL_NAME))
 _CALL_TTFT = f"COALESCE({float_attr(sc.LLM_TTFT_MS)}, {_TTFT_S} * 1e3)"
 AGENT_LLM_CALLS_SQL = f"""
-WITH {_B0}, {JOINS_CTE},
+WITH {JOINS_CTE},
 calls AS (
     SELECT trace_id, span_id, name, session_id, request_id, start_ns, end_ns, duration_ms, status_code,
            {_CALL_MODEL} AS model, {_first(sc.INPUT_TOKEN_ATTRIBUTES, int_attr)} AS input_tokens,
@@ -232,6 +239,36 @@ FROM calls c LEFT JOIN fl f ON f.span_id = c.span_id AND f.trace_id = c.trace_id
 LEFT JOIN (SELECT span_id, trace_id, convention FROM fx) b ON b.span_id = c.span_id AND b.trace_id = c.trace_id
 LEFT JOIN m ON m.call_span_id = c.span_id AND m.call_trace_id = c.trace_id
 """
+
+_HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may change)."
+HELPERS: tuple[View, ...] = (
+    View(
+        "kvtrace_foreign_spans",
+        _HELPER + " Agent-side spans of other conventions (names not kvtrace's), classified by attribute.",
+        (
+            col("name", VARCHAR, "span name"),
+            col("role", VARCHAR, "the span's role (NULL: seen but not placed)", sc.AGENT_ROLES[2:6]),
+            col("convention", VARCHAR, "the convention that classified it", sc.CONVENTIONS[1:]),
+            col("session_id", VARCHAR, "the conventions' session attributes, first present"),
+            *common("start_ns", "end_ns", "trace_id", "span_id"),
+            col("ttft_ms", DOUBLE, "own TTFT, ms"),
+        ),
+        FOREIGN_SPANS_SQL,
+        helper=True,
+    ),
+    View(
+        "kvtrace_proxy_spans",
+        _HELPER + " The proxy's request and kv retention spans with their trace ids.",
+        (
+            col("name", VARCHAR, "span name"),
+            *common("session_id", "turn", "start_ns", "end_ns", "trace_id"),
+            col("ttft_ms", DOUBLE, "requests: TTFT at the proxy, ms"),
+            col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds"),
+        ),
+        PROXY_SPANS_SQL,
+        helper=True,
+    ),
+)
 
 VIEWS: tuple[View, ...] = (
     View(

@@ -57,7 +57,6 @@ from kvtrace.store.views.agents import (
     AGENT_SPANS_SQL,
     APP,
     JOINS_CTE,
-    KVTRACE,
     LLM,
     PAUSE,
     REQUEST,
@@ -66,7 +65,7 @@ from kvtrace.store.views.agents import (
     TURN,
 )
 from kvtrace.store.views.agents import BASE_CTE as AGENTS_BASE_CTE
-from kvtrace.store.views.registry import BIGINT, BOOLEAN, DOUBLE, INTEGER, VARCHAR, View, col, common
+from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 # category codes, higher wins
 CAT_PAUSE, CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4, 5
@@ -85,7 +84,7 @@ GIB = 1024**3
 # (+25 % CPU for the scan at 10 M spans).  The breakdown reads these rows several times; as a
 # MATERIALIZED CTE they come off Parquet once.  ``base`` (:data:`.agents.BASE_CTE`) puts every
 # row into the session of its trace.
-BASE_CTE = f"b0 AS MATERIALIZED (SELECT * FROM kvtrace_agent_spans), {JOINS_CTE}, {AGENTS_BASE_CTE}"
+BASE_CTE = f"b0 AS (SELECT * FROM kvtrace_agent_spans), {JOINS_CTE}, {AGENTS_BASE_CTE}"
 
 # Session and turn windows, turn counts, and which sessions have agent LLM calls, from one grouping
 # by (session, turn).  Session windows and turn counts follow the ``sessions`` view's rules (agent
@@ -104,42 +103,47 @@ st AS (
            max(end_ns) FILTER (WHERE role = {SESSION}) AS sess_end,
            min(start_ns) FILTER (WHERE role = {TURN}) AS turn_start,
            max(end_ns) FILTER (WHERE role = {TURN}) AS turn_end,
-           min(start_ns) FILTER (WHERE role = {TURN} AND name IS NULL) AS fturn_start,
-           max(end_ns) FILTER (WHERE role = {TURN} AND name IS NULL) AS fturn_end,
            min(start_ns) FILTER (WHERE name = {REQUEST}) AS req_start,
            max(end_ns) FILTER (WHERE name = {REQUEST}) AS req_end,
-           count(*) FILTER (WHERE role = {LLM}) AS llm_calls,
-           count(*) FILTER (WHERE role IS NULL AND convention <> {KVTRACE}) AS unplaced
-    FROM base WHERE role IN ({SESSION}, {TURN}, {LLM}) OR name = {REQUEST} OR convention <> {KVTRACE}
+           count(*) FILTER (WHERE role = {LLM}) AS llm_calls
+    FROM base WHERE role IN ({SESSION}, {TURN}, {LLM}, {AGENT}) OR name = {REQUEST}
     GROUP BY session_id, turn
 ),
-sess AS (
-    SELECT session_id,
-           COALESCE(min(sess_start), min(fturn_start), min(req_start)) AS start_ns,
-           COALESCE(max(sess_end), max(fturn_end), max(req_end)) AS end_ns,
-           CASE WHEN count(turn_start) > 0 THEN count(turn) FILTER (WHERE turn_start IS NOT NULL)
-                ELSE count(turn) FILTER (WHERE req_start IS NOT NULL) END AS turns,
-           count(turn) FILTER (WHERE turn_start IS NOT NULL) > 0 AS agent_turns,
-           sum(llm_calls) > 0 AS agent_calls,
-           CAST(sum(unplaced) AS BIGINT) AS unplaced
+fsess AS (SELECT session_id, min(s) AS s, max(e) AS e, count(*) AS turns FROM ftn GROUP BY session_id),
+sess0 AS (
+    SELECT session_id, min(sess_start) AS sess_start, max(sess_end) AS sess_end, min(req_start) AS req_start,
+           max(req_end) AS req_end,
+           CASE WHEN count(turn_start) > 0 THEN count(turn) FILTER (WHERE turn_start IS NOT NULL) END AS kturns,
+           count(turn) FILTER (WHERE req_start IS NOT NULL) AS rturns, sum(llm_calls) > 0 AS agent_calls
     FROM st GROUP BY session_id
+),
+sess AS (
+    SELECT s.session_id, COALESCE(s.sess_start, f.s, s.req_start) AS start_ns,
+           COALESCE(s.sess_end, f.e, s.req_end) AS end_ns, COALESCE(s.kturns, f.turns, s.rturns) AS turns,
+           s.agent_calls, COALESCE(u.unplaced, 0) AS unplaced
+    FROM sess0 s LEFT JOIN fsess f ON f.session_id = s.session_id LEFT JOIN unp u ON u.session_id = s.session_id
 ),
 session_windows AS (
     SELECT session_id, start_ns, end_ns, turns, agent_calls, unplaced FROM sess
     WHERE start_ns IS NOT NULL AND session_id IS NOT NULL
 ),
-st_flags AS (
-    SELECT *, bool_or(turn IS NOT NULL AND turn_start IS NOT NULL) OVER by_session AS agent_turns,
+tw AS (
+    SELECT session_id, turn, turn_start AS s, turn_end AS e, 3 AS pri, llm_calls FROM st WHERE turn_start IS NOT NULL
+    UNION ALL
+    SELECT session_id, turn, req_start, req_end, 1, llm_calls FROM st WHERE req_start IS NOT NULL
+    UNION ALL
+    SELECT session_id, turn, NULL, NULL, 0, llm_calls FROM st WHERE turn_start IS NULL AND req_start IS NULL
+    UNION ALL
+    SELECT session_id, n, s, e, 2, 0 FROM ftn
+),
+tw_best AS (
+    SELECT *, max(CASE WHEN turn IS NOT NULL THEN pri END) OVER by_session AS best,
            bool_or(llm_calls > 0) OVER by_session AS agent_calls
-    FROM st WINDOW by_session AS (PARTITION BY session_id)
+    FROM tw WINDOW by_session AS (PARTITION BY session_id)
 ),
 turn_windows AS (
-    SELECT session_id, turn,
-           CASE WHEN agent_turns THEN turn_start ELSE req_start END AS start_ns,
-           CASE WHEN agent_turns THEN turn_end ELSE req_end END AS end_ns, agent_calls
-    FROM st_flags
-    WHERE turn IS NOT NULL AND session_id IS NOT NULL
-      AND (CASE WHEN agent_turns THEN turn_start ELSE req_start END) IS NOT NULL
+    SELECT session_id, turn, s AS start_ns, e AS end_ns, agent_calls FROM tw_best
+    WHERE pri = best AND turn IS NOT NULL AND session_id IS NOT NULL
 )"""
 
 # The intervals the unions are taken over; ``turn`` may be NULL.  Each LLM call (or request) gives
@@ -297,24 +301,13 @@ _HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may 
 VIEWS: tuple[View, ...] = (
     View(
         "kvtrace_agent_spans",
-        _HELPER + " The agent and proxy spans the breakdown reads, with their TTFT (`session_id` may be NULL: "
-        "such spans join no window).",
+        _HELPER + " kvtrace's agent and proxy spans the breakdown reads, with their role and TTFT (`session_id` may "
+        "be NULL: such spans join no window).",
         (
             col("name", VARCHAR, "span name"),
-            col(
-                "role",
-                VARCHAR,
-                "the span's role (NULL: a request, a retention, or a foreign span not placed)",
-                sc.AGENT_ROLES,
-            ),
-            col("convention", VARCHAR, "whose span: kvtrace's, or the convention that classified it", sc.CONVENTIONS),
-            col(
-                "session_id", VARCHAR, "the span's own session id (foreign spans: the conventions' session attributes)"
-            ),
-            *common("turn", "start_ns", "end_ns"),
-            col("movable", BOOLEAN, "the trace's agent session replaces the span's own (foreign, or none / prefix)"),
-            col("trace_id", VARCHAR, "trace id of movable spans and requests, else NULL"),
-            col("span_id", VARCHAR, "span id of foreign spans, else NULL"),
+            col("role", VARCHAR, "the span's role (NULL: requests and retention)", sc.AGENT_ROLES),
+            col("convention", VARCHAR, f"`{sc.CONV_KVTRACE}`", (sc.CONV_KVTRACE,)),
+            *common("session_id", "turn", "start_ns", "end_ns"),
             col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms"),
             col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds"),
         ),
