@@ -86,7 +86,7 @@ def _openllmetry(b: SpanBuilder) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def traces(tmp_path_factory):
     b = SpanBuilder()
     for k, base in enumerate((0, 10_000, 20_000)):
         _oi_turn(b, base, nested=k == 0)
@@ -95,7 +95,12 @@ def store(tmp_path_factory):
     _openllmetry(b)
     root = tmp_path_factory.mktemp("conventions")
     b.write(root)
-    return connect(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def store(traces):
+    return connect(traces)
 
 
 def _rows(con, sql: str) -> list[dict]:
