@@ -199,6 +199,21 @@ FROM tmap t LEFT JOIN atr a ON a.trace_id = t.trace_id
 LEFT JOIN (SELECT trace_id, min(session_id) AS proxy_session_id FROM rq GROUP BY trace_id) q ON q.trace_id = t.trace_id
 """
 
+_R_COLS = ", ".join(
+    f"r.{c} AS {c}"
+    for c in (
+        "trace_id",
+        "span_id",
+        "request_id",
+        "start_ns",
+        "ttft_ms",
+        "input_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "outcome",
+        "pulled_tokens",
+    )
+)
 _CALL_MODEL = _first((sc.GEN_AI_REQUEST_MODEL, sc.OI_LLM_MODEL_NAME))
 _CALL_TTFT = f"COALESCE({float_attr(sc.LLM_TTFT_MS)}, {_TTFT_S} * 1e3)"
 AGENT_LLM_CALLS_SQL = f"""
@@ -219,10 +234,10 @@ rr AS (
     FROM spans WHERE name = {REQUEST}
 ),
 m AS (
-    SELECT c.span_id AS call_span_id, c.trace_id AS call_trace_id, r.*, {J_TRACE} AS join_kind
+    SELECT c.span_id AS call_span_id, c.trace_id AS call_trace_id, {_R_COLS}, {J_TRACE} AS join_kind
     FROM calls c JOIN rr r ON r.request_id = c.request_id WHERE c.name = {literal(sc.SPAN_AGENT_LLM_CALL)}
     UNION ALL
-    SELECT p.llm_span_id AS call_span_id, p.llm_trace_id AS call_trace_id, r.*,
+    SELECT p.llm_span_id AS call_span_id, p.llm_trace_id AS call_trace_id, {_R_COLS},
            CASE WHEN p.jk = 0 THEN {J_TRACE} ELSE {J_TIME} END AS join_kind
     FROM pr p JOIN rr r ON r.trace_id = p.req_trace_id AND r.start_ns = p.rs WHERE p.by_llm = 1
 )
