@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
 
 from kvtrace.store.clickhouse.backend import BackendError, ChdbBackend  # noqa: E402
