@@ -43,8 +43,9 @@ def wrap(paragraph: str, width: int = WIDTH) -> str:
     return textwrap.fill(paragraph, width, break_long_words=False, break_on_hyphens=False)
 
 
-MD_SPECIAL = re.compile(r"[\\|\[\]`]|<(?=[A-Za-z/!?])|&(?=[A-Za-z#])")
-"""What a Markdown cell backslash-escapes: ``|`` (a cell's end), ``[``/``]`` (links), backticks
+MD_SPECIAL = re.compile(r"[\\|`]|\[(?=[^\]\n]*\]\()|\](?=\()|<(?=[A-Za-z/!?])|&(?=[A-Za-z#])")
+"""What a Markdown cell backslash-escapes: ``|`` (a cell's end), ``[`` and ``]`` where they would
+make a link (``[text](url)``; a bare ``[1.13-1.81]`` interval stays as it is), backticks
 (code spans), ``\\`` itself, and ``<`` / ``&`` where they would open an HTML tag, an autolink
 or an entity (``< 1,000`` and ``a & b`` stay as they are: they read well on a terminal)."""
 MD_ESCAPED = re.compile(r"\\([\\|<&\[\]`])")
