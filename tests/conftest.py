@@ -49,3 +49,15 @@ def _release_chdb():
     backend = sys.modules.get("kvtrace.store.clickhouse.backend")
     if backend is not None:
         backend.ChdbBackend.shutdown()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs at tmp_path/disk, unmounted after the test (skipped where mounting is refused:
+    the fault-injection tests of each writer cover the same paths)."""
+    from support.disk import tmpfs
+
+    with tmpfs(tmp_path / "disk") as disk:
+        if isinstance(disk, str):
+            pytest.skip(f"cannot mount a tmpfs here ({disk})")
+        yield disk

@@ -24,7 +24,6 @@ import time
 
 import grpc
 import pyarrow.parquet as pq
-import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -35,6 +34,8 @@ from kvtrace.collect.server import Collector
 from kvtrace.collect.sink import TableSink
 from kvtrace.store import files, writer
 from kvtrace.testing.wait import wait_for
+
+from support.disk import fill
 
 PROTOBUF = "application/x-protobuf"
 MAIN = "import sys; from kvtrace.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -102,34 +103,6 @@ def assert_retry_later(status: int, headers: dict, body: bytes) -> str:
 
 
 # -- a real full disk ------------------------------------------------------------------------
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 3 MiB tmpfs at tmp_path/disk, unmounted after the test."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        why = done.stderr.strip() or done.returncode
-        pytest.skip(f"cannot mount a tmpfs here ({why}); the fault-injection tests cover the same paths")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(disk) -> str:
-    """Fill ``disk`` with a ballast file until ENOSPC; its path (delete it and space returns)."""
-    ballast = os.path.join(disk, "ballast")
-    with open(ballast, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (64 << 10))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return ballast
-
-
 def start_cli(traces, *flags) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         [sys.executable, "-c", MAIN, "collect", "--otlp-grpc", "off", "--otlp-http", "127.0.0.1:0"]

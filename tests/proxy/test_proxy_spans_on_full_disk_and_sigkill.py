@@ -13,54 +13,27 @@ completed longer ago than that (plus a margin for a loaded machine) has all its 
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
 
 import aiohttp
 import pyarrow.parquet as pq
-import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.store import files
 from kvtrace.testing.proxy import CHAT, FakeWorker
 from kvtrace.testing.wait import free_port, wait_for
 
+from support.disk import fill
+
 MAIN = "import sys; from kvtrace.cli import main; sys.exit(main(sys.argv[1:]))"
 SPANS_PER_REQUEST = 3  # kvtrace.proxy.request, .prefill, .decode
 EXPORT_DELAY_MS = 200
 MARGIN_S = 1.5  # export + hand-over time allowed on a busy machine, beyond the delay
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        why = done.stderr.strip() or done.returncode
-        pytest.skip(f"cannot mount a tmpfs here ({why}); tests/store covers the exporter paths without one")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(disk) -> str:
-    ballast = os.path.join(disk, "ballast")
-    with open(ballast, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (64 << 10))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return ballast
 
 
 async def start_proxy(traces, p: FakeWorker, d: FakeWorker, *flags):

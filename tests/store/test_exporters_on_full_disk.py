@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import subprocess
 import time
 
 import pyarrow as pa
@@ -27,31 +26,7 @@ from kvtrace import telemetry
 from kvtrace.store import files, writer
 from kvtrace.store.exporter import ParquetSpanExporter
 
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        why = done.stderr.strip() or done.returncode
-        pytest.skip(f"cannot mount a tmpfs here ({why}); the blocked-directory and ENOSPC tests cover the same paths")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(disk) -> str:
-    ballast = os.path.join(disk, "ballast")
-    with open(ballast, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (64 << 10))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return ballast
+from support.disk import fill
 
 
 def turn_indexes(traces) -> list[int]:
