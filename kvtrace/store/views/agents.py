@@ -101,12 +101,13 @@ SELECT name, session_id, turn, start_ns, end_ns, trace_id,
 FROM spans WHERE name IN ({REQUEST}, {RETENTION})
 """
 
-# The joins, shared by the breakdown and the public views: ``fx`` the foreign agent-side spans, ``rq0`` / ``rq`` the
-# proxy's request and retention spans / requests (empty without foreign spans), ``atr`` each foreign trace's session
-# (the agent's, else the proxy's), ``pr`` every (LLM call, request) pair that overlaps in time, ranked (same trace
-# first, then a request of the call's session, then one with none or a prefix session; longest overlap first),
-# ``tmap`` the session of each trace whose spans change session.  In a store without foreign spans every one of them
-# is empty, and the joins with them cost a probe of an empty table.
+# The joins, shared by the breakdown and the public views: ``fx`` the foreign agent-side spans,
+# ``rq0`` / ``rq`` the proxy's request and retention spans / requests (empty without foreign
+# spans), ``atr`` each foreign trace's session (the agent's, else the proxy's), ``pr`` every
+# (LLM call, request) pair that overlaps in time, ranked (same trace first, then a request of the
+# call's session, then one with none or a prefix session; longest overlap first), ``tmap`` the session of each trace whose spans change
+# session.  In a store without foreign spans every one of them is empty, and the joins with them
+# cost a probe of an empty table.
 JOINS_CTE = f"""
 fx AS MATERIALIZED (SELECT * FROM kvtrace_foreign_spans),
 gate AS (SELECT 1 AS open FROM fx LIMIT 1),
