@@ -28,7 +28,6 @@ COMMANDS: dict[str, str] = {
     "query": "kvtrace.cli.query",
     "compact": "kvtrace.cli.compact",
     "report": "kvtrace.cli.report",
-    "doctor": "kvtrace.cli.doctor",
     "whatif": "kvtrace.cli.whatif",
     "dashboard": "kvtrace.cli.dashboard",
     "collect": "kvtrace.cli.collect",

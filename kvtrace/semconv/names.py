@@ -22,8 +22,6 @@ SPAN_AGENT_APP_WORK = "kvtrace.agent.app_work"  # INTERNAL, the agent's own work
 SPAN_AGENT_USER_PAUSE = "kvtrace.agent.user_pause"  # INTERNAL, the agent waits for its user
 SPAN_VLLM_LLM_REQUEST = "llm_request"  # SERVER, vLLM's own span (--otlp-traces-endpoint); not emitted by kvtrace
 
-KVTRACE_SPAN_PREFIX = "kvtrace."  # every span kvtrace emits is named so; the others are classified by attribute
-
 # --------------------------------------------------------------------------------------------
 # Event names
 # --------------------------------------------------------------------------------------------
@@ -47,9 +45,6 @@ GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
-GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
-GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
-GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"  # seconds (double)
 GEN_AI_REQUEST_ID = "gen_ai.request.id"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only with KVTRACE_CAPTURE_CONTENT
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only with KVTRACE_CAPTURE_CONTENT
@@ -85,8 +80,6 @@ OP_CHAT = "chat"
 OP_TEXT_COMPLETION = "text_completion"
 OP_EXECUTE_TOOL = "execute_tool"
 OP_INVOKE_AGENT = "invoke_agent"
-PROVIDER_VLLM = "vllm"  # gen_ai.provider.name of kvtrace's LLM calls (an OpenAI-compatible vLLM endpoint)
-TOOL_TYPE_FUNCTION = "function"  # gen_ai.tool.type of kvtrace's tool calls
 
 # --------------------------------------------------------------------------------------------
 # kvtrace attributes

@@ -5,15 +5,6 @@ docs/semconv.md and docs/metrics.md."""
 
 from __future__ import annotations
 
-from kvtrace.semconv.conventions import (
-    OI_AGENT,
-    OI_CHAIN,
-    OI_LLM,
-    OI_TOOL,
-    OP_EXECUTE_TASK,
-    OP_USER_PAUSE,
-    OPENINFERENCE_SPAN_KIND,
-)
 from kvtrace.semconv.names import *  # noqa: F403
 from kvtrace.semconv.names import GENAI_SEMCONV_VERSION
 
@@ -232,7 +223,6 @@ SPANS: dict[str, dict] = {
         "doc": "A whole agent session (gen_ai.operation.name=invoke_agent).",
         "attributes": {
             GEN_AI_OPERATION_NAME: f"`{OP_INVOKE_AGENT}`.",
-            OPENINFERENCE_SPAN_KIND: f"`{OI_AGENT}` (Phoenix and Langfuse show it natively).",
             GEN_AI_AGENT_NAME: "Agent or scenario name.",
             SESSION_ID: "Session id.",
             GEN_AI_CONVERSATION_ID: "Same value.",
@@ -243,14 +233,7 @@ SPANS: dict[str, dict] = {
         "kind": "INTERNAL",
         "emitter": "agent API / bench",
         "doc": "One turn of a session: LLM calls, tool waits and app work until the answer.",
-        "attributes": {
-            GEN_AI_OPERATION_NAME: f"`{OP_INVOKE_AGENT}` (one agent run).",
-            OPENINFERENCE_SPAN_KIND: f"`{OI_CHAIN}`.",
-            GEN_AI_AGENT_NAME: "Agent name.",
-            SESSION_ID: "Session id.",
-            GEN_AI_CONVERSATION_ID: "Same value.",
-            TURN_INDEX: "Turn index (int).",
-        },
+        "attributes": {SESSION_ID: "Session id.", TURN_INDEX: "Turn index (int)."},
     },
     SPAN_AGENT_LLM_CALL: {
         "kind": "CLIENT",
@@ -259,15 +242,12 @@ SPANS: dict[str, dict] = {
         "attributes": {
             **_ID,
             GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
-            OPENINFERENCE_SPAN_KIND: f"`{OI_LLM}`.",
-            GEN_AI_PROVIDER_NAME: f"`{PROVIDER_VLLM}`.",
             GEN_AI_REQUEST_MODEL: "Model.",
             GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (int), cached ones included.",
             GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: "Cached prompt tokens (int): local hit + pulled from the "
             "kv_transfer metadata, else usage.prompt_tokens_details.cached_tokens.",
             GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (int).",
             LLM_TTFT_MS: "Time to first token, ms (float).",
-            GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: "The same, s (float; the GenAI conventions' unit).",
             LLM_TPOT_MS: "Time per output token after the first, ms (float).",
             KV_OUTCOME: "Decision outcome from the kv_transfer metadata.",
             KV_PULLED_TOKENS: "Pulled tokens from the kv_transfer metadata (int).",
@@ -282,12 +262,9 @@ SPANS: dict[str, dict] = {
         "doc": "A tool call: the agent waits (gen_ai.operation.name=execute_tool).",
         "attributes": {
             GEN_AI_OPERATION_NAME: f"`{OP_EXECUTE_TOOL}`.",
-            OPENINFERENCE_SPAN_KIND: f"`{OI_TOOL}`.",
             GEN_AI_TOOL_NAME: "Tool name.",
-            GEN_AI_TOOL_TYPE: f"`{TOOL_TYPE_FUNCTION}`.",
             GEN_AI_TOOL_CALL_ID: "Tool call id.",
             SESSION_ID: "Session id.",
-            GEN_AI_CONVERSATION_ID: "Same value.",
             TURN_INDEX: "Turn index (int).",
             ERROR_TYPE: "Error class when the tool failed.",
         },
@@ -297,11 +274,8 @@ SPANS: dict[str, dict] = {
         "emitter": "agent API / bench",
         "doc": "Explicit application work (parsing, planning, I/O) between calls.",
         "attributes": {
-            GEN_AI_OPERATION_NAME: f"`{OP_EXECUTE_TASK}` (OpenLLMetry's extension of the GenAI operations).",
-            OPENINFERENCE_SPAN_KIND: f"`{OI_CHAIN}`.",
             AGENT_WORK_NAME: "What the work was.",
             SESSION_ID: "Session id.",
-            GEN_AI_CONVERSATION_ID: "Same value.",
             TURN_INDEX: "Turn index (int).",
         },
     },
@@ -311,11 +285,8 @@ SPANS: dict[str, dict] = {
         "doc": "The agent waits for its user (think time, an approval, a pause-resume gap): a part of its own in "
         "the session breakdown (`user_pause_ms`), so a user's pause is not read as slow app work.",
         "attributes": {
-            GEN_AI_OPERATION_NAME: f"`{OP_USER_PAUSE}` (kvtrace's own value: no convention has one).",
-            OPENINFERENCE_SPAN_KIND: f"`{OI_CHAIN}`.",
             AGENT_PAUSE_REASON: "Why the agent waits, when given (e.g. `think`, `approval`).",
             SESSION_ID: "Session id.",
-            GEN_AI_CONVERSATION_ID: "Same value.",
             TURN_INDEX: "Turn index (int), when the pause is inside a turn.",
         },
     },

@@ -59,7 +59,6 @@ def build(
             "unattributed time; user pauses are the spans an agent marks as waiting for its user.\n\n"
             + text.md_table(*text.breakdown_totals_rows(con))
             + "\n\n"
-            + text.unplaced_warning(con, directory)
             + "Longest sessions (wall ms):\n\n"
             + text.md_table(*text.breakdown_rows(con, limit=20)),
         )

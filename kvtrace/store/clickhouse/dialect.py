@@ -51,9 +51,6 @@ SETTINGS: dict[str, object] = {
     "union_default_mode": "DISTINCT",
     "cast_keep_nullable": 1,
     "prefer_column_name_to_alias": 1,
-    # the breakdown reads three views over `spans` (kvtrace's, other conventions', the proxy's spans),
-    # each inlined as a CTE with its attribute lookups: past the default 500k query-tree elements
-    "max_expanded_ast_elements": 5_000_000,
 }
 """Settings of every kvtrace query on ClickHouse (DuckDB's semantics, see the module doc)."""
 

@@ -51,40 +51,52 @@ drill-down) reaches the grouping and the sorts, and one session costs little mor
 from __future__ import annotations
 
 from kvtrace import semconv as sc
-from kvtrace.store.sql import literal
+from kvtrace.store.sql import float_attr, int_attr, literal, literals
 from kvtrace.store.units import GIB
-from kvtrace.store.views.agents import (
-    AGENT,
-    AGENT_SPANS_SQL,
-    APP,
-    JOINS_CTE,
-    LLM,
-    PAUSE,
-    REQUEST,
-    SESSION,
-    TOOL,
-    TURN,
-)
-from kvtrace.store.views.agents import BASE_CTE as AGENTS_BASE_CTE
 from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
 
 # category codes, higher wins
 CAT_PAUSE, CAT_APP, CAT_TOOL, CAT_INPUT, CAT_GEN = 1, 2, 3, 4, 5
 PRECEDENCE = ("generation", "input_processing", "tool_wait", "app_work", "user_pause")
 
+_SESSION, _TURN, _LLM = (literal(n) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_AGENT_TURN, sc.SPAN_AGENT_LLM_CALL))
+_TOOL, _APP, _PAUSE, _REQUEST = (
+    literal(n)
+    for n in (sc.SPAN_AGENT_TOOL_CALL, sc.SPAN_AGENT_APP_WORK, sc.SPAN_AGENT_USER_PAUSE, sc.SPAN_PROXY_REQUEST)
+)
 _RETENTION = literal(sc.SPAN_KV_RETENTION)
 
-# One scan of the store feeds everything: kvtrace's agent, request and retention spans and every
-# agent-side span of another convention, with their role and TTFT (:mod:`.agents`, which also
-# says what the classification costs).  The ``spans`` view applies the name filter before the map
-# lookups, so only these spans pay for them; the Parquet reader still decodes the map columns of
-# every row, which is most of the scan's cost.  Spans without a session id are kept here and fall
-# out where the windows are made (they join no window): a ``session_id IS NOT NULL`` here is
-# pushed into the Parquet scan, where it reads the attribute map of every span, not only of these
-# (its cost: docs/benchmarks.md, ``benchmarks/analysis``).  The breakdown reads these rows several times; as a
-# MATERIALIZED CTE they come off Parquet once.  ``base`` (:data:`.agents.BASE_CTE`) puts every
-# row into the session of its trace.
-BASE_CTE = f"b0 AS (SELECT * FROM kvtrace_agent_spans), {JOINS_CTE}, {AGENTS_BASE_CTE}"
+# One scan of the store feeds everything: the agent and proxy spans the breakdown needs, with TTFT
+# by the ``llm_calls`` / ``requests`` views' rules.  DuckDB applies the span-name filter (through
+# the ``spans`` view) before the map lookups, so only these spans pay for them; the Parquet reader
+# still decodes the map columns of every row, which is most of the scan's cost.  Spans without a
+# session id are kept here and fall out where the windows are made (they join no window): a
+# ``session_id IS NOT NULL`` here is pushed into the Parquet scan, where it reads the attribute map
+# of every span, not only of these (its cost: docs/benchmarks.md, ``benchmarks/analysis``).  The breakdown
+# reads these rows several times; as a MATERIALIZED CTE they come off Parquet once.  (Going
+# through the per-kind views instead costs one Parquet scan each, and the ``requests`` /
+# ``sessions`` views also compute columns the breakdown does not need: trace substrate, trace and
+# request counts.)
+SPAN_NAMES = (
+    sc.SPAN_AGENT_SESSION,
+    sc.SPAN_AGENT_TURN,
+    sc.SPAN_AGENT_LLM_CALL,
+    sc.SPAN_AGENT_TOOL_CALL,
+    sc.SPAN_AGENT_APP_WORK,
+    sc.SPAN_AGENT_USER_PAUSE,
+    sc.SPAN_PROXY_REQUEST,
+    sc.SPAN_KV_RETENTION,
+)
+AGENT_SPANS_SQL = f"""
+SELECT name, session_id, turn, start_ns, end_ns,
+       CASE name WHEN {_LLM} THEN {float_attr(sc.LLM_TTFT_MS)}
+                 WHEN {_REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms,
+       CASE name WHEN {_RETENTION} THEN {int_attr(sc.KV_RETENTION_BYTES)} * ((end_ns - start_ns) / 1e9) END
+           AS kv_byte_s
+FROM spans
+WHERE name IN ({literals(SPAN_NAMES)})
+"""
+BASE_CTE = "base AS MATERIALIZED (SELECT * FROM kvtrace_agent_spans)"
 
 # Session and turn windows, turn counts, and which sessions have agent LLM calls, from one grouping
 # by (session, turn).  Session windows and turn counts follow the ``sessions`` view's rules (agent
@@ -99,51 +111,42 @@ BASE_CTE = f"b0 AS (SELECT * FROM kvtrace_agent_spans), {JOINS_CTE}, {AGENTS_BAS
 WINDOWS_CTE = f"""
 st AS (
     SELECT session_id, turn,
-           min(start_ns) FILTER (WHERE role = {SESSION}) AS sess_start,
-           max(end_ns) FILTER (WHERE role = {SESSION}) AS sess_end,
-           min(start_ns) FILTER (WHERE role = {TURN}) AS turn_start,
-           max(end_ns) FILTER (WHERE role = {TURN}) AS turn_end,
-           min(start_ns) FILTER (WHERE name = {REQUEST}) AS req_start,
-           max(end_ns) FILTER (WHERE name = {REQUEST}) AS req_end,
-           count(*) FILTER (WHERE role = {LLM}) AS llm_calls
-    FROM base WHERE role IN ({SESSION}, {TURN}, {LLM}, {AGENT}) OR name = {REQUEST}
+           min(start_ns) FILTER (WHERE name = {_SESSION}) AS sess_start,
+           max(end_ns) FILTER (WHERE name = {_SESSION}) AS sess_end,
+           min(start_ns) FILTER (WHERE name = {_TURN}) AS turn_start,
+           max(end_ns) FILTER (WHERE name = {_TURN}) AS turn_end,
+           min(start_ns) FILTER (WHERE name = {_REQUEST}) AS req_start,
+           max(end_ns) FILTER (WHERE name = {_REQUEST}) AS req_end,
+           count(*) FILTER (WHERE name = {_LLM}) AS llm_calls
+    FROM base WHERE name IN ({_SESSION}, {_TURN}, {_LLM}, {_REQUEST})
     GROUP BY session_id, turn
 ),
-fsess AS (SELECT session_id, min(s) AS s, max(e) AS e, count(*) AS turns FROM ftn GROUP BY session_id),
-sess0 AS (
-    SELECT session_id, min(sess_start) AS sess_start, max(sess_end) AS sess_end, min(req_start) AS req_start,
-           max(req_end) AS req_end,
-           CASE WHEN count(turn_start) > 0 THEN count(turn) FILTER (WHERE turn_start IS NOT NULL) END AS kturns,
-           count(turn) FILTER (WHERE req_start IS NOT NULL) AS rturns, sum(llm_calls) > 0 AS agent_calls
+sess AS (
+    SELECT session_id,
+           COALESCE(min(sess_start), min(req_start)) AS start_ns,
+           COALESCE(max(sess_end), max(req_end)) AS end_ns,
+           CASE WHEN count(turn_start) > 0 THEN count(turn) FILTER (WHERE turn_start IS NOT NULL)
+                ELSE count(turn) FILTER (WHERE req_start IS NOT NULL) END AS turns,
+           count(turn) FILTER (WHERE turn_start IS NOT NULL) > 0 AS agent_turns,
+           sum(llm_calls) > 0 AS agent_calls
     FROM st GROUP BY session_id
 ),
-sess AS (
-    SELECT s.session_id, COALESCE(s.sess_start, f.s, s.req_start) AS start_ns,
-           COALESCE(s.sess_end, f.e, s.req_end) AS end_ns, COALESCE(s.kturns, f.turns, s.rturns) AS turns,
-           s.agent_calls, COALESCE(u.unplaced, 0) AS unplaced
-    FROM sess0 s LEFT JOIN fsess f ON f.session_id = s.session_id LEFT JOIN unp u ON u.session_id = s.session_id
-),
 session_windows AS (
-    SELECT session_id, start_ns, end_ns, turns, agent_calls, unplaced FROM sess
+    SELECT session_id, start_ns, end_ns, turns, agent_calls FROM sess
     WHERE start_ns IS NOT NULL AND session_id IS NOT NULL
 ),
-tw AS (
-    SELECT session_id, turn, turn_start AS s, turn_end AS e, 3 AS pri, llm_calls FROM st WHERE turn_start IS NOT NULL
-    UNION ALL
-    SELECT session_id, turn, req_start, req_end, 1, llm_calls FROM st WHERE req_start IS NOT NULL
-    UNION ALL
-    SELECT session_id, turn, NULL, NULL, 0, llm_calls FROM st WHERE turn_start IS NULL AND req_start IS NULL
-    UNION ALL
-    SELECT session_id, n, s, e, 2, 0 FROM ftn
-),
-tw_best AS (
-    SELECT *, max(CASE WHEN turn IS NOT NULL THEN pri END) OVER by_session AS best,
+st_flags AS (
+    SELECT *, bool_or(turn IS NOT NULL AND turn_start IS NOT NULL) OVER by_session AS agent_turns,
            bool_or(llm_calls > 0) OVER by_session AS agent_calls
-    FROM tw WINDOW by_session AS (PARTITION BY session_id)
+    FROM st WINDOW by_session AS (PARTITION BY session_id)
 ),
 turn_windows AS (
-    SELECT session_id, turn, s AS start_ns, e AS end_ns, agent_calls FROM tw_best
-    WHERE pri = best AND turn IS NOT NULL AND session_id IS NOT NULL
+    SELECT session_id, turn,
+           CASE WHEN agent_turns THEN turn_start ELSE req_start END AS start_ns,
+           CASE WHEN agent_turns THEN turn_end ELSE req_end END AS end_ns, agent_calls
+    FROM st_flags
+    WHERE turn IS NOT NULL AND session_id IS NOT NULL
+      AND (CASE WHEN agent_turns THEN turn_start ELSE req_start END) IS NOT NULL
 )"""
 
 # The intervals the unions are taken over; ``turn`` may be NULL.  Each LLM call (or request) gives
@@ -153,10 +156,10 @@ turn_windows AS (
 # they count only in sessions without agent ``llm_call`` spans (``agent_calls`` of the windows).
 INTERVALS_CTE = f"""
 split AS (
-    SELECT session_id, turn, start_ns AS s, end_ns AS e, name = {REQUEST} AS proxy,
+    SELECT session_id, turn, start_ns AS s, end_ns AS e, name = {_REQUEST} AS proxy,
            CASE WHEN ttft_ms IS NULL THEN end_ns
                 ELSE least(end_ns, start_ns + CAST(round(ttft_ms * 1e6) AS BIGINT)) END AS ft
-    FROM base WHERE role = {LLM} OR name = {REQUEST}
+    FROM base WHERE name IN ({_LLM}, {_REQUEST})
 ),
 intervals AS (
     SELECT session_id, turn, least(s, ft) AS s, e, {CAT_INPUT} AS cat, proxy FROM split
@@ -164,8 +167,8 @@ intervals AS (
     SELECT session_id, turn, ft, e, {CAT_GEN}, proxy FROM split WHERE ft < e
     UNION ALL
     SELECT session_id, turn, start_ns, end_ns,
-           CASE role WHEN {TOOL} THEN {CAT_TOOL} WHEN {PAUSE} THEN {CAT_PAUSE} ELSE {CAT_APP} END, false
-    FROM base WHERE role IN ({TOOL}, {APP}, {PAUSE}, {AGENT})
+           CASE name WHEN {_TOOL} THEN {CAT_TOOL} WHEN {_APP} THEN {CAT_APP} ELSE {CAT_PAUSE} END, false
+    FROM base WHERE name IN ({_TOOL}, {_APP}, {_PAUSE})
 )"""
 
 SESSION_WINDOWS_SQL = f"WITH {BASE_CTE}, {WINDOWS_CTE} SELECT session_id, start_ns, end_ns, turns FROM session_windows"
@@ -231,11 +234,11 @@ _CLIP = "greatest(i.s, w.ws) AS s, least(i.e, w.we) AS e, i.cat"
 _KEEP = "least(i.e, w.we) > greatest(i.s, w.ws) AND (NOT i.proxy OR NOT w.agent_calls)"
 
 SESSION_BREAKDOWN_SQL = _sweep_sql(
-    windows="SELECT session_id, start_ns AS ws, end_ns AS we, turns, agent_calls, unplaced FROM session_windows "
+    windows="SELECT session_id, start_ns AS ws, end_ns AS we, turns, agent_calls FROM session_windows "
     "WHERE end_ns >= start_ns",
     keys=["session_id"],
     clipped=f"SELECT w.session_id, {_CLIP} FROM intervals i JOIN w ON i.session_id = w.session_id WHERE {_KEEP}",
-    extra_cols="win.turns, win.unplaced AS unplaced_spans",
+    extra_cols="win.turns",
     held=f"SELECT session_id, sum(kv_byte_s) AS byte_s FROM base WHERE name = {_RETENTION} GROUP BY session_id",
 )
 
@@ -250,7 +253,7 @@ TURN_BREAKDOWN_SQL = _sweep_sql(
     clipped=f"SELECT w.session_id, w.turn, {_CLIP} "
     "FROM intervals i JOIN (SELECT *, turn AS jt FROM w UNION ALL SELECT *, NULL AS jt FROM w) w "
     f"ON i.session_id = w.session_id AND i.turn IS NOT DISTINCT FROM w.jt WHERE {_KEEP}",
-    extra_cols="1::BIGINT AS turns, NULL::BIGINT AS unplaced_spans",
+    extra_cols="1::BIGINT AS turns",
     held=f"SELECT win.session_id, win.turn, sum(b.kv_byte_s) AS byte_s FROM w AS win JOIN base b "
     f"ON b.session_id = win.session_id WHERE b.name = {_RETENTION} AND b.start_ns BETWEEN win.ws AND win.we "
     "GROUP BY win.session_id, win.turn",
@@ -301,12 +304,10 @@ _HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may 
 VIEWS: tuple[View, ...] = (
     View(
         "kvtrace_agent_spans",
-        _HELPER + " kvtrace's agent and proxy spans the breakdown reads, with their role and TTFT (`session_id` may "
-        "be NULL: such spans join no window).",
+        _HELPER + " The agent and proxy spans the breakdown reads, with their TTFT (`session_id` may be NULL: "
+        "such spans join no window).",
         (
             col("name", VARCHAR, "span name"),
-            col("role", VARCHAR, "the span's role (NULL: requests and retention)", sc.AGENT_ROLES),
-            col("convention", VARCHAR, f"`{sc.CONV_KVTRACE}`", (sc.CONV_KVTRACE,)),
             *common("session_id", "turn", "start_ns", "end_ns"),
             col("ttft_ms", DOUBLE, "TTFT of LLM calls and proxy requests, ms"),
             col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds"),
@@ -358,32 +359,13 @@ VIEWS: tuple[View, ...] = (
         "session_breakdown",
         "Where each session's wall time goes: five parts that sum to it, each instant counted once, by "
         f"precedence {PRECEDENCE_NOTE}.",
-        (
-            *common("session_id"),
-            *_parts("session"),
-            col("turns", BIGINT, "turns of the session"),
-            col(
-                "unplaced_spans",
-                BIGINT,
-                "agent-side spans of the session's traces the breakdown could not place (a convention's attribute "
-                "with a value it does not map); `kvtrace doctor --traces DIR` lists them",
-            ),
-            *_TAIL,
-            _KV_HELD,
-        ),
+        (*common("session_id"), *_parts("session"), col("turns", BIGINT, "turns of the session"), *_TAIL, _KV_HELD),
         SESSION_BREAKDOWN_SQL,
     ),
     View(
         "turn_breakdown",
         "The same split per turn (window: the agent turn span, else the turn's requests).",
-        (
-            *common("session_id", "turn"),
-            *_parts("turn"),
-            col("turns", BIGINT, "1"),
-            col("unplaced_spans", BIGINT, "NULL (a session's count is in `session_breakdown`)"),
-            *_TAIL,
-            _KV_HELD,
-        ),
+        (*common("session_id", "turn"), *_parts("turn"), col("turns", BIGINT, "1"), *_TAIL, _KV_HELD),
         TURN_BREAKDOWN_SQL,
     ),
 )
