@@ -46,7 +46,6 @@ EXTRAS: dict[str, str | None] = {
     "whatif": None,
     "dashboard": "dashboard",
     "collect": "collect",
-    "doctor": None,
 }
 # a missing module that only one extra brings names that extra whichever command needs it
 # (``kvtrace query --traces chdb:...`` needs the clickhouse extra, not a ``query`` one)
