@@ -87,7 +87,7 @@ def build(
     ttft_ms: float | None,
 ) -> dict:
     """The merged ``kv_transfer`` object (every :data:`sc.KV_TRANSFER_FIELDS` key but the
-    connector-only ``engine_id``/``role``).  ``prefill_answered``: P's leg returned 200."""
+    workers-only ``engine_id``/``role``/``verified``/``kv_digest``).  ``prefill_answered``: P's leg returned 200."""
     p_obj, d_obj = kvtrace_object(p_params), kvtrace_object(d_params)
     out: dict[str, object] = {
         sc.KVT_TRACE_ID: trace_id,

@@ -51,4 +51,4 @@ def test_metadata_from_raw_params_and_usage():
     }
     kv = metadata.build(offered=False, offer_reason=sc.OFFER_NO_ENTRY, **common)
     assert (kv[sc.KVT_LOCAL_HIT_TOKENS], kv[sc.KVT_PULLED_TOKENS], kv[sc.KVT_REMOTE_TOKENS]) == (256, 0, 0)
-    assert set(kv) == set(sc.KV_TRANSFER_FIELDS) - {sc.KVT_ENGINE_ID, sc.KVT_ROLE}
+    assert set(kv) == set(sc.KV_TRANSFER_FIELDS) - {sc.KVT_ENGINE_ID, sc.KVT_ROLE, sc.KVT_VERIFIED, sc.KVT_DIGEST}
