@@ -3,7 +3,7 @@
 PYTHON ?= python
 PYTEST_FAST = -m "not vllm and not slow" --deselect tests/dashboards/test_browser.py
 
-.PHONY: help install test test-all lint format typecheck docs docs-check bench
+.PHONY: help install test test-all lint format typecheck docs docs-check deps-bounds bench
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ docs:  ## regenerate the generated docs (span contract, metrics, views, settings
 
 docs-check:  ## fail when a generated doc is out of date
 	$(PYTHON) scripts/gen_docs.py --check
+
+deps-bounds:  ## the fast tests against the oldest and the newest dependency versions allowed
+	bash scripts/deps_bounds.sh
 
 bench:  ## the benchmarks' quick runs (docs/benchmarks.md has the full commands)
 	$(PYTHON) benchmarks/store/bench_store.py --quick

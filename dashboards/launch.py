@@ -23,14 +23,16 @@ def command(
     compare: str | None = None,
     host: str = "127.0.0.1",
     clickhouse: tuple[str, str] | None = None,
+    app: str | Path = APP,
 ) -> list[str]:
-    """The ``streamlit run`` command line for the dashboard (``clickhouse``: (URL, table)); through
-    :mod:`.serve`, which imports what the pages need before the server starts."""
+    """The ``streamlit run`` command line for the dashboard (``clickhouse``: (URL, table); ``app``:
+    another checkout's app.py); through :mod:`.serve`, which imports what the pages need before the
+    server starts."""
     cmd = [
         sys.executable,
         str(SERVE),
         "run",
-        str(APP),
+        str(app),
         "--server.address",
         host,
         "--server.port",

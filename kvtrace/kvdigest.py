@@ -24,13 +24,29 @@ checked where the pull is decided (P's connector, at ``get_num_new_matched_token
 Object (``kv_transfer_params["kvtrace"]["kv_digest"]``): ``{"v": 1, "chunk": 64, "n": <tokens
 covered>, "tags": "<base64>"}``.  :func:`verify` never raises on a malformed object: it is
 ``unverifiable``.  The pull rule under ``verify=enforce`` is :func:`kvtrace.kvrules.enforced_outcome`.
+
+**v2, over vLLM's own block hashes** (:func:`make_blocks`; ``"v": 2`` plus ``"fp"``).  With a KV
+connector configured vLLM hashes every full block of every request (``Request.block_hashes``,
+``hash_block_size`` tokens each, chained on the parent, extra keys such as cache_salt and LoRA
+included), so a block hash is a collision-resistant identity of the whole prefix up to it.  The tag
+at boundary ``b`` is the keyed BLAKE2b of the binding (as v1), the hash of block ``b // hbs - 1``
+(none when ``b < hbs``) and the raw tokens after it up to ``b`` (fewer than ``hbs``: only D's partial
+last chunk has any).  No token list is converted, and P's check of a matching offer is one tag: O(1)
+in the prompt.  ``chunk`` = lcm(64, hbs) (64 for the usual 16-token blocks).  ``fp`` = the keyed
+hash of (prefix_caching_hash_algo, NONE_HASH, hbs): an offer whose ``fp`` differs from P's own was
+hashed under another configuration and is ``unverifiable``, not a mismatch.  P and D must run the
+same vLLM, Python and prefix_caching_hash_algo (NIXL's KV compatibility requires that anyway); a
+non-cryptographic algo (xxhash) without a shared PYTHONHASHSEED draws a random NONE_HASH per process,
+so the fingerprints differ and every v2 offer is unverifiable.  D falls back to v1 when the request
+lacks the block hashes or the configuration is unknown; P still verifies v1 offers by tokens
+(rolling upgrades; the simulator, which has no vLLM block hashes, emits v1).
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
+import math
 from array import array
 from dataclasses import dataclass
 
@@ -38,15 +54,18 @@ from kvtrace import semconv as sc
 from kvtrace import settings
 
 VERSION = 1
+VERSION_BLOCKS = 2  # over vLLM's block hashes (make_blocks)
 CHUNK_TOKENS = 64
 TAG_BYTES = 4
 MIN_CHUNK, MAX_CHUNK = 16, 65536  # an offer's chunk outside this is unverifiable (bounds P's work)
 MAX_TOKENS = 1 << 24
+FINGERPRINT_BYTES = 8
 _PUBLIC_KEY = b"kvtrace-kv-digest-v1 (public: set KVTRACE_KV_DIGEST_KEY)"
 
 
 _KEYS: dict[str | None, bytes] = {}
 _ENV: list[str | None] = []  # KVTRACE_KV_DIGEST_KEY as read at the first use in this process
+_STATES: dict[str | None, hashlib.blake2b] = {}  # key(value) -> its keyed BLAKE2b state before any input
 
 
 def key(value: str | None = None) -> bytes:
@@ -63,13 +82,19 @@ def key(value: str | None = None) -> bytes:
     return k
 
 
-def _start(k: bytes, engine_id: object, request_id: object, block_ids: object):
-    h = hashlib.blake2b(f"{engine_id}\x00{request_id}\x00".encode(), key=k, digest_size=16)
+def _start(key_value: str | None, engine_id: object, request_id: object, block_ids: object):
+    # a keyed BLAKE2b init costs ~10x a copy of a keyed state with nothing hashed yet, and both
+    # give the same hash: build that state once per key
+    base = _STATES.get(key_value)
+    if base is None:
+        base = _STATES[key_value] = hashlib.blake2b(key=key(key_value), digest_size=16)
+    h = base.copy()
+    h.update(f"{engine_id}\x00{request_id}\x00".encode())
     groups = block_ids or ()
     if groups and not isinstance(groups[0], (list, tuple)):
         groups = (groups,)  # a flat list is one group
     for group in groups:  # vLLM: one list per KV-cache group
-        h.update(array("q", group).tobytes())
+        h.update(array("q", group))
         h.update(b"\xff")
     return h
 
@@ -86,37 +111,52 @@ def _boundaries(n: int, chunk: int) -> list[int]:
     return out
 
 
-def _tags(h, data: bytes, bounds: list[int]):
+def _tags(h, view: memoryview, bounds: list[int]):
     """Yield the tag at each boundary (token counts), feeding ``h`` the tokens in between."""
-    pos, view = 0, memoryview(data)
+    pos = 0
     for b in bounds:
-        h.update(view[pos * 4 : b * 4])
+        h.update(view[pos:b])
         pos = b
         yield h.copy().digest()[:TAG_BYTES]
 
 
-def _token_bytes(tokens, n: int) -> memoryview:
-    """The first ``n`` token ids as uint32 bytes (a view: no copy of the list or of the bytes)."""
-    return memoryview(array("I", tokens if len(tokens) <= n + 64 else tokens[:n]))[:n].cast("B")
+def _tokens(tokens, n: int) -> memoryview:
+    """The first ``n`` token ids as uint32 (hashed as their bytes; a view, no copy).  Converting a
+    Python int costs ~10x copying its reference: slice first unless only a few tokens would be
+    converted for nothing.  array() reads a list or tuple by index but any other sequence through
+    its iterator, at 2x the cost: vLLM's ``Request.all_token_ids`` is a ``ConstantList``, whose
+    slice is a list."""
+    if len(tokens) > n + 16 or not isinstance(tokens, (list, tuple)):
+        tokens = tokens[:n]
+    return memoryview(array("I", tokens))[:n]
 
 
 def make(tokens, n: int, *, engine_id, request_id, block_ids, key_value: str | None = None) -> dict:
     """The digest of ``tokens[:n]`` (what D's retained blocks hold) for the offer D returns."""
     n = max(0, min(int(n), len(tokens)))
-    h = _start(key(key_value), engine_id, request_id, block_ids)
-    tags = b"".join(_tags(h, _token_bytes(tokens, n), _boundaries(n, CHUNK_TOKENS)))
+    h = _start(key_value, engine_id, request_id, block_ids)
+    view, update, tags, pos = _tokens(tokens, n), h.update, bytearray(), 0
+    for b in range(CHUNK_TOKENS, n, CHUNK_TOKENS):  # _tags without a generator: this runs in request_finished
+        update(view[pos:b])
+        pos = b
+        tags += h.copy().digest()[:TAG_BYTES]
+    if n:  # the last boundary (n) needs no copy
+        update(view[pos:n])
+        tags += h.digest()[:TAG_BYTES]
     return {
         sc.DIGEST_VERSION: VERSION,
         sc.DIGEST_CHUNK: CHUNK_TOKENS,
         sc.DIGEST_TOKENS: n,
-        sc.DIGEST_TAGS: base64.b64encode(tags).decode(),
+        sc.DIGEST_TAGS: binascii.b2a_base64(tags, newline=False).decode(),
     }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Verdict:
     """P's check of one offer: ``status`` (sc.VERIFIED_*), ``verified`` (prompt tokens proven
-    equal to D's), ``first_mismatch`` (start of the first differing chunk, or None)."""
+    equal to D's), ``first_mismatch`` (start of the first differing chunk, or None).  Treated as
+    immutable; not ``frozen`` because a frozen dataclass's ``__init__`` costs 3x (one
+    ``object.__setattr__`` per field) and one is made per checked offer in P's scheduler."""
 
     status: str
     verified: int = 0
@@ -126,40 +166,61 @@ class Verdict:
 UNVERIFIABLE = Verdict(sc.VERIFIED_UNVERIFIABLE)
 
 
-def _parse(obj) -> tuple[int, int, bytes] | None:
-    if not isinstance(obj, dict) or obj.get(sc.DIGEST_VERSION) != VERSION:
+def _parse(obj) -> tuple[int, int, int, bytes, object] | None:
+    """``(version, chunk, n, tags, fingerprint)`` of a well-formed offer, else None."""
+    if not isinstance(obj, dict):
+        return None
+    version = obj.get(sc.DIGEST_VERSION)
+    if type(version) is not int or version not in (VERSION, VERSION_BLOCKS):
         return None
     chunk, n, tags = obj.get(sc.DIGEST_CHUNK), obj.get(sc.DIGEST_TOKENS), obj.get(sc.DIGEST_TAGS)
     if type(chunk) is not int or type(n) is not int or not isinstance(tags, str):
         return None
     if not (MIN_CHUNK <= chunk <= MAX_CHUNK and 0 <= n <= MAX_TOKENS):
         return None
-    try:
-        raw = base64.b64decode(tags, validate=True)
+    try:  # strict: only the base64 alphabet, padding at the end (base64.b64decode(validate=True), faster)
+        raw = binascii.a2b_base64(tags, strict_mode=True)
     except (binascii.Error, ValueError):
         return None
     if len(raw) != TAG_BYTES * _count(n, chunk):
         return None
-    return chunk, n, raw
+    return version, chunk, n, raw, obj.get(sc.DIGEST_FINGERPRINT)
 
 
-def verify(obj, tokens, limit: int, *, engine_id, request_id, block_ids, key_value: str | None = None) -> Verdict:
+def verify(
+    obj,
+    tokens,
+    limit: int,
+    *,
+    engine_id,
+    request_id,
+    block_ids,
+    key_value: str | None = None,
+    block_hashes=None,
+    blocks: BlockConfig | None = None,
+) -> Verdict:
     """Check the offer's digest ``obj`` against the prompt ``tokens`` up to ``limit`` tokens (what
     P would load up to: min(remote_num_tokens, prompt)).  ``match``: every tag up to the limit
     agrees (``verified`` = the last agreeing boundary, which is the limit when it is D's length or
     a chunk boundary); ``mismatch``: the first disagreeing tag's chunk starts at
-    ``first_mismatch``; ``unverifiable``: no valid digest.  Never raises."""
+    ``first_mismatch``; ``unverifiable``: no valid digest.  A v2 offer is checked against P's own
+    ``block_hashes`` under P's ``blocks`` configuration (unverifiable without them or when the
+    fingerprints differ).  Never raises."""
     try:
         parsed = _parse(obj)
         if parsed is None:
             return UNVERIFIABLE
-        chunk, n, raw = parsed
+        version, chunk, n, raw, fp = parsed
+        if version == VERSION_BLOCKS:
+            return _verify_blocks(
+                chunk, n, raw, fp, tokens, limit, block_hashes, blocks, key_value, engine_id, request_id, block_ids
+            )
         limit = max(0, min(int(limit), n, len(tokens)))
         last = limit if limit == n else limit // chunk * chunk  # the last boundary P can check
         if last == 0:
             return Verdict(sc.VERIFIED_MATCH, 0)
-        h = _start(key(key_value), engine_id, request_id, block_ids)
-        data = _token_bytes(tokens, last)
+        h = _start(key_value, engine_id, request_id, block_ids)
+        data = _tokens(tokens, last)
         # the common case first: the tag at the limit proves every earlier boundary (prefix-closed)
         i = _count(last, chunk) - 1
         whole = h.copy()
@@ -175,6 +236,94 @@ def verify(obj, tokens, limit: int, *, engine_id, request_id, block_ids, key_val
         return Verdict(sc.VERIFIED_MISMATCH, verified, verified)  # only a chance tag collision gets here
     except Exception:
         return UNVERIFIABLE
+
+
+@dataclass(slots=True, frozen=True)
+class BlockConfig:
+    """How this engine hashes blocks, as v2 needs it: ``hash_block_size`` tokens per block hash,
+    ``chunk`` tokens per tag, ``fingerprint`` of the configuration (:func:`block_config`)."""
+
+    hash_block_size: int
+    chunk: int
+    fingerprint: str
+
+
+def block_config(algo: str, none_hash: bytes, hash_block_size: int, key_value: str | None = None) -> BlockConfig:
+    """The v2 configuration of an engine whose block hashes use ``algo`` from ``none_hash`` over
+    ``hash_block_size``-token blocks.  The fingerprint is keyed: it reveals nothing about NONE_HASH."""
+    hbs = int(hash_block_size)
+    if hbs <= 0:
+        raise ValueError(f"hash_block_size must be positive, got {hbs}")
+    data = f"{algo}\x00{hbs}\x00".encode() + bytes(none_hash)
+    fp = hashlib.blake2b(data, key=key(key_value), digest_size=16).digest()[:FINGERPRINT_BYTES].hex()
+    chunk = math.lcm(CHUNK_TOKENS, hbs)
+    if chunk > MAX_CHUNK:
+        raise ValueError(f"hash_block_size {hbs} gives a chunk above {MAX_CHUNK} tokens")
+    return BlockConfig(hbs, chunk, fp)
+
+
+def _tag_at(h, b: int, hbs: int, block_hashes, tokens) -> bytes:
+    """v2's tag at boundary ``b`` from the binding state ``h`` (consumed): block ``b // hbs - 1``'s
+    hash, then the tokens after it up to ``b``."""
+    full = b // hbs
+    if full:
+        h.update(block_hashes[full - 1])
+    if b > full * hbs:
+        h.update(array("I", tokens[full * hbs : b]))
+    return h.digest()[:TAG_BYTES]
+
+
+def covers(block_hashes, n: int, blocks: BlockConfig) -> bool:
+    """Whether ``block_hashes`` reach the last full block of the first ``n`` tokens."""
+    return len(block_hashes) >= n // blocks.hash_block_size
+
+
+def make_blocks(
+    block_hashes, tokens, n: int, blocks: BlockConfig, *, engine_id, request_id, block_ids, key_value: str | None = None
+) -> dict:
+    """The v2 digest of ``tokens[:n]`` from their vLLM block hashes (:func:`covers` must hold)."""
+    n = max(0, min(int(n), len(tokens)))
+    hbs, chunk = blocks.hash_block_size, blocks.chunk
+    if not covers(block_hashes, n, blocks):
+        raise ValueError(f"{len(block_hashes)} block hashes do not cover {n} tokens of {hbs}")
+    h, tags = _start(key_value, engine_id, request_id, block_ids), bytearray()
+    for b in range(chunk, n, chunk):  # the boundary at n (last) needs no copy
+        t = h.copy()
+        t.update(block_hashes[b // hbs - 1])
+        tags += t.digest()[:TAG_BYTES]
+    if n:
+        tags += _tag_at(h, n, hbs, block_hashes, tokens)
+    return {
+        sc.DIGEST_VERSION: VERSION_BLOCKS,
+        sc.DIGEST_CHUNK: chunk,
+        sc.DIGEST_TOKENS: n,
+        sc.DIGEST_TAGS: binascii.b2a_base64(tags, newline=False).decode(),
+        sc.DIGEST_FINGERPRINT: blocks.fingerprint,
+    }
+
+
+def _verify_blocks(chunk, n, raw, fp, tokens, limit, block_hashes, blocks, key_value, *binding) -> Verdict:
+    if blocks is None or block_hashes is None or fp != blocks.fingerprint or chunk != blocks.chunk:
+        return UNVERIFIABLE
+    hbs = blocks.hash_block_size
+    limit = max(0, min(int(limit), n, len(tokens)))
+    last = limit if limit == n else limit // chunk * chunk
+    if last == 0:
+        return Verdict(sc.VERIFIED_MATCH, 0)
+    if len(block_hashes) < last // hbs:
+        return UNVERIFIABLE
+    i = _count(last, chunk) - 1  # the common case: one tag, on the binding state itself (no copy)
+    if (
+        _tag_at(_start(key_value, *binding), last, hbs, block_hashes, tokens)
+        == raw[i * TAG_BYTES : (i + 1) * TAG_BYTES]
+    ):
+        return Verdict(sc.VERIFIED_MATCH, last)
+    h, verified = _start(key_value, *binding), 0  # the walk, only on a mismatch: locate the first differing chunk
+    for j, b in enumerate(b for b in _boundaries(n, chunk) if b <= last):
+        if _tag_at(h.copy(), b, hbs, block_hashes, tokens) != raw[j * TAG_BYTES : (j + 1) * TAG_BYTES]:
+            break
+        verified = b
+    return Verdict(sc.VERIFIED_MISMATCH, verified, verified)
 
 
 def offered(params: dict | None) -> object:

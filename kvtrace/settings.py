@@ -248,6 +248,14 @@ CLICKHOUSE_TABLE = Setting(
 PHOENIX_BIN = Setting(
     "KVTRACE_PHOENIX_BIN", None, "Tests: the `phoenix` command for the Phoenix OTLP test (else the importable one)."
 )
+AGENT_STACKS_PYTHON = Setting(
+    "KVTRACE_AGENT_STACKS_PYTHON",
+    None,
+    (
+        "Tests: the python of the side venv holding the real agent stacks (tests/agent/stacks/requirements.txt) "
+        "for tests/agent/test_real_stacks.py; unset = ./.venv-agents/bin/python (scripts/install-dev.sh makes it)."
+    ),
+)
 TEST_CLICKHOUSE_URL = Setting(
     "KVTRACE_TEST_CLICKHOUSE_URL",
     None,

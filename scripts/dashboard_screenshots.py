@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvtrace.dashboards.launch import APP
+from kvtrace.dashboards.launch import APP, command
 from kvtrace.testing import browser as b
 from kvtrace.testing.wait import free_port
 
@@ -80,25 +80,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        args.app,
-        "--server.address",
-        "127.0.0.1",
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-        "--",
-        "--traces",
-        args.traces,
-    ]
-    cmd += ["--compare", args.compare] if args.compare else []
+    cmd = command(args.traces, port=port, compare=args.compare, app=args.app)
     env = dict(os.environ)
     if args.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.pythonpath, env.get("PYTHONPATH")]))

@@ -10,11 +10,12 @@
 #   scripts/deps_bounds.sh lowest     # one
 #
 # KVTRACE_DEPS_DIR: where the environments go (default: a temporary directory, removed after);
-# PYTHON: the interpreter (default python3.11, the oldest Python kvtrace supports).
+# PYTHON: the interpreter (default python3.11, the oldest Python kvtrace supports; python3 where
+# the machine has no 3.11).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PYTHON=${PYTHON:-python3.11}
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 MODES=("$@")
 [ ${#MODES[@]} -gt 0 ] || MODES=(lowest highest)
 if [ -n "${KVTRACE_DEPS_DIR:-}" ]; then

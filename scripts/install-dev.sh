@@ -2,8 +2,9 @@
 # Everything the whole test suite needs, on a fresh machine: the system packages (headless Chromium
 # for the dashboard browser test, the Prometheus server for the metrics tests; Debian/Ubuntu apt,
 # with sudo when not root), a virtual environment (./.venv, unless one is active) with the dev
-# extra and vLLM's CPU build with NIXL, and Arize Phoenix in a side venv.  Run by scripts/test.sh
-# (the README's test command) and .ci/run; safe to run again (what is there is kept).
+# extra and vLLM's CPU build with NIXL, Arize Phoenix in a side venv and the agent stacks in
+# another.  Run by scripts/test.sh (the README's test command) and .ci/run; safe to run again
+# (what is there is kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -34,4 +35,14 @@ python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 phx="${KVTRACE_PHOENIX_VENV:-$PWD/.venv-phoenix}"
 if [ ! -x "$phx/bin/phoenix" ]; then
   python -m venv "$phx" && "$phx/bin/python" -m pip install -q 'arize-phoenix>=12'
+fi
+# The real agent stacks (OpenAI Agents SDK, openai-v2, OpenLLMetry, LangGraph with their
+# instrumentations) of tests/agent/test_real_stacks.py, in their own venv: their pins clash with
+# vLLM's.  Made with uv (dev extra) from the compiled requirements; remade when they change.
+agents="${KVTRACE_AGENT_STACKS_VENV:-$PWD/.venv-agents}"
+reqs=tests/agent/stacks/requirements.txt
+if ! cmp -s "$reqs" "$agents/kvtrace-requirements.txt"; then
+  python -m uv venv -q --allow-existing -p "$(python -c 'import sys; print(sys.executable)')" "$agents"
+  python -m uv pip install -q -p "$agents/bin/python" -r "$reqs"
+  cp "$reqs" "$agents/kvtrace-requirements.txt"
 fi

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -36,6 +37,62 @@ def test_the_digest_is_the_same_in_another_process(monkeypatch):
         env = {"PYTHONHASHSEED": "random", **({"KVTRACE_KV_DIGEST_KEY": key} if key else {})}
         out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, check=True)
         assert json.loads(out.stdout) == digest(key_value=key)
+
+
+@pytest.mark.parametrize(
+    "n, bind, key_value, tags",
+    [
+        (300, BIND, None, "OdHIfKFtMkBmUkhlmtxL8hRKBlA="),
+        (300, BIND, "deployment-secret", "3a800WVY2CAenvtgwLfk/Zxm4j4="),
+        (128, dict(engine_id="d-0", request_id="r", block_ids=[[1, 2], [3]]), "k", "3pe75upar4k="),
+        (0, dict(engine_id="d-0", request_id="r", block_ids=[]), "k", ""),
+    ],
+)
+def test_the_v1_tags_of_a_known_input_never_change(n, bind, key_value, tags):
+    """P and D may run different kvtrace releases: what a version-1 digest hashes is fixed (these
+    tags were made by the first v1 implementation; a change of what is hashed needs a new "v")."""
+    got = kvdigest.make(TOKENS, n, **bind, key_value=key_value)
+    assert got == {sc.DIGEST_VERSION: 1, sc.DIGEST_CHUNK: 64, sc.DIGEST_TOKENS: n, sc.DIGEST_TAGS: tags}
+    flat = dict(engine_id="d-0", request_id="r", block_ids=[4, 9])  # a flat block list is one group
+    assert kvdigest.make([*TOKENS, 4_000_000_000], 301, **flat, key_value="k")[sc.DIGEST_TAGS] == (
+        "KxsalehaGzX14/LV0JG+glPb1vU="
+    )
+
+
+@pytest.mark.parametrize("extra", [0, 1, 16, 17, 64, 5000])
+def test_tokens_past_the_covered_count_change_neither_the_digest_nor_the_check(extra):
+    longer = TOKENS + [(i * 31 + 7) % 100_000 for i in range(extra)]
+    assert kvdigest.make(longer, 300, **BIND) == digest()
+    assert check(digest(), longer, 300 + extra) == kvdigest.Verdict(sc.VERIFIED_MATCH, 300)
+    assert check(digest(), longer, 256) == kvdigest.Verdict(sc.VERIFIED_MATCH, 256)
+
+
+class _ReadOnly(Sequence):
+    """A read-only sequence that is not a list, as vLLM's ``Request.all_token_ids`` (ConstantList)."""
+
+    def __init__(self, items):
+        self._x = items
+
+    def __getitem__(self, item):
+        return self._x[item]
+
+    def __len__(self):
+        return len(self._x)
+
+
+@pytest.mark.parametrize("wrap", [tuple, _ReadOnly])
+def test_any_sequence_of_token_ids_gives_the_lists_digest_and_verdict(wrap):
+    for n in (300, 299, 250):
+        assert kvdigest.make(wrap(TOKENS), n, **BIND) == kvdigest.make(TOKENS, n, **BIND)
+    assert check(digest(), wrap(TOKENS), 300) == kvdigest.Verdict(sc.VERIFIED_MATCH, 300)
+    other = list(TOKENS)
+    other[200] += 1
+    assert check(digest(), wrap(other), 300) == kvdigest.Verdict(sc.VERIFIED_MISMATCH, 192, 192)
+
+
+def test_a_token_id_outside_uint32_is_unverifiable_not_an_error():
+    assert check(digest(), [*TOKENS[:299], 1 << 32], 300) == kvdigest.UNVERIFIABLE
+    assert check(digest(), [*TOKENS[:299], -1], 300) == kvdigest.UNVERIFIABLE
 
 
 def test_the_digest_object_is_versioned_and_covers_every_chunk_and_the_tail():

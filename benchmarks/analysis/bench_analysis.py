@@ -10,7 +10,11 @@ two overlapping LLM calls, a tool wait and app work, and every LLM call brings t
 engine / KV spans a real store holds (170 spans per session).  Printed: time of a plain
 ``count(*)`` scan and of a scan reading the session-id map (baselines, same run), of
 ``session_breakdown`` and ``turn_breakdown`` fully computed (every column summed), against the
-1 s target (issue #14), of the sessions page's top-1000 table and of one session's turns (drill-down); then
+1 s target (issue #14) and against the pre-#27 breakdown SQL (:mod:`baseline_breakdown`, kvtrace's
+own span names only) in the same run, p50 / p99 over ``--repeat`` interleaved rounds, of
+``agent_llm_calls`` and ``kvtrace doctor``'s census, of the sessions page's top-1000 table and of
+one session's turns (drill-down: bounded by its traces' Timestamps, against the same views over
+the whole store and the pre-#27 SQL filtered to the session); then
 the AppTest first render of the sessions page on the smaller store: in a cold process, and as ``kvtrace
 dashboard`` serves it (its launcher, ``kvtrace.dashboards.serve``, imports what the pages import and opens
 DuckDB, and Streamlit's runtime scans installed packages for components, before the server serves;
@@ -161,15 +165,6 @@ def build_store(directory: Path, spans: int, per_file: int = 1_000_000) -> int:
     return sessions * PER_SESSION
 
 
-def _timed(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 # every column of the views, so DuckDB prunes none of the work (the dashboard reads them all)
 SUM_SQL = (
     "SELECT count(*), sum(wall_ms), sum(input_processing_ms), sum(generation_ms), sum(tool_wait_ms), "
@@ -177,36 +172,94 @@ SUM_SQL = (
 )
 
 
-def bench_queries(directory: Path, threads: int) -> None:
-    from kvtrace.analysis import sessions
+def _samples(fns: dict, repeat: int) -> dict[str, list[float]]:
+    """Seconds of each of ``fns`` over ``repeat`` rounds, interleaved (the same load for each)."""
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - t)
+    return out
+
+
+def _p(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from baseline_breakdown import SESSION_BREAKDOWN_SQL as OLD_SESSION
+    from baseline_breakdown import TURN_BREAKDOWN_SQL as OLD_TURN
+
+    from kvtrace.analysis import agents, sessions
     from kvtrace.analysis.filters import Filters
     from kvtrace.store import connect
 
     con = connect(directory)
     con.execute(f"SET threads = {threads}")
     n = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
-    scan = _timed(lambda: con.sql("SELECT count(*) FROM spans").fetchall())
-    full = _timed(
-        lambda: con.sql("SELECT count(*), sum(duration_ms), count(DISTINCT session_id) FROM spans").fetchall()
-    )
-    sess = _timed(lambda: con.sql(SUM_SQL.format("session_breakdown")).fetchall())
-    turns = _timed(lambda: con.sql(SUM_SQL.format("turn_breakdown")).fetchall())
-    top = _timed(lambda: sessions.breakdown(con, limit=1000))
+    run = lambda sql: lambda: con.sql(sql).fetchall()  # noqa: E731
+    run_bound = lambda sql, sid: lambda: con.sql(sql, params={"sid": sid}).fetchall()  # noqa: E731
     one = sessions.list_sessions(con, limit=1)[0]
-    drill = _timed(lambda: sessions.turns(con, Filters(session_id=one)))
-    row = con.sql(SUM_SQL.format("session_breakdown")).fetchall()[0]
-    print(f"store: {n:,} spans, {row[0]:,} sessions, threads={threads}")
-    print(f"  baseline count(*) scan            {scan:7.3f} s")
-    print(f"  baseline scan + session_id map     {full:7.3f} s")
-    print(
-        f"  session_breakdown (all sessions)   {sess:7.3f} s   target <= {TARGET_S:.1f} s (issue #14)  "
-        f"{'HOLDS' if sess <= TARGET_S else 'MISSED'}  ({sess / full:.2f}x the session_id scan)"
+    t = _samples(
+        {
+            "scan": run("SELECT count(*) FROM spans"),
+            "full": run("SELECT count(*), sum(duration_ms), count(DISTINCT session_id) FROM spans"),
+            "old_sess": run(SUM_SQL.format(f"({OLD_SESSION})")),
+            "sess": run(SUM_SQL.format("session_breakdown")),
+            "old_turns": run(SUM_SQL.format(f"({OLD_TURN})")),
+            "turns": run(SUM_SQL.format("turn_breakdown")),
+            "top": lambda: sessions.breakdown(con, limit=1000),
+            "drill": lambda: sessions.turns(con, Filters(session_id=one)),
+            "drill_whole": lambda: whole_store_turns(con, one),
+            "old_drill": run_bound(f"SELECT * FROM ({OLD_TURN}) WHERE session_id = $sid", one),
+            "calls": run("SELECT count(*), sum(ttft_ms) FROM agent_llm_calls"),
+            "doctor": lambda: agents.doctor(con),
+        },
+        repeat,
     )
-    print(f"  turn_breakdown (all turns)         {turns:7.3f} s   ({turns / full:.2f}x the session_id scan)")
-    print(f"  sessions.breakdown top 1000        {top:7.3f} s   (sessions page table)")
-    print(f"  sessions.turns of one session      {drill:7.3f} s   (drill-down)")
+    row = con.sql(SUM_SQL.format("session_breakdown")).fetchall()[0]
+    old = con.sql(SUM_SQL.format(f"({OLD_SESSION})")).fetchall()[0]
+    assert row == old, f"the views disagree with the pre-#27 breakdown: {row} != {old}"
+    print(f"store: {n:,} spans, {row[0]:,} sessions, threads={threads}, {repeat} rounds (p50 / p99)")
+
+    def line(label: str, key: str, note: str = "") -> None:
+        print(f"  {label:<36}{_p(t[key], 50):7.3f} / {_p(t[key], 99):7.3f} s   {note}")
+
+    line("baseline count(*) scan", "scan")
+    line("baseline scan + session_id map", "full")
+    line("session_breakdown before #27", "old_sess", "(same run, baseline)")
+    sess = _p(t["sess"], 50)
+    line(
+        "session_breakdown (all sessions)",
+        "sess",
+        f"{sess / _p(t['old_sess'], 50):.2f}x before #27, target <= {TARGET_S:.1f} s (issue #14) "
+        f"{'HOLDS' if sess <= TARGET_S else 'MISSED'}  ({sess / _p(t['full'], 50):.2f}x the session_id scan)",
+    )
+    line("turn_breakdown before #27", "old_turns", "(same run, baseline)")
+    line("turn_breakdown (all turns)", "turns", f"{_p(t['turns'], 50) / _p(t['old_turns'], 50):.2f}x before #27")
+    line("sessions.breakdown top 1000", "top", "(sessions page table)")
+    line("one session's turns before #27", "old_drill", "(same run, baseline: the pre-#27 SQL filtered)")
+    line("one session's turns, whole store", "drill_whole", "(the views filtered, no Timestamp bounds)")
+    line(
+        "sessions.turns of one session",
+        "drill",
+        f"(drill-down, bounded) {_p(t['drill'], 50) / _p(t['old_drill'], 50):.2f}x before #27",
+    )
+    line("agent_llm_calls (all calls)", "calls", "(each call's KV join)")
+    line("agents.doctor (every section)", "doctor", "(kvtrace doctor --traces)")
     assert abs(row[1] - sum(row[2:6])) < row[0], "parts do not sum to wall time"
     assert row[6] <= row[5], "unattributed time exceeds app work"
+
+
+def whole_store_turns(con, session_id: str):
+    """``sessions.turns`` of one session without its Timestamp bounds (every span read)."""
+    from kvtrace.analysis import sessions
+    from kvtrace.analysis.common import table
+
+    sql = sessions.TURNS_SQL.format(where="WHERE session_id = $session_id")
+    return table(con, sql, {"session_id": session_id, "limit": 100_000})
 
 
 TARGET_S = 1.0  # issue #14: session_breakdown over 10 M spans, dashboard first render at 1 M spans
@@ -281,11 +334,12 @@ def main() -> int:
     p.add_argument("--dashboard-spans", type=int, default=1_000_000)
     p.add_argument("--dir", help="work directory (default: a temp dir, removed afterwards)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=5, help="rounds of each query (p50 / p99 over them)")
     args = p.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-analysis-"))
     try:
         for label, spans, fn in (
-            ("big", args.spans, lambda d: bench_queries(d, args.threads)),
+            ("big", args.spans, lambda d: bench_queries(d, args.threads, args.repeat)),
             ("dash", args.dashboard_spans, bench_dashboard),
         ):
             if spans <= 0:

@@ -18,15 +18,24 @@ kvtrace's metrics off (``kvtrace.metrics: false``), interleaved with the other t
 cost of the metrics: per hook the median with metrics on vs off, including
 ``get_kv_connector_stats`` (the scheduler drains the counters there every step), and the API
 server's side, ``observe()`` of the collected payloads into vllm:kvtrace_* (plus NIXL's families)
-vs NIXL's families alone.  Run with the vLLM venv:
+vs NIXL's families alone.  Run from the repository root with the project venv (it has vLLM's CPU
+build; ``tests/`` holds the rig):
 
-    /opt/kvtrace-vllm/bin/python benchmarks/connector/bench_connector.py [--requests 3000] [--spans sync] \
-        [--metrics both|on|off]
+    PYTHONPATH=$PWD:$PWD/tests HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+        python benchmarks/connector/bench_connector.py [--requests 3000] [--spans sync] [--metrics both|on|off]
 
-``--verify`` (default on; ``--no-verify`` skips it) also runs a kvtrace connector whose digest check
-is switched off (its probe's ``verify`` a no-op), interleaved with the others, and times D's side
-(``kvdigest.make`` over the tokens D offers) on the same requests: the cost of verified reuse per
-request = (check on - check off, sum of hook medians) + D's digest median.  Target <= 5 us.
+``--verify`` (default on; ``--no-verify`` skips it) also runs, interleaved with the others, a kvtrace
+connector whose digest check is switched off (its probe's ``verify`` a no-op) and one with
+``verify: enforce``, and prints per mode (``record``, the default, and ``enforce``) the cost of
+verified reuse: P's check = check on - check off, the medians over the pulling requests of each
+request's hook total (and of ``get_num_new_matched_tokens`` alone, where the check runs, in the hook,
+in both modes: the verdict feeds the decision, its span and P's response entry), and D's
+digest = the median of what ``request_finished`` adds on a retaining D (the probe's ``_digest`` over
+a vLLM ``Request``'s ``all_token_ids``, timed right after each request's hooks, so as cold as in the
+hook; the same in both modes).  Offers and D's digest are v2 (over the rig ``Request``'s vLLM block
+hashes); a third arm, ``record_v1``, gets v1 offers and times D's v1 digest, for comparison.  Target
+<= 5 us each, against the baseline in the same run.  The
+offers match (D's digest of the prompt's first 250 tokens): ``enforce`` trims nothing.
 
 ``--export-stall STEPS [--batch 2048] [--writer-process]`` measures instead what an export running in
 the engine process does to the scheduler: step time (one request's hooks) with and without a
@@ -44,6 +53,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
+# (verify mode, connector tag, digest version of its offers and of D's digest)
+VERIFY_ARMS = (("record", "kvtrace", "v2"), ("enforce", "enforce", "v2"), ("record", "record_v1", "v1"))
 HOOKS = (
     "on_new_request",
     "get_num_new_matched_tokens",
@@ -69,7 +80,7 @@ class _Discard:
         return True
 
 
-def _connectors(model_dir: Path, deferred: bool, metrics: bool = True):
+def _connectors(model_dir: Path, deferred: bool, metrics: bool = True, verify: str = "record"):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
@@ -79,7 +90,7 @@ def _connectors(model_dir: Path, deferred: bool, metrics: bool = True):
 
     from support import vllm_rig as rig
 
-    extra = {"bidirectional_kv_xfer": True, "kvtrace": {"role": "prefill", "metrics": metrics}}
+    extra = {"bidirectional_kv_xfer": True, "kvtrace": {"role": "prefill", "metrics": metrics, "verify": verify}}
     cfg = rig.vllm_config(model_dir, extra=extra, block_size=BS)
     kvc = rig.kv_cache_config(BS, 100_000)
     provider = kvtrace.configure("bench-connector", traces_dir=None, otlp="off", handle_sigterm=False)
@@ -91,8 +102,9 @@ def _connectors(model_dir: Path, deferred: bool, metrics: bool = True):
     return wrapped, bare, provider
 
 
-def _calls(i: int, conn_tag: str):
-    """The hook sequence of synthetic request ``i`` (fresh objects per connector)."""
+def _calls(i: int, conn_tag: str, block_config):
+    """The hook sequence of synthetic request ``i`` (fresh objects per connector); ``block_config`` is the
+    engine's :class:`~kvtrace.kvdigest.BlockConfig` (the offer's v2 digest; ``record_v1``: a v1 one)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -109,9 +121,6 @@ def _calls(i: int, conn_tag: str):
     prompt = [5 + (i + k) % 400 for k in range(256)]
     params = {"do_remote_decode": True, "do_remote_prefill": False}
     if pull:
-        # D's kvtrace entry with the digest of the 250 tokens it holds (what an id-only router sends back)
-        digest = kvdigest.make(prompt, 250, engine_id="d", request_id=f"d-{i}", block_ids=[list(range(16))])
-        params[sc.KV_PARAMS_KEY] = {sc.KVT_ENGINE_ID: "d", sc.KVT_DIGEST: digest}
         params.update(
             remote_block_ids=[list(range(16))],
             remote_engine_id="d",
@@ -122,7 +131,17 @@ def _calls(i: int, conn_tag: str):
             remote_num_tokens=250,
             remote_blocks_expiry_time=time.perf_counter() + 300,
         )
+    # the rig's Request carries block hashes as EngineCore's block hasher computes them
     req = rig.request(prompt, params=params, max_tokens=1, block_size=BS, request_id=f"chatcmpl-{conn_tag}{i}-abcd1234")
+    if pull:
+        # D's kvtrace entry with the digest of the 250 tokens it holds (what an id-only router sends back):
+        # v2 over the block hashes D's vLLM computed for them (those of this prompt), v1 over the tokens
+        binding = dict(engine_id="d", request_id=f"d-{i}", block_ids=[list(range(16))])
+        if conn_tag == "record_v1":
+            digest = kvdigest.make(prompt, 250, **binding)
+        else:
+            digest = kvdigest.make_blocks(req.block_hashes, prompt, 250, block_config, **binding)
+        params[sc.KV_PARAMS_KEY] = {sc.KVT_ENGINE_ID: "d", sc.KVT_DIGEST: digest}
     local = 64
     ext = 250 - local if pull else 0
     blocks = KVCacheBlocks(([KVCacheBlock(b) for b in range(1000 + i * 20, 1000 + i * 20 + 16)],))
@@ -155,17 +174,24 @@ def _calls(i: int, conn_tag: str):
     ]
 
 
-def _digest_cost(requests: int) -> float:
-    """Median ns of D's side: kvdigest.make over the 250 tokens its blocks hold (request_finished)."""
-    from kvtrace import kvdigest
+def _d_side(i: int, hashing):
+    """D's part of request ``i``: calls of what its request_finished adds when it retains the 250
+    tokens of 16 blocks, as the probe makes it: v2 over the Request's block hashes (``hashing``: the
+    connector's :class:`~kvtrace.vllm.blockhash.BlockHashing`), v1 over its all_token_ids."""
+    from kvtrace.vllm import probe
 
-    times = []
-    for i in range(requests):
-        prompt = [5 + (i + k) % 400 for k in range(256)]
-        t0 = time.perf_counter_ns()
-        kvdigest.make(prompt, 250, engine_id="d", request_id=f"d-{i}", block_ids=[list(range(16))])
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times[requests // 10 :])
+    from support import vllm_rig as rig
+
+    prompt = [5 + (i + k) % 400 for k in range(256)]
+    req = rig.request(prompt, max_tokens=1, block_size=BS, request_id=f"chatcmpl-d{i}-abcd1234")
+    params = dict(
+        do_remote_decode=True,
+        remote_block_ids=[list(range(16))],
+        remote_engine_id="d",
+        remote_request_id=req.request_id,
+        remote_num_tokens=250,
+    )
+    return {"v2": lambda: probe._digest(req, params, hashing), "v1": lambda: probe._digest(req, params)}
 
 
 def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:
@@ -276,6 +302,31 @@ def _export_stall(model_dir: Path, steps: int, batch: int, writer_process: bool)
     )
 
 
+def _print_verify(samples: dict, d_sides: dict[str, float], warm: int) -> None:
+    """Verified reuse per mode: P's check (pulling requests) and D's digest, with the target verdict."""
+
+    def per_request(tag: str) -> float:  # median over the pulling requests (odd i) of their hooks' total
+        totals = [sum(col) for col in zip(*(samples[(tag, h)] for h in HOOKS), strict=True)]
+        return statistics.median(totals[warm + (warm % 2 == 0) :: 2])
+
+    def in_hook(tag: str) -> float:
+        return statistics.median(samples[(tag, "get_num_new_matched_tokens")][warm + (warm % 2 == 0) :: 2])
+
+    off, off_hook = per_request("verify_off"), in_hook("verify_off")
+    print(
+        "verified reuse, us per request (target <= 5 us each): P = check on - off on the pulling requests "
+        "(median of each request's hook total; the check's own hook), D = digest in request_finished (250 tokens)"
+    )
+    for mode, tag, version in VERIFY_ARMS:
+        check, hook = per_request(tag) - off, in_hook(tag) - off_hook
+        d_side = d_sides[version]
+        verdicts = " ".join(f"{who} {'OK' if ns <= 5000 else 'OVER'}" for who, ns in (("P", check), ("D", d_side)))
+        print(
+            f"  {version} {mode:8s} P's check {check / 1000:+6.1f} (get_num_new_matched_tokens {hook / 1000:+6.1f}), "
+            f"D's digest {d_side / 1000:5.1f}: {verdicts}"
+        )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=3000)
@@ -317,18 +368,31 @@ def main(argv=None) -> int:
         unchecked = _connectors(model_dir, deferred, metrics=args.metrics != "off")[0]
         unchecked._probe.verify = lambda request: None  # the same connector without the digest check
         conns["verify_off"] = unchecked
+        conns["enforce"] = _connectors(model_dir, deferred, metrics=args.metrics != "off", verify="enforce")[0]
+        conns["record_v1"] = _connectors(model_dir, deferred, metrics=args.metrics != "off")[0]
     samples = {(tag, h): [] for tag in conns for h in HOOKS}
+    d_digest: dict[str, list[int]] = {"v2": [], "v1": []}
+    rig.request([1])  # NONE_HASH, as EngineCore initialises it before the first request
+    blocks = wrapped._probe.hashing.config()
+    if blocks is None:
+        raise SystemExit("the connector has no block-hash configuration: digest v2 cannot be measured")
     payloads = []
     clock = time.perf_counter_ns
     order = list(conns.items())
     for i in range(args.requests):
+        digests = _d_side(i, wrapped._probe.hashing) if args.verify else None
         for tag, conn in order[i % len(order) :] + order[: i % len(order)]:  # rotate: same noise for each
-            for hook, call in _calls(i, tag):
+            for hook, call in _calls(i, tag, blocks):
                 t0 = clock()
                 result = call(conn)
                 samples[(tag, hook)].append(clock() - t0)
                 if hook == "get_kv_connector_stats" and tag == "kvtrace" and result is not None:
                     payloads.append(result.to_dict())
+            if digests is not None and tag in ("kvtrace", "record_v1"):  # each right after a connector's hooks
+                version = "v2" if tag == "kvtrace" else "v1"
+                t0 = clock()
+                digests[version]()
+                d_digest[version].append(clock() - t0)
     t0 = clock()
     drained = wrapped._probe.recorder.flush(120)
     drain_ms = (clock() - t0) / 1e6
@@ -355,16 +419,7 @@ def main(argv=None) -> int:
         off = sum(med[("metrics_off", h)] for h in HOOKS)
         print(f"metrics cost per request (sum of hook medians): {on - off:.0f} ns ({on / off:.3f}x of metrics off)")
     if args.verify:
-        # the check runs on the pull requests (odd i) only: their medians
-        pulls = {k: statistics.median(v[warm + (warm % 2 == 0) :: 2]) for k, v in samples.items()}
-        check = sum(pulls[("kvtrace", h)] - pulls[("verify_off", h)] for h in HOOKS)
-        d_side = _digest_cost(args.requests)
-        print(
-            f"verified reuse: P's check {check:.0f} ns per pulling request (sum of hook medians, check on - off); "
-            f"D's digest of the 250 tokens it holds {d_side:.0f} ns per retaining request (target <= 5000 ns each)"
-        )
-        per_hook = {h: round(pulls[("kvtrace", h)] - pulls[("verify_off", h)]) for h in HOOKS}
-        print(f"  check on - off per hook, pulling requests: {per_hook}")
+        _print_verify(samples, {v: statistics.median(ns[warm:]) for v, ns in d_digest.items()}, warm)
     if payloads:
         with_kv, nixl_only = _observe_cost(model_dir, payloads)
         print(

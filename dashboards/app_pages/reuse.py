@@ -1,4 +1,5 @@
-"""KV reuse: decision mix, tokens by source, transfer time against recompute time, continuity breaks."""
+"""KV reuse: offers of other tokens' KV first, then decision mix, tokens by source, transfer time against
+recompute time, continuity breaks."""
 
 import altair as alt
 import pandas as pd
@@ -16,6 +17,23 @@ st.caption(
 )
 if no_data(facets, directory):
     st.stop()
+
+# first: offers whose KV belongs to other tokens than the prompt (P's check of D's digest)
+checked = df(q(reuse.verification, directory, filters))
+if not checked.empty:
+    st.subheader("Offered KV checked against the prompt")
+    if (checked["verified"] == sc.VERIFIED_MISMATCH).any():
+        st.caption(
+            "d2p decisions whose offer failed P's check of D's digest (`verified` = mismatch): the prompt "
+            "differs from the tokens D's blocks hold from `first_mismatch_token` on (a digest chunk's start); "
+            "`wrong_tokens` would have been loaded from other KV (under `verify: record` vLLM loads them). "
+            "`cause` where the kvtrace proxy forwarded the request: "
+            f"{', '.join(reuse.CAUSES)}; – where no kvtrace proxy saw it."
+        )
+        wrong = df(q(reuse.mismatches, directory, filters, limit=500))
+        wrong["cause"] = wrong["cause"].fillna("–")
+        table(st, wrong)
+    table(st, checked)
 
 s = q(reuse.summary, directory, filters)
 c = st.columns(5)

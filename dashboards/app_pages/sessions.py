@@ -32,6 +32,12 @@ limit = right.number_input("Rows", min_value=10, max_value=100_000, value=500, s
 overview = q(sessions.overview, directory, filters, order=order, descending=descending, limit=int(limit))
 tot, rows = overview["totals"], df(overview["rows"])
 
+if tot.get("flagged_sessions"):  # agent spans of a convention kvtrace could not place
+    st.warning(
+        f"{tot['flagged_sessions']:,} session(s) hold {tot['unplaced_spans']:,} agent-side span(s) the breakdown "
+        "could not place; their time counts as unattributed (column `unplaced_spans`). "
+        f"`kvtrace doctor --traces {directory}` lists them."
+    )
 cols[0].metric("Sessions", f"{tot['sessions']:,}")
 cols[1].metric("Turns", f"{tot['turns']:,}")
 for col, (key, label) in zip(cols[2:], PART_LABELS.items(), strict=True):

@@ -103,6 +103,7 @@ class Agent:
         )
         attrs = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+            sc.OPENINFERENCE_SPAN_KIND: sc.OI_AGENT,
             sc.GEN_AI_AGENT_NAME: state.agent_name,
             sc.SESSION_ID: state.session_id,
             sc.GEN_AI_CONVERSATION_ID: state.session_id,
@@ -146,9 +147,14 @@ class Agent:
                 if state is not None:
                     state.reserve_turn(idx)
             holder["turn"] = actx.TurnState(index=idx)
-            attrs: dict[str, Any] = {sc.TURN_INDEX: idx}
+            # one agent run per turn (GenAI invoke_agent); a CHAIN under the session's AGENT for OpenInference
+            attrs: dict[str, Any] = {
+                sc.TURN_INDEX: idx,
+                sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+                sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN,
+            }
             if state is not None:
-                attrs[sc.SESSION_ID] = state.session_id
+                attrs.update({sc.GEN_AI_AGENT_NAME: state.agent_name, **_session_attrs(state)})
             return attrs
 
         def enter(scope: SpanScope):
@@ -169,7 +175,12 @@ class Agent:
         """A ``kvtrace.agent.tool_call`` span (execute_tool): the agent waits on a tool."""
 
         def attributes() -> dict:
-            attrs: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: name}
+            attrs: dict[str, Any] = {
+                sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+                sc.OPENINFERENCE_SPAN_KIND: sc.OI_TOOL,
+                sc.GEN_AI_TOOL_NAME: name,
+                sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
+            }
             if call_id:
                 attrs[sc.GEN_AI_TOOL_CALL_ID] = call_id
             return {**attrs, **_where()}
@@ -178,7 +189,16 @@ class Agent:
 
     def app_work(self, name: str) -> SpanScope:
         """A ``kvtrace.agent.app_work`` span: the agent's own work (parse, plan, I/O)."""
-        return SpanScope(self.tracer, sc.SPAN_AGENT_APP_WORK, lambda: {sc.AGENT_WORK_NAME: name, **_where()})
+
+        def attributes() -> dict:
+            return {
+                sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TASK,
+                sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN,
+                sc.AGENT_WORK_NAME: name,
+                **_where(),
+            }
+
+        return SpanScope(self.tracer, sc.SPAN_AGENT_APP_WORK, attributes)
 
     def user_pause(self, reason: str | None = None) -> SpanScope:
         """A ``kvtrace.agent.user_pause`` span: the agent waits for its user (think time, an
@@ -186,7 +206,8 @@ class Agent:
         ``user_pause_ms``, instead of app work; ``reason`` (optional) says what it waits for."""
 
         def attributes() -> dict:
-            return {**({sc.AGENT_PAUSE_REASON: reason} if reason else {}), **_where()}
+            attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_USER_PAUSE, sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN}
+            return {**attrs, **({sc.AGENT_PAUSE_REASON: reason} if reason else {}), **_where()}
 
         return SpanScope(self.tracer, sc.SPAN_AGENT_USER_PAUSE, attributes)
 
@@ -227,12 +248,17 @@ class Agent:
         )
 
 
+def _session_attrs(state) -> dict:
+    return {sc.SESSION_ID: state.session_id, sc.GEN_AI_CONVERSATION_ID: state.session_id}
+
+
 def _where() -> dict:
-    """session.id / turn index of the current task, for tool, app-work and user-pause spans."""
+    """session.id (and gen_ai.conversation.id) / turn index of the current task, for tool, app-work
+    and user-pause spans."""
     attrs: dict[str, Any] = {}
     state, turn_state = actx.current_session(), actx.current_turn()
     if state is not None:
-        attrs[sc.SESSION_ID] = state.session_id
+        attrs.update(_session_attrs(state))
     if turn_state is not None:
         attrs[sc.TURN_INDEX] = turn_state.index
     return attrs

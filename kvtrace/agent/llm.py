@@ -88,7 +88,12 @@ class LLMCall:
     ) -> None:
         self.agent = agent
         self.request_id = request_id
-        self._attrs: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: operation, sc.REQUEST_STREAM: bool(stream)}
+        self._attrs: dict[str, Any] = {
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_VLLM,
+            sc.OPENINFERENCE_SPAN_KIND: sc.OI_LLM,
+            sc.REQUEST_STREAM: bool(stream),
+        }
         session, turn = actx.current_session(), actx.current_turn()
         self.session = session
         if model:
@@ -245,6 +250,7 @@ class LLMCall:
         if self._first_ns is not None:
             result.ttft_ms = _ms(self._first_ns - self._t0)
             attrs[sc.LLM_TTFT_MS] = result.ttft_ms
+            attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = result.ttft_ms / 1000.0  # the GenAI unit: s
             if output_tokens and output_tokens > 1 and self._last_ns is not None:
                 result.tpot_ms = _ms(self._last_ns - self._first_ns) / (output_tokens - 1)
                 attrs[sc.LLM_TPOT_MS] = result.tpot_ms

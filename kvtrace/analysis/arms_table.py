@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from kvtrace import semconv as sc
@@ -55,6 +56,15 @@ s AS (SELECT sum(d) OVER (ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURREN
 SELECT (SELECT sum(bytes * ((end_ns - start_ns) / 1e9)) FROM r) AS byte_seconds, (SELECT max(held) FROM s) AS peak_bytes
 """
 
+# the published benchmark's two other measures, per request: P's prefill (its engine prefill span:
+# queue, KV load and compute) and the reverse (d2p) KV transfers that completed
+PHASES_SQL = f"""
+SELECT (SELECT avg(duration_ms) FROM engine_requests
+        WHERE engine_role = {literal(sc.ROLE_PREFILL)} AND phase = {literal(sc.ROLE_PREFILL)}) AS prefill_ms,
+       (SELECT avg(duration_ms) FROM kv_transfers
+        WHERE direction = {literal(sc.DIRECTION_D2P)} AND status = {literal(sc.TRANSFER_OK)}) AS d2p_ms
+"""
+
 
 def arm_label(prefix_caching: bool, bidirectional: bool) -> str:
     return f"P cache {'on' if prefix_caching else 'off'}, bidir {'on' if bidirectional else 'off'}"
@@ -73,6 +83,8 @@ class Arm:
     gib_s: float = 0.0
     peak_gib: float = 0.0
     repeats: int = 1
+    prefill_ms: float | None = None  # mean P prefill span (simulated ms)
+    d2p_ms: float | None = None  # mean completed d2p transfer (simulated ms; None: none)
 
     @property
     def key(self) -> tuple[bool, bool]:
@@ -110,6 +122,9 @@ def load(con, directory: str, repeat: int = 0) -> Arm | None:
     held = one(con, HELD_SQL)
     arm.gib_s = (held.get("byte_seconds") or 0.0) * scale / GIB
     arm.peak_gib = (held.get("peak_bytes") or 0) / GIB
+    phases = one(con, PHASES_SQL)
+    arm.prefill_ms = None if phases.get("prefill_ms") is None else phases["prefill_ms"] * scale
+    arm.d2p_ms = None if phases.get("d2p_ms") is None else phases["d2p_ms"] * scale
     return arm
 
 
@@ -136,7 +151,14 @@ def merge(runs: list[Arm]) -> Arm:
         math.fsum(a.gib_s for a in runs) / len(runs),
         max(a.peak_gib for a in runs),
         len(runs),
+        _mean_of([a.prefill_ms for a in runs]),
+        _mean_of([a.d2p_ms for a in runs]),
     )
+
+
+def _mean_of(xs: list) -> float | None:
+    got = [x for x in xs if x is not None]
+    return math.fsum(got) / len(got) if got else None
 
 
 def tables(arms: list[Arm], *, seed: int = 0) -> list[PresetTable]:
@@ -237,6 +259,8 @@ def from_directory(root: str | os.PathLike) -> list[Arm]:
 
     root = os.fspath(root)
     found = runs(list_files(root), root)
+    if any(SWEEP_DIR.match(run.split(os.sep, 1)[0]) for run in found):
+        raise ValueError(f"{root} holds a sweep (one directory per point): read it with sweep_from_directory")
     if len(found) < 2 or "." in found:
         raise ValueError(f"{root} does not hold the runs of kvtrace bench --arms (one subdirectory per arm)")
     out, seen = [], {}
@@ -252,3 +276,90 @@ def from_directory(root: str | os.PathLike) -> list[Arm]:
             )
         out.append(arm)
     return out
+
+
+# -- sweeps: one four-arm run per point of the first turn's prefix ---------------------------------
+SWEEP_DIR = re.compile(r"^prefix-(\d+)$")
+
+
+def point_dir(prefix: int) -> str:
+    return f"prefix-{prefix}"
+
+
+@dataclass
+class SweepPoint:
+    prefix: int
+    tables: list  # PresetTable per preset run at this point
+
+
+def sweep_from_directory(root: str | os.PathLike, *, seed: int = 0) -> list[SweepPoint]:
+    """Every complete point (``prefix-N`` subdirectory holding all four arms of a preset) under
+    ``root``, by prefix; ValueError when there is none."""
+    root = os.fspath(root)
+    points = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+        m = SWEEP_DIR.match(name)
+        if m:
+            points.append(SweepPoint(int(m.group(1)), tables(from_directory(os.path.join(root, name)), seed=seed)))
+    if not points:
+        raise ValueError(f"{root} holds no sweep point (prefix-N directories of kvtrace bench --arms --sweep)")
+    return sorted(points, key=lambda p: p.prefix)
+
+
+def sweep_rows(points: list[SweepPoint], preset: str) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows) of one preset: per prefix, mean TTFT of the four arms, P's mean prefill and
+    d2p transfer, and the gains (TTFT, all turns; the published one also over turns >= 1)."""
+    off, on = arm_label(False, False), arm_label(False, True)
+    cols = [
+        "prefix",
+        f"TTFT {off}",
+        f"TTFT {on}",
+        f"TTFT {arm_label(True, False)}",
+        f"TTFT {arm_label(True, True)}",
+        "P prefill, 4 arms",
+        "d2p transfer (P cache off / on)",
+        "published gain (P cache off)",
+        "published gain, turns >= 1",
+        "incremental gain (P cache on)",
+    ]
+    ms = lambda v: "–" if v is None else f"{v:,.0f}"  # noqa: E731
+    body = []
+    for point in points:
+        t = next((t for t in point.tables if t.preset == preset), None)
+        if t is None:
+            continue
+        arms = [t.arms[k] for k in ARMS]
+        body.append(
+            [
+                f"{point.prefix:,}",
+                *(ms(_mean(a, "ttft_ms", compare.ALL)) for a in arms),
+                " / ".join(ms(a.prefill_ms) for a in arms),
+                f"{ms(t.arms[(False, True)].d2p_ms)} / {ms(t.arms[(True, True)].d2p_ms)}",
+                _gain(t.published, "ttft_ms", compare.ALL),
+                _gain(t.published, "ttft_ms", compare.LATER),
+                _gain(t.incremental, "ttft_ms", compare.ALL),
+            ]
+        )
+    return cols, body
+
+
+def sweep_markdown(points: list[SweepPoint]) -> str:
+    """One table per preset over the sweep's points (simulated ms), with the note on reading it."""
+    from kvtrace.analysis.report.text import md_table
+
+    presets = sorted({t.preset for p in points for t in p.tables})
+    parts = []
+    for preset in presets:
+        first = next(t for p in points for t in p.tables if t.preset == preset)
+        arm = next(iter(first.arms.values()))
+        parts.append(
+            f"### {preset}: mean TTFT per prefix (simulated ms; time scale {arm.time_scale:g}; "
+            f"{arm.repeats} run{'s' if arm.repeats > 1 else ''} per arm)\n\n" + md_table(*sweep_rows(points, preset))
+        )
+    parts.append(
+        "TTFT: mean over all turns. P prefill: mean of P's engine prefill spans (queue, KV load, compute), "
+        "arms in the TTFT columns' order; d2p transfer: mean completed reverse transfer with bidirectional "
+        "on. Gain = mean TTFT bidir off / on with its bootstrap 95% interval (kvtrace.analysis.compare): "
+        "published = P prefix cache off, as the vendor benchmark ran; incremental = P prefix cache on."
+    )
+    return "\n\n".join(parts) + "\n"

@@ -1,4 +1,4 @@
-"""Session-scoped filters pushed down to ClickHouse, exactly.
+"""Session-scoped filters pushed down to the store's scan (ClickHouse; DuckDB for a session id), exactly.
 
 On a fleet's ``otel_traces`` table, the dashboard must not scan days of spans to show one session
 or one hour.  :func:`narrowed` turns the filters of a session-scoped query (``SESSION_SCOPE``:
@@ -6,21 +6,28 @@ session id, time range; :mod:`.sessions`, :mod:`.latency`) into time bounds on t
 ``Timestamp`` (its partition key, and in its sort key after service and span name), found by one
 small query first:
 
-- a **session id**: the first start and last end of the spans carrying it (a bloom filter skip
-  index finds them; ``SessionId`` with kvtrace's recommended DDL);
-- a **time range**: the sessions whose session (or request) spans overlap it, and the first start
-  and last end of those spans.
+- a **session id**: the first start and last end of the traces holding a span that names it (any
+  convention's attribute; bloom filter skip indexes find them; ``SessionId`` with kvtrace's
+  recommended DDL);
+- a **time range**: the sessions whose window (read from session, request and root spans) overlaps
+  it, and the first start and last end of their traces.
 
-Every span a session-scoped query reads belongs to a selected session, and a session's spans start
-inside its window (children start after their parents), so reading only the bounds gives the same
-rows as reading everything.  ``tests/store/clickhouse/test_filter_pushdown.py`` checks the results against DuckDB
-and that fewer rows are read.  DuckDB connections (and filters without a session or time
-restriction) are returned as they are.
+Every span a session-scoped query reads belongs to a selected session, which is a property of whole
+traces, and a session's spans start inside its traces' window (children start after their parents),
+so reading only the bounds gives the same rows as reading everything.
+``tests/store/clickhouse/test_filter_pushdown.py`` (and ``..._conventions.py``) check the results
+against DuckDB and that fewer rows are read.
+
+On DuckDB a **session id** is pushed down the same way (:mod:`kvtrace.store.bounds`: the same trace
+bounds, then a cursor whose raw relation carries them as variables DuckDB pushes into the Parquet
+scan, so row groups outside are skipped; ``tests/analysis/test_session_pushdown.py``).  A time range
+alone is not: the sessions page reads every session anyway.
 """
 
 from __future__ import annotations
 
 from kvtrace.analysis.filters import Filters
+from kvtrace.store import bounds as duck_bounds
 
 EMPTY = (1, 0)
 """Bounds no span falls in (no session matched)."""
@@ -28,7 +35,13 @@ EMPTY = (1, 0)
 
 def narrowed(con, filters: Filters | None):
     """``con``, reading only what ``filters`` (session-scoped) can select (module doc)."""
-    if not getattr(con, "is_clickhouse", False) or filters is None or con.bounds is not None:
+    if filters is None:
+        return con
+    if not getattr(con, "is_clickhouse", False):  # DuckDB: a session id only (one small read first)
+        if not filters.session_id:
+            return con
+        return duck_bounds.bounded(con, *(duck_bounds.session_bounds(con, filters.session_id) or EMPTY))
+    if con.bounds is not None:
         return con
     if filters.session_id:
         bounds = con.session_bounds(filters.session_id)

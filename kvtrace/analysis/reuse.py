@@ -149,11 +149,40 @@ FROM kv_decisions WHERE direction = {D2P} AND verified IS NOT NULL {{where}}
 GROUP BY verified ORDER BY {_VERIFIED_RANK}, verified
 """
 
+# Why a mismatched offer was made, where the kvtrace proxy forwarded the request (its request span
+# and its continuity check, joined by request id); NULL where no kvtrace proxy saw it (another router
+# or a driver offering by id alone: the mismatch itself is all there is to know).
+CAUSE_INJECTED = "injected offer"  # the proxy offered nothing: the offer P checked came from elsewhere
+CAUSE_DIVERGED = "diverged history"  # the proxy saw the messages diverge from the served turn, offered anyway
+CAUSE_RENDERED = "prompt rendered differently"  # the messages extend the served turn, the prompt's tokens do not
+CAUSE_REUSED_ID = "reused id"  # offered on the session id alone: no served history to compare (new / unchecked)
+CAUSES = (CAUSE_INJECTED, CAUSE_DIVERGED, CAUSE_RENDERED, CAUSE_REUSED_ID)
+
 MISMATCHES_SQL = f"""
-SELECT start_ns, session_id, turn, request_id, engine_id, peer_engine_id, verify_mode, outcome,
-       remote_tokens, verified_tokens, first_mismatch_token, wrong_tokens, pulled_tokens
-FROM kv_decisions WHERE direction = {D2P} AND verified = {literal(sc.VERIFIED_MISMATCH)} {{where}}
-ORDER BY wrong_tokens DESC, start_ns, request_id
+WITH m AS (
+    SELECT start_ns, session_id, turn, request_id, engine_id, peer_engine_id, verify_mode, outcome,
+           prompt_tokens, local_hit_tokens, remote_tokens, verified_tokens, first_mismatch_token, wrong_tokens,
+           pulled_tokens
+    FROM kv_decisions WHERE direction = {D2P} AND verified = {literal(sc.VERIFIED_MISMATCH)} {{where}}
+),
+px AS (
+    SELECT request_id, max(CASE WHEN offered THEN 1 ELSE 0 END) AS offered FROM requests
+    WHERE request_id IN (SELECT request_id FROM m) GROUP BY request_id
+),
+ct AS (
+    SELECT request_id, min(continuity) AS continuity FROM continuity
+    WHERE request_id IN (SELECT request_id FROM m) GROUP BY request_id
+)
+SELECT m.start_ns, m.session_id, m.turn, m.request_id, m.engine_id, m.peer_engine_id, m.verify_mode, m.outcome,
+       m.first_mismatch_token, m.wrong_tokens,
+       CASE WHEN px.request_id IS NULL THEN NULL
+            WHEN px.offered = 0 THEN {literal(CAUSE_INJECTED)}
+            WHEN ct.continuity = {literal(sc.CONTINUITY_DIVERGED)} THEN {literal(CAUSE_DIVERGED)}
+            WHEN ct.continuity = {literal(sc.CONTINUITY_EXTENDS)} THEN {literal(CAUSE_RENDERED)}
+            ELSE {literal(CAUSE_REUSED_ID)} END AS cause,
+       m.prompt_tokens, m.local_hit_tokens, m.remote_tokens, m.verified_tokens, m.pulled_tokens
+FROM m LEFT JOIN px ON px.request_id = m.request_id LEFT JOIN ct ON ct.request_id = m.request_id
+ORDER BY m.wrong_tokens DESC, m.start_ns, m.request_id
 LIMIT $limit
 """
 
@@ -215,7 +244,10 @@ def verification(con, filters: Filters | None = None) -> pa.Table:
 
 
 def mismatches(con, filters: Filters | None = None, limit: int = 20) -> pa.Table:
-    """The mismatched offers (D's blocks hold other tokens than the prompt), most wrong tokens first."""
+    """The mismatched offers (D's blocks hold other tokens than the prompt), most wrong tokens first:
+    where the prompt first differs (``first_mismatch_token``, a digest chunk's start), the tokens
+    vLLM's rule loads or would load from other KV (``wrong_tokens``) and, where the kvtrace proxy
+    forwarded the request, why the offer was made (``cause``, one of :data:`CAUSES`)."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
     return table(con, MISMATCHES_SQL.format(where=clause), {**params, "limit": limit})
 

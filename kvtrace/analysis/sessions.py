@@ -16,11 +16,11 @@ from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 from kvtrace.analysis.pushdown import narrowed
 from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 
-SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s")
+SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s", "unplaced_spans")
 
 BREAKDOWN_SQL = """
 SELECT session_id, wall_ms, input_processing_ms, generation_ms, tool_wait_ms, app_work_ms, user_pause_ms, turns,
-       unattributed_ms, start_ns, end_ns, kv_gib_s
+       unattributed_ms, start_ns, end_ns, kv_gib_s, unplaced_spans
 FROM session_breakdown {where}
 ORDER BY {order} {direction} NULLS LAST, session_id
 LIMIT $limit
@@ -46,6 +46,9 @@ _TOTALS = (
     ("start_ns", "min(start_ns)", "{}"),
     ("end_ns", "max(end_ns)", "{}"),
     ("kv_gib_s", "sum(kv_gib_s)", "coalesce({}, 0)"),
+    # agent-side spans the breakdown could not place, and the sessions holding them (a warning)
+    ("unplaced_spans", "sum(unplaced_spans)", "coalesce({}, 0)::BIGINT"),
+    ("flagged_sessions", "count(*) FILTER (WHERE unplaced_spans > 0)", "{}"),
 )
 TOTALS_SQL = "SELECT " + ", ".join(w.format(a) + f" AS {n}" for n, a, w in _TOTALS) + " FROM session_breakdown {where}"
 assert BREAKDOWN_SQL.count("\nFROM session_breakdown") == 1  # where OVERVIEW_SQL adds the totals

@@ -12,7 +12,10 @@ input file (:mod:`kvtrace.bench.vllm_inputs`); one ``seed`` draws the same workl
 endpoint and repeat (a per-run nonce word keeps repeats from hitting earlier runs' prefix cache).
 
 Concurrency: ``max_active_conversations`` sessions run at once (default ``clients``); at most
-``clients`` LLM requests are in flight; ``request_rate`` (requests/s, Poisson) paces request starts.
+``clients`` LLM requests are in flight (default 4); ``request_rate`` (requests/s, Poisson) paces
+request starts.  A timed workload (a production trace replayed with its arrival times,
+:mod:`kvtrace.bench.mooncake`) runs every session at once and bounds nothing by default: its
+pauses are the arrivals.
 ``time_scale`` multiplies tool waits, app work and pauses (not model time).
 """
 
@@ -34,6 +37,8 @@ from kvtrace.bench import stats
 from kvtrace.bench.runner import Collector, Pacer, RequestRecord, RunOptions, SessionRunner, Sleep
 from kvtrace.bench.workload import Workload, from_scenario
 
+DEFAULT_CLIENTS = 4
+
 
 class BenchError(ValueError):
     """Unusable bench arguments (one line; the CLI turns it into CLIError)."""
@@ -44,9 +49,11 @@ class BenchConfig:
     scenario: str | scn.Scenario | None = None
     input: str | None = None
     workload: Workload | None = None
+    published: str | None = None  # a built-in workload (kvtrace.bench.published)
+    prefix: int | None = None  # the first turn's prefix (published workloads, generate configs)
     model: str | None = None
     sessions: int | None = None
-    clients: int = 4
+    clients: int | None = None  # None: 4, or unbounded for a timed workload
     max_active_conversations: int | None = None
     request_rate: float = math.inf
     seed: int = 0
@@ -60,10 +67,20 @@ class BenchConfig:
     nonce: str | None = None
 
     def validate(self) -> None:
-        if sum(x is not None for x in (self.scenario, self.input, self.workload)) != 1:
+        if sum(x is not None for x in (self.scenario, self.input, self.workload, self.published)) != 1:
             raise BenchError("give exactly one of a scenario, an input file or a workload")
+        if self.published is not None:
+            from kvtrace.bench import published
+
+            try:
+                published.get(self.published)
+            except ValueError as exc:
+                raise BenchError(str(exc)) from None
+        if self.prefix is not None and (self.prefix < 0 or self.scenario is not None or self.workload is not None):
+            raise BenchError("prefix (>= 0) goes with a built-in workload or a generate_conversations input")
         for name in ("clients", "repeat"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise BenchError(f"{name} must be >= 1")
         if self.sessions is not None and self.sessions < 1:
             raise BenchError("sessions must be >= 1")
@@ -75,17 +92,36 @@ class BenchConfig:
     def build(self, seed: int, nonce: str, sessions: int | None = None) -> Workload:
         if self.workload is not None:
             return self.workload
+        if self.published is not None:
+            return self._published(seed, nonce, sessions)
         if self.input is not None:
             from kvtrace.bench import vllm_inputs
 
             try:
                 return vllm_inputs.load(
-                    self.input, seed=seed, nonce=nonce, sessions=sessions or self.sessions, max_tokens=self.max_tokens
+                    self.input,
+                    seed=seed,
+                    nonce=nonce,
+                    sessions=sessions or self.sessions,
+                    max_tokens=self.max_tokens,
+                    prefix=self.prefix,
                 )
             except vllm_inputs.InputError as exc:
                 raise BenchError(str(exc)) from None
         scenario = self.scenario if isinstance(self.scenario, scn.Scenario) else _scenario(self.scenario)
         return from_scenario(scenario, sessions or self.sessions, seed, nonce)
+
+    def _published(self, seed: int, nonce: str, sessions: int | None) -> Workload:
+        from kvtrace.bench import published, vllm_inputs
+
+        spec = published.get(self.published)
+        prefix = self.prefix if self.prefix is not None else spec.prefix
+        conf = spec.config if prefix is None else published.with_prefix(spec.config, prefix)
+        wl = vllm_inputs.generate(conf, seed=seed, nonce=nonce, max_tokens=self.max_tokens)
+        wl.name = spec.name if prefix is None else f"{spec.name} prefix={prefix}"
+        n = sessions or self.sessions
+        wl.sessions = wl.sessions[:n] if n else wl.sessions
+        return wl
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("workload", "api_key", "scenario")}
@@ -240,6 +276,7 @@ class _Side:
 
     async def _execute(self, workload: Workload, out: Collector, prefix: str, label: str) -> None:
         cfg = self.cfg
+        clients = cfg.clients or (max(1, len(workload.sessions)) if workload.timed else DEFAULT_CLIENTS)
         opts = RunOptions(
             model=self.result.model,
             time_scale=cfg.time_scale,
@@ -256,7 +293,7 @@ class _Side:
             self.agent,
             opts,
             out,
-            slots=asyncio.Semaphore(cfg.clients),
+            slots=asyncio.Semaphore(clients),
             pacer=Pacer(cfg.request_rate, cfg.seed, self.sleep),
             sleep=self.sleep,
         )
@@ -266,7 +303,9 @@ class _Side:
             for plan in plans:  # shared iterator: each worker takes the next session
                 await runner.run(plan, f"{prefix}-{plan.name}")
 
-        active = min(cfg.max_active_conversations or cfg.clients, len(workload.sessions))
+        # a timed workload's first pause is its session's start: every session must begin at once
+        default_active = len(workload.sessions) if workload.timed else clients
+        active = min(cfg.max_active_conversations or default_active, len(workload.sessions))
         try:
             await asyncio.gather(*(worker() for _ in range(active)))
         finally:

@@ -36,9 +36,12 @@ import aiohttp
 from kvtrace.analysis import arms_table as arms_analysis
 from kvtrace.bench import api as bench
 
-PRESETS = ("qwen3-32b", "glm5-fp8")
-TIME_SCALES = {"qwen3-32b": 5.0, "glm5-fp8": 1.0}  # decode step 13.7 ms / 1.0 ms simulated
+PRESETS = ("qwen3-32b", "glm5-fp8", "llama-3.3-70b")
+CONVERSATION_TTL_S = 450.0  # the proxy's default --conversation-ttl (D's 480 s TTL less 30 s), model s
+# decode step 3.0 / 2.6 / 5.3 ms simulated at TP 8: ~0.6 ms of wall time each
+TIME_SCALES = {"qwen3-32b": 5.0, "glm5-fp8": 4.0, "llama-3.3-70b": 8.0}
 LINK = "efa-3200"
+CALIBRATED = "calibrated"  # the table of a run at fitted costs (kvtrace.sim.fitted.NAME)
 NONCE = "arms"
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
@@ -65,10 +68,17 @@ class ArmsResult:
         }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each socket stays bound until all are chosen (the kernel may give
+    a port just released to the next bind(0))."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 async def _ready(url: str, proc: subprocess.Popen, log: str) -> None:
@@ -130,15 +140,15 @@ async def _one(
     link: str,
     cfg: dict,
     progress: bool,
+    calibrate_from: str | None = None,
 ) -> bench.BenchResult:
-    p_port, d_port, proxy_port = _free_port(), _free_port(), _free_port()
+    p_port, d_port, proxy_port = _free_ports(3)
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
     cli = [sys.executable, "-m", "kvtrace.cli"]
     sim = [
         *cli,
         "sim",
-        "--preset",
-        preset,
+        *(["--calibrate-from", calibrate_from] if calibrate_from else ["--preset", preset]),
         "--link",
         link,
         "--time-scale",
@@ -171,6 +181,8 @@ async def _one(
         str(d_port),
         "--traces",
         run_dir,
+        "--conversation-ttl",  # the proxy's clock is wall time: its default TTL, in model seconds
+        f"{CONVERSATION_TTL_S / scale:g}",
     ]
     log = run_dir + ".log"
     os.makedirs(run_dir, exist_ok=True)
@@ -202,11 +214,14 @@ async def arun_arms(
     link: str = LINK,
     progress: bool = False,
     repeat: int = 1,
+    calibrate_from: str | None = None,
     **config: Any,
 ) -> ArmsResult:
     """Run the workload (``config`` = :class:`~kvtrace.bench.api.BenchConfig` fields) in the four
     arms of each preset; ``traces_dir`` must be empty or missing.  ``sim_time_scale`` None: the
-    preset's :data:`TIME_SCALES` entry."""
+    preset's :data:`TIME_SCALES` entry.  ``calibrate_from``: a trace directory whose fitted costs
+    (``kvtrace sim --calibrate-from``) every arm runs at, instead of the presets (one table, named
+    ``calibrated``)."""
     if sim_time_scale is not None and not sim_time_scale > 0:
         raise bench.BenchError("sim_time_scale must be positive")
     if repeat < 1:
@@ -214,7 +229,10 @@ async def arun_arms(
     if os.path.isdir(traces_dir) and os.listdir(traces_dir):
         raise bench.BenchError(f"{traces_dir} is not empty: the arms' runs need a directory of their own")
     bench._config(dict(config)).validate()  # bad workload arguments fail before any cluster starts
-    check_presets(presets)
+    if calibrate_from:
+        presets = (CALIBRATED,)
+    else:
+        check_presets(presets)
     results = {}
     for preset in presets:
         scale = sim_time_scale or TIME_SCALES.get(preset, 1.0)
@@ -226,7 +244,7 @@ async def arun_arms(
             for prefix_caching, bidirectional in arms_analysis.ARMS:
                 run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
                 results[(preset, prefix_caching, bidirectional, rep)] = await _one(
-                    run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress
+                    run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress, calibrate_from
                 )
     found = arms_analysis.from_directory(traces_dir)
     return ArmsResult(arms_analysis.tables(found), results, traces_dir)  # the bootstrap seed kvtrace report uses
@@ -235,3 +253,39 @@ async def arun_arms(
 def run_arms(traces_dir: str, **kwargs: Any) -> ArmsResult:
     """Synchronous :func:`arun_arms`."""
     return asyncio.run(arun_arms(traces_dir, **kwargs))
+
+
+@dataclass
+class SweepResult:
+    points: list  # kvtrace.analysis.arms_table.SweepPoint
+    runs: dict  # prefix -> ArmsResult
+    traces_dir: str
+
+    def format(self) -> str:
+        head = f"kvtrace bench --arms --sweep: runs in {self.traces_dir}/prefix-N"
+        return head + "\n\n" + arms_analysis.sweep_markdown(self.points)
+
+    def to_dict(self) -> dict:
+        return {"traces_dir": self.traces_dir, "points": {p: r.to_dict() for p, r in self.runs.items()}}
+
+
+async def arun_sweep(traces_dir: str, prefixes: tuple[int, ...], **kwargs: Any) -> SweepResult:
+    """:func:`arun_arms` once per first-turn prefix length, each point in ``traces_dir/prefix-N``
+    (``kwargs`` as there; the workload must be a built-in one or a generate_conversations input)."""
+    if not prefixes:
+        raise bench.BenchError("the sweep needs at least one point")
+    if os.path.isdir(traces_dir) and os.listdir(traces_dir):
+        raise bench.BenchError(f"{traces_dir} is not empty: the sweep's runs need a directory of their own")
+    if kwargs.get("published") is None and kwargs.get("input") is None:
+        raise bench.BenchError("--sweep prefix=... needs --workload or a generate_conversations --input")
+    runs = {}
+    for prefix in prefixes:
+        point = os.path.join(traces_dir, arms_analysis.point_dir(prefix))
+        runs[prefix] = await arun_arms(point, prefix=prefix, **kwargs)
+    points = [arms_analysis.SweepPoint(p, r.tables) for p, r in sorted(runs.items())]  # each run read its point
+    return SweepResult(points, runs, traces_dir)
+
+
+def run_sweep(traces_dir: str, prefixes: tuple[int, ...], **kwargs: Any) -> SweepResult:
+    """Synchronous :func:`arun_sweep`."""
+    return asyncio.run(arun_sweep(traces_dir, prefixes, **kwargs))

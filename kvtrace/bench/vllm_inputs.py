@@ -11,6 +11,10 @@ kvtrace scenario files.
   the distributions), counting words as tokens.  ``text_files`` are read relative to the config
   when present; otherwise a seeded synthetic corpus stands in.
 - A ``{"filetype": "kvtrace_scenario", ...}`` file (:func:`kvtrace.bench.scenarios.from_dict`).
+- A Mooncake FAST'25 trace (JSONL rows with ``timestamp``, ``input_length``, ``output_length``,
+  ``hash_ids``): sessions rebuilt from shared block-hash prefixes and replayed with the trace's
+  arrival times (:mod:`kvtrace.bench.mooncake`).  ``mooncake-conversation`` names the subset of
+  its conversation trace shipped with kvtrace.
 
 Errors are :class:`InputError` (one line; the CLI turns it into ``CLIError``).
 """
@@ -22,7 +26,7 @@ import random
 import re
 from pathlib import Path
 
-from kvtrace.bench import scenarios
+from kvtrace.bench import mooncake, scenarios
 from kvtrace.bench.distributions import Constant, DistributionError
 from kvtrace.bench.distributions import from_dict as dist_from_dict
 from kvtrace.bench.workload import LLMAction, SessionPlan, TurnPlan, Workload, from_scenario, words
@@ -49,9 +53,20 @@ def load(
     sessions: int | None = None,
     max_tokens: int | None = None,
     default_max_tokens: int = 256,
+    prefix: int | None = None,
 ) -> Workload:
-    """The workload described by ``path`` (see the module docstring)."""
-    path = Path(path)
+    """The workload described by ``path`` (see the module docstring); ``prefix``: every first
+    turn's prefix tokens (generate_conversations configs only, as vLLM's sweep script sets it)."""
+    path = mooncake.shipped(path)
+    if mooncake.looks_like(path):
+        if prefix is not None:
+            raise InputError(f"{path.name}: a prefix length goes only with a '{GENERATE}' config")
+        try:
+            wl = mooncake.load(path, seed=seed, nonce=nonce, max_tokens=max_tokens)
+        except mooncake.TraceError as exc:
+            raise InputError(f"{path.name}: {exc}") from None
+        wl.sessions = wl.sessions[:sessions] if sessions is not None else wl.sessions
+        return wl
     try:
         conf = json.loads(path.read_text())
     except OSError as exc:
@@ -59,11 +74,15 @@ def load(
     except ValueError as exc:
         raise InputError(f"{path} is not valid JSON: {exc}") from None
     try:
+        if prefix is not None and not (isinstance(conf, dict) and conf.get("filetype") == GENERATE):
+            raise InputError(f"{path}: a prefix length goes only with a '{GENERATE}' config")
         if isinstance(conf, list):
             wl = conversations(
                 conf, max_tokens=max_tokens, default_max_tokens=default_max_tokens, seed=seed, nonce=nonce
             )
         elif isinstance(conf, dict) and conf.get("filetype") == GENERATE:
+            if prefix is not None:
+                conf = _with_prefix(conf, prefix)
             wl = generate(conf, seed=seed, nonce=nonce, base_dir=path.parent, max_tokens=max_tokens)
         elif isinstance(conf, dict) and conf.get("filetype") == scenarios.FILETYPE:
             wl = from_scenario(scenarios.from_dict(conf), sessions, seed, nonce)
@@ -78,6 +97,14 @@ def load(
     if sessions is not None and wl.source != "scenario":
         wl.sessions = wl.sessions[:sessions]
     return wl
+
+
+def _with_prefix(conf: dict, prefix: int) -> dict:
+    from kvtrace.bench.published import with_prefix
+
+    if not isinstance(conf.get("prompt_input"), dict):
+        raise InputError("prompt_input must be an object")
+    return with_prefix(conf, prefix)
 
 
 def conversations(

@@ -81,6 +81,7 @@ class Workload:
     source: str = "scenario"  # scenario | conversations | generate_conversations
     thinking: bool = False  # the scenario's: reasoning first
     keep_reasoning: bool = True  # the scenario's: reasoning sent back in the history
+    timed: bool = False  # pauses replay a trace's arrival times (first turn: the session's start)
 
     @property
     def n_llm_calls(self) -> int:

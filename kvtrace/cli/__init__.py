@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "query": "kvtrace.cli.query",
     "compact": "kvtrace.cli.compact",
     "report": "kvtrace.cli.report",
+    "doctor": "kvtrace.cli.doctor",
     "whatif": "kvtrace.cli.whatif",
     "dashboard": "kvtrace.cli.dashboard",
     "collect": "kvtrace.cli.collect",
@@ -46,6 +47,7 @@ EXTRAS: dict[str, str | None] = {
     "whatif": None,
     "dashboard": "dashboard",
     "collect": "collect",
+    "doctor": None,
 }
 # a missing module that only one extra brings names that extra whichever command needs it
 # (``kvtrace query --traces chdb:...`` needs the clickhouse extra, not a ``query`` one)

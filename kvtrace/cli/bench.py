@@ -8,6 +8,7 @@ import math
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvtrace.bench.published import WORKLOADS
     from kvtrace.bench.scenarios import SCENARIOS
 
     p.add_argument(
@@ -18,14 +19,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--input",
         metavar="FILE",
-        help="vLLM multi-turn conversations JSON, generate_conversations config JSON, or a kvtrace_scenario JSON",
+        help="vLLM multi-turn conversations JSON, generate_conversations config JSON, a kvtrace_scenario JSON, "
+        "or a Mooncake FAST'25 trace (JSONL, replayed with its timing; 'mooncake-conversation' = the shipped "
+        "subset of its conversation trace)",
+    )
+    src.add_argument(
+        "--workload",
+        metavar="NAME",
+        help=f"a published workload built in ({', '.join(WORKLOADS)}): the bidirectional benchmark's sweep "
+        "(10 conversations x 10 turns, 150/300 tokens, 2 clients) or vLLM's multi-turn P/D PR benchmark "
+        "(24 conversations, Llama-3.3-70B)",
     )
     p.add_argument("--traces", metavar="DIR", help="write the bench's spans (Parquet) into DIR")
     p.add_argument("--json", metavar="FILE", help="write summary and per-request/turn/session stats as JSON")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--sessions", type=int, help="sessions to run (scenario default; input files: the first N)")
-    p.add_argument("--clients", type=int, default=4, help="LLM requests in flight at most (default 4)")
-    p.add_argument("--max-active-conversations", type=int, help="sessions open at once (default: --clients)")
+    p.add_argument(
+        "--clients",
+        type=int,
+        help="LLM requests in flight at most (default 4; --workload: the workload's, 2; a Mooncake trace: "
+        "unbounded, its arrivals pace it)",
+    )
+    p.add_argument(
+        "--max-active-conversations", type=int, help="sessions open at once (default: --clients; --workload: its own)"
+    )
     p.add_argument(
         "--request-rate", type=float, default=math.inf, help="requests/s, Poisson arrivals (default: no pacing)"
     )
@@ -61,8 +78,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--sim-time-scale",
         type=float,
         default=None,
-        help="--arms: simulated time compression (default per preset: qwen3-32b 5, glm5-fp8 1); "
-        "times are reported in simulated ms",
+        help="--arms: simulated time compression (default per preset: qwen3-32b 5, glm5-fp8 4, "
+        "llama-3.3-70b 8); times are reported in simulated ms",
+    )
+    arms.add_argument(
+        "--sweep",
+        metavar="prefix=N,N,...",
+        help="--arms once per first-turn prefix length (--workload or a generate_conversations --input), "
+        "runs in --traces DIR/prefix-N; prints mean TTFT, P prefill and transfer per arm per point and the gains",
+    )
+    arms.add_argument(
+        "--calibrate-from",
+        metavar="DIR",
+        help="--arms: run every arm at the costs fitted to the trace directory DIR (kvtrace sim "
+        "--calibrate-from: real vLLM or another sim run) instead of the presets",
     )
 
 
@@ -76,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
     turn index, marking differences beyond run-to-run noise.  With --arms (no --url) the workload
     runs on in-process simulated clusters in four arms (P prefix cache off/on x bidirectional
     off/on) per cost preset and the table shows the published gain beside the incremental one.
+    --workload runs a published workload built in (published-sweep, vllm-pr-multiturn); with --arms
+    --sweep prefix=2000,...,24000 the four arms run once per first-turn prefix length and one table
+    per preset gives mean TTFT, P prefill and transfer time per arm per point, and the gains.
     """
     import logging
 
@@ -85,11 +117,21 @@ def run(args: argparse.Namespace) -> int:
     for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
+    clients, active = args.clients, args.max_active_conversations
+    if args.workload:
+        from kvtrace.bench.published import get
+
+        try:
+            spec = get(args.workload)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        clients = spec.clients if clients is None else clients
+        active = spec.max_active_conversations if active is None else active
     config = dict(
         model=args.model,
         sessions=args.sessions,
-        clients=args.clients,
-        max_active_conversations=args.max_active_conversations,
+        clients=clients,  # None: the bench default (4, or unbounded for a timed trace)
+        max_active_conversations=active,
         request_rate=args.request_rate,
         seed=args.seed,
         warmup=args.warmup,
@@ -102,13 +144,15 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.scenario:
         config["scenario"] = args.scenario
+    elif args.workload:
+        config["published"] = args.workload
     else:
         config["input"] = args.input
     common = dict(traces_dir=args.traces, progress=not args.no_progress)
     if args.arms:
         return _arms(args, config)
-    if args.presets or args.sim_time_scale is not None:
-        raise CLIError("--presets and --sim-time-scale only go with --arms")
+    if args.presets or args.sim_time_scale is not None or args.sweep or args.calibrate_from:
+        raise CLIError("--presets, --sim-time-scale, --sweep and --calibrate-from only go with --arms")
     if not args.url:
         raise CLIError("--url is required (or --arms)")
     try:
@@ -133,20 +177,41 @@ def _arms(args: argparse.Namespace, config: dict) -> int:
     if not args.traces:
         raise CLIError("--arms needs --traces DIR (one run per arm goes under it)")
     presets = tuple(args.presets or arms.PRESETS)
+    if args.calibrate_from:
+        if args.presets:
+            raise CLIError("--calibrate-from replaces the presets: no --presets")
+        _print_calibration(args.calibrate_from)
     repeat = config.pop("repeat")  # N runs of each arm, interleaved (not N passes inside one run)
+    common = dict(
+        presets=presets,
+        sim_time_scale=args.sim_time_scale,
+        progress=not args.no_progress,
+        repeat=repeat,
+        calibrate_from=args.calibrate_from,
+    )
     try:
-        result = arms.run_arms(
-            args.traces,
-            presets=presets,
-            sim_time_scale=args.sim_time_scale,
-            progress=not args.no_progress,
-            repeat=repeat,
-            **config,
-        )
+        if args.sweep:
+            from kvtrace.bench.published import parse_sweep
+
+            _, points = parse_sweep(args.sweep)
+            result = arms.run_sweep(args.traces, points, **common, **config)
+        else:
+            result = arms.run_arms(args.traces, **common, **config)
     except (bench.BenchError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     _report(result, args.json)
     return 0
+
+
+def _print_calibration(directory: str) -> None:
+    """The fit the arms will run at, before any cluster starts (CLIError when it cannot be made)."""
+    from kvtrace.analysis.calibrate import CalibrationError, from_directory
+    from kvtrace.errors import CLIError
+
+    try:
+        print("\n".join(from_directory(directory).lines()), flush=True)
+    except CalibrationError as exc:
+        raise CLIError(f"--calibrate-from {directory}: {exc}") from None
 
 
 def _report(result, json_path: str | None) -> None:

@@ -22,7 +22,8 @@ def run(args) -> int:
     with --compare DIR2, the per-turn comparison against a baseline run: ratios, bootstrap
     intervals and verdicts).  A directory holding several runs is refused, unless they are the
     runs of `kvtrace bench --arms` (P prefix cache off/on x bidirectional off/on, per preset): then
-    the report is their table per preset, the published gain beside the incremental gain.
+    the report is their table per preset, the published gain beside the incremental gain; for the
+    prefix-N points of `kvtrace bench --arms --sweep`, that table per preset over the points.
 
     --format md writes Markdown, with the plots as PNG files beside --output (FILE-<plot>.png);
     --format html writes one self-contained page with the plots embedded.  Plots need matplotlib:
@@ -67,13 +68,18 @@ def run(args) -> int:
 
 
 def _arms(directory: str) -> str | None:
-    """The four-arm report of a directory holding the runs of ``kvtrace bench --arms``, else None."""
+    """The four-arm report of a directory holding the runs of ``kvtrace bench --arms`` (or the
+    points of ``--arms --sweep``), else None."""
     from kvtrace.analysis import arms_table as arms
 
     try:
         tables = arms.tables(arms.from_directory(directory))
     except (ValueError, OSError):
-        return None
+        try:
+            points = arms.sweep_from_directory(directory)
+        except (ValueError, OSError):
+            return None
+        return "# kvtrace report: the four arms per prefix length\n\n" + arms.sweep_markdown(points)
     return "# kvtrace report: published vs production configuration\n\n" + arms.markdown(tables)
 
 

@@ -8,6 +8,7 @@ import json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvtrace.sim.costmodel import LINKS, PRESETS
+    from kvtrace.sim.wire import TOOL_CALL_MODES
 
     parser.add_argument("--preset", default="qwen3-32b", choices=sorted(PRESETS), help="cost model / KV size preset")
     parser.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
@@ -24,7 +25,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM --kv-transfer-config JSON (bidirectional_kv_xfer defaults to true)",
     )
     parser.add_argument("--link", default="efa-3200", choices=sorted(LINKS), help="P<->D link preset")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        help="tokens per KV block (default: the preset's: 16; glm5-fp8 64, vLLM's sparse MLA; "
+        "--calibrate-from: the traces')",
+    )
+    parser.add_argument(
+        "--calibrate-from",
+        metavar="DIR",
+        help="fit prefill, transfer and decode-step costs to the trace directory DIR (real vLLM or another "
+        "sim run), print them with the spans behind them, and run at those rates instead of --preset's",
+    )
     parser.add_argument("--capacity-blocks", type=int, default=65536, help="KV blocks per worker")
     parser.add_argument("--model", help="served model name (default: accept any, list the preset)")
     parser.add_argument(
@@ -34,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ROLE",
         help="vLLM's --no-enable-prefix-caching, per role: on the prefill and/or decode workers "
         "(no ROLE = both), as the published bidirectional benchmark ran P",
+    )
+    parser.add_argument(
+        "--tool-calls",
+        choices=TOOL_CALL_MODES,
+        help="script the model's tool use, for testing agents (default off: always text): first-tool = a chat "
+        "request offering tools whose last message is the user's gets a call of the first tool (arguments {}, "
+        "finish_reason tool_calls); after the tool result, a text reply",
     )
 
 
@@ -70,14 +89,28 @@ def _check(args) -> None:
         raise CLIError("need at least one worker (--prefill/--decode)")
     if args.time_scale <= 0:
         raise CLIError("--time-scale must be positive")
-    if args.block_size <= 0 or args.capacity_blocks <= 0:
+    if (args.block_size is not None and args.block_size <= 0) or args.capacity_blocks <= 0:
         raise CLIError("--block-size and --capacity-blocks must be positive")
     for name in ("prefill_port", "decode_port"):
         if not 0 <= getattr(args, name) <= 65535:
             raise CLIError(f"--{name.replace('_', '-')} must be a port number")
 
 
-async def _serve(args, kv_config) -> None:
+def calibrated_cost(directory: str, *, enabled: bool, time_scale: float):
+    """(the fit of ``directory``, a :class:`kvtrace.sim.fitted.FittedCostModel` at its rates);
+    CLIError when the traces cannot be calibrated."""
+    from kvtrace.analysis.calibrate import CalibrationError, from_directory
+    from kvtrace.errors import CLIError
+    from kvtrace.sim.fitted import FittedCostModel
+
+    try:
+        cal = from_directory(directory)
+    except CalibrationError as exc:
+        raise CLIError(f"--calibrate-from {directory}: {exc}") from None
+    return cal, FittedCostModel(cal.cost_numbers(), enabled=enabled, time_scale=time_scale)
+
+
+async def _serve(args, kv_config, cost_model=None, block_size: int | None = None) -> None:
     import asyncio
     import signal
 
@@ -98,11 +131,13 @@ async def _serve(args, kv_config) -> None:
         host=args.host,
         prefill_port=args.prefill_port,
         decode_port=args.decode_port,
-        block_size=args.block_size,
+        block_size=block_size,
         capacity_blocks=args.capacity_blocks,
         link=args.link,
         model=args.model,
         no_prefix_caching=_no_prefix_caching(args),
+        tool_calls=args.tool_calls,
+        cost_model=cost_model,
     ) as cluster:
         off = (
             ", prefix caching off on " + "+".join(sorted(cluster.no_prefix_caching))
@@ -110,8 +145,9 @@ async def _serve(args, kv_config) -> None:
             else ""
         )
         print(
-            f"kvtrace sim: preset {args.preset}, bidirectional={cluster.kv.bidirectional}, "
-            f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}{off}",
+            f"kvtrace sim: preset {cluster.preset}, bidirectional={cluster.kv.bidirectional}, "
+            f"time scale {args.time_scale}{' (no cost)' if args.no_cost else ''}{off}"
+            f"{', tool calls ' + args.tool_calls if args.tool_calls else ''}",
             flush=True,
         )
         for url in cluster.prefill_urls:
@@ -130,6 +166,13 @@ def run(args) -> int:
     it off) and kv_transfer_params protocol, decide pull-vs-recompute with vLLM's rules, and
     emit kvtrace engine/decision/transfer/retention spans.  Runs until SIGINT/SIGTERM, then
     releases held blocks and flushes traces.
+
+    With --calibrate-from DIR the costs are fitted to a recorded trace directory (a real vLLM run
+    through kvtrace's connector, or another sim run) by least squares: prefill (fixed + per new
+    token + per causal attention pair), KV transfer (fixed + per byte), decode step (fixed + per
+    context token of the running batch), and the KV bytes per token and block size; each number is
+    printed with the spans and sample counts behind it and the fit's residual, and the workers run
+    at those rates (kvtrace.sim.preset "calibrated").
     """
     import asyncio
 
@@ -138,12 +181,17 @@ def run(args) -> int:
 
     _check(args)
     kv_config = _kv_config(args.kv_transfer_config)
+    cost_model, block_size = None, args.block_size  # None: the preset's
+    if args.calibrate_from:
+        cal, cost_model = calibrated_cost(args.calibrate_from, enabled=not args.no_cost, time_scale=args.time_scale)
+        block_size = args.block_size or cal.block_size
+        print("\n".join(cal.lines()), flush=True)
     try:
         telemetry.check_traces_dir(args.traces)
     except OSError as exc:  # NotWritable: one line naming the directory and the reason
         raise CLIError(str(exc)) from None
     try:
-        asyncio.run(_serve(args, kv_config))
+        asyncio.run(_serve(args, kv_config, cost_model, block_size))
     except OSError as exc:
         raise CLIError(f"cannot start workers: {exc.strerror or exc}") from None
     return 0

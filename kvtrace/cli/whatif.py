@@ -55,6 +55,12 @@ def add_arguments(parser) -> None:
         metavar="G",
         help="recommend the best TTFT whose peak KV held on one D stays within G GiB",
     )
+    parser.add_argument(
+        "--arms",
+        action="store_true",
+        help="instead of the TTL/threshold grid: the four arms of the recorded run (P prefix cache off/on x "
+        "bidirectional off/on), TTFT priced by the run's own calibration",
+    )
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument("--output", "-o", metavar="FILE", help="write the rows here instead of stdout")
 
@@ -104,6 +110,18 @@ def run(args) -> int:
     With --clickhouse URL (and --table) the spans come from an OTel Collector otel_traces table on
     a ClickHouse server or in chDB instead of a trace directory (docs/clickhouse.md).
 
+    With --arms the rows are instead the four arms of kvtrace bench --arms, from this one recorded
+    run: every recorded P request decided again with P's prefix cache off / on and bidirectional
+    transfer off / on (vLLM's rules; P's local hit and D's offer as recorded where the run had
+    them, else rebuilt from the session's previous turn), TTFT = recorded TTFT - P's recorded
+    prefill and transfer + the arm's, priced by the run's calibration (kvtrace sim
+    --calibrate-from's fit).  Table/CSV keys: arm, prefix_caching, bidirectional, recorded,
+    requests, pulled, pulled_tokens, computed_tokens, ttft_mean_ms, ttft_turns_ge1_mean_ms,
+    kv_gib_s, kv_peak_gib; JSON: {"recorded", "requests", "arms": [rows], "summary":
+    {"this_deployment", "published_setup"}: ttft_off_ms, ttft_on_ms, saved_ms, gain, kv_gib_s,
+    kv_peak_gib; "calibration"}.  The summary lines (what reverse transfer saved here, what it
+    would show with P's cache off, the KV it held) follow the table, or go to stderr.
+
     Example:  kvtrace whatif --traces kvtrace-traces/bidir --ttl 30,120,480 --threshold 64,256
     """
     from kvtrace.analysis.whatif.replay import WhatIfError, recommend, recommendation_lines
@@ -112,6 +130,8 @@ def run(args) -> int:
     from kvtrace.store.clickhouse import ClickHouseError
     from kvtrace.store.reader import StoreError
 
+    if args.arms:
+        return _arms(args)
     if args.offer_margin is not None and args.offer_margin < 0:
         raise CLIError("--offer-margin must be >= 0")
     if args.budget_gib is not None and not args.budget_gib > 0:
@@ -132,9 +152,37 @@ def run(args) -> int:
     return 0
 
 
-def render(fmt: str, rows: list[dict]) -> str:
-    """The rows as an aligned table, a JSON array of objects or CSV (keys: whatif.COLUMNS)."""
+def _arms(args) -> int:
+    from kvtrace.analysis.calibrate import CalibrationError
+    from kvtrace.analysis.whatif import arms
+    from kvtrace.errors import CLIError
+    from kvtrace.store.clickhouse import ClickHouseError
+    from kvtrace.store.reader import StoreError
+
+    try:
+        result = arms.counterfactual(source.open_store(args))
+    except (StoreError, arms.ArmsError, CalibrationError, ClickHouseError) as exc:
+        raise CLIError(str(exc)) from None
+    lines = "\n".join(result.lines()) + "\n"
+    if args.format == "json":
+        import json
+
+        text = json.dumps(result.to_dict(), indent=1) + "\n"
+    else:
+        text = render(args.format, result.rows, arms.COLUMNS)
+    if args.format == "table" and not args.output:
+        sys.stdout.write(text + "\n" + lines)
+        return 0
+    options.write_output(args.output, text, "whatif")
+    sys.stderr.write(lines)
+    return 0
+
+
+def render(fmt: str, rows: list[dict], columns=None) -> str:
+    """The rows as an aligned table, a JSON array of objects or CSV (keys: ``columns``, default whatif.COLUMNS)."""
     from kvtrace.analysis.whatif.replay import COLUMNS
+
+    COLUMNS = tuple(columns or COLUMNS)  # noqa: N806 - the keys of every row below
 
     if fmt == "json":
         import json

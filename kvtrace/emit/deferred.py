@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
-import random
 import threading
 import weakref
 from collections import deque
@@ -41,6 +40,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from kvtrace import telemetry
+from kvtrace.telemetry import ids
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 0.1  # how stale a span may get before the thread applies it (exporters batch ~1 s)
@@ -143,14 +143,8 @@ class _Handle:
         self.span = None
 
 
-_bits = random.getrandbits  # what the SDK's RandomIdGenerator uses
-
-
-def _random_id(bits: int) -> int:
-    value = _bits(bits)
-    while not value:  # 0 is the invalid id
-        value = _bits(bits)
-    return value
+# unseeded: vLLM seeds the module-level ``random`` (kvtrace.telemetry.ids)
+_bits, _random_id = ids.getrandbits, ids.random_id
 
 
 _open: weakref.WeakSet[DeferredSpans] = weakref.WeakSet()

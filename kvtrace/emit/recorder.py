@@ -100,6 +100,7 @@ class _Request:
     transfer_bytes: int = 0
     verified: str | None = None  # kvtrace.kv.verified of the decision (metrics)
     wrong_tokens: int = 0
+    queued: dict | None = None  # kvtrace.engine.queue.* of a request that waited for KV blocks
 
 
 @dataclass(slots=True)
@@ -366,8 +367,18 @@ class KVRecorder:
             attrs[sc.REQUEST_CACHED_TOKENS] = int(cached_tokens)
         if error_type:
             attrs[sc.ERROR_TYPE] = error_type
+        if req.queued:
+            attrs.update(req.queued)
         self._spans.finish(req.span, attrs, error_type or None, now)
         return dict(req.summary)
+
+    @never_raise()
+    def queued(self, request_id: str, attributes: dict) -> None:
+        """The request waited for KV blocks before the scheduler could take it: the
+        ``kvtrace.engine.queue.*`` attributes, put on its engine span when it ends."""
+        req = self._get(request_id)
+        if req is not None:
+            req.queued = dict(attributes)
 
     @never_raise()
     def nixl_stats(self, request_id: str, attributes: dict) -> None:

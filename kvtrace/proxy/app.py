@@ -9,9 +9,12 @@ object (:mod:`.metadata`).  Request state and endings: :mod:`.call`; spans: :mod
 Sessions: the body's ``conversation_id``, else ``X-Session-ID``, else W3C baggage ``session.id``,
 else the body's ``prompt_cache_key``; with prefix matching on (default), a chat request without any
 of them continues the session whose served turn its messages extend, or starts one the proxy names
-(:mod:`.prefix_table`), and every chat turn is checked for continuity: a turn that diverged from what D
-holds is not offered D's blocks (their KV belongs to other tokens).  The span records how the
-session was found (``kvtrace.session.source``) and the continuity.
+(:mod:`.prefix_table`), and every turn of a session, of any kind (:mod:`.identity`), is checked for
+continuity: only a turn that extends what D holds is offered D's blocks, and only when they are of
+the turn it was checked against (otherwise their KV belongs to other tokens).  The span records how
+the session was found (``kvtrace.session.source``) and the continuity.  D's final
+``kv_transfer_params`` are validated before they are kept for the next offer
+(``kvtrace.proxy.decode_params_invalid`` when they are not).
 
 Faults: when P answers 5xx to a turn that offered D's blocks (vLLM under
 ``kv_load_failure_policy=fail`` when the blocks expired or the read failed), P is asked once more
@@ -38,7 +41,7 @@ from aiohttp import web
 
 from kvtrace import semconv as sc
 from kvtrace import settings, telemetry
-from kvtrace.proxy import legs, prefix_table
+from kvtrace.proxy import identity, legs, prefix_table
 from kvtrace.proxy.call import CLIENT_GONE, Call, Done, end_stream, json_response, stream_failure
 from kvtrace.proxy.config import PREFILL_FAILURE_DECODE_ONLY, ProxyConfig
 from kvtrace.proxy.decoder_ttl import Retention
@@ -60,6 +63,12 @@ from kvtrace.proxy.upstream import (
 )
 
 log = logging.getLogger(__name__)
+# continuities whose turn is not offered D's blocks, and the offer reason they give
+_REFUSED = {
+    sc.CONTINUITY_DIVERGED: sc.OFFER_DIVERGED,
+    sc.CONTINUITY_REUSED_ID: sc.OFFER_REUSED_ID,
+    sc.CONTINUITY_UNKNOWN: sc.OFFER_HISTORY_UNKNOWN,
+}
 
 
 @dataclass
@@ -85,8 +94,12 @@ class Proxy:
         )
         self.pool = Pool(config)
         self.chains = (
-            prefix_table.PrefixTable(config.max_conversations, config.max_chain_bytes) if config.prefix_match else None
+            prefix_table.PrefixTable(config.max_conversations, config.max_chain_bytes, on_evict=self.table.drop)
+            if config.prefix_match
+            else None
         )
+        if self.chains is not None:  # the two tables are evicted together
+            self.table.on_evict = self.chains.forget
         self.retention = Retention(config)  # warns now when --conversation-ttl outlives --decoder-kv-ttl
         on = settings.METRICS.get(metrics) and not settings.DISABLE.get()  # GET /metrics (None: KVTRACE_METRICS)
         self.metrics = ProxyMetrics(self.table, self.pool) if on else None
@@ -189,17 +202,22 @@ class Proxy:
             sc.REQUEST_STREAM: req.stream,
             sc.PROXY_CONVERSATION_TTL_S: self.config.conversation_ttl_s,
         }
-        hashes = None
-        if self.chains is not None and req.one_chat:
-            hashes = prefix_table.chain(req.body["messages"])
+        prompt, refuse, history = None, None, None
+        chains = self.chains
+        if chains is not None and (session is not None or req.path == CHAT_PATH):
+            prompt = identity.chat(req.body) if req.path == CHAT_PATH else identity.completion(req.body)
             if session is None:
-                session, source = self.chains.find(hashes) or prefix_table.new_session_id(), sc.SOURCE_PREFIX
-            continuity, diverged_at = self.chains.check(session, hashes)
+                session, source = chains.find(prompt.hashes) or prefix_table.new_session_id(), sc.SOURCE_PREFIX
+            continuity, diverged_at = chains.check(session, prompt)
+            history = chains.turn(session)
+            refuse = _REFUSED.get(continuity)
             attrs[sc.SESSION_CONTINUITY] = continuity
             if diverged_at is not None:
                 attrs[sc.SESSION_DIVERGED_AT] = diverged_at
+            if self.metrics is not None:
+                self.metrics.continuity(continuity)
         attrs[sc.SESSION_SOURCE] = source
-        turn = self.table.begin(session, diverged=attrs.get(sc.SESSION_CONTINUITY) == sc.CONTINUITY_DIVERGED)
+        turn = self.table.begin(session, refuse, checked=prompt is not None, history=history)
         attrs[sc.PROXY_OFFER] = turn.offered
         attrs[sc.PROXY_OFFER_REASON] = turn.reason
         if req.model:
@@ -209,15 +227,17 @@ class Proxy:
         rt.set_identity(request_id, session, turn.index, attrs)
         auth = self._auth(hdrs)
         call = Call(req, rt, request_id, session, turn, auth, deadline, self.config.patch_responses)
-        if hashes is not None:
-            call.hashes, call.reply = hashes, prefix_table.Reply() if req.stream else None
+        if prompt is not None:
+            call.prompt = prompt
+            if req.stream and prompt.reply_known:
+                call.reply = prefix_table.Reply(text=prompt.kind == identity.KIND_TEXT)
         return call
 
-    def _served(self, call: Call, reply: dict | None) -> None:
-        """D finished the turn: the prefix table records its messages and the reply."""
-        if call.hashes is not None and call.session_id is not None and self.chains is not None and not call.recorded:
+    def _served(self, call: Call, reply: dict | str | None) -> None:
+        """D finished the turn: the prefix table records its prompt and the reply."""
+        if call.prompt is not None and call.session_id is not None and self.chains is not None and not call.recorded:
             call.recorded = True
-            self.chains.served(call.session_id, call.hashes, reply)
+            self.chains.served(call.session_id, call.prompt, reply, call.turn.index)
 
     # ------------------------------------------------------------------ P leg
     async def _prefill(self, call: Call) -> None:
@@ -340,13 +360,19 @@ class Proxy:
 
     def _on_params(self, call: Call, params: dict) -> None:
         """D's final kv_transfer_params: remember where its blocks live for the next turn."""
+        problem = legs.invalid_decode_params(params)
+        if problem is not None:  # never kept nor offered: P would act on what D got wrong
+            call.decode_params_invalid = problem[1]
+            if self.metrics is not None:
+                self.metrics.decode_params_rejected(problem[0])
+            return
         base = call.decoder.base
         params["remote_host"] = call.decoder.host
         call.d_params = params
         self.retention.learn(base, params)
         call.decoder_ttl_s = self.retention.ttl(base)
         if legs.cacheable(params):
-            self.table.store(call.session_id, call.turn.index, params, base)
+            self.table.store(call.session_id, call.turn.index, legs.kept(params), base)
 
     async def _decode_stream(self, call: Call, request: web.Request) -> web.StreamResponse:
         r, span = await self._open_decode(call)
@@ -361,7 +387,9 @@ class Proxy:
             make_kv=call.kv_object if call.patch else None,
             on_params=lambda p: self._on_params(call, p),
             reply=reply,
-            on_finish=None if reply is None else lambda: self._served(call, reply.message()),
+            on_finish=None
+            if call.prompt is None
+            else lambda: self._served(call, reply.message() if reply is not None else None),
         )
 
         ended = False  # the client's stream is complete: the end of its body went out
@@ -447,9 +475,10 @@ class Proxy:
             self._on_params(call, agg.kv_params)
         call.usage, call.finish_reasons = agg.usage, agg.finish_reasons
         body = agg.body()
-        if call.hashes is not None and agg.finish_reasons:
+        if call.prompt is not None and agg.finish_reasons:
             choices = body["choices"]
-            self._served(call, choices[0].get("message") if len(choices) == 1 else None)
+            one = choices[0] if len(choices) == 1 and isinstance(choices[0], dict) else {}
+            self._served(call, one.get("message") if call.req.path == CHAT_PATH else one.get("text"))
         if call.patch:
             body[sc.RESPONSE_KV_TRANSFER] = call.kv_object()
         call.finish(200, None)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from aiohttp import hdrs, web
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec, metadata, prefix_table
+from kvtrace.proxy import codec, identity, metadata, prefix_table
 from kvtrace.proxy.parse import ClientRequest, error_body
 from kvtrace.proxy.spans import RequestTrace, end_leg
 from kvtrace.proxy.stream import InvalidChunk, sse_event
@@ -60,8 +60,9 @@ class Call:
     prefill_attempts: int = 1
     read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
     decoder_ttl_s: float | None = None
-    hashes: list | None = None  # chain hashes of the messages (prefix matching on, one-choice chat)
+    prompt: identity.Prompt | None = None  # the request's identity (prefix matching on, a session's turn)
     reply: prefix_table.Reply | None = None  # rebuilding a streamed answer
+    decode_params_invalid: str | None = None  # why D's final params were not kept
     recorded: bool = False  # the prefix table has this turn
 
     @property
@@ -122,6 +123,7 @@ class Call:
                 sc.GEN_AI_RESPONSE_FINISH_REASONS: tuple(self.finish_reasons) or None,
                 sc.KV_OUTCOME: kv[sc.KVT_DECISION],
                 sc.KV_PULLED_TOKENS: kv[sc.KVT_PULLED_TOKENS],
+                sc.PROXY_DECODE_PARAMS_INVALID: self.decode_params_invalid,
             },
         )
 

@@ -3,7 +3,9 @@
 Per request, once, when its SERVER span ends (:meth:`ProxyMetrics.request_finished`, called by
 :class:`~kvtrace.proxy.spans.RequestTrace`): ``kvtrace_proxy_requests_total{status,
 offer_reason}``, and the TTFT / latency histograms by P's decision outcome, from the values that
-span records (so the counters equal counts of ``kvtrace.proxy.request`` spans).  Children are
+span records (so the counters equal counts of ``kvtrace.proxy.request`` spans); when its session
+is checked, ``kvtrace_proxy_session_continuity_total{continuity}``; when D's final params are not
+kept, ``kvtrace_proxy_decode_params_rejected_total{field}``.  Children are
 cached per label set: a request costs a dict lookup and a counter increment or two, no
 per-chunk work.  The conversation table is read at scrape time (sizes, evictions), like
 ``/health``, and so are the workers' connection gates (:class:`~kvtrace.proxy.upstream.Gate`: in
@@ -84,6 +86,15 @@ class ProxyMetrics:
             [sc.LABEL_STATUS, sc.LABEL_OFFER_REASON],
             registry=self.registry,
         )
+        self._continuity = Counter(
+            sc.METRIC_PROXY_CONTINUITY, doc(sc.METRIC_PROXY_CONTINUITY), [sc.LABEL_CONTINUITY], registry=self.registry
+        )
+        self._rejected = Counter(
+            sc.METRIC_PROXY_DECODE_PARAMS_REJECTED,
+            doc(sc.METRIC_PROXY_DECODE_PARAMS_REJECTED),
+            [sc.LABEL_FIELD],
+            registry=self.registry,
+        )
         self._ttft = Histogram(
             sc.METRIC_PROXY_TTFT,
             doc(sc.METRIC_PROXY_TTFT),
@@ -99,6 +110,8 @@ class ProxyMetrics:
             registry=self.registry,
         )
         self._children: dict[tuple, object] = {}
+        for value in sc.CONTINUITIES:
+            self._child(self._continuity, value)
         for outcome in (*sc.OUTCOMES, sc.OUTCOME_UNKNOWN):  # every series exists from the start
             self._child(self._ttft, outcome)
             self._child(self._latency, outcome)
@@ -124,6 +137,14 @@ class ProxyMetrics:
             self._child(self._ttft, label).observe(ttft_ms / 1000.0)
         if status == 200:
             self._child(self._latency, label).observe(latency_ms / 1000.0)
+
+    def continuity(self, value: str) -> None:
+        """A turn checked against its session's record (``sc.CONTINUITY_*``)."""
+        self._child(self._continuity, value).inc()
+
+    def decode_params_rejected(self, field: str) -> None:
+        """D's final params were not kept (``field``: the key at fault)."""
+        self._child(self._rejected, field).inc()
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         return exposition.render(self.registry, accept)

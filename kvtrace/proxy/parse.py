@@ -54,11 +54,6 @@ class ClientRequest:
     def operation(self) -> str:
         return sc.OP_CHAT if self.path == CHAT_PATH else sc.OP_TEXT_COMPLETION
 
-    @property
-    def one_chat(self) -> bool:
-        """A chat request asking for one choice (the ones prefix matching follows)."""
-        return self.path == CHAT_PATH and (self.body.get("n") or 1) == 1
-
 
 def _int_or_none(body: dict, name: str) -> None:
     v = body.get(name)

@@ -1,33 +1,35 @@
-"""The prefix table: which chat session a request continues, and whether it extends what was served.
+"""The prefix table: which session a request continues, and whether it extends what was served.
 
-For each chat session the proxy keeps the *chain hashes* of the last turn it served and never its
-text: one 64-bit hash per message, each chained on the one before
-(``h[i] = hash((h[i-1], role, content, reasoning, tool calls))``), the assistant reply it streamed
-last.  Two message lists agree up to index ``i`` exactly when their ``h[i]`` agree (CPython's
-``hash`` of text is SipHash with a per-process secret key, so collisions cannot be forged from
-outside; by chance they are ~1e-9 likely among 100k sessions).
+For each session the proxy keeps the identity (:mod:`.identity`) of the last turn it served and
+never its text: its kind and header hash, one chained 64-bit hash per position (a chat message; a
+turn's part of a completions prompt, with the offset where it ends), then the reply D streamed.
+Two prompts agree up to position ``i`` exactly when their ``h[i]`` agree.
 
-- :meth:`PrefixTable.find`: a request without a session id continues the session whose last
+- :meth:`PrefixTable.find`: a chat request without a session id continues the session whose last
   served turn (its request messages, or those plus the reply) is a proper prefix of its messages;
-  the longest such prefix wins.  Each session is indexed under those two hashes, so a lookup is at
-  most one dict probe per message.
-- :meth:`PrefixTable.check`: a turn of a known session ``extends`` (its messages start with the
-  whole last served turn, reply included, or repeat that turn's request exactly: a retry, whose
-  prompt is a prefix of what D holds), ``diverged`` (message ``i`` differs from the served turn or
-  is missing: the prompt no longer extends what D holds) or is ``new`` (nothing recorded).
-- :meth:`PrefixTable.served`: record a turn once D's answer finished.
+  the longest such prefix wins.  Each chat session is indexed under those two hashes, so a lookup
+  is at most one dict probe per message.
+- :meth:`PrefixTable.check`: a turn of a known session ``extends`` (it starts with the whole last
+  served turn, reply included, or repeats that turn's request exactly: a retry, whose prompt is a
+  prefix of what D holds), is ``unknown`` (it goes past a served request whose reply the proxy
+  could not read: n > 1, token ids, an unreadable stream), ``diverged`` (position ``i`` differs or
+  is missing, or the header changed: position 0), ``reused_id`` (nothing in common with the served
+  turn from its first position, or another kind of request: another conversation under the same
+  id) or is ``new`` (nothing recorded).
+- :meth:`PrefixTable.served`: record a turn once D's answer finished, unless a newer turn (by the
+  conversation table's turn index, assigned when a request starts) is recorded already: an older
+  turn finishing late changes neither table.  :meth:`PrefixTable.turn` says which turn the record
+  is; the proxy offers D's blocks only when they are that turn's.
 
-Message identity (:func:`message_hash`): role; content (a string, a list of text parts joined, or
-else its JSON); reasoning (``reasoning``, else ``reasoning_content``: what vLLM passes to the chat
-template); tool calls (function name and arguments).  Names and tool-call ids are ignored.  The
-reply is rebuilt from D's stream by :class:`Reply` at the cost of one compiled-regex scan per
+The reply is rebuilt from D's stream by :class:`Reply` at the cost of one compiled-regex scan per
 network chunk (kept only while prefix matching is on).
 
 Bounds: at most ``max_sessions`` sessions and about ``max_bytes`` bytes, least recently used
-first out (:attr:`PrefixTable.evicted_lru`).  A session costs :data:`SESSION_OVERHEAD` bytes plus
-its key, 8 bytes per message of its last turn and :data:`INDEX_OVERHEAD` per index entry (measured
-with tracemalloc, rounded up).  Everything runs on the proxy's event loop without awaiting, so each
-call is atomic.
+first out (:attr:`PrefixTable.evicted_lru`; ``on_evict`` tells the conversation table, which drops
+the session's entry: the two tables are evicted together).  A session costs
+:data:`SESSION_OVERHEAD` bytes plus its key, 8 bytes per position of its last turn (16 for text /
+ids: the offset too) and :data:`INDEX_OVERHEAD` per index entry (measured with tracemalloc,
+rounded up).  Everything runs on the proxy's event loop without awaiting, so each call is atomic.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ import sys
 import uuid
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec
+from kvtrace.proxy import codec, identity
+from kvtrace.proxy.identity import Prompt, chain, message_hash
+
+__all__ = ["PrefixTable", "Reply", "chain", "message_hash", "new_session_id"]
 
 # tracemalloc on CPython 3.11: ~190 B per session (record, array header, OrderedDict slot) and
 # ~75 B per index entry (the int key and its dict slot); rounded up for the dicts' spare room
@@ -50,84 +56,34 @@ INDEX_OVERHEAD = 100
 HASH_BYTES = 8  # one array('q') item per message
 
 _DELTA = re.compile(rb'"(content|reasoning_content|reasoning)"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_TEXT = re.compile(rb'"(text)"\s*:\s*"((?:[^"\\]|\\.)*)"')  # a /v1/completions chunk's choice text
 _TOOL_CALLS = b'"tool_calls"'
 
 
-def _text(value: object) -> object:
-    """A message's content as the chat template sees it: text parts joined, else the JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
-    ):
-        return "".join(p["text"] for p in value)
-    return codec.dumps(value)
-
-
-def _tools(calls: object) -> tuple:
-    if not isinstance(calls, list):
-        return (codec.dumps(calls),)
-    out: list[object] = []
-    for c in calls:
-        fn = c.get("function") if isinstance(c, dict) else None
-        if isinstance(fn, dict):
-            out.append((_text(fn.get("name")), _text(fn.get("arguments"))))
-        else:
-            out.append(codec.dumps(c))
-    return tuple(out)
-
-
-def message_hash(prev: int, m: dict) -> int:
-    """The chain hash of message ``m`` after ``prev`` (0 for the first message)."""
-    content = m.get("content")
-    reasoning = m.get("reasoning") or m.get("reasoning_content")
-    calls = m.get("tool_calls")
-    key = (
-        prev,
-        m.get("role"),
-        content if type(content) is str else _text(content),
-        "" if reasoning is None else _text(reasoning),
-        _tools(calls) if calls else (),
-    )
-    try:
-        return hash(key)
-    except TypeError:  # an unhashable role: the message's JSON stands in
-        return hash((prev, codec.dumps(m)))
-
-
-def chain(messages: list) -> list[int]:
-    """Chain hashes of ``messages`` (a validated list of dicts): O(messages + their text)."""
-    out, h = [], 0
-    for m in messages:
-        h = message_hash(h, m)
-        out.append(h)
-    return out
-
-
 class Reply:
-    """The assistant message of a streamed chat answer, rebuilt from D's SSE bytes.
+    """The assistant message of a streamed chat answer (``text``: the text of a streamed
+    completion), rebuilt from D's SSE bytes.
 
     :meth:`feed` gets the complete lines of each network chunk: one regex scan collects the raw
     JSON-string bodies of ``content`` / ``reasoning`` deltas (decoded once, at the end); lines with
     tool calls are decoded as JSON.  ``bad`` when something could not be read (the turn is then
     recorded without its reply)."""
 
-    __slots__ = ("content", "reasoning", "tools", "bad")
+    __slots__ = ("content", "reasoning", "tools", "bad", "text")
 
-    def __init__(self) -> None:
+    def __init__(self, text: bool = False) -> None:
         self.content: list[bytes] = []
         self.reasoning: list[bytes] = []
         self.tools: dict[int, list] | None = None
         self.bad = False
+        self.text = text
 
     def feed(self, data: bytes) -> None:
         content, reasoning = self.content, self.reasoning
-        for key, value in _DELTA.findall(data):
+        for key, value in (_TEXT if self.text else _DELTA).findall(data):
             if value:
-                (content if key == b"content" else reasoning).append(value)
-        if _TOOL_CALLS in data:
+                (reasoning if key == b"reasoning" or key == b"reasoning_content" else content).append(value)
+        if not self.text and _TOOL_CALLS in data:
             self._tool_lines(data)
 
     def _tool_lines(self, data: bytes) -> None:
@@ -150,10 +106,16 @@ class Reply:
         slot[0] += fn.get("name") or ""
         slot[1].append(fn.get("arguments") or "")
 
-    def message(self) -> dict | None:
-        """The assistant message (role, content, reasoning, tool_calls), or None if unreadable."""
+    def message(self) -> dict | str | None:
+        """The assistant message (role, content, reasoning, tool_calls; the text of a completion),
+        or None if unreadable."""
         if self.bad:
             return None
+        if self.text:
+            try:
+                return _join(self.content)
+            except (ValueError, UnicodeDecodeError):
+                return None
         try:
             msg: dict[str, object] = {"role": "assistant", "content": _join(self.content)}
             if self.reasoning:
@@ -179,18 +141,34 @@ def new_session_id() -> str:
 
 @dataclass(slots=True)
 class _Record:
-    chain: array  # chain hashes of the last served turn: request messages, then the reply if known
-    n_request: int  # messages of the request
+    chain: array  # chain hashes of the last served turn: its request's positions, then the reply if known
+    n_request: int  # positions of the request
+    turn: int | None  # the conversation table's index of that turn (None: not known)
+    kind: str  # identity.KIND_*
+    header: int  # hash of what else renders the prompt (identity.Prompt.header)
+    ends: array | None  # text / ids: where each position ends (characters / tokens)
+
+
+def _prompt(p: Prompt | list[int]) -> Prompt:
+    """A :class:`~kvtrace.proxy.identity.Prompt`; a bare chain stands for chat messages alone."""
+    return p if isinstance(p, Prompt) else Prompt(identity.KIND_CHAT, 0, list(p))
 
 
 class PrefixTable:
-    def __init__(self, max_sessions: int = 100_000, max_bytes: int = 64 * 1024 * 1024) -> None:
+    """``on_evict(key)`` runs for each session it drops to stay within its bounds (the proxy drops
+    the conversation table's entry with it: D's blocks of a turn it can no longer check)."""
+
+    def __init__(
+        self, max_sessions: int = 100_000, max_bytes: int = 64 * 1024 * 1024, on_evict: Callable | None = None
+    ) -> None:
         self.max_sessions = int(max_sessions)
         self.max_bytes = int(max_bytes)
+        self.on_evict = on_evict
         self._sessions: OrderedDict[str, _Record] = OrderedDict()
         self._index: dict[int, str] = {}
         self.nbytes = 0
         self.evicted_lru = 0
+        self.stale_turns = 0  # turns that finished after a newer turn of their session was recorded
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -201,6 +179,7 @@ class PrefixTable:
             "prefix_index": len(self._index),
             "prefix_table_bytes": self.nbytes,
             "prefix_evicted_lru": self.evicted_lru,
+            "prefix_stale_turns": self.stale_turns,
         }
 
     # ------------------------------------------------------------------ lookups
@@ -213,51 +192,89 @@ class PrefixTable:
                 return key
         return None
 
-    def check(self, key: str, hashes: list[int]) -> tuple[str, int | None]:
-        """``(continuity, diverged_at)`` of a turn of session ``key`` with chain ``hashes``."""
+    def turn(self, key: str) -> int | None:
+        """The turn index of session ``key``'s record (None: no record, or its turn is unknown)."""
+        rec = self._sessions.get(key)
+        return rec.turn if rec is not None else None
+
+    def check(self, key: str, prompt: Prompt | list[int]) -> tuple[str, int | None]:
+        """``(continuity, diverged_at)`` of a turn of session ``key`` (a text / ids prompt is cut
+        at the record's offsets on the way)."""
         rec = self._sessions.get(key)
         if rec is None:
             return sc.CONTINUITY_NEW, None
         self._sessions.move_to_end(key)
-        served, m = rec.chain, len(hashes)
+        p = _prompt(prompt)
+        if p.kind != rec.kind:
+            return sc.CONTINUITY_REUSED_ID, 0  # another kind of request renders other tokens from the start
+        if rec.ends is not None:
+            p.cut(rec.ends)
+        hashes = p.hashes
+        served, m, n = rec.chain, len(hashes), rec.n_request
         first = _first_difference(served, hashes)
-        if first == len(served) or (m == rec.n_request and first >= m):
-            return sc.CONTINUITY_EXTENDS, None
+        if first == 0 and (served or hashes):
+            return sc.CONTINUITY_REUSED_ID, 0  # nothing in common with the served turn
+        if p.header != rec.header:
+            return sc.CONTINUITY_DIVERGED, 0  # tools / template / model changed: other tokens from the start
+        if m == n and first >= m:
+            return sc.CONTINUITY_EXTENDS, None  # a retry: its prompt is a prefix of what D holds
+        if first == len(served):
+            return (sc.CONTINUITY_EXTENDS, None) if len(served) > n else (sc.CONTINUITY_UNKNOWN, None)
         return sc.CONTINUITY_DIVERGED, first
 
     # ------------------------------------------------------------------ updates
-    def served(self, key: str, hashes: list[int], reply: dict | None) -> None:
-        """Turn ``hashes`` of session ``key`` was answered with ``reply`` (None: unknown)."""
-        full = array("q", hashes)
-        if reply is not None:
-            full.append(message_hash(hashes[-1] if hashes else 0, reply))
-        old = self._sessions.pop(key, None)
+    def served(self, key: str, prompt: Prompt | list[int], reply: dict | str | None, turn: int | None = None) -> bool:
+        """Turn ``turn`` of session ``key`` was answered with ``reply`` (None: unknown).  Not
+        recorded when a newer turn of the session already was (``stale_turns``), or when the
+        record alone exceeds the byte bound (the session is then dropped: ``on_evict``)."""
+        p = _prompt(prompt)
+        old = self._sessions.get(key)
+        if old is not None and turn is not None and old.turn is not None and old.turn > turn:
+            self.stale_turns += 1
+            return False
+        full = array("q", p.hashes)
+        ends = array("q", p.ends) if p.ends is not None else None
+        tail = p.reply_hash(reply) if reply is not None and p.reply_known else None
+        if tail is not None:
+            full.append(tail[0])
+            if ends is not None:
+                ends.append((ends[-1] if ends else 0) + tail[1])
         if old is not None:
+            del self._sessions[key]
             self._forget(key, old)
-        rec = _Record(full, len(hashes))
+        rec = _Record(full, len(p.hashes), turn, p.kind, p.header, ends)
         cost = self._cost(key, rec)
         if cost > self.max_bytes:
-            self.evicted_lru += 1
-            return
+            self._evicted(key)
+            return False
         self._sessions[key] = rec
         self.nbytes += cost
-        for h in self._ends(rec):
-            self._index[h] = key
+        if rec.kind == identity.KIND_CHAT:  # id-less requests are matched to chat sessions only
+            for h in self._ends(rec):
+                self._index[h] = key
         self._bound()
+        return True
+
+    def forget(self, key: str) -> None:
+        """Drop session ``key`` (the conversation table evicted it)."""
+        rec = self._sessions.pop(key, None)
+        if rec is not None:
+            self._forget(key, rec)
 
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _ends(rec: _Record) -> tuple:
         """The hashes a session is found under: its request's end and, with a reply, the reply's."""
         c, n = rec.chain, rec.n_request
-        if not n:
+        if not n or rec.kind != identity.KIND_CHAT:
             return ()
         return (c[n - 1], c[-1]) if len(c) > n else (c[n - 1],)
 
     @staticmethod
     def _cost(key: str, rec: _Record) -> int:
-        ends = 2 if len(rec.chain) > rec.n_request else 1
-        return SESSION_OVERHEAD + sys.getsizeof(key) + HASH_BYTES * len(rec.chain) + INDEX_OVERHEAD * ends
+        ends = len(PrefixTable._ends(rec))
+        offsets = HASH_BYTES * len(rec.ends) if rec.ends is not None else 0
+        return SESSION_OVERHEAD + sys.getsizeof(key) + HASH_BYTES * len(rec.chain) + offsets + INDEX_OVERHEAD * ends
 
     def _forget(self, key: str, rec: _Record) -> None:
         self.nbytes -= self._cost(key, rec)
@@ -266,12 +283,17 @@ class PrefixTable:
             if index.get(h) == key:
                 del index[h]
 
+    def _evicted(self, key: str) -> None:
+        self.evicted_lru += 1
+        if self.on_evict is not None:
+            self.on_evict(key)
+
     def _bound(self) -> None:
         sessions = self._sessions
         while (len(sessions) > self.max_sessions or self.nbytes > self.max_bytes) and len(sessions) > 1:
             key, rec = sessions.popitem(last=False)
             self._forget(key, rec)
-            self.evicted_lru += 1
+            self._evicted(key)
 
 
 def _first_difference(served: array, hashes: list[int]) -> int:

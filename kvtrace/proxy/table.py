@@ -2,7 +2,8 @@
 
 The request handler (:mod:`kvtrace.proxy.app`) calls :meth:`ConversationTable.begin` when a turn
 arrives, which assigns the turn index and takes (removes) the cached entry (a turn whose prompt
-diverged from what D holds is not offered it and the entry is dropped: :mod:`.prefix_table`), and then exactly one
+does not extend what D holds, or whose entry is of another turn than the one the prefix table
+checked it against, is not offered it and the entry is dropped: :mod:`.prefix_table`), and then exactly one
 of :meth:`Turn.consumed` (P answered: it used or declined the blocks) or :meth:`Turn.restore`
 (P never got to use them: unreachable, 5xx, 4xx, the client left) — so a failed turn does not
 forget the location.  When D's leg finishes, :meth:`ConversationTable.store` records D's new
@@ -10,11 +11,13 @@ forget the location.  When D's leg finishes, :meth:`ConversationTable.store` rec
 
 Concurrency: everything runs on the proxy's event loop and no method awaits, so each call is
 atomic.  Turns of one conversation are ordered by their turn index: a slow older turn never
-overwrites the entry stored by a newer one, a restore never overwrites a newer entry, and only
-one of two concurrent turns is offered the same blocks (D's blocks are single use).
+stores its entry once a newer one stored (even after that newer entry was taken), a restore
+never overwrites a newer entry, and only one of two concurrent turns is offered the same blocks
+(D's blocks are single use).  The prefix table orders its records by the same index.
 
 Bounds: at most ``max_entries`` conversations and about ``max_bytes`` bytes (the least recently
-used conversations go first; both counted in :attr:`evicted_lru`).  An entry keeps D's params as
+used conversations go first; both counted in :attr:`evicted_lru`; ``on_evict(key)`` tells the
+prefix table, which forgets the session with it).  An entry keeps D's params as
 their JSON bytes (what they cost is what is counted, and they take a fraction of a dict's memory);
 a conversation costs :data:`CONV_OVERHEAD` plus its key, an entry :data:`ENTRY_OVERHEAD` plus its
 JSON.  Entries older than ``ttl_s`` (``decoder_kv_blocks_ttl`` minus a margin) are not offered and
@@ -62,6 +65,7 @@ class Entry:
 class _Conversation:
     next_turn: int = 0
     entry: Entry | None = None
+    stored: int = -1  # the newest turn whose entry was stored (taken or not)
 
 
 @dataclass
@@ -99,7 +103,9 @@ class ConversationTable:
         max_entries: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         max_bytes: int = 256 * 1024 * 1024,
+        on_evict: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_evict = on_evict
         self.ttl_s = float(ttl_s)
         self.max_entries = int(max_entries)
         self.max_bytes = int(max_bytes)
@@ -129,10 +135,14 @@ class ConversationTable:
             "evicted_lru": self.evicted_lru,
         }
 
-    def begin(self, key: str | None, diverged: bool = False) -> Turn:
+    def begin(
+        self, key: str | None, refuse: str | None = None, checked: bool = False, history: int | None = None
+    ) -> Turn:
         """A turn of conversation ``key`` arrived: assign its index, take the entry if usable.
-        ``diverged``: the turn's prompt no longer extends what D holds; a usable entry is dropped,
-        not offered (P would read KV of other tokens)."""
+        ``refuse``: why the turn's prompt does not extend what D holds (sc.OFFER_DIVERGED,
+        OFFER_REUSED_ID, OFFER_HISTORY_UNKNOWN); a usable entry is dropped, not offered (P would
+        read KV of other tokens).  ``checked``: the prompt was checked against the record of turn
+        ``history`` (None: no record); an entry of any other turn is not offered either."""
         if not key:
             return Turn(self, None, None, False, sc.OFFER_NO_CONVERSATION_ID)
         conv = self._touch(key)
@@ -144,10 +154,14 @@ class ConversationTable:
         age = self.clock() - entry.stored_at
         if age > self.ttl_s:
             return Turn(self, key, index, False, sc.OFFER_ENTRY_TOO_OLD, entry_age_s=age)
-        if diverged:
+        if refuse is None and checked and entry.turn != history:
+            refuse = sc.OFFER_HISTORY_UNKNOWN  # D's blocks are not of the turn the prompt was checked against
+        if refuse == sc.OFFER_DIVERGED:
             held = entry.params.get("remote_num_tokens")
             held = held if isinstance(held, int) and not isinstance(held, bool) else None
-            return Turn(self, key, index, False, sc.OFFER_DIVERGED, entry_age_s=age, dropped_tokens=held)
+            return Turn(self, key, index, False, refuse, entry_age_s=age, dropped_tokens=held)
+        if refuse is not None:
+            return Turn(self, key, index, False, refuse, entry_age_s=age)
         return Turn(self, key, index, True, sc.OFFER_OFFERED, entry=entry, entry_age_s=age, params=entry.params)
 
     def store(self, key: str | None, turn: int | None, params: dict, decode_endpoint: str) -> bool:
@@ -157,9 +171,17 @@ class ConversationTable:
             return False
         self._sweep()
         conv = self._touch(key)
-        if conv.entry is not None and conv.entry.turn > turn:
+        if turn < conv.stored:
             return False
+        conv.stored = turn
         return self._set(key, conv, Entry(codec.pack(params), decode_endpoint, self.clock(), turn))
+
+    def drop(self, key: str) -> None:
+        """Drop conversation ``key``'s entry (the prefix table evicted its record); its turn
+        numbering goes on."""
+        conv = self._convs.get(key)
+        if conv is not None:
+            self._take(key, conv)
 
     def peek(self, key: str) -> Entry | None:
         conv = self._convs.get(key)
@@ -186,7 +208,7 @@ class ConversationTable:
 
     def _put_back(self, key: str, entry: Entry) -> None:
         conv = self._touch(key)
-        if conv.entry is None or conv.entry.turn < entry.turn:
+        if conv.entry is None and conv.stored <= entry.turn:  # nothing newer was stored meanwhile
             self._set(key, conv, entry)
 
     def _touch(self, key: str) -> _Conversation:
@@ -207,6 +229,8 @@ class ConversationTable:
             self._take(key, conv)
             self.nbytes -= self.key_bytes(key)
             self.evicted_lru += 1
+            if self.on_evict is not None:
+                self.on_evict(key)
 
     def _sweep(self) -> None:
         """Drop up to :data:`SWEEP_PER_CALL` entries past the age limit, oldest first."""

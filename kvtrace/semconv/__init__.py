@@ -14,6 +14,7 @@ simulator compresses time by ``kvtrace.sim.time_scale`` (a resource attribute); 
 durations by that factor to read them in simulated model time.
 """
 
+from kvtrace.semconv.conventions import *  # noqa: F403  (other conventions, roles: ``sc.ROLE_RULES``)
 from kvtrace.semconv.metrics import *  # noqa: F403  (the Prometheus families: ``sc.METRICS``)
 from kvtrace.semconv.names import *  # noqa: F403  (the names: ``sc.SPAN_KV_DECISION``)
 from kvtrace.semconv.render import render_markdown, render_metrics_markdown  # noqa: F401

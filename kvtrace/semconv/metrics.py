@@ -89,6 +89,22 @@ METRICS: dict[str, dict] = {
         "span": SPAN_PROXY_REQUEST,
         "doc": f"Requests answered, by HTTP status ({HTTP_RESPONSE_STATUS_CODE}) and {PROXY_OFFER_REASON}.",
     },
+    METRIC_PROXY_CONTINUITY: {
+        "type": "counter",
+        "emitter": "proxy",
+        "labels": (LABEL_CONTINUITY,),
+        "span": SPAN_PROXY_REQUEST,
+        "doc": f"Turns checked against their session's last served turn (prefix matching on), by "
+        f"{SESSION_CONTINUITY}; {CONTINUITY_REUSED_ID} counts session ids reused by another conversation.",
+    },
+    METRIC_PROXY_DECODE_PARAMS_REJECTED: {
+        "type": "counter",
+        "emitter": "proxy",
+        "labels": (LABEL_FIELD,),
+        "span": SPAN_PROXY_REQUEST,
+        "doc": f"D's kv_transfer_params not kept for the next turn's offer because they were invalid "
+        f"({PROXY_DECODE_PARAMS_INVALID}), by the first field at fault.",
+    },
     METRIC_PROXY_TTFT: {
         "type": "histogram",
         "emitter": "proxy",
@@ -210,6 +226,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     LABEL_VERIFIED: VERIFIED_VALUES,
     LABEL_STATUS: TRANSFER_STATUSES + ("HTTP status code",),
     LABEL_OFFER_REASON: OFFER_REASONS,
+    LABEL_CONTINUITY: CONTINUITIES,
+    LABEL_FIELD: ("a kv_transfer_params key", DECODE_PARAMS_OBJECT, DECODE_PARAMS_NON_FINITE),
     LABEL_REASON: EVICTION_REASONS + DROP_REASONS,
     LABEL_ROLE: (ROLE_PREFILL, ROLE_DECODE),
     LABEL_MODEL_NAME: ("served model name",),

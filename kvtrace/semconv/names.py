@@ -22,6 +22,8 @@ SPAN_AGENT_APP_WORK = "kvtrace.agent.app_work"  # INTERNAL, the agent's own work
 SPAN_AGENT_USER_PAUSE = "kvtrace.agent.user_pause"  # INTERNAL, the agent waits for its user
 SPAN_VLLM_LLM_REQUEST = "llm_request"  # SERVER, vLLM's own span (--otlp-traces-endpoint); not emitted by kvtrace
 
+KVTRACE_SPAN_PREFIX = "kvtrace."  # every span kvtrace emits is named so; the others are classified by attribute
+
 # --------------------------------------------------------------------------------------------
 # Event names
 # --------------------------------------------------------------------------------------------
@@ -45,6 +47,9 @@ GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"  # seconds (double)
 GEN_AI_REQUEST_ID = "gen_ai.request.id"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only with KVTRACE_CAPTURE_CONTENT
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only with KVTRACE_CAPTURE_CONTENT
@@ -80,6 +85,8 @@ OP_CHAT = "chat"
 OP_TEXT_COMPLETION = "text_completion"
 OP_EXECUTE_TOOL = "execute_tool"
 OP_INVOKE_AGENT = "invoke_agent"
+PROVIDER_VLLM = "vllm"  # gen_ai.provider.name of kvtrace's LLM calls (an OpenAI-compatible vLLM endpoint)
+TOOL_TYPE_FUNCTION = "function"  # gen_ai.tool.type of kvtrace's tool calls
 
 # --------------------------------------------------------------------------------------------
 # kvtrace attributes
@@ -94,6 +101,7 @@ REQUEST_CACHED_TOKENS = "kvtrace.request.cached_tokens"
 # proxy
 PROXY_OFFER = "kvtrace.proxy.offer"  # bool: D's blocks were offered to P
 PROXY_OFFER_REASON = "kvtrace.proxy.offer_reason"
+PROXY_DECODE_PARAMS_INVALID = "kvtrace.proxy.decode_params_invalid"  # str: why D's kv_transfer_params were not kept
 PROXY_ENTRY_AGE_S = "kvtrace.proxy.entry_age_s"
 PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"
 PROXY_FALLBACK = "kvtrace.proxy.fallback"
@@ -119,6 +127,13 @@ SIM_PRESET = "kvtrace.sim.preset"
 ENGINE_PREFIX_CACHING = "kvtrace.engine.prefix_caching"  # bool resource attribute: vLLM's enable_prefix_caching
 KV_BIDIRECTIONAL = "kvtrace.kv.bidirectional"  # bool resource attribute: bidirectional_kv_xfer
 ENGINE_KV_POOL_BYTES = "kvtrace.engine.kv_pool_bytes"
+# the engine's waiting queue for KV blocks (simulator; vLLM's own span has gen_ai.latency.time_in_queue)
+ENGINE_QUEUE_WAIT_MS = "kvtrace.engine.queue.wait_ms"  # float: arrival to its KV blocks allocated
+ENGINE_QUEUE_REASON = "kvtrace.engine.queue.reason"  # why it waited: kv_held | kv_in_use | fcfs
+ENGINE_QUEUE_BLOCKS_NEEDED = "kvtrace.engine.queue.blocks_needed"  # int: new blocks it needed
+ENGINE_QUEUE_BLOCKS_FREE = "kvtrace.engine.queue.blocks_free"  # int: free + evictable blocks when it began waiting
+ENGINE_QUEUE_BLOCKS_HELD = "kvtrace.engine.queue.blocks_held"  # int: blocks held only for a remote reader then
+ENGINE_QUEUE_FREED_BY = "kvtrace.engine.queue.freed_by"  # what last returned blocks before it got in
 
 # decision
 KV_OUTCOME = "kvtrace.kv.outcome"
@@ -217,6 +232,13 @@ ROLE_DECODE = "decode"
 ROLE_BOTH = "both"
 ROLES = (ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH)
 
+QUEUE_KV_HELD = "kv_held"  # it would fit if the blocks held for remote readers (retention, lease) were freed
+QUEUE_KV_IN_USE = "kv_in_use"  # it would not fit even then: running requests hold the blocks
+QUEUE_FCFS = "fcfs"  # it fits, but an earlier request waits for blocks (vLLM admits in order)
+QUEUE_REASONS = (QUEUE_KV_HELD, QUEUE_KV_IN_USE, QUEUE_FCFS)
+FREED_FINISHED = "finished"  # a request finished (or failed) and freed its blocks
+QUEUE_FREED_BY = (RETENTION_READ, RETENTION_EXPIRED, RETENTION_RELEASED, FREED_FINISHED)
+
 SUBSTRATE_SIM = "sim"
 SUBSTRATE_VLLM = "vllm"
 SUBSTRATES = (SUBSTRATE_SIM, SUBSTRATE_VLLM)
@@ -227,6 +249,8 @@ OFFER_NO_ENTRY = "no_entry"
 OFFER_ENTRY_TOO_OLD = "entry_too_old"
 OFFER_DISABLED = "disabled"
 OFFER_DIVERGED = "diverged"  # the prompt no longer extends what D holds: its blocks would be wrong KV
+OFFER_REUSED_ID = "reused_id"  # the session id now names another conversation: D's blocks are not its KV
+OFFER_HISTORY_UNKNOWN = "history_unknown"  # the proxy cannot check D's blocks against the prompt
 OFFER_REASONS = (
     OFFER_OFFERED,
     OFFER_NO_CONVERSATION_ID,
@@ -234,6 +258,8 @@ OFFER_REASONS = (
     OFFER_ENTRY_TOO_OLD,
     OFFER_DISABLED,
     OFFER_DIVERGED,
+    OFFER_REUSED_ID,
+    OFFER_HISTORY_UNKNOWN,
 )
 
 SOURCE_CONVERSATION_ID = "conversation_id"  # body field (vLLM's multi-turn proxy / benchmark)
@@ -254,7 +280,9 @@ SESSION_SOURCES = (
 CONTINUITY_EXTENDS = "extends"  # the messages start with the session's last served turn (reply included)
 CONTINUITY_DIVERGED = "diverged"  # a message of the last served turn differs (or is missing)
 CONTINUITY_NEW = "new"  # nothing known of the session yet (first turn, or its record was evicted)
-CONTINUITIES = (CONTINUITY_EXTENDS, CONTINUITY_DIVERGED, CONTINUITY_NEW)
+CONTINUITY_REUSED_ID = "reused_id"  # nothing in common with the served turn: another conversation under its id
+CONTINUITY_UNKNOWN = "unknown"  # goes past a served request whose reply the proxy could not read
+CONTINUITIES = (CONTINUITY_EXTENDS, CONTINUITY_DIVERGED, CONTINUITY_NEW, CONTINUITY_REUSED_ID, CONTINUITY_UNKNOWN)
 
 # error.type values kvtrace itself sets (otherwise: the exception class or the worker's error type)
 ERROR_STREAM_INTERRUPTED = "stream_interrupted"  # agent: the stream was closed before its end
@@ -333,6 +361,7 @@ DIGEST_VERSION = "v"
 DIGEST_CHUNK = "chunk"
 DIGEST_TOKENS = "n"
 DIGEST_TAGS = "tags"
+DIGEST_FINGERPRINT = "fp"  # v2: the keyed hash of the block-hash configuration (kvtrace.kvdigest.block_config)
 
 # --------------------------------------------------------------------------------------------
 # Prometheus metrics (docs/metrics.md is generated from METRICS below)
@@ -352,6 +381,8 @@ METRIC_KV_VERIFICATIONS = "vllm:kvtrace_verifications"
 METRIC_KV_MISMATCHED_TOKENS = "vllm:kvtrace_mismatched_tokens"
 # proxy (kvtrace proxy's /metrics) and every kvtrace process that exports spans
 METRIC_PROXY_REQUESTS = "kvtrace_proxy_requests"
+METRIC_PROXY_CONTINUITY = "kvtrace_proxy_session_continuity"
+METRIC_PROXY_DECODE_PARAMS_REJECTED = "kvtrace_proxy_decode_params_rejected"
 METRIC_PROXY_TTFT = "kvtrace_proxy_time_to_first_token_seconds"
 METRIC_PROXY_LATENCY = "kvtrace_proxy_request_latency_seconds"
 METRIC_PROXY_CONVERSATIONS = "kvtrace_proxy_conversations"
@@ -378,6 +409,8 @@ LABEL_OUTCOME = "outcome"
 LABEL_SOURCE = "source"
 LABEL_STATUS = "status"
 LABEL_OFFER_REASON = "offer_reason"
+LABEL_CONTINUITY = "continuity"
+LABEL_FIELD = "field"  # proxy: the kv_transfer_params key D got wrong
 LABEL_REASON = "reason"
 LABEL_ROLE = "role"  # proxy: the worker's role, prefill or decode
 LABEL_VERIFIED = "verified"
@@ -391,6 +424,8 @@ OUTCOME_UNKNOWN = "unknown"  # proxy: P reported no decision (not instrumented, 
 EVICTION_LRU = "lru"
 EVICTION_STALE = "stale"
 EVICTION_REASONS = (EVICTION_LRU, EVICTION_STALE)
+DECODE_PARAMS_OBJECT = "object"  # field label: D's kv_transfer_params (or its kvtrace entry) is not an object
+DECODE_PARAMS_NON_FINITE = "non_finite"  # field label: a NaN / infinity somewhere in them
 DROP_QUEUE_FULL = "queue_full"
 DROP_EXPORT_FAILED = "export_failed"
 DROP_WRITE_FAILED = "write_failed"  # the Parquet store could not write the batch (full disk, I/O error)

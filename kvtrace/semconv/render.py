@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtrace.semconv import conventions as cv
 from kvtrace.semconv import names
 from kvtrace.semconv.metrics import *  # noqa: F403
 from kvtrace.semconv.names import *  # noqa: F403
@@ -32,6 +33,7 @@ def render_markdown() -> str:
         if spec["attributes"]:
             out += ["| attribute | meaning |", "|---|---|"]
             out += [f"| `{k}` | {v} |" for k, v in spec["attributes"].items()]
+    out += _conventions_markdown()
     out += ["", f"## `{KV_PARAMS_KEY}` entry the proxy sends inside `kv_transfer_params`", ""]
     out += ["| field | meaning |", "|---|---|"]
     out += [f"| `{k}` | {v} |" for k, v in CONTEXT_FIELDS.items()]
@@ -51,6 +53,8 @@ def render_markdown() -> str:
         ("transfer direction", DIRECTIONS),
         ("transfer status", TRANSFER_STATUSES),
         ("retention outcome", RETENTION_OUTCOMES),
+        ("engine queue reason", QUEUE_REASONS),
+        ("engine queue freed by", QUEUE_FREED_BY),
         ("engine role", ROLES),
         ("substrate", SUBSTRATES),
         ("proxy offer reason", OFFER_REASONS),
@@ -58,7 +62,12 @@ def render_markdown() -> str:
         ("session continuity", CONTINUITIES),
         ("proxy fallback", FALLBACKS),
         ("error.type set by kvtrace", ERROR_VALUES),
-        ("gen_ai.operation.name", (OP_CHAT, OP_TEXT_COMPLETION, OP_EXECUTE_TOOL, OP_INVOKE_AGENT)),
+        (
+            "gen_ai.operation.name set by kvtrace",
+            (OP_CHAT, OP_TEXT_COMPLETION, OP_EXECUTE_TOOL, OP_INVOKE_AGENT, cv.OP_EXECUTE_TASK, cv.OP_USER_PAUSE),
+        ),
+        ("agent role", cv.AGENT_ROLES),
+        ("agent-span join", cv.JOINS),
     ):
         out.append(f"| {label} | {', '.join(f'`{v}`' for v in values)} |")
     out += ["", "## Wire names", "", "| name | value |", "|---|---|"]
@@ -75,6 +84,48 @@ def render_markdown() -> str:
     ):
         out.append(f"| {const} | `{getattr(names, const)}` |")
     return "\n".join(out) + "\n"
+
+
+def _codes(values) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+def _conventions_markdown() -> list[str]:
+    """The "Agent spans by convention" section, from :mod:`.conventions`."""
+    out = ["", "## Agent spans by convention", "", cv._INTRO, ""]
+    out += ["Covered versions:", ""] + [f"- {name}: {what}" for name, what in cv.COVERED_VERSIONS]
+    out += ["", "### Roles", "", "| role | meaning |", "|---|---|"]
+    out += [f"| `{r}` | {cv.ROLE_MEANINGS[r]} |" for r in cv.AGENT_ROLES]
+    out += ["", "### Which role a span plays", ""]
+    out += [
+        f"kvtrace's own agent spans by name (spans whose name starts with `{KVTRACE_SPAN_PREFIX}` are never "
+        "classified by attribute):"
+    ]
+    out += ["", "| span | role |", "|---|---|"] + [f"| `{n}` | `{r}` |" for n, r in cv.ROLE_BY_SPAN_NAME.items()]
+    out += ["", "Every other span by its attributes, first matching rule wins:", ""]
+    out += ["| convention | attribute | values | role |", "|---|---|---|---|"]
+    out += [f"| {c} | `{a}` | {_codes(v)} | `{r}` |" for c, a, v, r in cv.ROLE_RULES]
+    out += ["", " ".join(cv._RULES_NOTE.split()), ""]
+    out += ["### Sessions, tokens, TTFT", "", "| what | attributes, first present wins |", "|---|---|"]
+    out += [
+        f"| session id (applies to every span of the trace) | {_codes(cv.SESSION_ATTRIBUTES)} |",
+        f"| input tokens | {_codes(cv.INPUT_TOKEN_ATTRIBUTES)} |",
+        f"| output tokens | {_codes(cv.OUTPUT_TOKEN_ATTRIBUTES)} |",
+        f"| cached input tokens | {_codes(cv.CACHED_TOKEN_ATTRIBUTES)} |",
+        f"| time to first token | `{LLM_TTFT_MS}` (ms), `{GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK}` (s) |",
+        f"| model | `{GEN_AI_REQUEST_MODEL}`, `{cv.OI_LLM_MODEL_NAME}` |",
+        f"| tool name | `{GEN_AI_TOOL_NAME}`, `{cv.OI_TOOL_NAME}`, `{cv.TRACELOOP_ENTITY_NAME}` |",
+        f"| agent name | `{GEN_AI_AGENT_NAME}`, `{cv.OI_AGENT_NAME}` |",
+    ]
+    out += ["", "Absent tokens and TTFT come from the proxy request the call joined (`join` column):", ""]
+    out += ["| join | meaning |", "|---|---|"] + [f"| `{j}` | {m} |" for j, m in cv.JOIN_MEANINGS.items()]
+    out += ["", "Other values: " + ", ".join(f"`{v}`" for v in _other_values())]
+    return out
+
+
+def _other_values() -> tuple[str, ...]:
+    """Values of the conventions kvtrace names but does not map (documented so they are known)."""
+    return (cv.OI_UNKNOWN, cv.TL_UNKNOWN, cv.OP_USER_PAUSE, *cv.CONVENTIONS)
 
 
 def render_metrics_markdown() -> str:

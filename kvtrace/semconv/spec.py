@@ -5,6 +5,15 @@ docs/semconv.md and docs/metrics.md."""
 
 from __future__ import annotations
 
+from kvtrace.semconv.conventions import (
+    OI_AGENT,
+    OI_CHAIN,
+    OI_LLM,
+    OI_TOOL,
+    OP_EXECUTE_TASK,
+    OP_USER_PAUSE,
+    OPENINFERENCE_SPAN_KIND,
+)
 from kvtrace.semconv.names import *  # noqa: F403
 from kvtrace.semconv.names import GENAI_SEMCONV_VERSION
 
@@ -34,6 +43,22 @@ _ENGINE = {
     ENGINE_ROLE: f"Role of the emitting worker: {', '.join(ROLES)}.",
 }
 
+_QUEUE = {
+    ENGINE_QUEUE_WAIT_MS: "Simulator, only when the request waited: time from arrival until its KV blocks were "
+    "allocated, ms (float; wall, like the span; model ms = x kvtrace.sim.time_scale). vLLM's scheduler keeps a "
+    "request that does not fit in its waiting queue and admits in order; blocks held for a remote reader "
+    "(D's retention, P's lease) are never evicted, so a pool full of them shows here and in TTFT.",
+    ENGINE_QUEUE_REASON: f"Why it waited, when it began: `{QUEUE_KV_HELD}` (it would fit if the blocks held for "
+    f"remote readers were freed), `{QUEUE_KV_IN_USE}` (running requests' blocks), `{QUEUE_FCFS}` (it fits, "
+    "but an earlier request waits).",
+    ENGINE_QUEUE_BLOCKS_NEEDED: "New blocks it needed (prompt + max_tokens, less the local prefix hit; int).",
+    ENGINE_QUEUE_BLOCKS_FREE: "Free + evictable blocks when it began waiting (int).",
+    ENGINE_QUEUE_BLOCKS_HELD: "Blocks then held only for a remote reader (int): what a pull, a notification or the "
+    "TTL would return.",
+    ENGINE_QUEUE_FREED_BY: f"What last returned blocks before it got in: `{RETENTION_READ}`, `{RETENTION_EXPIRED}`, "
+    f"`{RETENTION_RELEASED}` (a hold ended so) or `{FREED_FINISHED}` (a request finished).",
+}
+
 _POOL_WAIT = (
     "Time the leg waited for one of the worker's --max-worker-connections, ms (float); absent when one was "
     "free. The leg's span includes it; the connect timeout does not."
@@ -58,10 +83,15 @@ SPANS: dict[str, dict] = {
             SESSION_SOURCE: f"How the session was found: {', '.join(SESSION_SOURCES)} (body `{BODY_CONVERSATION_ID}`, "
             f"`{HEADER_SESSION_ID}`, baggage `{BAGGAGE_SESSION_ID}`, body `{BODY_PROMPT_CACHE_KEY}`, the proxy's "
             f"prefix table, none). `{SOURCE_PREFIX}` sessions are named `{PREFIX_SESSION_PREFIX}<hex>` by the proxy.",
-            SESSION_CONTINUITY: f"Chat requests with prefix matching on: {', '.join(CONTINUITIES)} against the "
-            "session's last served turn (its messages plus the reply the proxy streamed).",
-            SESSION_DIVERGED_AT: "When diverged: index of the first message that differs from the last served "
-            "turn (int).",
+            SESSION_CONTINUITY: f"Requests of a session with prefix matching on: {', '.join(CONTINUITIES)} against "
+            "the session's last served turn: its prompt (chat: the messages, and the model, tools, chat template "
+            "and its kwargs; completions: the text or token ids) plus the reply the proxy streamed. "
+            f"`{CONTINUITY_REUSED_ID}`: nothing in common from the first message (or another kind of request): "
+            f"another conversation under the id; `{CONTINUITY_UNKNOWN}`: the turn goes past a request whose reply "
+            "the proxy could not read (n > 1, token-id prompts, an unreadable stream). Only `extends` is offered.",
+            SESSION_DIVERGED_AT: "When diverged or reused_id: index of the first position that differs from the last "
+            "served turn (int): a message; a completions prompt's part (0: up to the end of the first served "
+            "prompt, then each reply and prompt after it); 0 also when the model, tools or template changed.",
             SESSION_REUSABLE_TOKENS_LOST: "When diverged and D held blocks for the session: the tokens P would have "
             "pulled had the prompt extended them, min(D's tokens, prompt tokens) - P's local hit (int; needs P's "
             "report).",
@@ -72,7 +102,12 @@ SPANS: dict[str, dict] = {
             REQUEST_TTFT_MS: "Time to first token seen by the proxy, ms (float).",
             REQUEST_LATENCY_MS: "Completed latency, ms (float).",
             PROXY_OFFER: "D's retained blocks were offered to P (bool).",
-            PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}.",
+            PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}. `{OFFER_HISTORY_UNKNOWN}`: D's blocks are of "
+            "another turn than the session's record (the record was evicted, or a turn finished out of order), "
+            "or the continuity is unknown: the proxy cannot check them against the prompt.",
+            PROXY_DECODE_PARAMS_INVALID: "D's final kv_transfer_params were not kept for the next turn (not offered): "
+            "what was wrong (a field of the wrong type or out of bounds, a non-finite number, a block list longer "
+            "than D's tokens).",
             PROXY_ENTRY_AGE_S: "Age of the conversation-table entry when offered, s (float).",
             PROXY_CONVERSATION_TTL_S: "The proxy's --conversation-ttl: it offers D's blocks while their entry is at "
             "most this old, s of the proxy's clock (float).",
@@ -129,6 +164,7 @@ SPANS: dict[str, dict] = {
             **_ENGINE,
             KV_PROMPT_TOKENS: "Prompt tokens (int).",
             REQUEST_CACHED_TOKENS: "Tokens not computed on this worker (local hit + pulled).",
+            **_QUEUE,
         },
     },
     SPAN_ENGINE_DECODE: {
@@ -141,6 +177,7 @@ SPANS: dict[str, dict] = {
             KV_PROMPT_TOKENS: "Prompt tokens (int).",
             GEN_AI_USAGE_OUTPUT_TOKENS: "Tokens generated (int).",
             REQUEST_CACHED_TOKENS: "Tokens not computed on this worker (local hit + pulled).",
+            **_QUEUE,
         },
     },
     SPAN_KV_DECISION: {
@@ -223,6 +260,7 @@ SPANS: dict[str, dict] = {
         "doc": "A whole agent session (gen_ai.operation.name=invoke_agent).",
         "attributes": {
             GEN_AI_OPERATION_NAME: f"`{OP_INVOKE_AGENT}`.",
+            OPENINFERENCE_SPAN_KIND: f"`{OI_AGENT}` (Phoenix and Langfuse show it natively).",
             GEN_AI_AGENT_NAME: "Agent or scenario name.",
             SESSION_ID: "Session id.",
             GEN_AI_CONVERSATION_ID: "Same value.",
@@ -233,7 +271,14 @@ SPANS: dict[str, dict] = {
         "kind": "INTERNAL",
         "emitter": "agent API / bench",
         "doc": "One turn of a session: LLM calls, tool waits and app work until the answer.",
-        "attributes": {SESSION_ID: "Session id.", TURN_INDEX: "Turn index (int)."},
+        "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_INVOKE_AGENT}` (one agent run).",
+            OPENINFERENCE_SPAN_KIND: f"`{OI_CHAIN}`.",
+            GEN_AI_AGENT_NAME: "Agent name.",
+            SESSION_ID: "Session id.",
+            GEN_AI_CONVERSATION_ID: "Same value.",
+            TURN_INDEX: "Turn index (int).",
+        },
     },
     SPAN_AGENT_LLM_CALL: {
         "kind": "CLIENT",
@@ -242,12 +287,15 @@ SPANS: dict[str, dict] = {
         "attributes": {
             **_ID,
             GEN_AI_OPERATION_NAME: f"`{OP_CHAT}` or `{OP_TEXT_COMPLETION}`.",
+            OPENINFERENCE_SPAN_KIND: f"`{OI_LLM}`.",
+            GEN_AI_PROVIDER_NAME: f"`{PROVIDER_VLLM}`.",
             GEN_AI_REQUEST_MODEL: "Model.",
             GEN_AI_USAGE_INPUT_TOKENS: "Prompt tokens (int), cached ones included.",
             GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: "Cached prompt tokens (int): local hit + pulled from the "
             "kv_transfer metadata, else usage.prompt_tokens_details.cached_tokens.",
             GEN_AI_USAGE_OUTPUT_TOKENS: "Completion tokens (int).",
             LLM_TTFT_MS: "Time to first token, ms (float).",
+            GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: "The same, s (float; the GenAI conventions' unit).",
             LLM_TPOT_MS: "Time per output token after the first, ms (float).",
             KV_OUTCOME: "Decision outcome from the kv_transfer metadata.",
             KV_PULLED_TOKENS: "Pulled tokens from the kv_transfer metadata (int).",
@@ -262,9 +310,12 @@ SPANS: dict[str, dict] = {
         "doc": "A tool call: the agent waits (gen_ai.operation.name=execute_tool).",
         "attributes": {
             GEN_AI_OPERATION_NAME: f"`{OP_EXECUTE_TOOL}`.",
+            OPENINFERENCE_SPAN_KIND: f"`{OI_TOOL}`.",
             GEN_AI_TOOL_NAME: "Tool name.",
+            GEN_AI_TOOL_TYPE: f"`{TOOL_TYPE_FUNCTION}`.",
             GEN_AI_TOOL_CALL_ID: "Tool call id.",
             SESSION_ID: "Session id.",
+            GEN_AI_CONVERSATION_ID: "Same value.",
             TURN_INDEX: "Turn index (int).",
             ERROR_TYPE: "Error class when the tool failed.",
         },
@@ -274,8 +325,11 @@ SPANS: dict[str, dict] = {
         "emitter": "agent API / bench",
         "doc": "Explicit application work (parsing, planning, I/O) between calls.",
         "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_EXECUTE_TASK}` (OpenLLMetry's extension of the GenAI operations).",
+            OPENINFERENCE_SPAN_KIND: f"`{OI_CHAIN}`.",
             AGENT_WORK_NAME: "What the work was.",
             SESSION_ID: "Session id.",
+            GEN_AI_CONVERSATION_ID: "Same value.",
             TURN_INDEX: "Turn index (int).",
         },
     },
@@ -285,8 +339,11 @@ SPANS: dict[str, dict] = {
         "doc": "The agent waits for its user (think time, an approval, a pause-resume gap): a part of its own in "
         "the session breakdown (`user_pause_ms`), so a user's pause is not read as slow app work.",
         "attributes": {
+            GEN_AI_OPERATION_NAME: f"`{OP_USER_PAUSE}` (kvtrace's own value: no convention has one).",
+            OPENINFERENCE_SPAN_KIND: f"`{OI_CHAIN}`.",
             AGENT_PAUSE_REASON: "Why the agent waits, when given (e.g. `think`, `approval`).",
             SESSION_ID: "Session id.",
+            GEN_AI_CONVERSATION_ID: "Same value.",
             TURN_INDEX: "Turn index (int), when the pause is inside a turn.",
         },
     },
@@ -386,7 +443,11 @@ KV_TRANSFER_FIELDS: dict[str, str] = {
     f"`{DIGEST_VERSION}` (1), `{DIGEST_CHUNK}` (tokens per chunk), `{DIGEST_TOKENS}` (tokens covered = "
     f"remote_num_tokens), `{DIGEST_TAGS}` (base64 of 4 bytes per chunk boundary and one for a partial last "
     "chunk: BLAKE2b keyed with KVTRACE_KV_DIGEST_KEY over D's engine id, request id, block ids and the tokens "
-    "up to the boundary). At most 86 bytes per 1,000 tokens (+ 60): about 11 KB for 128k tokens.",
+    "up to the boundary). At most 86 bytes per 1,000 tokens (+ 60): about 11 KB for 128k tokens. "
+    f"`{DIGEST_VERSION}` 2 (a vLLM D with block hashes): the tags are over vLLM's chained block hash at each "
+    f"boundary instead of the tokens, `{DIGEST_CHUNK}` = lcm(64, hash_block_size), and `{DIGEST_FINGERPRINT}` "
+    "(16 hex digits) is the keyed hash of (prefix_caching_hash_algo, NONE_HASH, hash_block_size): P treats an "
+    "offer with another fingerprint as unverifiable.",
 }
 
 CONTEXT_FIELDS: dict[str, str] = {

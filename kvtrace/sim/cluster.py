@@ -6,7 +6,7 @@ API (stable; the proxy, bench, demo and tests use it)::
 
     async with SimCluster(
         n_prefill=1, n_decode=1, *,
-        preset="qwen3-32b",          # cost/bytes preset: qwen3-32b | glm5-fp8
+        preset="qwen3-32b",          # cost/bytes preset: qwen3-32b | glm5-fp8 | llama-3.3-70b
         kv_config=None,              # vLLM --kv-transfer-config dict; bidirectional on by default
         time_scale=1.0,              # >1 compresses every sleep, TTL and lease
         cost=True,                   # False: zero-cost (no sleeps at all)
@@ -14,9 +14,10 @@ API (stable; the proxy, bench, demo and tests use it)::
         tracer_provider=None,        # one provider for every worker (tests)
         tracer_provider_factory=None,  # (service_name, resource_attributes) -> TracerProvider
         host="127.0.0.1", prefill_port=0, decode_port=0,  # 0 = ephemeral; N>1 use port, port+1, ...
-        block_size=16, capacity_blocks=65536, link="efa-3200",
+        block_size=None, capacity_blocks=65536, link="efa-3200",  # block size None: the preset's
         model=None,                  # served model name; None = accept any, list the preset name
         no_prefix_caching=(),        # roles run with vLLM's --no-enable-prefix-caching: "prefill", "decode"
+        cost_model=None,             # kvtrace.sim.fitted.FittedCostModel: its rates, time scale and on/off
         clock=None,                  # simulated clock () -> seconds (tests inject one)
         metrics=None,                # GET /metrics per worker (None: KVTRACE_METRICS, default on)
     ) as c:
@@ -46,6 +47,7 @@ from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.kvcache import KVCache
 from kvtrace.sim.metrics import WorkerMetrics
 from kvtrace.sim.scheduler import KVConfig
+from kvtrace.sim.wire import check_tool_calls
 from kvtrace.sim.worker import SimWorker
 
 SERVICE = {sc.ROLE_PREFILL: "kvtrace-sim-prefill", sc.ROLE_DECODE: "kvtrace-sim-decode"}
@@ -67,13 +69,15 @@ class SimCluster:
         host: str = "127.0.0.1",
         prefill_port: int = 0,
         decode_port: int = 0,
-        block_size: int = 16,
+        block_size: int | None = None,
         capacity_blocks: int = 65536,
         link: str = "efa-3200",
         model: str | None = None,
         clock: Callable[[], float] | None = None,
         metrics: bool | None = None,
         no_prefix_caching: tuple[str, ...] | list[str] = (),
+        tool_calls: str | None = None,
+        cost_model=None,
     ) -> None:
         if n_prefill < 0 or n_decode < 0 or n_prefill + n_decode == 0:
             raise ValueError("need at least one worker")
@@ -81,23 +85,36 @@ class SimCluster:
         if bad:
             raise ValueError(f"no_prefix_caching: unknown role(s) {sorted(bad)}; use prefill, decode")
         self.no_prefix_caching = frozenset(no_prefix_caching)
-        if preset not in PRESETS:
+        # scripted tool calls (kvtrace.sim.wire.scripted_tool_call); None = off
+        self.tool_calls = check_tool_calls(tool_calls)
+        if preset not in PRESETS and cost_model is None:
             raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
         self.n_prefill, self.n_decode = n_prefill, n_decode
         self.preset, self.link, self.time_scale, self.cost = preset, link, float(time_scale), cost
+        # a cost model in the engine's interface (kvtrace.sim.fitted) instead of the preset's: its
+        # time scale and on/off are the cluster's, its name the preset attribute
+        self.cost_model = cost_model
+        if cost_model is not None:
+            self.preset, self.time_scale, self.cost = cost_model.name, cost_model.time_scale, cost_model.enabled
         self.kv = KVConfig.from_dict(kv_config)
         self.traces_dir = traces_dir
         self._provider = tracer_provider
         self._factory = tracer_provider_factory
         self.host, self.prefill_port, self.decode_port = host, prefill_port, decode_port
-        self.block_size, self.capacity_blocks = block_size, capacity_blocks
+        if block_size is None:  # the preset's (a fitted cost model brings no preset: vLLM's default)
+            block_size = PRESETS[preset].block_size if preset in PRESETS else 16
+        self.block_size = block_size
+        self.capacity_blocks = capacity_blocks
         self.model, self.clock = model, clock
         self.metrics = bool(settings.METRICS.get(metrics)) and not settings.DISABLE.get()
         self.registry = Registry()
         self.prefill: list[SimWorker] = []
         self.decode: list[SimWorker] = []
         self._owned_providers: list = []
-        CostModel(preset, link, enabled=cost, time_scale=time_scale)  # validate early
+        # stateless (durations from the preset and the numbers): every worker shares one
+        self._cost = self.cost_model or CostModel(
+            self.preset, self.link, enabled=self.cost, time_scale=self.time_scale, block_size=self.block_size
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> SimCluster:
@@ -158,7 +175,7 @@ class SimCluster:
             sc.SIM_PRESET: self.preset,
             sc.ENGINE_PREFIX_CACHING: role not in self.no_prefix_caching,
             sc.KV_BIDIRECTIONAL: self.kv.bidirectional,
-            sc.ENGINE_KV_POOL_BYTES: self.capacity_blocks * self.block_size * PRESETS[self.preset].bytes_per_token,
+            sc.ENGINE_KV_POOL_BYTES: self.capacity_blocks * self.block_size * self._cost.bytes_per_token,
         }
         if self._factory is not None:
             provider = self._factory(SERVICE[role], attrs)
@@ -173,7 +190,7 @@ class SimCluster:
 
     async def _start(self, role: str, index: int, base_port: int) -> SimWorker:
         engine_id = self._engine_id(role, index)
-        cost = CostModel(self.preset, self.link, enabled=self.cost, time_scale=self.time_scale)
+        cost = self._cost
         kv_metrics = KVMetrics() if self.metrics else None
         recorder = KVRecorder(
             self._tracer_provider(role, engine_id),
@@ -206,6 +223,7 @@ class SimCluster:
             max_model_len=self.capacity_blocks * self.block_size,
             strict_model=self.model is not None,
             metrics=WorkerMetrics(model, kv_metrics) if kv_metrics is not None else None,
+            tool_calls=self.tool_calls,
         )
         port = base_port + index if base_port else 0
         engine.port = await worker.start(self.host, port)

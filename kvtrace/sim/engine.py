@@ -12,6 +12,11 @@ without reading (``released``), the TTL passes (``expired``) or the engine stops
 Engines find each other through a :class:`Registry` (in-process stand-in for NIXL's side
 channel): a pull asks the source engine for the held request's blocks, which frees them there.
 
+Admission goes through :class:`~kvtrace.sim.kvcache.BlockQueue`, vLLM's FCFS waiting queue: held
+blocks (P's lease, D's retention) are referenced, so never evicted, and a request that needs them
+waits until a read, a notification or the TTL returns them; a request that waited carries
+``kvtrace.engine.queue.*`` on its engine span (:meth:`KVRecorder.queued`).
+
 ``prefix_caching=False`` is vLLM's ``--no-enable-prefix-caching``: no lookup (local hit 0) and no
 block is published for later requests; blocks a peer reads (P's lease, D's retention) are still held.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,7 +36,7 @@ from kvtrace.emit.recorder import KVRecorder
 from kvtrace.sim import scheduler, tokenizer
 from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.holds import Hold, Holds
-from kvtrace.sim.kvcache import KVCache, NoSpace, block_hashes
+from kvtrace.sim.kvcache import BlockQueue, KVCache, Wait, block_hashes
 
 FINISH_LENGTH = "length"
 
@@ -132,8 +138,7 @@ class Engine:
         self.clock = clock or (lambda: time.perf_counter() * scale)
         self.holds = Holds(self.clock, scale, self._on_release)
         self._prefill_lock = asyncio.Lock()
-        self._space = asyncio.Event()
-        self.waiting = 0  # requests queued for KV blocks
+        self.queue = BlockQueue(cache, self.clock, self._held_blocks)
         self._decode_ctx = 0  # sum of context lengths of running decodes (batch KV reads)
         #: called with the wall-clock seconds from arrival to each request's first token
         self.on_first_token: Callable[[float], None] | None = None
@@ -188,6 +193,11 @@ class Engine:
         """Blocks reserved at admission: every token that will have KV (prompt + output - 1)."""
         return math.ceil((prompt_tokens + max(max_tokens, 1) - 1) / self.cache.block_size)
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for KV blocks."""
+        return len(self.queue)
+
     def shutdown(self) -> None:
         """Release every held block (retention ends ``released``) and close open spans."""
         self.holds.release_all(sc.RETENTION_RELEASED)
@@ -198,14 +208,18 @@ class Engine:
         bs = self.cache.block_size
         n = len(gen.prompt)
         hashes = block_hashes(gen.prompt, bs)
-        hit = await self._admit(gen, hashes, self.blocks_needed(n, gen.max_tokens))
-        gen.local_hit = len(hit) * bs
-        params = gen.params
-        count, load = scheduler.matched_tokens(params, n, gen.local_hit, self.kv.threshold)
-        if gen.phase == sc.ROLE_DECODE:
-            await self._remote_prefill(gen, count, load)
-        else:
-            await self._reverse_pull(gen, count, load)
+        src = self._heartbeat(gen.params) if gen.phase == sc.ROLE_DECODE else None
+        try:
+            hit = await self._admit(gen, hashes, self.blocks_needed(n, gen.max_tokens))
+            gen.local_hit = len(hit) * bs
+            count, load = scheduler.matched_tokens(gen.params, n, gen.local_hit, self.kv.threshold)
+            if gen.phase == sc.ROLE_DECODE:
+                await self._remote_prefill(gen, count, load)
+            else:
+                await self._reverse_pull(gen, count, load)
+        finally:
+            if src is not None:  # the load finished (or failed, or was cancelled): heartbeats stop
+                src.holds.stop_renewal(gen.params.get("remote_request_id"), src.kv.lease_s * 2 / 3)
         new = n - gen.local_hit - gen.pulled
         if new > 0 and self.cost.enabled:
             async with self._prefill_lock:
@@ -213,22 +227,39 @@ class Engine:
         if self.prefix_caching:
             self.cache.commit(gen.blocks[: len(hashes)], hashes)
 
+    def _heartbeat(self, params: dict) -> Engine | None:
+        """D renews P's lease from the request's arrival until its load ends (vLLM's heartbeats)."""
+        src = self.registry.engines.get(params.get("remote_engine_id"))
+        if src is not None:
+            src.holds.start_renewal(params.get("remote_request_id"))
+        return src
+
     async def _admit(self, gen: Generation, hashes: list[int], total_blocks: int) -> list[int]:
-        """Prefix lookup + block allocation, waiting (like vLLM's waiting queue) for space."""
-        while True:
-            hit = self.cache.lookup(hashes, len(gen.prompt)) if self.prefix_caching else []
-            self.cache.touch(hit)
-            try:
-                gen.blocks = hit + self.cache.allocate(total_blocks - len(hit))
-                return hit
-            except NoSpace:
-                self.cache.free(hit)
-                self._space.clear()
-                self.waiting += 1
-                try:
-                    await self._space.wait()
-                finally:
-                    self.waiting -= 1
+        """Prefix lookup + block allocation, in vLLM's waiting queue (FCFS) until they fit; a
+        wait goes on the request's engine span."""
+
+        def waited(wait: Wait) -> None:
+            self.recorder.queued(gen.record_id, self._wait_attributes(wait))
+
+        hit, gen.blocks = await self.queue.admit(hashes, len(gen.prompt), total_blocks, self.prefix_caching, waited)
+        return hit
+
+    def _wait_attributes(self, wait: Wait) -> dict:
+        attrs = {
+            sc.ENGINE_QUEUE_WAIT_MS: round((wait.end - wait.start) / self.cost.time_scale * 1000, 3),
+            sc.ENGINE_QUEUE_REASON: wait.reason,
+            sc.ENGINE_QUEUE_BLOCKS_NEEDED: wait.needed,
+            sc.ENGINE_QUEUE_BLOCKS_FREE: wait.free,
+            sc.ENGINE_QUEUE_BLOCKS_HELD: wait.held,
+        }
+        if wait.freed_by is not None:
+            attrs[sc.ENGINE_QUEUE_FREED_BY] = wait.freed_by
+        return attrs
+
+    def _held_blocks(self) -> int:
+        """Blocks that only holds for remote readers keep referenced (what ending them all frees)."""
+        counts = Counter(b for hold in self.holds.values() for b in hold.block_ids)
+        return sum(1 for b, n in counts.items() if self.cache.refcount(b) == n)
 
     async def _remote_prefill(self, gen: Generation, count: int, load: bool) -> None:
         """D: pull the prompt's blocks from P (p2d); a full local hit only notifies P."""
@@ -433,12 +464,12 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ blocks
-    def _free(self, block_ids: list[int]) -> None:
+    def _free(self, block_ids: list[int], reason: str = sc.FREED_FINISHED) -> None:
         if block_ids:
             self.cache.free(list(reversed(block_ids)))  # vLLM frees tail first: evicted first
-            self._space.set()
+            self.queue.released(reason)
 
     def _on_release(self, hold: Hold, reason: str) -> None:
-        self._free(hold.block_ids)
+        self._free(hold.block_ids, reason)
         if hold.retained:
             self.recorder.retention_ended(hold.record_id, reason)

@@ -5,6 +5,12 @@ peer will read them: on P for ``kv_lease_duration`` (until D has pulled the prom
 ``bidirectional_kv_xfer`` for ``decoder_kv_blocks_ttl`` (until the next turn's P pulls them).
 The reader's notification frees them early.  :class:`Holds` keeps one entry per request with
 its own ``loop.call_later`` timer, so blocks are released on time even with no traffic.
+
+P's lease is renewed by D's heartbeats (``base_scheduler.on_new_request`` tracks a request with
+``do_remote_prefill`` from its arrival on D until its load finished; the worker extends the lease
+to now + 2/3 of ``kv_lease_duration`` on each, every ``kv_lease_duration // 6`` s): while a reader
+heartbeats (:meth:`Holds.start_renewal` .. :meth:`Holds.stop_renewal`) the hold does not expire, and
+it expires 2/3 of the lease after the last one.  D's retention is not renewed (a plain TTL).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ class Hold:
     deadline: float  # simulated clock
     retained: bool  # True: D retention (spans), False: P lease
     timer: asyncio.TimerHandle | None = None
+    renewing: int = 0  # readers heartbeating it (the hold cannot expire meanwhile)
 
 
 class Holds:
@@ -62,10 +69,28 @@ class Holds:
             self._release(hold, reason)
         return hold
 
+    def start_renewal(self, internal_id: str) -> None:
+        """A reader starts heartbeating the hold (no-op when it is not held)."""
+        hold = self._holds.get(internal_id)
+        if hold is not None:
+            hold.renewing += 1
+
+    def stop_renewal(self, internal_id: str, extension_s: float) -> None:
+        """The reader's heartbeats stop: the last one leaves ``extension_s`` before expiry."""
+        hold = self._holds.get(internal_id)
+        if hold is None or hold.renewing == 0:
+            return
+        hold.renewing -= 1
+        hold.deadline = max(hold.deadline, self._clock() + extension_s)
+        if hold.renewing == 0:
+            if hold.timer is not None:
+                hold.timer.cancel()
+            self._arm(hold)
+
     def sweep(self) -> int:
         """Release every hold whose deadline has passed on the simulated clock (``expired``)."""
         now = self._clock()
-        due = [h for h in self._holds.values() if h.deadline <= now]
+        due = [h for h in self._holds.values() if h.deadline <= now and not h.renewing]
         for hold in due:
             self.pop(hold.internal_id, sc.RETENTION_EXPIRED)
         return len(due)
@@ -84,8 +109,8 @@ class Holds:
 
     def _fire(self, internal_id: str) -> None:
         hold = self._holds.get(internal_id)
-        if hold is None:
-            return
+        if hold is None or hold.renewing:
+            return  # heartbeats keep it; stop_renewal arms the timer again
         if hold.deadline <= self._clock():
             self.pop(internal_id, sc.RETENTION_EXPIRED)
         else:  # injected clock not there yet: look again when it could be

@@ -13,11 +13,22 @@ Modelled on vLLM's v1 KV cache manager (one KV-cache group):
 
 Allocation takes never-used/free blocks first, then evicts cached unreferenced blocks in LRU
 order; it raises :class:`NoSpace` when referenced blocks leave too few.
+
+:class:`BlockQueue` is the scheduler's waiting queue in front of the pool (vLLM 0.32/0.33
+``v1/core/sched/scheduler.py``): requests are admitted in arrival order, and when the head's
+``allocate_slots`` returns None the scheduler stops admitting (``break``), so the head waits and
+everyone behind it waits too, until blocks come back: a request finishing, or a hold ending (a
+peer's read or notification, or the TTL reaped by the worker's ``_reap_expired_send_leases``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import asyncio
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvtrace import semconv as sc
 
 
 class NoSpace(Exception):
@@ -136,3 +147,82 @@ class KVCache:
         if h is not None and self._cached.get(h) == bid:
             del self._cached[h]
         self._hash[bid] = None
+
+
+@dataclass
+class Wait:
+    """How one request waited for blocks (times on the engine's clock)."""
+
+    start: float
+    reason: str  # sc.QUEUE_REASONS
+    needed: int  # new blocks it needed
+    free: int  # free + evictable blocks when it began waiting
+    held: int  # blocks held only for a remote reader then
+    end: float = 0.0
+    freed_by: str | None = None  # sc.QUEUE_FREED_BY: what last returned blocks before it got in
+
+
+class BlockQueue:
+    """FCFS admission to a :class:`KVCache`: only the head of the queue allocates.
+
+    ``held()`` counts the blocks that only holds for remote readers keep referenced (what
+    releasing every hold would return); the engine calls :meth:`released` whenever blocks go
+    back to the pool."""
+
+    def __init__(self, cache: KVCache, clock: Callable[[], float], held: Callable[[], int]) -> None:
+        self.cache = cache
+        self._clock = clock
+        self._held = held
+        self._waiters: deque[tuple[asyncio.Event, Wait]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def admit(
+        self, hashes: list[int], n_tokens: int, total: int, lookup: bool, on_wait: Callable[[Wait], None]
+    ) -> tuple[list[int], list[int]]:
+        """``(hit, blocks)``: the prefix-hit blocks and all ``total`` blocks of the request (hit
+        first).  A request that had to wait is told ``on_wait(wait)`` once it got in, or once it
+        was cancelled while waiting (then ``freed_by`` is None unless blocks came back meanwhile)."""
+        hit, need, free = self._shortfall(hashes, n_tokens, total, lookup)
+        if need <= free and not self._waiters:
+            return self._allocate(hit, total)
+        held = self._held()
+        reason = sc.QUEUE_FCFS if need <= free else sc.QUEUE_KV_HELD if need <= free + held else sc.QUEUE_KV_IN_USE
+        wait = Wait(self._clock(), reason, need, free, held)
+        me = (asyncio.Event(), wait)
+        self._waiters.append(me)
+        try:
+            while True:
+                if self._waiters[0] is me:
+                    hit, need, free = self._shortfall(hashes, n_tokens, total, lookup)
+                    if need <= free:  # no await since the lookup: the hit still holds
+                        return self._allocate(hit, total)
+                me[0].clear()
+                await me[0].wait()
+        finally:
+            self._waiters.remove(me)
+            self._wake()  # the next one may fit too (or is the head now)
+            wait.end = self._clock()
+            on_wait(wait)
+
+    def released(self, reason: str) -> None:
+        """Blocks went back to the pool (``reason``: sc.QUEUE_FREED_BY): the head tries again."""
+        for _, wait in self._waiters:
+            wait.freed_by = reason
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiters:
+            self._waiters[0][0].set()
+
+    def _shortfall(self, hashes: list[int], n_tokens: int, total: int, lookup: bool) -> tuple[list[int], int, int]:
+        """(the prefix hit, new blocks needed, blocks free or evictable besides the hit's own): it
+        fits when needed <= free."""
+        hit = self.cache.lookup(hashes, n_tokens) if lookup else []
+        evictable_hit = sum(1 for b in hit if self.cache.refcount(b) == 0)
+        return hit, total - len(hit), self.cache.num_free - evictable_hit
+
+    def _allocate(self, hit: list[int], total: int) -> tuple[list[int], list[int]]:
+        self.cache.touch(hit)
+        return hit, hit + self.cache.allocate(total - len(hit))

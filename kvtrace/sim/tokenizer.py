@@ -61,12 +61,13 @@ def encode(text: str) -> list[int]:
 
 def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
     """ChatML-style template: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message,
-    then ``<|im_start|>assistant\\n``.  List contents keep their ``text`` parts."""
+    then ``<|im_start|>assistant\\n``.  List contents keep their ``text`` parts, joined with a newline."""
     out = []
     for m in messages:
         content = m.get("content")
         if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            # vLLM's string-format templates see text parts joined with a newline (chat_utils)
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
         reasoning = m.get("reasoning") or m.get("reasoning_content")
         think = f"{THINK}{reasoning}{END_THINK}" if isinstance(reasoning, str) and reasoning else ""
         out.append(f"{IM_START}{m.get('role', 'user')}\n{think}{content or ''}{IM_END}\n")

@@ -12,6 +12,16 @@ dumps them:
   ``null`` fields; then ``data: [DONE]``;
 - errors are ``{"error": {"message", "type", "param", "code"}}``.
 
+Scripted tool calls (:func:`scripted_tool_call`, off unless the worker is started with a mode, e.g.
+``kvtrace sim --tool-calls first-tool``): the simulated model cannot decide to use a tool, so a test
+agent's turn would never reach its tools.  With ``first-tool``, a chat request that offers ``tools``
+and whose last message is the user's is answered with a call of the first tool (or the one
+``tool_choice`` names) with arguments ``{}`` and finish_reason ``tool_calls``, shaped as vLLM's tool
+parsers answer (``tool_calls`` on the message; streamed as a name delta at the first token and an
+arguments delta with the finish); once the last message is a tool result the reply is text again,
+so a framework runs one tool per turn.  ``tool_choice: "none"`` is honoured.  The tokens are still
+generated (same cost, same usage), only the text is replaced.
+
 :func:`parse_request` validates a request body and raises :class:`WireError` (HTTP 400/404)
 like vLLM's request validation does.
 """
@@ -24,6 +34,10 @@ from kvtrace.sim import tokenizer
 
 DEFAULT_MAX_TOKENS = 16
 DONE = b"data: [DONE]\n\n"
+FINISH_TOOL_CALLS = "tool_calls"
+TOOL_CALLS_FIRST_TOOL = "first-tool"
+TOOL_CALL_MODES = (TOOL_CALLS_FIRST_TOOL,)
+SCRIPTED_ARGUMENTS = "{}"
 
 
 class WireError(Exception):
@@ -50,6 +64,7 @@ class ParsedRequest:
     kv_transfer_params: dict | None
     model: str | None
     thinking: bool = False  # chat_template_kwargs.enable_thinking (Qwen3's switch): reasoning first
+    tool_name: str | None = None  # the scripted tool call's function (scripted_tool_call), else a text reply
 
 
 def _int_field(body: dict, name: str, default: int | None, minimum: int) -> int | None:
@@ -85,8 +100,64 @@ def _prompt_ids(body: dict, chat: bool) -> list[int]:
     return ids
 
 
-def parse_request(body: object, chat: bool, served_model: str | None) -> ParsedRequest:
-    """Validate a request body; ``served_model`` None accepts any model name."""
+def _tool_names(body: dict) -> list[str]:
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    names = [t.get("function", {}).get("name") if isinstance(t, dict) else None for t in tools or ()]
+    if not isinstance(tools, list) or not all(isinstance(n, str) and n for n in names):
+        raise WireError("tools must be a list of {type: function, function: {name, ...}} objects", param="tools")
+    return names
+
+
+def check_tool_calls(mode: str | None) -> str | None:
+    """``mode`` if it is a scripted tool-call mode (or None: off), else ValueError naming them."""
+    if mode is not None and mode not in TOOL_CALL_MODES:
+        raise ValueError(f"unknown tool-call mode {mode!r}; choose from {', '.join(TOOL_CALL_MODES)}")
+    return mode
+
+
+def scripted_tool_call(body: dict, mode: str | None) -> str | None:
+    """The function the scripted model calls for this chat request, or None for a text reply.
+
+    ``mode`` None: never.  ``first-tool``: when the request offers tools and its last message is
+    the user's, the first tool, or the one a ``tool_choice`` object names (``"none"``: no call)."""
+    if check_tool_calls(mode) is None:
+        return None
+    names = _tool_names(body)
+    choice = body.get("tool_choice")
+    if not names or choice == "none" or body["messages"][-1].get("role") != "user":
+        return None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+        if named not in names:
+            raise WireError(f"tool_choice names {named!r}, which is not in tools", param="tool_choice")
+        return named
+    return names[0]
+
+
+def tool_call_id(rid: str) -> str:
+    """vLLM's ``chatcmpl-tool-…`` id, derived from the response id so replies are reproducible."""
+    return f"chatcmpl-tool-{rid.removeprefix('chatcmpl-')}"
+
+
+def tool_calls(rid: str, name: str) -> list[dict]:
+    """The message's ``tool_calls`` of a non-streamed scripted reply."""
+    return [{"id": tool_call_id(rid), "type": "function", "function": {"name": name, "arguments": SCRIPTED_ARGUMENTS}}]
+
+
+def tool_call_delta(rid: str, name: str | None) -> dict:
+    """A streamed tool-call delta: the name (with the id) first, then, ``name`` None, the arguments."""
+    if name is not None:
+        call = {"id": tool_call_id(rid), "type": "function", "index": 0, "function": {"name": name, "arguments": ""}}
+    else:
+        call = {"index": 0, "function": {"arguments": SCRIPTED_ARGUMENTS}}
+    return {"tool_calls": [call]}
+
+
+def parse_request(body: object, chat: bool, served_model: str | None, tool_mode: str | None = None) -> ParsedRequest:
+    """Validate a request body; ``served_model`` None accepts any model name; ``tool_mode``: see
+    :func:`scripted_tool_call`."""
     if not isinstance(body, dict):
         raise WireError("request body must be a JSON object")
     model = body.get("model")
@@ -126,6 +197,7 @@ def parse_request(body: object, chat: bool, served_model: str | None) -> ParsedR
         kv_transfer_params=kvp,
         model=model,
         thinking=chat and kwargs.get("enable_thinking") is True,
+        tool_name=scripted_tool_call(body, tool_mode) if chat else None,
     )
 
 
@@ -176,16 +248,20 @@ def chat_body(
     out_n: int,
     kvp: dict | None,
     reasoning: str | None = None,
+    calls: list[dict] | None = None,
 ) -> dict:
+    """``calls``: a scripted reply's ``tool_calls`` (content null, as vLLM's tool parsers answer)."""
     message = {
         "role": "assistant",
-        "content": text,
+        "content": None if calls else text,
         "refusal": None,
         "annotations": None,
         "audio": None,
         "function_call": None,
         "reasoning": reasoning,
     }
+    if calls:
+        message["tool_calls"] = calls
     choice = {
         "index": 0,
         "message": message,
@@ -252,9 +328,11 @@ def chat_chunk(
     kvp: dict | None,
     cont_usage: dict | None = None,
     field: str = "content",
+    delta: dict | None = None,
 ) -> dict:
-    """``field``: ``content``, or ``reasoning`` for a reasoning delta (vLLM's reasoning parser)."""
-    choice = {"index": 0, "delta": {field: text}, "logprobs": None, "finish_reason": finish}
+    """``field``: ``content``, or ``reasoning`` for a reasoning delta (vLLM's reasoning parser);
+    ``delta`` replaces the whole delta (a scripted tool call's, :func:`tool_call_delta`)."""
+    choice = {"index": 0, "delta": delta or {field: text}, "logprobs": None, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = None
     choice["token_ids"] = None

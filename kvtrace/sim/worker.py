@@ -55,7 +55,10 @@ class SimWorker:
         max_model_len: int,
         strict_model: bool = False,
         metrics: WorkerMetrics | None = None,
+        tool_calls: str | None = None,
     ) -> None:
+        wire.check_tool_calls(tool_calls)
+        self.tool_calls = tool_calls  # wire.scripted_tool_call's mode; None = never call a tool
         self.engine = engine
         self.metrics = metrics
         self.model = model
@@ -115,7 +118,7 @@ class SimWorker:
         except (ValueError, UnicodeDecodeError):
             return _error("request body is not valid JSON", 400, "BadRequestError")
         try:
-            req = wire.parse_request(body, chat, self.model if self.strict_model else None)
+            req = wire.parse_request(body, chat, self.model if self.strict_model else None, self.tool_calls)
         except wire.WireError as exc:
             return _error(str(exc), exc.status, exc.err_type, exc.param)
         base = request.headers.get(sc.HEADER_REQUEST_ID) or uuid.uuid4().hex
@@ -145,7 +148,8 @@ class SimWorker:
         except BaseException:
             gen.abort("client_disconnect")
             raise
-        kvp = gen.finish(FINISH_LENGTH)
+        finish = wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH
+        kvp = gen.finish(finish)
         if not chat:
             return _json(
                 wire.completion_body(
@@ -153,11 +157,10 @@ class SimWorker:
                 )
             )
         content, reasoning = tokenizer.split(pieces)
-        return _json(
-            wire.chat_body(
-                rid, int(time.time()), model, content, FINISH_LENGTH, len(req.prompt_ids), len(pieces), kvp, reasoning
-            )
-        )
+        calls = wire.tool_calls(rid, req.tool_name) if req.tool_name else None
+        n_prompt, n_out = len(req.prompt_ids), len(pieces)
+        body = wire.chat_body(rid, int(time.time()), model, content, finish, n_prompt, n_out, kvp, reasoning, calls)
+        return _json(body)
 
     async def _stream(self, request, req: wire.ParsedRequest, gen, rid: str, model: str) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
@@ -195,13 +198,18 @@ class SimWorker:
         async for _, piece in gen.decode():
             n_out = len(gen.output)
             last = n_out >= max_tokens
-            kvp = gen.finish(FINISH_LENGTH) if last else None
+            finish = (wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH) if last else None
+            kvp = gen.finish(finish) if last else None
             usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
-            if req.chat:
+            if req.tool_name:
+                chunk = self._tool_chunk(req, rid, model, created, n_out, finish, kvp, usage)
+                if chunk is None:
+                    continue  # a tool parser holds the tokens between the name and the arguments back
+            elif req.chat:
                 field, text = tokenizer.delta(n_out - 1, piece, reasoning)
-                chunk = make(rid, created, model, text, FINISH_LENGTH if last else None, kvp, usage, field)
+                chunk = make(rid, created, model, text, finish, kvp, usage, field)
             else:
-                chunk = make(rid, created, model, piece, FINISH_LENGTH if last else None, kvp, usage)
+                chunk = make(rid, created, model, piece, finish, kvp, usage)
             buf.append(f"data: {_dumps(chunk)}\n\n".encode())
             if not self.engine.cost.enabled and not last:
                 continue  # zero-cost: no time passes between tokens, write in one go
@@ -209,3 +217,18 @@ class SimWorker:
             buf.clear()
         if buf:
             await resp.write(b"".join(buf))
+
+    @staticmethod
+    def _tool_chunk(req, rid, model, created, n_out, finish, kvp, usage) -> dict | None:
+        """A scripted tool call streamed: the name at the first token, the arguments with the finish
+        (one chunk with both for a one-token reply), nothing in between."""
+        if n_out == 1 and finish is not None:
+            call = wire.tool_calls(rid, req.tool_name)[0]
+            delta = {"tool_calls": [{**call, "index": 0}]}
+        elif n_out == 1:
+            delta = wire.tool_call_delta(rid, req.tool_name)
+        elif finish is not None:
+            delta = wire.tool_call_delta(rid, None)
+        else:
+            return None
+        return wire.chat_chunk(rid, created, model, "", finish, kvp, usage, delta=delta)

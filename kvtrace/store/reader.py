@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import duckdb
 import pyarrow as pa
 
-from kvtrace.store import runs
+from kvtrace.store import bounds, runs
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import literal
@@ -194,7 +194,8 @@ def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> 
         # largest first: DuckDB scans a file's row group on one thread, and a large one started
         # last would leave the other threads idle while it finishes
         by_size = sorted(files, key=lambda f: (-_size(f), f))
-        con.sql(READ_FILES, params={"files": [glob_escape(f) for f in by_size]}).create_view(RAW, replace=True)
+        files_sql = READ_FILES + bounds.FILTER  # a bounded cursor's Timestamp bounds (kvtrace.store.bounds)
+        con.sql(files_sql, params={"files": [glob_escape(f) for f in by_size]}).create_view(RAW, replace=True)
     else:
         con.from_arrow(_empty_raw()).create_view(RAW, replace=True)
     con.execute(

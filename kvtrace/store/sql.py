@@ -15,6 +15,8 @@ integral may have been recorded as an int).
 
 from __future__ import annotations
 
+from kvtrace import semconv as sc
+
 DUCKDB, CLICKHOUSE = "duckdb", "clickhouse"
 
 
@@ -63,3 +65,9 @@ def bool_attr(key: str) -> str:
 def str_attr_or_resource(key: str) -> str:
     """A span attribute, else the same key among the resource attributes."""
     return f"COALESCE({str_attr(key)}, ResourceAttributes[{literal(key)}])"
+
+
+def time_scale() -> str:
+    """The span's simulator time scale (model time / wall time) from its resource, 1.0 when absent
+    (real engines): a wall duration times this is model time."""
+    return f"coalesce(TRY_CAST(ResourceAttributes[{literal(sc.SIM_TIME_SCALE)}] AS DOUBLE), 1.0)"

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from kvtrace import semconv, settings
+from kvtrace.telemetry.ids import UnseededIdGenerator
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,9 @@ def configure(
     Every exporter runs under its own ``BatchSpanProcessor``.  With ``handle_sigterm`` (main
     thread only) SIGTERM flushes every provider made here before the process exits.
     """
-    provider = TracerProvider(resource=make_resource(service_name, resource_attributes))
+    provider = TracerProvider(
+        resource=make_resource(service_name, resource_attributes), id_generator=UnseededIdGenerator()
+    )
     if settings.DISABLE.get():
         return provider
     directory = settings.TRACES_DIR.get(traces_dir)

@@ -9,12 +9,26 @@ import inspect
 import socket
 import time
 
+_GIVEN: set[int] = set()  # every port free_port returned in this process
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now and that this process was not given
+    before: the kernel may hand the port it just released to the next bind(0), so a rig asking
+    for four ports in a row could get one twice (seen: the collector on the simulator's port)."""
+    held = []  # ports given before stay bound while looking, so bind(0) moves past them
+    try:
+        while True:
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
+    finally:
+        for s in held:
+            s.close()
 
 
 def _timeout(deadline_s: float, what: str, last) -> TimeoutError:

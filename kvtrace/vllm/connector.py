@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
 from kvtrace.emit.recorder import KVRecorder
+from kvtrace.vllm.blockhash import BlockHashing
 from kvtrace.vllm.config import ConnectorSettings, block_bytes_by_group, recorder_for
 from kvtrace.vllm.metrics import KVTraceConnectorStats, KVTracePromMetrics, adopt_worker_stats
 from kvtrace.vllm.probe import SchedulerProbe
@@ -76,6 +77,7 @@ class KVTraceNixlConnector(NixlConnector):
                 block_bytes=block_bytes_by_group(kv_cache_config),
                 bidirectional=settings.bidirectional,
                 verify=settings.verify,
+                hashing=BlockHashing.from_vllm(vllm_config, kv_cache_config),
             )
 
     @classmethod

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from kvtrace import kvdigest
 from kvtrace import semconv as sc
 from kvtrace.emit.recorder import KVRecorder, never_raise
+from kvtrace.vllm.blockhash import BlockHashing
 from kvtrace.vllm.config import public_request_id
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,16 @@ class SchedulerProbe:
     """Instrumentation state of one scheduler-side connector."""
 
     def __init__(
-        self, recorder: KVRecorder, *, block_bytes: list[int], bidirectional: bool, verify: str = sc.VERIFY_RECORD
+        self,
+        recorder: KVRecorder,
+        *,
+        block_bytes: list[int],
+        bidirectional: bool,
+        verify: str = sc.VERIFY_RECORD,
+        hashing: BlockHashing | None = None,
     ) -> None:
         self.recorder = recorder
+        self.hashing = hashing  # None: v1 digests only (tests, another vLLM)
         self.verify_mode = verify
         self.threshold = recorder.threshold
         self.block_bytes = block_bytes
@@ -142,6 +150,8 @@ class SchedulerProbe:
             engine_id=params.get("remote_engine_id"),
             request_id=params.get("remote_request_id"),
             block_ids=params.get("remote_block_ids"),
+            block_hashes=request.block_hashes,
+            blocks=self.hashing.config() if self.hashing is not None else None,
         )
         # attributes before the local hit is known: the mismatch's wrong tokens are set in allocated()
         st.verification = {sc.KV_VERIFIED: verdict.status}
@@ -309,7 +319,7 @@ class SchedulerProbe:
         summary = self.recorder.request_finished(rid, **finish)
         if params is not None and summary:
             if rid in self._retained:
-                summary[sc.KVT_DIGEST] = _digest(request, params)
+                summary[sc.KVT_DIGEST] = _digest(request, params, self.hashing)
             params[sc.KV_PARAMS_KEY] = summary
 
     @never_raise()
@@ -325,15 +335,19 @@ class SchedulerProbe:
         self.recorder.shutdown()
 
 
-def _digest(request, params: dict) -> dict:
-    """D: the digest of the tokens its retained blocks hold (remote_num_tokens of them)."""
-    return kvdigest.make(
-        request.all_token_ids,
-        int(params.get("remote_num_tokens") or 0),
+def _digest(request, params: dict, hashing: BlockHashing | None = None) -> dict:
+    """D: the digest of the tokens its retained blocks hold (remote_num_tokens of them): v2 over
+    the request's vLLM block hashes when they cover them and the configuration is known, else v1."""
+    n = int(params.get("remote_num_tokens") or 0)
+    binding = dict(
         engine_id=params.get("remote_engine_id"),
         request_id=params.get("remote_request_id"),
         block_ids=params.get("remote_block_ids"),
     )
+    blocks = hashing.config() if hashing is not None else None
+    if blocks is not None and kvdigest.covers(request.block_hashes, n, blocks):
+        return kvdigest.make_blocks(request.block_hashes, request.all_token_ids, n, blocks, **binding)
+    return kvdigest.make(request.all_token_ids, n, **binding)
 
 
 def _trim_offer(params: dict, limit: int, block_size: int) -> None:

@@ -58,24 +58,35 @@ def test_session_turn_tool_app_work_tree(tracer_provider, span_exporter):
     work = one(span_exporter, sc.SPAN_AGENT_APP_WORK)
     assert dict(sess.attributes) == {
         sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+        sc.OPENINFERENCE_SPAN_KIND: sc.OI_AGENT,
         sc.GEN_AI_AGENT_NAME: "coder",
         sc.SESSION_ID: "s-1",
         sc.GEN_AI_CONVERSATION_ID: "s-1",
         sc.AGENT_SCENARIO: "unit",
     }
     assert sess.kind == SpanKind.INTERNAL and sess.parent is None
+    in_session = {sc.SESSION_ID: "s-1", sc.GEN_AI_CONVERSATION_ID: "s-1"}
+    run = {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT, sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN}
     assert [dict(t.attributes) for t in turns] == [
-        {sc.TURN_INDEX: 0, sc.SESSION_ID: "s-1"},
-        {sc.TURN_INDEX: 1, sc.SESSION_ID: "s-1"},
+        {**run, sc.TURN_INDEX: 0, sc.GEN_AI_AGENT_NAME: "coder", **in_session},
+        {**run, sc.TURN_INDEX: 1, sc.GEN_AI_AGENT_NAME: "coder", **in_session},
     ]
     assert dict(tool.attributes) == {
         sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+        sc.OPENINFERENCE_SPAN_KIND: sc.OI_TOOL,
         sc.GEN_AI_TOOL_NAME: "grep",
+        sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
         sc.GEN_AI_TOOL_CALL_ID: "call-1",
-        sc.SESSION_ID: "s-1",
+        **in_session,
         sc.TURN_INDEX: 0,
     }
-    assert dict(work.attributes) == {sc.AGENT_WORK_NAME: "plan", sc.SESSION_ID: "s-1", sc.TURN_INDEX: 0}
+    assert dict(work.attributes) == {
+        sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TASK,
+        sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN,
+        sc.AGENT_WORK_NAME: "plan",
+        **in_session,
+        sc.TURN_INDEX: 0,
+    }
     sid = sess.context.span_id
     assert [parent_id(t) for t in turns] == [sid, sid]
     assert parent_id(tool) == turns[0].context.span_id
@@ -95,8 +106,14 @@ async def test_user_pause_spans_mark_the_users_time(tracer_provider, span_export
                 pass
     sess, turn_span = one(span_exporter, sc.SPAN_AGENT_SESSION), one(span_exporter, sc.SPAN_AGENT_TURN)
     between, inside = by_name(span_exporter, sc.SPAN_AGENT_USER_PAUSE)
-    assert dict(between.attributes) == {sc.AGENT_PAUSE_REASON: "think", sc.SESSION_ID: "s-p"}
-    assert dict(inside.attributes) == {sc.SESSION_ID: "s-p", sc.TURN_INDEX: 0}
+    pause = {
+        sc.GEN_AI_OPERATION_NAME: sc.OP_USER_PAUSE,
+        sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN,
+        sc.SESSION_ID: "s-p",
+        sc.GEN_AI_CONVERSATION_ID: "s-p",
+    }
+    assert dict(between.attributes) == {**pause, sc.AGENT_PAUSE_REASON: "think"}
+    assert dict(inside.attributes) == {**pause, sc.TURN_INDEX: 0}
     assert parent_id(between) == sess.context.span_id and parent_id(inside) == turn_span.context.span_id
     assert between.kind == inside.kind == SpanKind.INTERNAL
 
@@ -151,8 +168,11 @@ def test_request_headers_inside_llm_call(tracer_provider, span_exporter):
     timing = {k: attrs.pop(k) for k in (sc.REQUEST_LATENCY_MS, sc.LLM_TTFT_MS, sc.LLM_TPOT_MS)}
     assert all(isinstance(v, float) and v >= 0 for v in timing.values())
     assert timing[sc.LLM_TTFT_MS] <= timing[sc.REQUEST_LATENCY_MS]
+    assert attrs.pop(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK) == timing[sc.LLM_TTFT_MS] / 1000.0  # the same, in s
     assert attrs == {
         sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
+        sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_VLLM,
+        sc.OPENINFERENCE_SPAN_KIND: sc.OI_LLM,
         sc.REQUEST_STREAM: True,
         sc.GEN_AI_REQUEST_MODEL: "m",
         sc.GEN_AI_REQUEST_MAX_TOKENS: 32,

@@ -179,6 +179,8 @@ def test_non_streaming_chat_in_session(tracer_provider, span_exporter):
     assert set(timing) == {sc.REQUEST_LATENCY_MS}  # no TTFT without a stream
     assert attrs == {
         sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
+        sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_VLLM,
+        sc.OPENINFERENCE_SPAN_KIND: sc.OI_LLM,
         sc.REQUEST_STREAM: False,
         sc.GEN_AI_REQUEST_MODEL: "m",
         sc.GEN_AI_REQUEST_MAX_TOKENS: 4,

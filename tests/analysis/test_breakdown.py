@@ -253,3 +253,32 @@ def test_session_windows_agree_with_the_sessions_view(store):
     ).fetchall()
     view = store.execute("SELECT session_id, start_ns, end_ns, turns FROM sessions ORDER BY 1").fetchall()
     assert mine == view and len(mine) == 3
+
+
+def test_non_streamed_kvtrace_call_takes_its_requests_ttft(tmp_path):
+    """A kvtrace llm_call span without a TTFT (a non-streamed call) splits at its proxy request's
+    first token (request start - call start + the request's TTFT), as agent_llm_calls reports it; a
+    call without a request stays input processing throughout."""
+    b = SpanBuilder()
+    s = b.session("s-plain", 0, 1000)
+    t = b.turn("s-plain", 0, 0, 1000, parent=s)
+    call = b.llm_call("s-plain", 0, 100, 600, None, parent=t, request_id="plain-1")
+    b.request("s-plain", 0, "plain-1", 120, 580, 80.0, parent=call)  # first token at 200
+    b.tool("s-plain", 0, 650, 850, parent=t)
+    b.llm_call("s-plain", 0, 900, 950, None, parent=t)  # no request: all input
+    b.write(tmp_path)
+    con = connect(tmp_path)
+    expected = {
+        "wall_ms": 1000.0,
+        "input_processing_ms": 150.0,
+        "generation_ms": 400.0,
+        "tool_wait_ms": 200.0,
+        "app_work_ms": 250.0,
+        "user_pause_ms": 0.0,
+        "unattributed_ms": 250.0,
+    }
+    assert _parts(_by_session(con)["s-plain"]) == expected
+    turns = sessions.turns(con, Filters(session_id="s-plain")).to_pylist()
+    assert [(r["turn"], _parts(r)) for r in turns] == [(0, expected)]
+    calls = con.execute("SELECT request_id, ttft_ms FROM agent_llm_calls ORDER BY start_ns").fetchall()
+    assert calls == [("plain-1", 100.0), (None, None)]

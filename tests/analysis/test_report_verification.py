@@ -57,10 +57,20 @@ def test_the_verification_mix_lists_mismatches_first(con):
 
 def test_mismatched_offers_are_listed_most_wrong_tokens_first(con):
     cols, rows = text.mismatch_rows(con)
-    assert cols[:3] == ["session", "turn", "request"]
+    assert cols == [
+        "session",
+        "turn",
+        "request",
+        "verify",
+        "outcome",
+        "first mismatch",
+        "tokens from other KV",
+        "cause",
+        "pulled",
+    ]
     assert rows == [
-        ["s4", "3", "r-big", "enforce", "pulled", "128", "172", "128"],
-        ["s2", "1", "r-small", "record", "pulled", "256", "44", "300"],
+        ["s4", "3", "r-big", "enforce", "pulled", "128", "172", "–", "128"],  # no kvtrace proxy: no cause
+        ["s2", "1", "r-small", "record", "pulled", "256", "44", "–", "300"],
     ]
 
 

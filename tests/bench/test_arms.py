@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,8 @@ from kvtrace.analysis import compare
 from kvtrace.bench.arms import arm_dir
 from kvtrace.cli import main
 from kvtrace.store import connect
+
+from support.cli import run_cli
 
 # 2 sessions x 3 turns; each answer (120 tokens) is more than kv_recompute_threshold (64), so with
 # P's prefix cache on there is still something worth pulling: D's answer and the new user message
@@ -31,20 +31,13 @@ SCENARIO = {
 ARM_LABELS = [arms.arm_label(c, b) for c, b in arms.ARMS]
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KVTRACE_METRICS": "0"}
-    return subprocess.run(
-        [sys.executable, "-m", "kvtrace.cli", *argv], capture_output=True, text=True, timeout=600, env=env
-    )
-
-
 @pytest.fixture(scope="module")
 def armed(tmp_path_factory):
     root = tmp_path_factory.mktemp("arms")
     scenario = root / "tiny.json"
     scenario.write_text(json.dumps(SCENARIO))
     traces = root / "runs"
-    done = _run(
+    done = run_cli(
         "bench",
         "--arms",
         "--input",
@@ -131,7 +124,7 @@ def test_the_table_per_preset_and_report_prints_the_same(armed):
         assert cell.startswith(f"x{1 / r['ratio']:.2f} [{1 / r['ci_high']:.2f}-{1 / r['ci_low']:.2f}]")
     held = [float(c) for c in lines[8].strip("|").split("|")[1:5]]
     assert held[1] > 0 and held[3] > 0  # bidirectional on: D keeps each answer for the next turn
-    report = _run("report", "--traces", str(traces))
+    report = run_cli("report", "--traces", str(traces))
     assert report.returncode == 0, report.stderr
     assert report.stdout.rstrip("\n") == "# kvtrace report: published vs production configuration\n\n" + table.rstrip(
         "\n"
@@ -172,7 +165,7 @@ def test_tables_invert_compare_and_name_a_missing_arm():
         (["--arms", "--presets", "no-such-model", "--traces", "{d}"], "invalid choice: 'no-such-model'"),
         (
             ["--presets", "glm5-fp8", "--url", "http://127.0.0.1:9"],
-            "--presets and --sim-time-scale only go with --arms",
+            "--presets, --sim-time-scale, --sweep and --calibrate-from only go with --arms",
         ),
         ([], "--url is required (or --arms)"),
     ],

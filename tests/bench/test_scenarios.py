@@ -191,7 +191,14 @@ async def test_pause_longer_than_retention(tracer_provider, span_exporter, polic
     pauses = [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_AGENT_USER_PAUSE]
     assert sorted(s.attributes[sc.SESSION_ID] for s in pauses) == sorted(sessions * 3)
     for p in pauses:
-        assert dict(p.attributes) == {sc.AGENT_PAUSE_REASON: "think", sc.SESSION_ID: p.attributes[sc.SESSION_ID]}
+        sid = p.attributes[sc.SESSION_ID]
+        assert dict(p.attributes) == {
+            sc.GEN_AI_OPERATION_NAME: sc.OP_USER_PAUSE,
+            sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN,
+            sc.AGENT_PAUSE_REASON: "think",
+            sc.SESSION_ID: sid,
+            sc.GEN_AI_CONVERSATION_ID: sid,
+        }
         assert by_id[p.parent.span_id].name == sc.SPAN_AGENT_SESSION
 
 

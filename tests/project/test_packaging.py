@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):
     """One way of shipping the app: setup.py finds the packages; the wheel, built here, holds every
     kvtrace package, the Streamlit app and its pages as ``kvtrace.dashboards``, the Grafana
-    dashboards and ``py.typed``."""
+    dashboards, the bench's shipped traces and ``py.typed``."""
     import shutil
     import subprocess
     import sys
@@ -50,6 +50,8 @@ def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):
     }
     assert {"kvtrace/dashboards/app.py", "kvtrace/dashboards/app_pages/sessions.py"} <= dash
     assert sources | dash | {"kvtrace/py.typed"} <= names
+    data = {"kvtrace/bench/data/" + p.name for p in (ROOT / "kvtrace" / "bench" / "data").iterdir()}
+    assert {"kvtrace/bench/data/mooncake_conversation_every20.jsonl", "kvtrace/bench/data/README.md"} <= data <= names
     assert not {n for n in names if n.startswith(("tests/", "dashboards/", "benchmarks/"))}
     from kvtrace import __version__
 

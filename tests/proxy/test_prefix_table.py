@@ -20,7 +20,9 @@ A = lambda text, **kw: {"role": "assistant", "content": text, **kw}  # noqa: E73
 
 def test_message_identity():
     h = lambda m: message_hash(0, m)  # noqa: E731
-    assert h(U("hi")) == h({"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]})
+    parts = lambda *texts: {"role": "user", "content": [{"type": "text", "text": t} for t in texts]}  # noqa: E731
+    assert h(U("h\ni")) == h(parts("h", "i")) and h(U("hi")) == h(parts("hi"))  # vLLM joins parts with "\n"
+    assert h(U("hi")) != h(parts("h", "i"))  # renders "h\ni": other tokens
     assert h(U("hi")) != h(U("hi ")) and h(U("hi")) != h(A("hi")) and h(U("hi")) != h({"role": "user"})
     assert h(A("x", reasoning="r")) == h(A("x", reasoning_content="r")) != h(A("x"))
     call = lambda i: {"id": i, "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}  # noqa: E731
@@ -109,7 +111,7 @@ def test_find_check_and_served():
     stripped = chain([U("q0"), A("a0-"), U("q1")])
     assert t.find(stripped) == "s" and t.check("s", stripped) == (sc.CONTINUITY_DIVERGED, 1)
     assert t.check("s", turn0) == (sc.CONTINUITY_EXTENDS, None)  # a retry of the served request
-    assert t.check("s", chain([U("other")])) == (sc.CONTINUITY_DIVERGED, 0)
+    assert t.check("s", chain([U("other")])) == (sc.CONTINUITY_REUSED_ID, 0)  # nothing in common: another conversation
     assert t.check("nobody", nxt) == (sc.CONTINUITY_NEW, None)
     t.served("s", nxt, A("a1"))  # the next turn replaces the record and its index entries
     assert t.find(chain([U("q0"), A("a0"), U("q1"), A("a1"), U("q2")])) == "s"

@@ -15,6 +15,9 @@ from kvtrace import semconv as sc
 from kvtrace.sim import tokenizer
 from kvtrace.sim.cluster import SimCluster
 
+from support.sim_stack import d2p_decision as expected
+from support.tokens import first_difference
+
 BS = 16
 OUT = 100  # D's output tokens on turn 0
 SHARED = "the agent reads the plan and checks each step of the tool result " * 12  # 168 tokens of user text
@@ -89,32 +92,6 @@ def d2p_transfers(exporter) -> list:
         for s in exporter.get_finished_spans()
         if s.name == sc.SPAN_KV_TRANSFER and s.attributes[sc.KV_DIRECTION] == sc.DIRECTION_D2P
     ]
-
-
-def expected(rid: str, d: dict, prompt: int, pulled: int, outcome: str, verification: dict) -> dict:
-    return {
-        sc.GEN_AI_REQUEST_ID: rid,
-        sc.ENGINE_ID: "sim-prefill-0",
-        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
-        sc.KV_DIRECTION: sc.DIRECTION_D2P,
-        sc.KV_PROMPT_TOKENS: prompt,
-        sc.KV_LOCAL_HIT_TOKENS: 0,
-        sc.KV_REMOTE_TOKENS: d["remote_num_tokens"],
-        sc.KV_PULLED_TOKENS: pulled,
-        sc.KV_RECOMPUTED_TOKENS: prompt - pulled,
-        sc.KV_THRESHOLD: 64,
-        sc.KV_LOAD_FAILURE_POLICY: "fail",
-        sc.KV_EXPIRY_DEADLINE: d["remote_blocks_expiry_time"],
-        sc.KV_EXPIRY_REMAINING_S: 480.0,
-        sc.KV_PEER_ENGINE_ID: "sim-decode-0",
-        sc.KV_REMOTE_REQUEST_ID: d["remote_request_id"],
-        sc.KV_OUTCOME: outcome,
-        **verification,
-    }
-
-
-def first_difference(a: list[int], b: list[int]) -> int:
-    return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
 
 
 def cluster(tracer_provider, verify: str | None) -> SimCluster:

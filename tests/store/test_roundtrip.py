@@ -51,6 +51,10 @@ EXPECTED_COLUMNS = {
     "blocks tokens bytes ttl_s retention_outcome time_scale next_trace_id next_span_id next_request_id next_turn "
     "next_engine_id next_start_ns gap_s expiry_gap_s entry_age_s offer_ttl_s offered offer_reason outcome "
     "pulled_tokens recomputed_tokens",
+    "trace_sessions": "trace_id session_id agent_session_id proxy_session_id join_kind",
+    "agent_llm_calls": "trace_id span_id name session_id convention model input_tokens output_tokens cached_tokens "
+    "ttft_ms start_ns end_ns duration_ms status_code join_kind request_trace_id request_span_id "
+    "request_id outcome pulled_tokens",
 }
 SPANS_DERIVED = (
     "trace_id span_id parent_span_id name kind service_name start_time end_time start_ns end_ns duration_ms "

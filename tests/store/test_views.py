@@ -72,6 +72,8 @@ def _one_span_per_value(b: SpanBuilder) -> None:
     way a writer records it (attribute, span name, kind or status); vLLM spans continuing proxy legs."""
     t = 0.0
     for view in views.PUBLIC:
+        if view.name in ("trace_sessions", "agent_llm_calls"):
+            continue  # see _agent_calls()
         name = SPAN_OF_VIEW.get(view.name)
         for column in view.columns:
             for value in column.values:
@@ -97,6 +99,23 @@ def _one_span_per_value(b: SpanBuilder) -> None:
                     kw["attrs"][ATTRIBUTE_OF_COLUMN[column.name]] = value
                 b.span(span_name, t, t + 5, **kw)
     _vllm_legs(b, t + 100)
+    _agent_calls(b, t + 200)
+
+
+def _agent_calls(b: SpanBuilder, t: float) -> None:
+    """LLM calls of every convention and join kind, and kvtrace's own with every outcome."""
+    for i, outcome in enumerate(sc.OUTCOMES):
+        call = b.llm_call("enum-agent", 0, t + 10 * i, t + 10 * i + 8, 1.0, request_id=f"ag-{i}")
+        b.request("enum-agent", 0, f"ag-{i}", t + 10 * i + 1, t + 10 * i + 7, 1.0, parent=call, outcome=outcome)
+    t += 100
+    run = b.span("invoke_agent w", t, t + 20, attrs={sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT})
+    chat = b.span("chat m", t + 1, t + 10, parent=run, kind="CLIENT", attrs={sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT})
+    b.request(None, None, "genai-0", t + 2, t + 9, 1.0, parent=chat)  # trace
+    root = b.span("Agent", t + 30, t + 50, attrs={sc.OPENINFERENCE_SPAN_KIND: sc.OI_AGENT, sc.SESSION_ID: "oi"})
+    b.span("llm", t + 31, t + 40, parent=root, attrs={sc.OPENINFERENCE_SPAN_KIND: sc.OI_LLM})
+    b.request(None, None, "oi-0", t + 32, t + 39, 1.0)  # a root: session_time
+    flow = b.span("wf", t + 60, t + 80, attrs={sc.TRACELOOP_SPAN_KIND: sc.TL_WORKFLOW})
+    b.span("openai.chat", t + 61, t + 70, parent=flow, attrs={sc.LLM_REQUEST_TYPE: sc.OP_CHAT})  # none
 
 
 def _vllm_legs(b: SpanBuilder, t: float) -> None:

@@ -58,3 +58,27 @@ class Stack:
         """The spans named ``name`` once there are ``n`` (they end just after the response)."""
         await wait_for_async(lambda: len(self.spans(name)) >= n, 5, f"{n} {name} spans")
         return self.spans(name)
+
+
+def d2p_decision(rid: str, d: dict, prompt: int, pulled: int, outcome: str, verification: dict) -> dict:
+    """The simulated P's whole d2p decision span for request ``rid`` offered D's params ``d``
+    (no local hit, the default threshold and TTL)."""
+    return {
+        sc.GEN_AI_REQUEST_ID: rid,
+        sc.ENGINE_ID: "sim-prefill-0",
+        sc.ENGINE_ROLE: sc.ROLE_PREFILL,
+        sc.KV_DIRECTION: sc.DIRECTION_D2P,
+        sc.KV_PROMPT_TOKENS: prompt,
+        sc.KV_LOCAL_HIT_TOKENS: 0,
+        sc.KV_REMOTE_TOKENS: d["remote_num_tokens"],
+        sc.KV_PULLED_TOKENS: pulled,
+        sc.KV_RECOMPUTED_TOKENS: prompt - pulled,
+        sc.KV_THRESHOLD: 64,
+        sc.KV_LOAD_FAILURE_POLICY: "fail",
+        sc.KV_EXPIRY_DEADLINE: d["remote_blocks_expiry_time"],
+        sc.KV_EXPIRY_REMAINING_S: 480.0,
+        sc.KV_PEER_ENGINE_ID: "sim-decode-0",
+        sc.KV_REMOTE_REQUEST_ID: d["remote_request_id"],
+        sc.KV_OUTCOME: outcome,
+        **verification,
+    }

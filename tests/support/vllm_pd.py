@@ -34,6 +34,7 @@ from kvtrace import semconv as sc
 from kvtrace.testing.wait import free_port, wait_for
 
 from support import vllm_diag as diag
+from support.http_json import post
 
 MODEL = "tiny"
 PROXY_SERVICE = "kvtrace-proxy"
@@ -72,6 +73,12 @@ class Server:
     ttl_s: int = 480
     layout: str = "uni"
     connector: str = "kvtrace"
+    verify: str | None = None  # kvtrace connector's ``verify`` (None: its default)
+    dtype: str = "bfloat16"
+    load_format: str = "dummy"  # "safetensors" for vllm_rig.make_sharp_model
+    # plain connector only: load kvtrace's plugin for its NIXL progress-thread delay alone (stream
+    # patch off), so vLLM's own connector runs without NIXL's idle threads spinning both cores
+    plain_nixl_delay: bool = False
     port: int = field(default_factory=free_port)
     side_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -107,6 +114,8 @@ class Server:
                 "role": self.role,
                 "service_name": self.service_name,
             }
+            if self.verify is not None:
+                extra[sc.KV_PARAMS_KEY]["verify"] = self.verify
             ktc.update(kv_connector="KVTraceNixlConnector", kv_connector_module_path="kvtrace.vllm.connector")
         return ktc
 
@@ -131,6 +140,8 @@ class Server:
                 KVTRACE_BATCH_DELAY_MS="200",
                 OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="process",
             )
+        elif self.plain_nixl_delay:
+            env.update(KVTRACE_NIXL_PROGRESS_DELAY_US="500", KVTRACE_VLLM_STREAM_PATCH="0")
         else:
             env["VLLM_PLUGINS"] = plugins_without_kvtrace()
         return env
@@ -149,10 +160,10 @@ class Server:
             "--served-model-name",
             MODEL,
             "--load-format",
-            "dummy",
+            self.load_format,
             "--enforce-eager",
             "--dtype",
-            "bfloat16",
+            self.dtype,
             "--host",
             "127.0.0.1",
             "--port",
@@ -293,9 +304,7 @@ def _traceparent(trace_id: str) -> str:
 
 
 def _post(url: str, body: dict, headers: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-        return json.loads(r.read())
+    return post(url, body, headers, timeout=REQUEST_TIMEOUT_S)
 
 
 def _stream(url: str, body: dict, headers: dict) -> list[dict]:
@@ -334,13 +343,17 @@ def run_turn(
     chat: bool = False,
     attempts: int = 2,
     p_fails: bool = False,
+    sampling: dict | None = None,
+    verbatim_offer: bool = False,
 ) -> Turn:
     """One proxied turn; retried once on an HTTP error (a NIXL handshake timeout fails the load
     and, under kv_load_failure_policy=fail, the request); a silent server fails the rig at once.
     ``p_fails``: P is expected to fail the request (a declined expired read); the D leg is then
     skipped.  D's leg streams when D runs kvtrace (its plugin puts ``kv_transfer_params`` on the
     finish chunk), else it is one non-streaming response (plain vLLM 0.32 returns the params
-    only there)."""
+    only there).  ``sampling``: extra body fields of both legs (e.g. ``temperature``).
+    ``verbatim_offer``: P gets ``cached`` as D returned it, D's ``kvtrace`` entry (its digest)
+    included and no kvtrace context, as an uninstrumented router (vLLM's example proxy) sends it."""
     for attempt in range(attempts):
         try:
             done = rig.call(
@@ -356,6 +369,8 @@ def run_turn(
                 chat=chat,
                 suffix=f"r{attempt}",
                 p_fails=p_fails,
+                sampling=sampling or {},
+                verbatim_offer=verbatim_offer,
             )
             rig.progress(f"{session} turn {turn} done")
             return done
@@ -366,7 +381,7 @@ def run_turn(
     raise AssertionError("unreachable")
 
 
-def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fails) -> Turn:
+def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fails, sampling, verbatim_offer) -> Turn:
     rid = f"{session}-t{turn}-{suffix}"
     trace_id = secrets.token_hex(16)
     route = "/v1/chat/completions" if chat else "/v1/completions"
@@ -379,9 +394,12 @@ def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fa
         "do_remote_prefill": False,
         sc.KV_PARAMS_KEY: {**ctx, sc.CTX_TRACEPARENT: p_tp},
     }
+    if verbatim_offer and cached:
+        p_kv = {**cached, "do_remote_decode": True, "do_remote_prefill": False}
     p_body = {
         "model": MODEL,
         **payload,
+        **sampling,
         "max_tokens": 1,
         "stream": False,
         "ignore_eos": True,
@@ -405,6 +423,7 @@ def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fa
     d_body = {
         "model": MODEL,
         **payload,
+        **sampling,
         "max_tokens": max_tokens,
         "min_tokens": max_tokens,
         "stream": stream,
@@ -420,7 +439,8 @@ def _turn(p, d, *, session, turn, prompt, cached, max_tokens, chat, suffix, p_fa
     finals = [c for c in chunks if any(ch.get("finish_reason") for ch in c.get("choices") or ())]
     if not finals or finals[-1]["choices"][0]["finish_reason"] != "length":
         raise LegFailed(f"D's leg of {rid} did not finish: last chunk {chunks[-1] if chunks else None!r}")
-    return Turn(rid, trace_id, prompt, p_params, finals[-1].get("kv_transfer_params"), output_ids, chunks)
+    d_params = finals[-1].get("kv_transfer_params")
+    return Turn(rid, trace_id, prompt, p_params, d_params, output_ids, chunks)
 
 
 # ---------------------------------------------------------------------------- agent -> kvtrace proxy

@@ -3,6 +3,12 @@
 Imported only by tests that already called ``require_vllm()``.  The model has random weights
 (vLLM ``--load-format dummy``); only its shapes matter: Llama, hidden 128, 2 layers, 4 heads,
 2 KV heads, head_dim 32 (CPU attention needs head_dim in {32, 64, ...}), vocab 512.
+
+:func:`make_sharp_model` is the same model with seeded weights on disk, for tests whose assertions
+are on the *answer*: vLLM's dummy weights are uniform in +-1e-3 (norms included), so every logit is
+nearly equal and the output hardly depends on the context; these are Gaussian at 3x the usual
+1/sqrt(fan-in) scale with unit norms, so attention is peaked and a greedy answer changes when the
+KV it attends to changes.
 """
 
 from __future__ import annotations
@@ -75,6 +81,50 @@ def make_tiny_model(directory: Path) -> Path:
         )
     )
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "bos_token_id": 1}))
+    return directory
+
+
+SHARP_SEED = 26
+SHARP_SCALE = 3.0  # x 1/sqrt(fan-in); 1.0 was too flat to change a greedy answer on wrong KV (checked offline)
+
+
+def make_sharp_model(directory: Path) -> Path:
+    """:func:`make_tiny_model` plus ``model.safetensors``: seeded float32 weights (see the module
+    doc).  Load with ``--load-format safetensors --dtype float32``: float32 keeps the KV P pulls
+    and the KV a cold prefill computes equal to far below a greedy choice.  Idempotent."""
+    import torch
+    from safetensors.torch import save_file
+
+    make_tiny_model(directory)
+    path = directory / "model.safetensors"
+    if path.exists():
+        return directory
+    c = MODEL_CONFIG
+    h, inter, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "lm_head.weight": (c["vocab_size"], h)}
+    for i in range(c["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        shapes |= {
+            pre + "self_attn.q_proj.weight": (heads * hd, h),
+            pre + "self_attn.k_proj.weight": (kv * hd, h),
+            pre + "self_attn.v_proj.weight": (kv * hd, h),
+            pre + "self_attn.o_proj.weight": (h, heads * hd),
+            pre + "mlp.gate_proj.weight": (inter, h),
+            pre + "mlp.up_proj.weight": (inter, h),
+            pre + "mlp.down_proj.weight": (h, inter),
+        }
+    gen = torch.Generator().manual_seed(SHARP_SEED)
+    tensors = {}
+    for name, shape in shapes.items():
+        w = torch.randn(shape, generator=gen)
+        tensors[name] = w if "embed" in name else w * (SHARP_SCALE / shape[1] ** 0.5)
+    norms = ("input_layernorm", "post_attention_layernorm")
+    names = [f"model.layers.{i}.{n}.weight" for i in range(c["num_hidden_layers"]) for n in norms]
+    for name in [*names, "model.norm.weight"]:
+        tensors[name] = torch.ones(h)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    (directory / "config.json").write_text(json.dumps({**MODEL_CONFIG, "torch_dtype": "float32"}))
     return directory
 
 

@@ -36,6 +36,7 @@ from kvtrace.store import connect
 from support import vllm_diag as diag
 from support import vllm_pd as pd
 from support import vllm_rig as rig_model
+from support.tokens import ids
 
 AGENT_SESSION = "conv-agent"
 AGENT_MAX_TOKENS = [100, 4]
@@ -47,10 +48,6 @@ AGENT_TURNS = [
 ]
 SPAN_WAIT_S = 60
 D2_TTL_S = 10
-
-
-def ids(seed: int, n: int) -> list[int]:
-    return [5 + (seed * 131 + i * 37) % 500 for i in range(n)]
 
 
 def rows(traces: Path, sql: str, params: list) -> list[dict]:

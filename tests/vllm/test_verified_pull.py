@@ -4,6 +4,7 @@ whether an offer matches its prompt (``record``) or loads only the verified pref
 
 from __future__ import annotations
 
+import binascii
 import time
 
 import pytest
@@ -46,9 +47,30 @@ def _sched(model_dir, *, role: str, engine: str, verify: str | None = None):
     return rig.scheduler(cfg)
 
 
-def _offer(held=HELD) -> dict:
+def _blocks() -> kvdigest.BlockConfig:
+    """The block-hash configuration of the rig's engines (sha256 over 16-token blocks)."""
+    from vllm.v1.core import kv_cache_utils
+
+    rig.request([1])  # the rig initialises NONE_HASH as EngineCore does
+    return kvdigest.block_config("sha256", kv_cache_utils.NONE_HASH, BS)
+
+
+@pytest.fixture(params=[1, 2], ids=["v1-over-tokens", "v2-over-block-hashes"])
+def version(request) -> int:
+    return request.param
+
+
+def _digest(held, version: int, blocks: kvdigest.BlockConfig | None = None) -> dict:
+    binding = dict(engine_id=D_ENGINE, request_id=D_REQUEST, block_ids=D_BLOCKS)
+    if version == 1:
+        return kvdigest.make(held, len(held), **binding)
+    hashes = rig.request(held, block_size=BS).block_hashes  # as D's vLLM hashed them
+    return kvdigest.make_blocks(hashes, held, len(held), blocks or _blocks(), **binding)
+
+
+def _offer(held=HELD, version: int = 1, digest: dict | None = None) -> dict:
     """D's params as an id-only router sends them back to P: D's kvtrace entry (its digest) included."""
-    digest = kvdigest.make(held, len(held), engine_id=D_ENGINE, request_id=D_REQUEST, block_ids=D_BLOCKS)
+    digest = digest or _digest(held, version)
     return {
         "do_remote_decode": True,
         "do_remote_prefill": False,
@@ -132,14 +154,38 @@ def test_d_puts_the_digest_of_what_its_blocks_hold_in_its_params(connector_cls, 
             break
     assert params["do_remote_decode"] is True and params["remote_num_tokens"] == 162  # prompt + 3 outputs - 1
     held = prompt + [7, 7]  # the runner samples token 7
-    assert params[sc.KV_PARAMS_KEY][sc.KVT_DIGEST] == kvdigest.make(
-        held, 162, engine_id=D_ENGINE, request_id=req.request_id, block_ids=params["remote_block_ids"]
-    )
+    hashes = rig.request(held + [7], block_size=BS).block_hashes  # what vLLM hashed: prompt + 3 outputs
+    assert len(req.block_hashes) == 10 and req.block_hashes == hashes
+    binding = dict(engine_id=D_ENGINE, request_id=req.request_id, block_ids=params["remote_block_ids"])
+    digest = params[sc.KV_PARAMS_KEY][sc.KVT_DIGEST]
+    assert digest == kvdigest.make_blocks(hashes, held, 162, _blocks(), **binding)
+    assert (digest[sc.DIGEST_VERSION], digest[sc.DIGEST_CHUNK], digest[sc.DIGEST_TOKENS]) == (2, 64, 162)
+    assert len(binascii.a2b_base64(digest[sc.DIGEST_TAGS])) == 4 * 3  # boundaries 64, 128 and 162
 
 
-def test_record_says_mismatch_and_vllm_still_pulls_every_offered_token(connector_cls, model_dir, span_exporter):
+def test_d_without_block_hashes_falls_back_to_the_v1_digest(connector_cls, model_dir):
+    from kvtrace.vllm.probe import _digest as d_digest
+
+    req = rig.request(list(range(1, 161)), block_size=BS)
+    params = {
+        "remote_num_tokens": 160,
+        "remote_engine_id": D_ENGINE,
+        "remote_request_id": "r",
+        "remote_block_ids": [[1]],
+    }
+    binding = dict(engine_id=D_ENGINE, request_id="r", block_ids=[[1]])
+    assert d_digest(req, params, None) == kvdigest.make(list(range(1, 161)), 160, **binding)
+    req.block_hashes.clear()  # a request vLLM did not hash
+    sched = _sched(model_dir, role="decode", engine=D_ENGINE)
+    hashing = sched.connector._probe.hashing
+    assert d_digest(req, params, hashing) == kvdigest.make(list(range(1, 161)), 160, **binding)
+
+
+def test_record_says_mismatch_and_vllm_still_pulls_every_offered_token(
+    connector_cls, model_dir, span_exporter, version
+):
     sched = _sched(model_dir, role="prefill", engine=P_ENGINE)
-    offer = _offer()
+    offer = _offer(version=version)
     req = rig.request(_other_prompt(150), params=offer, max_tokens=1, block_size=BS)
     sched.add_request(req)
     _run(sched, req)
@@ -156,9 +202,9 @@ def test_record_says_mismatch_and_vllm_still_pulls_every_offered_token(connector
     assert req.kv_transfer_params["remote_block_ids"] == D_BLOCKS  # untouched
 
 
-def test_enforce_loads_only_the_verified_blocks(connector_cls, model_dir, span_exporter):
+def test_enforce_loads_only_the_verified_blocks(connector_cls, model_dir, span_exporter, version):
     sched = _sched(model_dir, role="prefill", engine=P_ENGINE, verify=sc.VERIFY_ENFORCE)
-    offer = _offer()
+    offer = _offer(version=version)
     req = rig.request(_other_prompt(150), params=offer, max_tokens=1, block_size=BS)
     sched.add_request(req)
     _run(sched, req)
@@ -180,9 +226,9 @@ def test_enforce_loads_only_the_verified_blocks(connector_cls, model_dir, span_e
     assert (transfer.attributes[sc.KV_TRANSFER_TOKENS], transfer.attributes[sc.KV_TRANSFER_BLOCKS]) == (128, 8)
 
 
-def test_enforce_recomputes_when_too_little_is_verified(connector_cls, model_dir, span_exporter):
+def test_enforce_recomputes_when_too_little_is_verified(connector_cls, model_dir, span_exporter, version):
     sched = _sched(model_dir, role="prefill", engine=P_ENGINE, verify=sc.VERIFY_ENFORCE)
-    offer = _offer()
+    offer = _offer(version=version)
     req = rig.request(_other_prompt(10), params=offer, max_tokens=1, block_size=BS)
     sched.add_request(req)
     eo, out = _run(sched, req)
@@ -198,12 +244,48 @@ def test_enforce_recomputes_when_too_little_is_verified(connector_cls, model_dir
     assert [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER] == []
 
 
-def test_the_own_continuation_matches(connector_cls, model_dir, span_exporter):
+def test_the_own_continuation_matches(connector_cls, model_dir, span_exporter, version):
     sched = _sched(model_dir, role="prefill", engine=P_ENGINE, verify=sc.VERIFY_ENFORCE)
-    offer = _offer()
+    offer = _offer(version=version)
     req = rig.request(HELD + list(range(1000, 1040)), params=offer, max_tokens=1, block_size=BS)
     sched.add_request(req)
     _run(sched, req)
     _run(sched, req, finished_recving={req.request_id})
     verification = {sc.KV_VERIFIED: sc.VERIFIED_MATCH, sc.KV_VERIFY_MODE: sc.VERIFY_ENFORCE, sc.KV_VERIFIED_TOKENS: 260}
+    assert _decision(span_exporter) == _expected(req, offer, 260, sc.OUTCOME_PULLED, verification)
+
+
+def test_a_v2_offer_hashed_under_another_configuration_is_unverifiable(connector_cls, model_dir, span_exporter):
+    from vllm.v1.core import kv_cache_utils
+
+    sched = _sched(model_dir, role="prefill", engine=P_ENGINE, verify=sc.VERIFY_ENFORCE)
+    other = kvdigest.block_config("sha256_cbor", kv_cache_utils.NONE_HASH, BS)  # D's another algo
+    offer = _offer(digest=_digest(HELD, 2, other))
+    req = rig.request(HELD + list(range(1000, 1040)), params=offer, max_tokens=1, block_size=BS)
+    sched.add_request(req)
+    _run(sched, req)
+    verification = {
+        sc.KV_VERIFIED: sc.VERIFIED_UNVERIFIABLE,
+        sc.KV_VERIFY_MODE: sc.VERIFY_ENFORCE,
+        sc.KV_VERIFIED_TOKENS: 0,
+    }
+    assert _decision(span_exporter) == _expected(req, offer, 0, sc.OUTCOME_UNVERIFIED, verification)
+
+
+def test_p_checks_a_v2_offer_by_its_own_block_hashes_not_its_tokens(connector_cls, model_dir, span_exporter):
+    sched = _sched(model_dir, role="prefill", engine=P_ENGINE)
+    offer = _offer(version=2)
+    req = rig.request(HELD + list(range(1000, 1040)), params=offer, max_tokens=1, block_size=BS)
+    # P's prefix differs from block 9 on (tokens 144..160: the chunk at 128), and so, chained, every later hash
+    req.block_hashes[9:] = [b"another prefix %d" % i for i in range(9, len(req.block_hashes))]
+    sched.add_request(req)
+    _run(sched, req)
+    _run(sched, req, finished_recving={req.request_id})
+    verification = {
+        sc.KV_VERIFIED: sc.VERIFIED_MISMATCH,
+        sc.KV_VERIFY_MODE: sc.VERIFY_RECORD,
+        sc.KV_VERIFIED_TOKENS: 128,
+        sc.KV_VERIFY_MISMATCH_TOKEN: 128,
+        sc.KV_VERIFY_WRONG_TOKENS: 260 - 128,
+    }
     assert _decision(span_exporter) == _expected(req, offer, 260, sc.OUTCOME_PULLED, verification)

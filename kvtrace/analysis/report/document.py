@@ -59,6 +59,7 @@ def build(
             "unattributed time; user pauses are the spans an agent marks as waiting for its user.\n\n"
             + text.md_table(*text.breakdown_totals_rows(con))
             + "\n\n"
+            + text.unplaced_warning(con, directory)
             + "Longest sessions (wall ms):\n\n"
             + text.md_table(*text.breakdown_rows(con, limit=20)),
         )
@@ -87,6 +88,7 @@ def build(
     )
     doc.append(("plot", "retention"))
     doc.append(("md", whatif_summary.report_section(con)))
+    doc.append(("md", whatif_summary.arms_section(con)))
     doc.append(("md", "## Latency by turn index\n\n" + text.md_table(*text.latency_rows(con))))
     doc.append(("plot", "ttft_by_turn"))
     if compare_con is not None:

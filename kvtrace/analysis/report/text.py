@@ -89,6 +89,19 @@ def breakdown_totals_rows(con, filters: Filters | None = None) -> tuple[list[str
     return ["part", "wall ms (all sessions)", "share"], rows
 
 
+def unplaced_warning(con, directory: str, filters: Filters | None = None) -> str:
+    """A Markdown warning (ending in a blank line) when sessions hold agent-side spans the breakdown
+    could not place, else ``""``."""
+    tot = sessions.totals(con, filters)
+    if not tot["flagged_sessions"]:
+        return ""
+    return (
+        f"> **Warning:** {tot['flagged_sessions']:,} session(s) hold {tot['unplaced_spans']:,} agent-side span(s) "
+        "the breakdown could not place (a convention's attribute with a value kvtrace does not map); their time "
+        f"counts as unattributed. `kvtrace doctor --traces {directory}` lists them.\n\n"
+    )
+
+
 def breakdown_rows(con, filters: Filters | None = None, limit: int = 20) -> tuple[list[str], list[list[str]]]:
     """The longest sessions and their parts, in wall ms."""
     cols = ["session", "turns", "wall ms", "input", "generation", "tool waits", "app work", "user pauses"]
@@ -128,7 +141,8 @@ def verification_rows(con, filters: Filters | None = None) -> tuple[list[str], l
 
 
 def mismatch_rows(con, filters: Filters | None = None, limit: int = 20) -> tuple[list[str], list[list[str]]]:
-    """The mismatched offers, most tokens from other KV first."""
+    """The mismatched offers, most tokens from other KV first, with the cause where the kvtrace proxy
+    knows it (the dashboard's KV reuse page shows the same query first)."""
     rows = [
         [
             r["session_id"] or "–",
@@ -138,11 +152,22 @@ def mismatch_rows(con, filters: Filters | None = None, limit: int = 20) -> tuple
             r["outcome"] or "–",
             num(r["first_mismatch_token"]),
             num(r["wrong_tokens"]),
+            r["cause"] or "–",
             num(r["pulled_tokens"]),
         ]
         for r in reuse.mismatches(con, filters, limit=limit).to_pylist()
     ]
-    cols = ["session", "turn", "request", "verify", "outcome", "first mismatch", "tokens from other KV", "pulled"]
+    cols = [
+        "session",
+        "turn",
+        "request",
+        "verify",
+        "outcome",
+        "first mismatch",
+        "tokens from other KV",
+        "cause",
+        "pulled",
+    ]
     return cols, rows
 
 

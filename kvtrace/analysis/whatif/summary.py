@@ -103,6 +103,26 @@ def report_section(con) -> str:
     return head + "\n".join(a["lines"]) + "\n\n" + md_table(cols, body)
 
 
+def arms_section(con) -> str:
+    """``kvtrace report``'s four arms of the recorded traffic (:mod:`.arms`): what reverse transfer
+    saved on this deployment, what it would show in the published setup, and the KV it held."""
+    from kvtrace.analysis.calibrate import CalibrationError
+    from kvtrace.analysis.report.text import md_table
+    from kvtrace.analysis.whatif import arms
+
+    head = (
+        "## The four arms of this traffic\n\nThe recorded P requests decided again with P's prefix cache off / "
+        "on and bidirectional transfer off / on (`kvtrace whatif --arms`); TTFT = recorded - P's recorded "
+        "prefill and transfer + the arm's, priced by this run's calibration (model ms).\n\n"
+    )
+    try:
+        result = arms.counterfactual(con)
+    except (CalibrationError, arms.ArmsError) as exc:
+        return head + f"Not available: {exc}."
+    body = [[cell(c, r[c]) for c in arms.COLUMNS] for r in result.rows]
+    return head + "\n".join(result.lines()) + "\n\n" + md_table(list(arms.COLUMNS), body)
+
+
 def cell(key: str, value) -> str:
     """One value of a what-if row for a text table."""
     if value is None and key == "ttl_s":  # the recorded setting of Ds that ran different TTLs
@@ -111,10 +131,12 @@ def cell(key: str, value) -> str:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else ""
-    if key == "peak_gib_held":
+    if isinstance(value, str):  # an arm's label (kvtrace's own text)
+        return value
+    if key in ("peak_gib_held", "kv_peak_gib"):
         return f"{value:,.3f}"
     if key == "ttl_s":
         return f"{value:g}"
     if isinstance(value, float):
-        return f"{value:,.2f}" if key == "gib_s_held" else f"{value:,.1f}"
+        return f"{value:,.2f}" if key in ("gib_s_held", "kv_gib_s") else f"{value:,.1f}"
     return f"{value:,}"

@@ -14,6 +14,8 @@ meaning, and prints ClickHouse SQL.  The rewrites (each checked by the view equi
 - **time**: ``epoch_ns`` -> ``toUnixTimestamp64Nano``, ``to_microseconds`` -> ``toIntervalMicrosecond``,
   ``make_timestamp`` (epoch µs) -> ``fromUnixTimestamp64Micro``, ``TIMESTAMPTZ`` -> ``DateTime64(6, 'UTC')``
   (SQLGlot's ``DateTime`` would drop the sub-second part);
+- **ranges**: ``range(a, b)`` (DuckDB's end-exclusive list, which SQLGlot reads as a series) ->
+  ``range(assumeNotNull(a), assumeNotNull(b))``, ``unnest`` of it in a select list -> ``arrayJoin``;
 - **integer division** ``a // b`` -> ``intDivOrNull(a, b)`` (SQLGlot divides in floating point
   first, which loses digits of epoch-ns values; ClickHouse computes every ``CASE`` branch, so a
   division by zero in a branch not taken must not fail);
@@ -51,6 +53,9 @@ SETTINGS: dict[str, object] = {
     "union_default_mode": "DISTINCT",
     "cast_keep_nullable": 1,
     "prefer_column_name_to_alias": 1,
+    # the breakdown reads three views over `spans` (kvtrace's, other conventions', the proxy's spans),
+    # each inlined as a CTE with its attribute lookups: past the default 500k query-tree elements
+    "max_expanded_ast_elements": 5_000_000,
 }
 """Settings of every kvtrace query on ClickHouse (DuckDB's semantics, see the module doc)."""
 
@@ -122,6 +127,10 @@ def _rewrite(node: exp.Expression) -> exp.Expression:  # noqa: C901 - one dispat
     if isinstance(node, exp.UnixToTime) or (isinstance(node, exp.Anonymous) and node.name.lower() == "make_timestamp"):
         arg = node.this if isinstance(node, exp.UnixToTime) else node.expressions[0]
         return _fn("fromUnixTimestamp64Micro", _fn("toInt64", arg), exp.Literal.string("UTC"))
+    if isinstance(node, exp.GenerateSeries) and node.args.get("is_end_exclusive"):
+        # DuckDB's range(a, b) (end excluded) is ClickHouse's range(a, b), on non-NULL integers
+        ends = (_fn("assumeNotNull", node.args[k]) for k in ("start", "end"))
+        return _fn("range", *ends)
     if isinstance(node, exp.Anonymous):
         return _anonymous(node)
     return node

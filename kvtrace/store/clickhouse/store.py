@@ -74,10 +74,17 @@ _MIN_MAX = (
     "minOrNull(toUnixTimestamp64Nano(Timestamp)) AS lo, "
     "maxOrNull(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS hi"
 )
-_ATTR_SID = f"SpanAttributes[{literal(sc.SESSION_ID, CLICKHOUSE)}]"
-_ATTR_CID = f"SpanAttributes[{literal(sc.GEN_AI_CONVERSATION_ID, CLICKHOUSE)}]"
+# the session attributes the SessionId column holds (ddl.SESSION_ID_EXPR), and the other conventions'
+_COLUMN_SESSION_ATTRS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID)
+_OTHER_SESSION_ATTRS = tuple(a for a in sc.SESSION_ATTRIBUTES if a not in _COLUMN_SESSION_ATTRS)
+
+
 # the spans that define a session's window (the ``sessions`` view: agent session spans, else requests)
 _WINDOW_SPANS = ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
+
+
+def _attr(name: str) -> str:
+    return f"SpanAttributes[{literal(name, CLICKHOUSE)}]"
 
 
 def raw_sql(table: str, bounded: bool) -> str:
@@ -226,20 +233,23 @@ class ClickHouseStore:
         return self.backend.query(text, used)
 
     def session_bounds(self, session_id: str) -> tuple[int, int] | None:
-        """``[first start, last end]`` (epoch ns) of the spans carrying ``session_id`` (None: no
-        such spans).  Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`),
-        else the attribute map, whose bloom filter index skips most granules."""
-        where = (
-            f"{ddl.SESSION_ID_COLUMN} = {{sid:String}}"
-            if self._has_session_column()
-            else f"({_ATTR_SID} = {{sid:String}} OR {_ATTR_CID} = {{sid:String}})"
-        )
-        return self._bounds(f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE {where}", {"sid": session_id})
+        """``[first start, last end]`` (epoch ns) of every trace holding a span that names
+        ``session_id`` (None: none does).  A session is a property of whole traces (the views give
+        every span of a trace its agent's session), and the span naming it need not be the first:
+        OpenLLMetry's workflow span starts before the proxy request that carries the session.
+        Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`) and the
+        other conventions' attributes, whose bloom filter index skips most granules."""
+        t = ident(self.table)
+        sql = f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN (SELECT TraceId FROM {t} WHERE {self._names_session()})"
+        return self._bounds(sql, {"sid": session_id})
 
     def window_bounds(self, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
-        """``[first start, last end]`` (epoch ns) of every session whose session or request spans
-        overlap ``[start_ns, end_ns]`` (either may be None: unbounded), from those spans only."""
-        sid = ddl.SESSION_ID_COLUMN if self._has_session_column() else ddl.SESSION_ID_EXPR
+        """``[first start, last end]`` (epoch ns) of the traces of every session whose window
+        overlaps ``[start_ns, end_ns]`` (either may be None: unbounded), the window read from the
+        spans that delimit sessions: kvtrace's session and request spans and every trace's root (an
+        agent traced by another convention names its session there, or its requests do).  The
+        traces then give the rest of each session."""
+        t, sid = ident(self.table), self._session_expr()
         having = " AND ".join(
             c
             for c in (
@@ -248,13 +258,26 @@ class ClickHouseStore:
             )
             if c
         )
-        sql = (
-            f"SELECT {_MIN_MAX} FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
-            f"AND ({sid}) IN (SELECT {sid} AS s FROM {ident(self.table)} WHERE SpanName IN ({_WINDOW_SPANS}) "
-            f"AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "") + ")"
-        )
+        windows = f"FROM {t} WHERE (SpanName IN ({_WINDOW_SPANS}) OR ParentSpanId = '')"
+        chosen = f"SELECT {sid} AS s {windows} AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "")
+        traces = f"SELECT TraceId {windows} AND ({sid}) IN ({chosen})"
         params = {k: v for k, v in (("lo", start_ns), ("hi", end_ns)) if v is not None}
-        return self._bounds(sql, params)
+        return self._bounds(f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN ({traces})", params)
+
+    def _session_expr(self) -> str:
+        """The session a span names, the first present of the conventions' attributes ('' for none)."""
+        first = ddl.SESSION_ID_COLUMN if self._has_session_column() else ddl.SESSION_ID_EXPR
+        rest = [f"mapContains(SpanAttributes, {literal(a, CLICKHOUSE)}), {_attr(a)}" for a in _OTHER_SESSION_ATTRS]
+        return f"multiIf({first} != '', {first}, {', '.join(rest)}, '')"
+
+    def _names_session(self) -> str:
+        """A span names the session ``{sid:String}`` in any of the conventions' attributes."""
+        names = [f"{_attr(a)} = {{sid:String}}" for a in _OTHER_SESSION_ATTRS]
+        if self._has_session_column():
+            names.insert(0, f"{ddl.SESSION_ID_COLUMN} = {{sid:String}}")
+        else:
+            names[:0] = [f"{_attr(a)} = {{sid:String}}" for a in _COLUMN_SESSION_ATTRS]
+        return "(" + " OR ".join(names) + ")"
 
     def _bounds(self, sql: str, params: dict) -> tuple[int, int] | None:
         row = self.backend.query(sql, params).to_pylist()[0]

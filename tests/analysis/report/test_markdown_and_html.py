@@ -58,7 +58,9 @@ def test_html_embeds_plots(runs, tmp_path):
     page = out.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG) for i in images)
-    assert page.count("<table>") == 8 and "<h2>KV reuse</h2>" in page
+    # 9 tables: the four arms of the recorded traffic is one of them
+    assert page.count("<table>") == 9 and "<h2>KV reuse</h2>" in page
+    assert "<h2>The four arms of this traffic</h2>" in page
 
 
 def test_stdout_markdown_has_tables_only(runs, capsys):

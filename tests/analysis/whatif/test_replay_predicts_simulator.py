@@ -43,7 +43,7 @@ OFFER_MARGIN_S = 5.0
 RECORDED = (480.0, 64)
 SETTINGS = [(15.0, 64), (30.0, 64), (120.0, 64), (480.0, 256)]
 GAP_TOLERANCE_S = 1.5  # a re-run is the same workload when its turn gaps are within this of the recorded
-REFERENCE_TOLERANCE = 0.10  # ... its turn-0 TTFT within 10 %
+REFERENCE_TOLERANCE = 0.10  # ... its turn-0 TTFT, and its later turns with unchanged decisions, within 10 %
 LENGTH_TOLERANCE = 0.03  # ... and the whole workload's duration within 3 %
 ATTEMPTS = 3
 OUTCOMES = ("pulled", "expired", "below_threshold", "no_remote", "local_hit", "failed")
@@ -140,9 +140,9 @@ def recording(tmp_path_factory, n_prefill: int, fresh: bool = False):
 def comparable(tmp_path_factory, setting: tuple[float, int], n_prefill: int):
     """(recording, re-run at ``setting``, why they are not comparable or None).  The simulator
     runs in compressed wall time: when another process stalls either run, its turn gaps, its
-    turn-0 TTFT (the same work in every setting) or its duration say so (:func:`unfaithful`), and
-    the re-run is made again; the third attempt with a new recording too (the stalled run may have
-    been the recording)."""
+    turn-0 TTFT, its later turns with unchanged decisions (the same work) or its duration say so
+    (:func:`unfaithful`), and the re-run is made again; the third attempt with a new recording too
+    (the stalled run may have been the recording)."""
     for attempt in range(ATTEMPTS):
         rec_con, _ = recording(tmp_path_factory, n_prefill, fresh=attempt == 2)
         sim, _ = sim_run(tmp_path_factory, setting, n_prefill)
@@ -165,7 +165,18 @@ def timing(con) -> dict:
     }
     ref = rows(con, "SELECT avg(ttft_ms) AS t FROM requests WHERE turn = 0")[0]["t"]
     length = rows(con, "SELECT (max(end_ns) - min(start_ns)) / 1e9 AS s FROM requests")[0]["s"]
-    return {"gaps": gaps, "reference_ms": ref * SCALE, "length_s": length * SCALE}
+    turns = {
+        (r["session_id"], r["turn"]): (r["decided"], r["t"] * SCALE)
+        for r in rows(
+            con,
+            "SELECT r.session_id, r.turn, avg(r.ttft_ms) AS t, "
+            "list(DISTINCT (d.outcome, d.pulled_tokens) ORDER BY (d.outcome, d.pulled_tokens)) AS decided "
+            "FROM requests r LEFT JOIN kv_decisions d ON d.trace_id = r.trace_id "
+            f"AND d.direction = '{sc.DIRECTION_D2P}' WHERE r.turn > 0 AND r.ttft_ms IS NOT NULL "
+            "GROUP BY r.session_id, r.turn",
+        )
+    }
+    return {"gaps": gaps, "reference_ms": ref * SCALE, "length_s": length * SCALE, "turns": turns}
 
 
 def unfaithful(reference: dict, run: dict) -> str | None:
@@ -177,6 +188,14 @@ def unfaithful(reference: dict, run: dict) -> str | None:
     ratio = run["reference_ms"] / reference["reference_ms"]
     if abs(ratio - 1) > REFERENCE_TOLERANCE:
         return f"turn-0 TTFT {ratio:.2f}x the recorded run's"
+    # later turns whose decisions are the same in both runs are the same work too: a stall in
+    # either run's later turns shows there (turn 0 alone misses it)
+    ref_turns, run_turns = reference["turns"], run["turns"]
+    same = [k for k in ref_turns.keys() & run_turns.keys() if ref_turns[k][0] == run_turns[k][0]]
+    if same:
+        ratio = sum(run_turns[k][1] for k in same) / sum(ref_turns[k][1] for k in same)
+        if abs(ratio - 1) > REFERENCE_TOLERANCE:
+            return f"turns with unchanged decisions {ratio:.2f}x the recorded run's TTFT"
     ratio = run["length_s"] / reference["length_s"]  # blocks still held at the end are held until then
     if abs(ratio - 1) > LENGTH_TOLERANCE:
         return f"the workload took {ratio:.2f}x the recorded run's time"
@@ -231,7 +250,7 @@ def compare(tmp_path_factory, n_prefill: int, settings) -> list[dict]:
                 "recorded_hits": recorded_hits,
                 "unfaithful": why,
                 "recorded": {o: replay(rec, *RECORDED).row[o] for o in OUTCOMES},
-                "gib_s_by_ttl": {t: replay(rec, t, RECORDED[1]).row["gib_s_held"] for t, _ in SETTINGS[:3]},
+                "by_ttl": {t: replay(rec, t, RECORDED[1]).row for t, _ in SETTINGS[:3]},
             }
         )
         print(
@@ -288,12 +307,16 @@ def test_replay_predicts_the_simulator_at_other_ttls(tmp_path_factory):
     for result in results:
         _check_1p(result)
     by_ttl = {r["setting"][0]: r for r in results}
-    # the settings differ where they should: TTL 15 stops offering the turn resumed after 12 s, and
-    # a longer TTL never holds less (120 s holds more than 30 s only if some blocks outlive 30 s
-    # before the recording ends, which depends on how long the compressed run took)
+    # the settings differ where they should: TTL 15 stops offering the turn resumed after 12 s
     assert by_ttl[15.0]["sim"]["no_remote"] > by_ttl[30.0]["sim"]["no_remote"]
-    held = results[0]["gib_s_by_ttl"]
-    assert held[15.0] < held[30.0] <= held[120.0]
+    # between settings that offer the same pulls a longer TTL never holds less (120 s holds more
+    # than 30 s only if some blocks outlive 30 s before the recording ends, which depends on how
+    # long the compressed run took).  TTL 15 is not ordered against them: the resumed turn's blocks,
+    # no longer pulled at ~12 s, stay held until they expire at 15 s, which can outweigh what the
+    # shorter TTL saves elsewhere (72.07 vs 71.03 GiB·s in one CI run).
+    row = results[0]["by_ttl"]  # one recording replayed at each TTL
+    if all(row[30.0][o] == row[120.0][o] for o in OUTCOMES):  # no recorded gap fell in 25-115 s
+        assert row[30.0]["gib_s_held"] <= row[120.0]["gib_s_held"]
     _skip_if_unchecked(results)
 
 

@@ -206,3 +206,15 @@ def test_filtered_distinct_lists(backend):
     sql = f"SELECT list(DISTINCT k) FILTER (WHERE x > 1) AS v, list(DISTINCT k ORDER BY k) AS w FROM ({ROWS})"
     got, expected = both(backend, sql)
     assert sorted(got[0][0]) == sorted(expected[0][0]) == ["a", "b", "c"] and got[0][1] == expected[0][1]
+
+
+def test_unnest_of_a_range_lists_each_value_once_per_row_end_excluded(backend):
+    """The breakdown's time join lists each interval once per 1 s bucket it covers: DuckDB's
+    end-exclusive ``range`` in an ``unnest`` gives the same rows as ClickHouse's ``arrayJoin(range)``,
+    an empty range none (epoch ns: non-negative; ``//`` of negatives differs)."""
+    sql = (
+        "SELECT x, unnest(range(x // 3, (x + 4) // 3)) AS b FROM (VALUES (1), (5), (0)) AS t(x) "
+        "UNION ALL SELECT x, unnest(range(x, x)) FROM (VALUES (7)) AS t(x) ORDER BY x, b"
+    )
+    got, expected = both(backend, sql)
+    assert got == expected == [[0, 0], [1, 0], [5, 1], [5, 2]]
