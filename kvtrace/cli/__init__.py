@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import sys
 
@@ -185,3 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kvtrace {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kvtrace query ... | head`: the reader left, which is no error of ours
+        # stdout's buffer still holds what could not be written; flushing it again at exit would
+        # print "Exception ignored" (Python's docs on SIGPIPE), so point stdout at /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process that SIGPIPE ended (128 + 13)

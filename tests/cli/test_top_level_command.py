@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
 import kvtrace
 from kvtrace.cli import COMMANDS, build_parser, main, summary
+from kvtrace.testing.synth import sample_store
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -86,3 +90,22 @@ def test_query_without_a_statement_exits_2_with_one_line(tmp_path, monkeypatch, 
         out == ""
         and err == 'kvtrace query: error: no SQL statement given (e.g. kvtrace query "SELECT * FROM sessions")\n'
     )
+
+
+def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(tmp_path):
+    """``kvtrace query ... | head``: stdout's reader is gone before the command writes."""
+    sample_store(tmp_path, sessions=1, turns=1)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # before the child starts: its first write to stdout fails, every time
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvtrace.cli", "query", "SELECT * FROM spans", "--traces", str(tmp_path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "KVTRACE_METRICS": "0"},
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
