@@ -42,7 +42,6 @@ simulator at them (the analysis layer does not import the simulator).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -50,6 +49,7 @@ import numpy as np
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import table
+from kvtrace.analysis.fitting import CalibrationError, Fit, aicc, least_squares, nonneg_lstsq  # noqa: F401 (re-exported)
 from kvtrace.store.sql import float_attr as _f
 from kvtrace.store.sql import int_attr as _i
 from kvtrace.store.sql import str_attr as _s
@@ -89,16 +89,9 @@ PARAMS = {
 }
 
 
-OUTLIER_MADS = 4.0  # a sample this many robust deviations off the first fit is left out of the second
-OUTLIER_FLOOR = 0.05  # ... and more than this share of the median sample off
 # prefill samples whose new-token counts lie within this factor of each other cannot tell a fixed
 # cost from a per-token one (both fit them alike, and a fixed one prices a short prefill as a long one)
 FIXED_SPAN = 2.0
-EXACT = 1e-9  # a residual below this share of the largest sample is rounding (every such fit is exact)
-
-
-class CalibrationError(ValueError):
-    """The traces cannot be calibrated (one line: what is missing)."""
 
 
 def causal_pairs(new: np.ndarray, ctx: np.ndarray) -> np.ndarray:
@@ -108,25 +101,6 @@ def causal_pairs(new: np.ndarray, ctx: np.ndarray) -> np.ndarray:
     new = np.asarray(new, dtype=float)
     ctx = np.asarray(ctx, dtype=float)
     return np.where(new > 0, (2 * ctx - new + 1) * new / 2, 0.0)
-
-
-@dataclass
-class Fit:
-    """One least-squares fit: ``terms`` (name -> coefficient, model seconds per unit), the spans and
-    samples behind it, the residual (RMS, model ms) and the mean of what was fitted (model ms)."""
-
-    name: str
-    terms: dict
-    spans: dict  # span name -> spans used
-    samples: int
-    residual_ms: float
-    mean_ms: float
-    held_at_zero: tuple = ()  # terms the data made negative or do not support, held at 0
-    outliers: int = 0  # samples left out of the refit (residual beyond OUTLIER_MADS)
-    range: tuple = ()  # prefill: the fewest and most new tokens of a sample
-
-    def value(self, term: str) -> float:
-        return float(self.terms[term])
 
 
 @dataclass
@@ -208,90 +182,13 @@ def _term(name: str, value: float) -> str:
     return f"{label} {value * 1e3:.4g} ms" if unit == "s" else f"{label} {value:.4g}"
 
 
-def nonneg_lstsq(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, tuple]:
-    """Least squares ``x @ b ~ y`` with ``b >= 0`` and only the terms the data support: over the
-    subsets of columns whose unconstrained solution is non-negative (the others held at 0), the one
-    with the smallest information criterion (:func:`aicc`: the residual, plus a price per term that
-    grows as the samples per term fall); (coefficients, names held at 0).  A subset whose columns
-    are not independent is skipped.
-
-    Why not the smallest residual: samples that span a narrow range (a run whose prompts are all
-    about 12,000 tokens) let a fixed cost trade off against a per-token one for a sliver of
-    residual; the fit that explains them with one term instead of two then prices a 200-token
-    prefill as what the data say (per token), not as most of a 12,000-token one."""
-    n, k = x.shape
-    floor = n * (EXACT * float(np.abs(y).max(initial=0.0))) ** 2 or np.finfo(float).tiny
-    best, best_score = None, math.inf
-    for size in range(k, 0, -1):
-        for cols in itertools.combinations(range(k), size):
-            sub = x[:, cols]
-            if np.linalg.matrix_rank(sub) < size:
-                continue
-            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
-            if (coef < 0).any():
-                continue
-            score = aicc(float(((sub @ coef - y) ** 2).sum()), n, int((coef > 0).sum()), floor)
-            if best is None or score < best_score - 1e-9:  # a tie keeps the larger subset (tried first)
-                full = np.zeros(k)
-                full[list(cols)] = coef
-                best, best_score = full, score
-    if best is None:
-        return np.zeros(k), names
-    return best, tuple(n for n, b in zip(names, best, strict=True) if b == 0)
-
-
-def aicc(ss: float, n: int, terms: int, floor: float) -> float:
-    """Akaike's information criterion with the small-sample correction (AICc) of a least-squares
-    fit of ``n`` samples with ``terms`` coefficients and residual sum of squares ``ss``:
-    ``n ln(SS / n) + 2 k + 2 k (k + 1) / (n - k - 1)`` (infinite when ``n <= k + 1``: no sample is
-    left to judge the last term by).  ``ss`` counts as at least ``floor``: a fit exact but for
-    rounding is no better than another exact one, so the one with fewer terms wins."""
-    if n <= terms + 1:
-        return math.inf
-    return n * math.log(max(ss, floor) / n) + 2 * terms + 2 * terms * (terms + 1) / (n - terms - 1)
-
-
-def _fit(name: str, x: np.ndarray, y_s: np.ndarray, names: tuple[str, ...], spans: dict) -> Fit:
-    need = len(names) + 1
-    if len(y_s) < need:
-        have = ", ".join(f"{n} {s}" for s, n in spans.items())
-        raise CalibrationError(
-            f"too few samples for the {name} fit: {len(y_s)} ({have}); it needs at least {need} "
-            "(record more requests, or a run where this work happened)"
-        )
-    coef, zero = nonneg_lstsq(x, y_s, names)
-    keep = _inliers(x @ coef - y_s, y_s)
-    if keep.sum() >= need and not keep.all():  # a span delayed by something else (a busy host): refit without
-        coef, zero = nonneg_lstsq(x[keep], y_s[keep], names)
-    resid = x[keep] @ coef - y_s[keep]
-    return Fit(
-        name,
-        {n: float(c) for n, c in zip(names, coef, strict=True)},
-        spans,
-        int(keep.sum()),
-        float(np.sqrt((resid**2).mean()) * 1e3),
-        float(y_s[keep].mean() * 1e3),
-        zero,
-        int((~keep).sum()),
-    )
-
-
-def _inliers(resid: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Samples whose residual is within :data:`OUTLIER_MADS` scaled median absolute deviations of
-    the median, or within :data:`OUTLIER_FLOOR` of the median sample (a fit that is exact but for
-    rounding has none)."""
-    dev = np.abs(resid - np.median(resid))
-    limit = max(OUTLIER_MADS * 1.4826 * float(np.median(dev)), OUTLIER_FLOOR * float(np.median(np.abs(y))))
-    return dev <= limit
-
-
 def fit_transfer(xfer: dict) -> Fit:
     ok = (xfer["status"] == sc.TRANSFER_OK) & (xfer["bytes"] > 0)
     y = xfer["duration_ms"][ok] * xfer["time_scale"][ok] / 1e3
     x = np.column_stack([np.ones(int(ok.sum())), xfer["bytes"][ok].astype(float)])
     dirs = xfer["direction"][ok]
     spans = {f"{sc.SPAN_KV_TRANSFER} {d}": int((dirs == d).sum()) for d in sc.DIRECTIONS if (dirs == d).any()}
-    return _fit("transfer", x, y, ("fixed_s", "per_byte_s"), spans or {sc.SPAN_KV_TRANSFER: 0})
+    return least_squares("transfer", x, y, ("fixed_s", "per_byte_s"), spans or {sc.SPAN_KV_TRANSFER: 0})
 
 
 def _batch_ctx(eng: dict, rows: np.ndarray) -> np.ndarray:
@@ -330,12 +227,12 @@ def fit_decode(eng: dict) -> Fit:
     ctx = own + _batch_ctx(eng, rows)
     spans = {sc.SPAN_ENGINE_DECODE: int(len(rows))}
     if len(rows) and np.ptp(steps) == 0:  # one output length: a per-request cost cannot be told from the steps
-        fit = _fit("decode step", np.column_stack([steps, ctx]), y, ("per_step_s", "per_ctx_token_s"), spans)
+        fit = least_squares("decode step", np.column_stack([steps, ctx]), y, ("per_step_s", "per_ctx_token_s"), spans)
         fit.terms = {"per_request_s": 0.0, **fit.terms}
         fit.held_at_zero = ("per_request_s", *fit.held_at_zero)
         return fit
     x = np.column_stack([np.ones(len(rows)), steps, ctx])
-    return _fit("decode step", x, y, ("per_request_s", "per_step_s", "per_ctx_token_s"), spans)
+    return least_squares("decode step", x, y, ("per_request_s", "per_step_s", "per_ctx_token_s"), spans)
 
 
 def _service_ms(eng: dict, rows: np.ndarray) -> np.ndarray:
@@ -368,12 +265,12 @@ def fit_prefill(eng: dict, decode: Fit) -> Fit:
     spans = {sc.SPAN_ENGINE_PREFILL: int(len(rows))}
     if len(rows) and new.max() < FIXED_SPAN * new.min():  # alike prompts: the fixed cost is held at 0
         x = np.column_stack([new, causal_pairs(new, ctx)])
-        fit = _fit("prefill", x, y, ("per_new_token_s", "per_pair_s"), spans)
+        fit = least_squares("prefill", x, y, ("per_new_token_s", "per_pair_s"), spans)
         fit.terms = {"fixed_s": 0.0, **fit.terms}
         fit.held_at_zero = ("fixed_s", *fit.held_at_zero)
     else:
         x = np.column_stack([np.ones(len(rows)), new, causal_pairs(new, ctx)])
-        fit = _fit("prefill", x, y, ("fixed_s", "per_new_token_s", "per_pair_s"), spans)
+        fit = least_squares("prefill", x, y, ("fixed_s", "per_new_token_s", "per_pair_s"), spans)
     fit.range = (int(new.min()), int(new.max())) if len(rows) else ()
     return fit
 

@@ -173,3 +173,21 @@ def test_every_llm_call_reaches_its_kv_decision(store):
             "ttft_ms": 50.0,
         },
     ]
+
+
+def test_a_role_filter_is_the_shorter_of_its_list_and_the_complement():
+    from kvtrace.store.views.agents import ROW_ROLES, role_in
+
+    assert role_in(sc.ROLE_LLM_CALL, "request") == "role IN ('llm_call', 'request')"
+    five = (sc.ROLE_SESSION, sc.ROLE_TURN, sc.ROLE_LLM_CALL, sc.ROLE_AGENT, "request")
+    assert role_in(*five) == "role NOT IN ('tool_wait', 'app_work', 'user_pause', 'retention')"
+    assert set(ROW_ROLES) == {*sc.AGENT_ROLES, "request", "retention"}
+    with pytest.raises(ValueError, match="not a role of the scan"):
+        role_in("llm_call", "tool")
+
+
+def test_every_role_the_scan_gives_a_span_is_one_the_role_filters_know():
+    from kvtrace.store.views.agents import ROW_ROLES
+
+    given = set(sc.ROLE_BY_SPAN_NAME.values()) | {role for *_, role in sc.ROLE_RULES}
+    assert given <= set(ROW_ROLES)

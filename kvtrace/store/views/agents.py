@@ -44,7 +44,21 @@ J_TRACE, J_TIME, J_NONE = (literal(j) for j in sc.JOINS)
 # Row kinds of the breakdown's scan beside the contract's roles (internal, never stored): the proxy's request
 # and retention spans.  The scan keeps them instead of span names, so the rows it materialises carry no long
 # strings (DuckDB copies every string over 12 bytes to the heap).
-K_REQUEST, K_RETENTION = literal("request"), literal("retention")
+KIND_REQUEST, KIND_RETENTION = "request", "retention"
+K_REQUEST, K_RETENTION = literal(KIND_REQUEST), literal(KIND_RETENTION)
+# every role a row of the breakdown's scan can carry (NULL aside: a span seen but not placed)
+ROW_ROLES = (*sc.AGENT_ROLES, KIND_REQUEST, KIND_RETENTION)
+
+
+def role_in(*roles: str) -> str:
+    """``role IN (roles)``, written as the shorter of it and its complement over :data:`ROW_ROLES`
+    (``role NOT IN (...)``; NULL is in neither): DuckDB turns an IN list of five or more constants
+    into a hash (mark) join, which the breakdown would run over every scanned row, four times."""
+    unknown = set(roles) - set(ROW_ROLES)
+    if unknown:
+        raise ValueError(f"not a role of the scan: {sorted(unknown)}")
+    rest = [r for r in ROW_ROLES if r not in roles]
+    return f"role IN ({literals(roles)})" if len(roles) <= len(rest) else f"role NOT IN ({literals(rest)})"
 
 
 def _first(attrs, accessor=str_attr) -> str:

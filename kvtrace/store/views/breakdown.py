@@ -54,17 +54,17 @@ from __future__ import annotations
 from kvtrace import semconv as sc
 from kvtrace.store.units import GIB
 from kvtrace.store.views.agents import (
-    AGENT,
     AGENT_SPANS_SQL,
-    APP,
     JOINS_CTE,
     K_REQUEST,
     K_RETENTION,
+    KIND_REQUEST,
     LLM,
     PAUSE,
     SESSION,
     TOOL,
     TURN,
+    role_in,
 )
 from kvtrace.store.views.agents import BASE_CTE as AGENTS_BASE_CTE
 from kvtrace.store.views.registry import BIGINT, DOUBLE, INTEGER, VARCHAR, View, col, common
@@ -96,6 +96,7 @@ BASE_CTE = f"{JOINS_CTE}, {AGENTS_BASE_CTE}"
 # turn windows but no session window).  Turn windows take the per-session flags from window
 # functions over ``st`` rather than from a join with ``sess``, so ``st`` is read once and a filter
 # on the session id is pushed down to ``base``.
+_WINDOW_ROLES = role_in(sc.ROLE_SESSION, sc.ROLE_TURN, sc.ROLE_LLM_CALL, sc.ROLE_AGENT, KIND_REQUEST)
 WINDOWS_CTE = f"""
 st AS (
     SELECT session_id, turn,
@@ -106,7 +107,7 @@ st AS (
            min(start_ns) FILTER (WHERE role = {K_REQUEST}) AS req_start,
            max(end_ns) FILTER (WHERE role = {K_REQUEST}) AS req_end,
            count(*) FILTER (WHERE role = {LLM}) AS llm_calls
-    FROM base WHERE role IN ({SESSION}, {TURN}, {LLM}, {AGENT}, {K_REQUEST})
+    FROM base WHERE {_WINDOW_ROLES}
     GROUP BY session_id, turn
 ),
 fsess AS (SELECT session_id, min(s) AS s, max(e) AS e, count(*) AS turns FROM ftn GROUP BY session_id),
@@ -157,6 +158,9 @@ turn_windows AS (
 # they count only in sessions without agent ``llm_call`` spans (``agent_calls`` of the windows).  The rows
 # come from one read of ``base`` (``c0`` the first category of a span, an unnest of one or two categories),
 # so on ClickHouse the breakdown's query tree holds the scan once here, not once per kind of row.
+_INTERVAL_ROLES = role_in(
+    sc.ROLE_LLM_CALL, sc.ROLE_TOOL_WAIT, sc.ROLE_APP_WORK, sc.ROLE_USER_PAUSE, sc.ROLE_AGENT, KIND_REQUEST
+)
 INTERVALS_CTE = f"""
 split AS (
     SELECT session_id, turn, start_ns AS s, end_ns AS e, role = {K_REQUEST} AS proxy,
@@ -164,7 +168,7 @@ split AS (
                 ELSE least(end_ns, start_ns + CAST(round(ttft_ms * 1e6) AS BIGINT)) END AS ft,
            CASE WHEN role IN ({LLM}, {K_REQUEST}) THEN {CAT_INPUT} WHEN role = {TOOL} THEN {CAT_TOOL}
                 WHEN role = {PAUSE} THEN {CAT_PAUSE} ELSE {CAT_APP} END AS c0
-    FROM base WHERE role IN ({LLM}, {TOOL}, {APP}, {PAUSE}, {AGENT}, {K_REQUEST})
+    FROM base WHERE {_INTERVAL_ROLES}
 ),
 intervals AS (
     SELECT session_id, turn, CASE WHEN cat = {CAT_GEN} THEN ft WHEN c0 = {CAT_INPUT} THEN least(s, ft) ELSE s END AS s,
