@@ -3,7 +3,7 @@
 
 Lives in the EngineCore process, next to vLLM's scheduler, and is driven only by
 :class:`~kvtrace.vllm.connector.KVTraceNixlConnector` *after* it forwarded each hook to
-NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`~kvtrace.emit.recorder.never_raise`:
+NixlConnector, with NixlConnector's result.  Every entry point is wrapped by :func:`~kvtrace.emit.guard.never_raise`:
 an exception in here is logged once per hook and never reaches vLLM.
 
 Per request (keyed by vLLM's internal request id):
@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 from kvtrace import kvdigest
 from kvtrace import semconv as sc
-from kvtrace.emit.recorder import KVRecorder, never_raise
+from kvtrace.emit.guard import never_raise
+from kvtrace.emit.recorder import KVRecorder
 from kvtrace.vllm.blockhash import BlockHashing
 from kvtrace.vllm.config import public_request_id
 
