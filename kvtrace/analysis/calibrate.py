@@ -49,7 +49,7 @@ import numpy as np
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import table
-from kvtrace.analysis.fitting import CalibrationError, Fit, aicc, least_squares, nonneg_lstsq  # noqa: F401 (re-exported)
+from kvtrace.analysis.fitting import CalibrationError, Fit, least_squares
 from kvtrace.store.sql import float_attr as _f
 from kvtrace.store.sql import int_attr as _i
 from kvtrace.store.sql import str_attr as _s

@@ -12,6 +12,7 @@ import pytest
 
 from kvtrace import semconv as sc
 from kvtrace.analysis import calibrate as cal
+from kvtrace.analysis import fitting
 from kvtrace.testing.synth import SIM_D, SIM_P, SpanBuilder
 
 SCALE = 5.0  # the simulator's kvtrace.sim.time_scale: spans last model time / SCALE
@@ -172,7 +173,7 @@ def test_samples_proportional_over_a_narrow_range_are_priced_per_token_alone():
     x = np.column_stack([np.ones(6), new, cal.causal_pairs(new, new)])
     ss = {cols: float(np.linalg.lstsq(x[:, list(cols)], y, rcond=None)[1][0]) for cols in ((1,), (0, 2))}
     assert ss[(0, 2)] < 0.7 * ss[(1,)]
-    coef, held = cal.nonneg_lstsq(x, y, ("fixed_s", "per_new_token_s", "per_pair_s"))
+    coef, held = fitting.nonneg_lstsq(x, y, ("fixed_s", "per_new_token_s", "per_pair_s"))
     assert held == ("fixed_s", "per_pair_s")
     assert coef == pytest.approx([0.0, (new @ y) / (new @ new), 0.0], rel=1e-9, abs=1e-15)
     assert float(coef @ [1.0, 200, cal.causal_pairs(200, 12400)]) == pytest.approx(0.004, rel=1e-3)
