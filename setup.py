@@ -1,15 +1,25 @@
-"""Which packages the wheel holds (the rest of the build is in pyproject.toml).
+"""Which packages the wheel holds, and its one C extension (the rest of the build is in pyproject.toml).
 
 Every package under ``kvtrace/``, found, and the Streamlit app: it lives in the top-level
 ``dashboards/`` folder and ships as ``kvtrace.dashboards``, so ``kvtrace dashboard`` runs from a
 wheel as from a checkout.  Its pages import kvtrace as installed (``kvtrace.dashboards.common``).
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 DASHBOARDS = ["kvtrace.dashboards"] + [f"kvtrace.dashboards.{p}" for p in find_packages("dashboards")]
 
 setup(
     packages=find_packages(include=["kvtrace", "kvtrace.*"]) + DASHBOARDS,
     package_dir={"kvtrace.dashboards": "dashboards"},
+    # the digest's tags in C (kvtrace/kvdigest/_ctags.c): optional, so that an install without a
+    # compiler still works, on the same tags in Python (kvtrace.kvdigest.IMPLEMENTATION says which)
+    ext_modules=[
+        Extension(
+            "kvtrace.kvdigest._ctags",
+            ["kvtrace/kvdigest/_ctags.c"],
+            depends=["kvtrace/kvdigest/blake2b.h", "kvtrace/kvdigest/strict_b64.h"],
+            optional=True,
+        )
+    ],
 )

@@ -191,7 +191,8 @@ def _d_side(i: int, hashing):
         remote_request_id=req.request_id,
         remote_num_tokens=250,
     )
-    return {"v2": lambda: probe._digest(req, params, hashing), "v1": lambda: probe._digest(req, params)}
+    blocks = hashing.config()
+    return {"v2": lambda: probe._digest(req, params, blocks), "v1": lambda: probe._digest(req, params)}
 
 
 def _observe_cost(model_dir: Path, payloads: list) -> tuple[float, float]:

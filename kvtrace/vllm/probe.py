@@ -62,9 +62,8 @@ class _Req:
     deadline: float | None = None  # peer's remote_blocks_expiry_time (peer clock)
     loading: bool = False
     block_ids: tuple | list = ()  # per KV-cache group: the blocks being loaded
-    verification: dict | None = None  # the decision's kvtrace.kv.verified attributes (d2p with an offer)
     limit: int | None = None  # verify=enforce: the offer was trimmed to this many tokens
-    verdict: kvdigest.Verdict | None = None
+    verdict: kvdigest.Verdict | None = None  # P's check of D's offer (d2p with an offer), once
 
 
 def _has_remote(params: dict) -> bool:
@@ -95,6 +94,7 @@ class SchedulerProbe:
     ) -> None:
         self.recorder = recorder
         self.hashing = hashing  # None: v1 digests only (tests, another vLLM)
+        self._blocks: kvdigest.BlockConfig | None = None  # hashing.config(), once known
         self.verify_mode = verify
         self.threshold = recorder.threshold
         self.block_bytes = block_bytes
@@ -137,14 +137,19 @@ class SchedulerProbe:
             public_id=public_request_id(rid),
         )
 
+    def _block_config(self) -> kvdigest.BlockConfig | None:
+        if self.hashing is not None:
+            self._blocks = self.hashing.config()
+        return self._blocks
+
     # ------------------------------------------------------------------ the decision
     @never_raise()
     def verify(self, request) -> None:
         st = self._reqs.get(request.request_id)
-        if st is None or st.verification is not None or st.direction != sc.DIRECTION_D2P or not st.has_remote:
+        if st is None or st.verdict is not None or st.direction != sc.DIRECTION_D2P or not st.has_remote:
             return
         params = request.kv_transfer_params
-        verdict = kvdigest.verify(
+        st.verdict = verdict = kvdigest.verify(
             kvdigest.offered(params),
             request.prompt_token_ids or (),
             st.offered,
@@ -152,12 +157,10 @@ class SchedulerProbe:
             request_id=params.get("remote_request_id"),
             block_ids=params.get("remote_block_ids"),
             block_hashes=request.block_hashes,
-            blocks=self.hashing.config() if self.hashing is not None else None,
+            blocks=self._blocks or self._block_config(),
         )
-        # attributes before the local hit is known: the mismatch's wrong tokens are set in allocated()
-        st.verification = {sc.KV_VERIFIED: verdict.status}
+        # its attributes wait for the local hit (the mismatch's wrong tokens): allocated()
         st.limit = kvdigest.enforced_limit(verdict, self.verify_mode, st.offered)
-        st.verdict = verdict
         if st.limit is not None:
             _trim_offer(params, st.limit, self.recorder.block_size)
 
@@ -175,8 +178,9 @@ class SchedulerProbe:
             return
         st.decided = True
         pulled = int(num_external_tokens) if num_external_tokens > 0 else 0
-        if st.verification is not None:
-            st.verification = kvdigest.attributes(st.verdict, self.verify_mode, st.offered, st.local, self.threshold)
+        verification = None
+        if st.verdict is not None:
+            verification = kvdigest.attributes(st.verdict, self.verify_mode, st.offered, st.local, self.threshold)
         self.recorder.decision(
             rid,
             direction=st.direction,
@@ -189,7 +193,7 @@ class SchedulerProbe:
             expiry_remaining_s=self._remaining(st),
             peer_engine_id=st.peer,
             remote_request_id=st.remote_request_id,
-            verification=st.verification,
+            verification=verification,
         )
         if pulled:
             self._start_transfer(rid, st, blocks, pulled)
@@ -320,7 +324,7 @@ class SchedulerProbe:
         summary = self.recorder.request_finished(rid, **finish)
         if params is not None and summary:
             if rid in self._retained:
-                summary[sc.KVT_DIGEST] = _digest(request, params, self.hashing)
+                summary[sc.KVT_DIGEST] = _digest(request, params, self._blocks or self._block_config())
             params[sc.KV_PARAMS_KEY] = summary
 
     @never_raise()
@@ -336,19 +340,24 @@ class SchedulerProbe:
         self.recorder.shutdown()
 
 
-def _digest(request, params: dict, hashing: BlockHashing | None = None) -> dict:
+def _digest(request, params: dict, blocks: kvdigest.BlockConfig | None = None) -> dict:
     """D: the digest of the tokens its retained blocks hold (remote_num_tokens of them): v2 over
-    the request's vLLM block hashes when they cover them and the configuration is known, else v1."""
+    the request's vLLM block hashes when they cover them and the configuration (``blocks``) is
+    known, else v1."""
     n = int(params.get("remote_num_tokens") or 0)
-    binding = dict(
-        engine_id=params.get("remote_engine_id"),
-        request_id=params.get("remote_request_id"),
-        block_ids=params.get("remote_block_ids"),
-    )
-    blocks = hashing.config() if hashing is not None else None
+    engine_id, request_id = params.get("remote_engine_id"), params.get("remote_request_id")
+    block_ids = params.get("remote_block_ids")
     if blocks is not None and kvdigest.covers(request.block_hashes, n, blocks):
-        return kvdigest.make_blocks(request.block_hashes, request.all_token_ids, n, blocks, **binding)
-    return kvdigest.make(request.all_token_ids, n, **binding)
+        return kvdigest.make_blocks(
+            request.block_hashes,
+            request.all_token_ids,
+            n,
+            blocks,
+            engine_id=engine_id,
+            request_id=request_id,
+            block_ids=block_ids,
+        )
+    return kvdigest.make(request.all_token_ids, n, engine_id=engine_id, request_id=request_id, block_ids=block_ids)
 
 
 def _trim_offer(params: dict, limit: int, block_size: int) -> None:

@@ -11,10 +11,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):
     """One way of shipping the app: setup.py finds the packages; the wheel, built here, holds every
     kvtrace package, the Streamlit app and its pages as ``kvtrace.dashboards``, the Grafana
-    dashboards, the bench's shipped traces and ``py.typed``."""
+    dashboards, the bench's shipped traces, ``py.typed`` and the digest's C extension."""
     import shutil
     import subprocess
     import sys
+    import sysconfig
     import zipfile
 
     src = tmp_path / "src"  # a copy: setuptools builds in the source tree's build/
@@ -53,6 +54,11 @@ def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):
     data = {"kvtrace/bench/data/" + p.name for p in (ROOT / "kvtrace" / "bench" / "data").iterdir()}
     assert {"kvtrace/bench/data/mooncake_conversation_every20.jsonl", "kvtrace/bench/data/README.md"} <= data <= names
     assert not {n for n in names if n.startswith(("tests/", "dashboards/", "benchmarks/"))}
+    # the digest's tags in C, built wherever the interpreter's C compiler is (CI's machines have it)
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler):
+        assert {n for n in names if n.startswith("kvtrace/kvdigest/_ctags.") and n.endswith((".so", ".pyd"))}
+        assert "kvtrace/kvdigest/_ctags.pyi" in names
     from kvtrace import __version__
 
     assert wheel.name.startswith(f"kvtrace-{__version__}-")

@@ -177,8 +177,9 @@ def test_d_without_block_hashes_falls_back_to_the_v1_digest(connector_cls, model
     assert d_digest(req, params, None) == kvdigest.make(list(range(1, 161)), 160, **binding)
     req.block_hashes.clear()  # a request vLLM did not hash
     sched = _sched(model_dir, role="decode", engine=D_ENGINE)
-    hashing = sched.connector._probe.hashing
-    assert d_digest(req, params, hashing) == kvdigest.make(list(range(1, 161)), 160, **binding)
+    blocks = sched.connector._probe.hashing.config()
+    assert blocks is not None  # the configuration is known: only the missing hashes make it v1
+    assert d_digest(req, params, blocks) == kvdigest.make(list(range(1, 161)), 160, **binding)
 
 
 def test_record_says_mismatch_and_vllm_still_pulls_every_offered_token(

@@ -47,25 +47,37 @@ from __future__ import annotations
 import binascii
 import hashlib
 import math
-from array import array
 from dataclasses import dataclass
+from types import ModuleType
 
 from kvtrace import semconv as sc
 from kvtrace import settings
+from kvtrace.kvdigest import _pytags
 
+_impl: ModuleType = _pytags
+try:  # the same tags in one C call each (built with the package; optional: _pytags otherwise)
+    from kvtrace.kvdigest import _ctags
+
+    _ctags.set_keys(sc.DIGEST_VERSION, sc.DIGEST_CHUNK, sc.DIGEST_TOKENS, sc.DIGEST_TAGS, sc.DIGEST_FINGERPRINT)
+    _impl = _ctags
+except ImportError:  # pragma: no cover - a build without a compiler
+    pass
+
+#: which implementation computes the tags: "c" or "python"
+IMPLEMENTATION = "c" if _impl is not _pytags else "python"
 VERSION = 1
 VERSION_BLOCKS = 2  # over vLLM's block hashes (make_blocks)
 CHUNK_TOKENS = 64
-TAG_BYTES = 4
-MIN_CHUNK, MAX_CHUNK = 16, 65536  # an offer's chunk outside this is unverifiable (bounds P's work)
-MAX_TOKENS = 1 << 24
+TAG_BYTES = _pytags.TAG_BYTES
+MIN_CHUNK, MAX_CHUNK = _pytags.MIN_CHUNK, _pytags.MAX_CHUNK  # an offer's chunk outside: unverifiable
+MAX_TOKENS = _pytags.MAX_TOKENS
 FINGERPRINT_BYTES = 8
 _PUBLIC_KEY = b"kvtrace-kv-digest-v1 (public: set KVTRACE_KV_DIGEST_KEY)"
 
 
 _KEYS: dict[str | None, bytes] = {}
 _ENV: list[str | None] = []  # KVTRACE_KV_DIGEST_KEY as read at the first use in this process
-_STATES: dict[str | None, hashlib.blake2b] = {}  # key(value) -> its keyed BLAKE2b state before any input
+_STATES: dict[str | None, object] = {}  # key value -> the implementation's keyed state
 
 
 def key(value: str | None = None) -> bytes:
@@ -82,67 +94,17 @@ def key(value: str | None = None) -> bytes:
     return k
 
 
-def _start(key_value: str | None, engine_id: object, request_id: object, block_ids: object):
-    # a keyed BLAKE2b init costs ~10x a copy of a keyed state with nothing hashed yet, and both
-    # give the same hash: build that state once per key
-    base = _STATES.get(key_value)
-    if base is None:
-        base = _STATES[key_value] = hashlib.blake2b(key=key(key_value), digest_size=16)
-    h = base.copy()
-    h.update(f"{engine_id}\x00{request_id}\x00".encode())
-    groups = block_ids or ()
-    if groups and not isinstance(groups[0], (list, tuple)):
-        groups = (groups,)  # a flat list is one group
-    for group in groups:  # vLLM: one list per KV-cache group
-        h.update(array("q", group))
-        h.update(b"\xff")
-    return h
-
-
-def _count(n: int, chunk: int) -> int:
-    """Tags of an ``n``-token digest: one per whole chunk, one for a partial last chunk."""
-    return n // chunk + (1 if n % chunk else 0)
-
-
-def _boundaries(n: int, chunk: int) -> list[int]:
-    out = list(range(chunk, n + 1, chunk))
-    if n % chunk:
-        out.append(n)
-    return out
-
-
-def _tags(h, view: memoryview, bounds: list[int]):
-    """Yield the tag at each boundary (token counts), feeding ``h`` the tokens in between."""
-    pos = 0
-    for b in bounds:
-        h.update(view[pos:b])
-        pos = b
-        yield h.copy().digest()[:TAG_BYTES]
-
-
-def _tokens(tokens, n: int) -> memoryview:
-    """The first ``n`` token ids as uint32 (hashed as their bytes; a view, no copy).  Converting a
-    Python int costs ~10x copying its reference: slice first unless only a few tokens would be
-    converted for nothing.  array() reads a list or tuple by index but any other sequence through
-    its iterator, at 2x the cost: vLLM's ``Request.all_token_ids`` is a ``ConstantList``, whose
-    slice is a list."""
-    if len(tokens) > n + 16 or not isinstance(tokens, (list, tuple)):
-        tokens = tokens[:n]
-    return memoryview(array("I", tokens))[:n]
+def _state(key_value: str | None):
+    state = _STATES.get(key_value)
+    if state is None:
+        state = _STATES[key_value] = _impl.keyed(key(key_value))
+    return state
 
 
 def make(tokens, n: int, *, engine_id, request_id, block_ids, key_value: str | None = None) -> dict:
     """The digest of ``tokens[:n]`` (what D's retained blocks hold) for the offer D returns."""
     n = max(0, min(int(n), len(tokens)))
-    h = _start(key_value, engine_id, request_id, block_ids)
-    view, update, tags, pos = _tokens(tokens, n), h.update, bytearray(), 0
-    for b in range(CHUNK_TOKENS, n, CHUNK_TOKENS):  # _tags without a generator: this runs in request_finished
-        update(view[pos:b])
-        pos = b
-        tags += h.copy().digest()[:TAG_BYTES]
-    if n:  # the last boundary (n) needs no copy
-        update(view[pos:n])
-        tags += h.digest()[:TAG_BYTES]
+    tags = _impl.tags_v1(_state(key_value), engine_id, request_id, block_ids, tokens, n, CHUNK_TOKENS, False)
     return {
         sc.DIGEST_VERSION: VERSION,
         sc.DIGEST_CHUNK: CHUNK_TOKENS,
@@ -166,27 +128,6 @@ class Verdict:
 UNVERIFIABLE = Verdict(sc.VERIFIED_UNVERIFIABLE)
 
 
-def _parse(obj) -> tuple[int, int, int, bytes, object] | None:
-    """``(version, chunk, n, tags, fingerprint)`` of a well-formed offer, else None."""
-    if not isinstance(obj, dict):
-        return None
-    version = obj.get(sc.DIGEST_VERSION)
-    if type(version) is not int or version not in (VERSION, VERSION_BLOCKS):
-        return None
-    chunk, n, tags = obj.get(sc.DIGEST_CHUNK), obj.get(sc.DIGEST_TOKENS), obj.get(sc.DIGEST_TAGS)
-    if type(chunk) is not int or type(n) is not int or not isinstance(tags, str):
-        return None
-    if not (MIN_CHUNK <= chunk <= MAX_CHUNK and 0 <= n <= MAX_TOKENS):
-        return None
-    try:  # strict: only the base64 alphabet, padding at the end (base64.b64decode(validate=True), faster)
-        raw = binascii.a2b_base64(tags, strict_mode=True)
-    except (binascii.Error, ValueError):
-        return None
-    if len(raw) != TAG_BYTES * _count(n, chunk):
-        return None
-    return version, chunk, n, raw, obj.get(sc.DIGEST_FINGERPRINT)
-
-
 def verify(
     obj,
     tokens,
@@ -207,35 +148,24 @@ def verify(
     ``block_hashes`` under P's ``blocks`` configuration (unverifiable without them or when the
     fingerprints differ).  Never raises."""
     try:
-        parsed = _parse(obj)
-        if parsed is None:
-            return UNVERIFIABLE
-        version, chunk, n, raw, fp = parsed
-        if version == VERSION_BLOCKS:
-            return _verify_blocks(
-                chunk, n, raw, fp, tokens, limit, block_hashes, blocks, key_value, engine_id, request_id, block_ids
-            )
-        limit = max(0, min(int(limit), n, len(tokens)))
-        last = limit if limit == n else limit // chunk * chunk  # the last boundary P can check
-        if last == 0:
-            return Verdict(sc.VERIFIED_MATCH, 0)
-        h = _start(key_value, engine_id, request_id, block_ids)
-        data = _tokens(tokens, last)
-        # the common case first: the tag at the limit proves every earlier boundary (prefix-closed)
-        i = _count(last, chunk) - 1
-        whole = h.copy()
-        whole.update(data)
-        if whole.digest()[:TAG_BYTES] == raw[i * TAG_BYTES : (i + 1) * TAG_BYTES]:
-            return Verdict(sc.VERIFIED_MATCH, last)
-        bounds = [b for b in _boundaries(n, chunk) if b <= last]
-        verified = 0
-        for j, tag in enumerate(_tags(h, data, bounds)):
-            if tag != raw[j * TAG_BYTES : (j + 1) * TAG_BYTES]:
-                return Verdict(sc.VERIFIED_MISMATCH, verified, verified)
-            verified = bounds[j]
-        return Verdict(sc.VERIFIED_MISMATCH, verified, verified)  # only a chance tag collision gets here
+        code, verified = _impl.check(
+            _STATES.get(key_value) or _state(key_value),
+            obj,
+            tokens,
+            limit,
+            engine_id,
+            request_id,
+            block_ids,
+            block_hashes,
+            blocks,
+        )
     except Exception:
         return UNVERIFIABLE
+    if code == _pytags.MATCH:
+        return Verdict(sc.VERIFIED_MATCH, verified)
+    if code == _pytags.MISMATCH:
+        return Verdict(sc.VERIFIED_MISMATCH, verified, verified)
+    return UNVERIFIABLE
 
 
 @dataclass(slots=True, frozen=True)
@@ -262,17 +192,6 @@ def block_config(algo: str, none_hash: bytes, hash_block_size: int, key_value: s
     return BlockConfig(hbs, chunk, fp)
 
 
-def _tag_at(h, b: int, hbs: int, block_hashes, tokens) -> bytes:
-    """v2's tag at boundary ``b`` from the binding state ``h`` (consumed): block ``b // hbs - 1``'s
-    hash, then the tokens after it up to ``b``."""
-    full = b // hbs
-    if full:
-        h.update(block_hashes[full - 1])
-    if b > full * hbs:
-        h.update(array("I", tokens[full * hbs : b]))
-    return h.digest()[:TAG_BYTES]
-
-
 def covers(block_hashes, n: int, blocks: BlockConfig) -> bool:
     """Whether ``block_hashes`` reach the last full block of the first ``n`` tokens."""
     return len(block_hashes) >= n // blocks.hash_block_size
@@ -286,13 +205,8 @@ def make_blocks(
     hbs, chunk = blocks.hash_block_size, blocks.chunk
     if not covers(block_hashes, n, blocks):
         raise ValueError(f"{len(block_hashes)} block hashes do not cover {n} tokens of {hbs}")
-    h, tags = _start(key_value, engine_id, request_id, block_ids), bytearray()
-    for b in range(chunk, n, chunk):  # the boundary at n (last) needs no copy
-        t = h.copy()
-        t.update(block_hashes[b // hbs - 1])
-        tags += t.digest()[:TAG_BYTES]
-    if n:
-        tags += _tag_at(h, n, hbs, block_hashes, tokens)
+    state = _state(key_value)
+    tags = _impl.tags_v2(state, engine_id, request_id, block_ids, block_hashes, tokens, n, hbs, chunk, False)
     return {
         sc.DIGEST_VERSION: VERSION_BLOCKS,
         sc.DIGEST_CHUNK: chunk,
@@ -300,30 +214,6 @@ def make_blocks(
         sc.DIGEST_TAGS: binascii.b2a_base64(tags, newline=False).decode(),
         sc.DIGEST_FINGERPRINT: blocks.fingerprint,
     }
-
-
-def _verify_blocks(chunk, n, raw, fp, tokens, limit, block_hashes, blocks, key_value, *binding) -> Verdict:
-    if blocks is None or block_hashes is None or fp != blocks.fingerprint or chunk != blocks.chunk:
-        return UNVERIFIABLE
-    hbs = blocks.hash_block_size
-    limit = max(0, min(int(limit), n, len(tokens)))
-    last = limit if limit == n else limit // chunk * chunk
-    if last == 0:
-        return Verdict(sc.VERIFIED_MATCH, 0)
-    if len(block_hashes) < last // hbs:
-        return UNVERIFIABLE
-    i = _count(last, chunk) - 1  # the common case: one tag, on the binding state itself (no copy)
-    if (
-        _tag_at(_start(key_value, *binding), last, hbs, block_hashes, tokens)
-        == raw[i * TAG_BYTES : (i + 1) * TAG_BYTES]
-    ):
-        return Verdict(sc.VERIFIED_MATCH, last)
-    h, verified = _start(key_value, *binding), 0  # the walk, only on a mismatch: locate the first differing chunk
-    for j, b in enumerate(b for b in _boundaries(n, chunk) if b <= last):
-        if _tag_at(h.copy(), b, hbs, block_hashes, tokens) != raw[j * TAG_BYTES : (j + 1) * TAG_BYTES]:
-            break
-        verified = b
-    return Verdict(sc.VERIFIED_MISMATCH, verified, verified)
 
 
 def offered(params: dict | None) -> object:
