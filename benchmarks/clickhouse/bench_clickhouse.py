@@ -4,9 +4,9 @@ as Parquet, in one run.
     python benchmarks/clickhouse/bench_clickhouse.py [--spans 100000000] [--days 7] [--threads 2]
                                                      [--dir DIR] [--keep]
 
-Spans: :func:`kvtrace.testing.synth.sample_store` makes a template of agent sessions with the real
+Spans: :func:`kvtrace.testing.stores.sample_store` makes a template of agent sessions with the real
 OTel SDK (agent -> proxy -> P/D engines -> KV decisions, transfers, retention; every attribute
-kvtrace records), :func:`kvtrace.testing.synth.tile` copies it (new trace/span/session/request ids,
+kvtrace records), :func:`kvtrace.testing.stores.tile` copies it (new trace/span/session/request ids,
 times spread evenly over ``--days``) into a Parquet trace directory, and chDB loads that directory
 into the OTel Collector exporter's table (its DDL, string attribute maps; the archive path of
 docs/otlp.md).  Both engines then answer, with ``--threads`` threads:
@@ -49,7 +49,7 @@ def template(root: Path) -> pa.Table:
     """Spans of :data:`TEMPLATE_SESSIONS` sample sessions, made with the OTel SDK."""
     from kvtrace.store.files import list_files
     from kvtrace.store.schema import SCHEMA
-    from kvtrace.testing.synth import sample_store
+    from kvtrace.testing.stores import sample_store
 
     sample_store(root, sessions=TEMPLATE_SESSIONS, turns=TEMPLATE_TURNS)
     return pa.concat_tables(pq.read_table(p, schema=SCHEMA) for p in list_files(root))
@@ -57,7 +57,7 @@ def template(root: Path) -> pa.Table:
 
 def generate(directory: Path, spans: int, days: int, work: Path) -> int:
     """Tile the template into ``directory`` (Hive date/hour partitions); returns the span count."""
-    from kvtrace.testing.synth import tile, write_table
+    from kvtrace.testing.stores import tile, write_table
 
     tpl = template(work / "template")
     copies = max(1, math.ceil(spans / tpl.num_rows))

@@ -14,6 +14,9 @@ simulator, whose tests read spans right after each call), or with ``deferred=Tru
 connector) from a background thread, so a scheduler hook pays for a few dicts and a queue put
 instead of SDK span starts/ends.  Both modes take every timestamp here, on the caller's thread,
 and make the same spans; request ids, summaries and trace ids are known immediately in both.
+
+D's retention spans (``retention_started`` / ``retention_ended`` / ``retained``) are methods of
+:class:`~kvtrace.emit.retention.Retention`, which the recorder inherits.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kvtrace import semconv as sc
 from kvtrace.emit.deferred import DeferredSpans, SpanHandle, SyncSpans
 from kvtrace.emit.guard import never_raise, parent_span_context
 from kvtrace.emit.metrics import KVMetrics
+from kvtrace.emit.retention import Retention, _Retention
 
 log = logging.getLogger(__name__)
 _OUTCOME_BY_STATUS = {
@@ -59,15 +63,7 @@ class _Request:
     queued: dict | None = None  # kvtrace.engine.queue.* of a request that waited for KV blocks
 
 
-@dataclass(slots=True)
-class _Retention:
-    span: SpanHandle
-    blocks: int
-    nbytes: int
-    start_ns: int = 0
-
-
-class KVRecorder:
+class KVRecorder(Retention):
     """Records one engine's KV spans.
 
     ``bytes_per_block`` is the KV-cache page size summed over layers (what one block of one
@@ -345,64 +341,6 @@ class KVRecorder:
         if req is not None:
             self._spans.event(req.span, sc.EVENT_NIXL_STATS, dict(attributes), self._clock())
 
-    # ------------------------------------------------------------------ retention on D
-    @never_raise()
-    def retention_started(
-        self,
-        request_id: str,
-        *,
-        blocks: int,
-        tokens: int,
-        expiry_deadline: float | None = None,
-    ) -> dict:
-        """D pinned ``blocks`` of a finished request for the next turn (call right before
-        :meth:`request_finished`, while the request is still known).  Returns the retention
-        fields to merge into the kvtrace summary."""
-        req = self._get(request_id)
-        nbytes = int(blocks * self.bytes_per_block)
-        attrs = {
-            **(req.base if req else {sc.GEN_AI_REQUEST_ID: request_id, **self._engine}),
-            sc.KV_RETENTION_BLOCKS: int(blocks),
-            sc.KV_RETENTION_TOKENS: int(tokens),
-            sc.KV_RETENTION_BYTES: nbytes,
-            sc.KV_RETENTION_TTL_S: float(self.ttl_s),
-        }
-        if expiry_deadline is not None:
-            attrs[sc.KV_EXPIRY_DEADLINE] = float(expiry_deadline)
-        start_ns = self._clock()
-        span = self._spans.start(sc.SPAN_KV_RETENTION, req.span if req else None, attrs, start_ns)
-        with self._lock:
-            old = self._retained.pop(request_id, None)
-            self._retained[request_id] = _Retention(span, int(blocks), nbytes, start_ns)
-        if self.metrics is not None:
-            self.metrics.retention_started(int(blocks), nbytes)
-        if old is not None:
-            self._end_retention(old, sc.RETENTION_RELEASED)
-        fields = {
-            sc.KVT_RETAINED_BLOCKS: int(blocks),
-            sc.KVT_RETAINED_BYTES: nbytes,
-            sc.KVT_RETAINED_TTL_S: float(self.ttl_s),
-        }
-        if req is not None:
-            req.summary.update(fields)
-        return fields
-
-    @never_raise(False)
-    def retention_ended(self, request_id: str, outcome: str) -> bool:
-        """D's pinned blocks were read (``read``), timed out (``expired``) or freed for another
-        reason (``released``).  Returns False if nothing was retained under that id."""
-        with self._lock:
-            ret = self._retained.pop(request_id, None)
-        if ret is None:
-            return False
-        self._end_retention(ret, outcome)
-        return True
-
-    def retained(self) -> dict[str, tuple[int, int]]:
-        """request id -> (blocks, bytes) currently pinned."""
-        with self._lock:
-            return {k: (v.blocks, v.nbytes) for k, v in self._retained.items()}
-
     @never_raise()
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """End every open span (engine shutting down): retention ends ``released``.  In
@@ -456,9 +394,3 @@ class KVRecorder:
             self.metrics.transfer(
                 req.transfer_direction, status, req.transfer_bytes, (end_ns - req.transfer_start_ns) / 1e9
             )
-
-    def _end_retention(self, ret: _Retention, outcome: str) -> None:
-        end_ns = self._clock()
-        self._spans.finish(ret.span, {sc.KV_RETENTION_OUTCOME: outcome}, None, end_ns)
-        if self.metrics is not None:
-            self.metrics.retention_ended(outcome, ret.blocks, ret.nbytes, (end_ns - ret.start_ns) / 1e9)

@@ -7,7 +7,9 @@ and calls :meth:`Generation.finish` (or :meth:`Generation.abort`).  Spans go thr
 ``request_started`` on arrival, ``decision`` after ``get_num_new_matched_tokens``,
 ``transfer_started/finished`` around the load, ``retention_started`` right before
 ``request_finished`` on D, ``retention_ended`` when the next P reads (``read``), notifies
-without reading (``released``), the TTL passes (``expired``) or the engine stops.
+without reading (``released``), the TTL passes (``expired``) or the engine stops.  The
+connector's side of this (the KV decision, the pull, the hold after a finished request) is in
+:mod:`kvtrace.sim.connector`.
 
 Engines find each other through a :class:`Registry` (in-process stand-in for NIXL's side
 channel): a pull asks the source engine for the held request's blocks, which frees them there.
@@ -34,6 +36,7 @@ from kvtrace import kvdigest
 from kvtrace import semconv as sc
 from kvtrace.emit.recorder import KVRecorder
 from kvtrace.sim import scheduler, tokenizer
+from kvtrace.sim.connector import Connector
 from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.holds import Hold, Holds
 from kvtrace.sim.kvcache import BlockQueue, KVCache, Wait, block_hashes
@@ -106,8 +109,9 @@ class Generation:
         self.engine._abort(self, error_type)
 
 
-class Engine:
-    """Scheduler + KV cache + connector of one worker (single asyncio loop)."""
+class Engine(Connector):
+    """Scheduler + KV cache + connector of one worker (single asyncio loop); the connector's
+    methods (decision, pull, hold) are :class:`~kvtrace.sim.connector.Connector`'s."""
 
     def __init__(
         self,
@@ -227,13 +231,6 @@ class Engine:
         if self.prefix_caching:
             self.cache.commit(gen.blocks[: len(hashes)], hashes)
 
-    def _heartbeat(self, params: dict) -> Engine | None:
-        """D renews P's lease from the request's arrival until its load ends (vLLM's heartbeats)."""
-        src = self.registry.engines.get(params.get("remote_engine_id"))
-        if src is not None:
-            src.holds.start_renewal(params.get("remote_request_id"))
-        return src
-
     async def _admit(self, gen: Generation, hashes: list[int], total_blocks: int) -> list[int]:
         """Prefix lookup + block allocation, in vLLM's waiting queue (FCFS) until they fit; a
         wait goes on the request's engine span."""
@@ -260,107 +257,6 @@ class Engine:
         """Blocks that only holds for remote readers keep referenced (what ending them all frees)."""
         counts = Counter(b for hold in self.holds.values() for b in hold.block_ids)
         return sum(1 for b, n in counts.items() if self.cache.refcount(b) == n)
-
-    async def _remote_prefill(self, gen: Generation, count: int, load: bool) -> None:
-        """D: pull the prompt's blocks from P (p2d); a full local hit only notifies P."""
-        p = gen.params
-        common = dict(
-            prompt_tokens=len(gen.prompt),
-            local_hit_tokens=gen.local_hit,
-            remote_tokens=len(gen.prompt),
-            peer_engine_id=p.get("remote_engine_id"),
-            remote_request_id=p.get("remote_request_id"),
-            threshold=self.kv.threshold,
-        )
-        if not load:
-            self.recorder.decision(gen.record_id, direction=sc.DIRECTION_P2D, outcome=sc.OUTCOME_LOCAL_HIT, **common)
-            self._notify(p, sc.RETENTION_RELEASED)
-            return
-        self.recorder.decision(gen.record_id, direction=sc.DIRECTION_P2D, outcome=None, pulled_tokens=count, **common)
-        await self._pull(gen, count, sc.DIRECTION_P2D, expiry=None)
-
-    async def _reverse_pull(self, gen: Generation, count: int, load: bool) -> None:
-        """P (or a plain request): the bidirectional d2p decision."""
-        p = gen.params
-        n = len(gen.prompt)
-        if not self.kv.bidirectional or not scheduler.has_remote_blocks(p):
-            self.recorder.decision(
-                gen.record_id,
-                direction=sc.DIRECTION_D2P,
-                outcome=sc.OUTCOME_NO_REMOTE,
-                prompt_tokens=n,
-                local_hit_tokens=gen.local_hit,
-            )
-            return
-        expiry = p.get("remote_blocks_expiry_time")
-        common = dict(
-            prompt_tokens=n,
-            local_hit_tokens=gen.local_hit,
-            remote_tokens=p.get("remote_num_tokens") or 0,
-            peer_engine_id=p.get("remote_engine_id"),
-            remote_request_id=p.get("remote_request_id"),
-            threshold=self.kv.threshold,
-        )
-        if isinstance(expiry, (int, float)):
-            common.update(expiry_deadline=float(expiry), expiry_remaining_s=round(float(expiry) - self.clock(), 6))
-        common["verification"], enforced = scheduler.check_offer(
-            p, gen.prompt, gen.local_hit, self.kv.threshold, self.kv.verify
-        )
-        if enforced is not None:  # verify=enforce: only the verified prefix, or recompute
-            count, load, outcome = enforced
-        if not load:
-            if enforced is None:
-                outcome = scheduler.outcome(p, n, gen.local_hit, self.kv.threshold)
-            self.recorder.decision(gen.record_id, direction=sc.DIRECTION_D2P, outcome=outcome, **common)
-            self._notify(p, sc.RETENTION_RELEASED)  # vLLM's empty read: D frees its blocks
-            return
-        self.recorder.decision(gen.record_id, direction=sc.DIRECTION_D2P, outcome=None, pulled_tokens=count, **common)
-        await self._pull(gen, count, sc.DIRECTION_D2P, expiry=expiry if isinstance(expiry, (int, float)) else None)
-
-    async def _pull(self, gen: Generation, count: int, direction: str, expiry: float | None) -> None:
-        p = gen.params
-        src_id, remote_req = p.get("remote_engine_id"), p.get("remote_request_id")
-        nblocks = math.ceil(count / self.cache.block_size)
-        nbytes = nblocks * self.recorder.bytes_per_block
-        self.recorder.transfer_started(
-            gen.record_id,
-            direction=direction,
-            tokens=count,
-            blocks=nblocks,
-            peer_engine_id=src_id,
-            remote_request_id=remote_req,
-        )
-        if direction == sc.DIRECTION_D2P and scheduler.read_expired(self.clock(), expiry):
-            self.recorder.transfer_finished(gen.record_id, status=sc.TRANSFER_EXPIRED, error_type=sc.TRANSFER_EXPIRED)
-            return self._load_failed(gen, "kv_expired")
-        wall = self.cost.wall(self.cost.transfer_s(nbytes))
-        if wall > 0:
-            await asyncio.sleep(wall)
-        error = self._read_remote(src_id, remote_req, direction)
-        if error:
-            self.recorder.transfer_finished(gen.record_id, status=sc.TRANSFER_FAILED, error_type=error)
-            return self._load_failed(gen, error)
-        self.recorder.transfer_finished(gen.record_id, status=sc.TRANSFER_OK, xfer_ms=round(wall * 1000, 3))
-        gen.pulled = count
-
-    def _read_remote(self, src_id: str, remote_req: str, direction: str) -> str | None:
-        """Copy the held blocks from the source engine (frees them there); error type or None."""
-        hook = self.registry.fail_pull
-        if hook is not None and hook(self.engine_id, src_id, remote_req):
-            return "injected_failure"
-        src = self.registry.engines.get(src_id)
-        if src is None:
-            return "unknown_engine"
-        reason = sc.RETENTION_READ
-        if src.holds.pop(remote_req, reason) is None:
-            return "blocks_not_found"
-        return None
-
-    def _notify(self, params: dict, reason: str) -> None:
-        """Tell the source engine its held blocks are no longer needed (no data read)."""
-        src = self.registry.engines.get(params.get("remote_engine_id"))
-        if src is not None:
-            src.holds.pop(params.get("remote_request_id"), reason)
 
     def _load_failed(self, gen: Generation, error: str) -> None:
         if self.kv.kv_load_failure_policy == "recompute":
@@ -413,43 +309,6 @@ class Engine:
             )
         out[sc.KV_PARAMS_KEY] = summary
         return out
-
-    def _finished_params(self, gen: Generation, computed: int) -> dict | None:
-        """``NixlPullConnectorScheduler.request_finished`` for a normally finished request."""
-        p = gen.params
-        if not p:
-            self._free(gen.blocks)
-            return None
-        is_p = bool(p.get("do_remote_decode"))
-        if not is_p and not self.kv.bidirectional:
-            self._free(gen.blocks)
-            return None
-        block_ids, expiry = list(gen.blocks), None
-        if block_ids:
-            ttl = self.kv.lease_s if is_p else self.kv.ttl_s
-            deadline = self.clock() + ttl
-            if not is_p:
-                expiry = deadline
-                self.recorder.retention_started(
-                    gen.record_id, blocks=len(block_ids), tokens=computed, expiry_deadline=deadline
-                )
-            self.holds.add(Hold(gen.internal_id, gen.record_id, block_ids, computed, deadline, retained=not is_p))
-        return dict(
-            do_remote_prefill=is_p,
-            do_remote_decode=not is_p,
-            remote_block_ids=[block_ids],
-            remote_engine_id=self.engine_id,
-            remote_request_id=gen.internal_id,
-            remote_host=self.host,
-            remote_port=self.port,
-            tp_size=1,
-            dcp_size=1,
-            pp_size=1,
-            remote_num_tokens=computed if block_ids else 0,
-            remote_blocks_expiry_time=expiry,
-            remote_registration_generation=0,
-            transfer_mode="pull",
-        )
 
     def _abort(self, gen: Generation, error_type: str) -> None:
         if not gen.done:

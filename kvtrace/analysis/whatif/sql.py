@@ -1,4 +1,4 @@
-"""The named queries of the what-if load (:mod:`.whatif_data`): all of them run on a private cursor
+"""The named queries of the what-if load (:mod:`.data`): all of them run on a private cursor
 over its temporary table ``base`` (:data:`kvtrace.store.views.gaps.BASE_SQL_HASHED_IDS`), on DuckDB
 and on ClickHouse (chDB) alike."""
 

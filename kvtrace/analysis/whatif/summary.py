@@ -1,6 +1,6 @@
 """The what-if replay as plain data for the dashboard's "What-if" page and ``kvtrace report``.
 
-:func:`advice` runs the replay (:mod:`.whatif`) and returns rows, the recommendation and the
+:func:`advice` runs the replay (:mod:`.replay`) and returns rows, the recommendation and the
 calibration as dicts and lists (cacheable, picklable); :func:`gaps` lists the recorded turn gaps
 (the ``turn_gaps`` view) with the dashboard's filters; :func:`pareto` marks the settings no other
 setting beats on both memory held and TTFT; :func:`report_section` is the report's Markdown.
@@ -38,7 +38,7 @@ def advice(
     budget_gib: float | None = None,
 ) -> dict:
     """Replay the whole store on the grid: ``rows`` (the :data:`~.replay.COLUMNS` plus
-    ``failures``, requests predicted to fail), ``recommendation`` (see :func:`~.whatif.recommend`),
+    ``failures``, requests predicted to fail), ``recommendation`` (see :func:`~.replay.recommend`),
     ``lines`` (its printed form), the recorded setting and D's KV pool sizes.  ``error``: why there
     is nothing to replay (then the rest is empty)."""
     try:
