@@ -1,5 +1,6 @@
-"""Every name of the span contract: span, event, attribute, metric and label names, enumerated
-values and wire keys.  Plain string constants only: what they mean is in :mod:`.spec`."""
+"""Every name of the span contract: span, event and attribute names, enumerated values and wire
+keys (the metric and label names are in :mod:`.metrics`).  Plain string constants only: what they
+mean is in :mod:`.spec`."""
 
 from __future__ import annotations
 
@@ -362,74 +363,3 @@ DIGEST_CHUNK = "chunk"
 DIGEST_TOKENS = "n"
 DIGEST_TAGS = "tags"
 DIGEST_FINGERPRINT = "fp"  # v2: the keyed hash of the block-hash configuration (kvtrace.kvdigest.block_config)
-
-# --------------------------------------------------------------------------------------------
-# Prometheus metrics (docs/metrics.md is generated from METRICS below)
-# --------------------------------------------------------------------------------------------
-# KV families: the connector exports them inside vLLM's own /metrics (the KV connector's
-# Prometheus hook, next to vllm:nixl_*), each simulated worker on its /metrics.  vLLM's
-# per-engine labels (model_name, engine) come first; counters are exposed with a _total suffix.
-METRIC_KV_DECISIONS = "vllm:kvtrace_decisions"
-METRIC_KV_PROMPT_TOKENS = "vllm:kvtrace_prompt_tokens"
-METRIC_KV_TRANSFER_BYTES = "vllm:kvtrace_transfer_bytes"
-METRIC_KV_TRANSFER_DURATION = "vllm:kvtrace_transfer_duration_seconds"
-METRIC_KV_RETAINED_BLOCKS = "vllm:kvtrace_retained_blocks"
-METRIC_KV_RETAINED_BYTES = "vllm:kvtrace_retained_bytes"
-METRIC_KV_RETENTION_ENDS = "vllm:kvtrace_retention_ends"
-METRIC_KV_RETAINED_BYTE_SECONDS = "vllm:kvtrace_retained_byte_seconds"
-METRIC_KV_VERIFICATIONS = "vllm:kvtrace_verifications"
-METRIC_KV_MISMATCHED_TOKENS = "vllm:kvtrace_mismatched_tokens"
-# proxy (kvtrace proxy's /metrics) and every kvtrace process that exports spans
-METRIC_PROXY_REQUESTS = "kvtrace_proxy_requests"
-METRIC_PROXY_CONTINUITY = "kvtrace_proxy_session_continuity"
-METRIC_PROXY_DECODE_PARAMS_REJECTED = "kvtrace_proxy_decode_params_rejected"
-METRIC_PROXY_TTFT = "kvtrace_proxy_time_to_first_token_seconds"
-METRIC_PROXY_LATENCY = "kvtrace_proxy_request_latency_seconds"
-METRIC_PROXY_CONVERSATIONS = "kvtrace_proxy_conversations"
-METRIC_PROXY_CONVERSATIONS_OFFERABLE = "kvtrace_proxy_conversations_with_blocks"
-METRIC_PROXY_EVICTIONS = "kvtrace_proxy_conversation_evictions"
-METRIC_PROXY_POOL_WAIT = "kvtrace_proxy_upstream_pool_wait_seconds"
-METRIC_PROXY_POOL_IN_USE = "kvtrace_proxy_upstream_connections"
-METRIC_PROXY_POOL_QUEUED = "kvtrace_proxy_upstream_queued"
-METRIC_PROXY_POOL_REJECTED = "kvtrace_proxy_upstream_rejected"
-METRIC_DROPPED_SPANS = "kvtrace_dropped_spans"
-# vLLM's own families (names and buckets of vLLM 0.32/0.33): the simulator emits them too, so a
-# simulated cluster fills the same dashboard panels as a real one
-VLLM_METRIC_TTFT = "vllm:time_to_first_token_seconds"
-VLLM_METRIC_NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"
-VLLM_METRIC_NIXL_BYTES = "vllm:nixl_bytes_transferred"
-VLLM_METRIC_NIXL_FAILED = "vllm:nixl_num_failed_transfers"
-VLLM_METRIC_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"
-
-# label names
-LABEL_MODEL_NAME = "model_name"  # vLLM's per-engine labels
-LABEL_ENGINE = "engine"
-LABEL_DIRECTION = "direction"
-LABEL_OUTCOME = "outcome"
-LABEL_SOURCE = "source"
-LABEL_STATUS = "status"
-LABEL_OFFER_REASON = "offer_reason"
-LABEL_CONTINUITY = "continuity"
-LABEL_FIELD = "field"  # proxy: the kv_transfer_params key D got wrong
-LABEL_REASON = "reason"
-LABEL_ROLE = "role"  # proxy: the worker's role, prefill or decode
-LABEL_VERIFIED = "verified"
-
-# label values not enumerated above
-SOURCE_LOCAL_HIT = "local_hit"
-SOURCE_PULLED = "pulled"
-SOURCE_RECOMPUTED = "recomputed"
-TOKEN_SOURCES = (SOURCE_LOCAL_HIT, SOURCE_PULLED, SOURCE_RECOMPUTED)
-OUTCOME_UNKNOWN = "unknown"  # proxy: P reported no decision (not instrumented, or it failed)
-EVICTION_LRU = "lru"
-EVICTION_STALE = "stale"
-EVICTION_REASONS = (EVICTION_LRU, EVICTION_STALE)
-DECODE_PARAMS_OBJECT = "object"  # field label: D's kv_transfer_params (or its kvtrace entry) is not an object
-DECODE_PARAMS_NON_FINITE = "non_finite"  # field label: a NaN / infinity somewhere in them
-DROP_QUEUE_FULL = "queue_full"
-DROP_EXPORT_FAILED = "export_failed"
-DROP_WRITE_FAILED = "write_failed"  # the Parquet store could not write the batch (full disk, I/O error)
-DROP_REASONS = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_WRITE_FAILED)
-# key of kvtrace's part of the connector stats payload (KVConnectorStats.data) vLLM carries from
-# the EngineCore to the API server
-STATS_KEY = "kvtrace"
