@@ -14,7 +14,8 @@ engine / KV spans a real store holds (170 spans per session).  Printed: time of 
 own span names only) in the same run, p50 / p99 over ``--repeat`` interleaved rounds, of
 ``agent_llm_calls`` and ``kvtrace doctor``'s census, of the sessions page's top-1000 table and of
 one session's turns (drill-down: bounded by its traces' Timestamps, against the same views over
-the whole store and the pre-#27 SQL filtered to the session); then
+the whole store and the pre-#27 SQL filtered to the session), and the design probe of
+:mod:`index_probe` (the breakdown over a pre-classified index); then
 the AppTest first render of the sessions page on the smaller store: in a cold process, and as ``kvtrace
 dashboard`` serves it (its launcher, ``kvtrace.dashboards.serve``, imports what the pages import and opens
 DuckDB, and Streamlit's runtime scans installed packages for components, before the server serves;
@@ -251,6 +252,9 @@ def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
     line("agents.doctor (every section)", "doctor", "(kvtrace doctor --traces)")
     assert abs(row[1] - sum(row[2:6])) < row[0], "parts do not sum to wall time"
     assert row[6] <= row[5], "unattributed time exceeds app work"
+    from index_probe import bench_index
+
+    bench_index(con, SUM_SQL, OLD_SESSION, repeat, _samples, _p)
 
 
 def whole_store_turns(con, session_id: str):
