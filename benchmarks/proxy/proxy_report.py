@@ -186,6 +186,9 @@ def report_targets(results: dict, lag: dict | None, concurrency: list[int]) -> N
         if ("forwarder", conc) not in results or results[("forwarder", conc)][3] is None:
             continue
         fwd = results[("forwarder", conc)][3]
+        if not fwd:  # /proc counts 10 ms ticks: a short run may give the forwarder none
+            print(f"c={conc} CPU/request: the forwarder used under one 10 ms tick (too few requests to compare)")
+            continue
         own, with_writer = results[("kvtrace", conc)][3:5]
         print(
             f"c={conc} CPU/request {own:.0f} us ({with_writer:.0f} us with the writer process) vs forwarder "
