@@ -53,7 +53,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from connector_rig import BS, HOOKS, d_side_calls, make_connectors, request_calls  # noqa: E402  (after tests/ is on the path)
+# after tests/ is on the path: connector_rig imports the rig from there
+from connector_rig import BS, HOOKS, d_side_calls, make_connectors, request_calls  # noqa: E402
 
 # (verify mode, connector tag, digest version of its offers and of D's digest)
 VERIFY_ARMS = (("record", "kvtrace", "v2"), ("enforce", "enforce", "v2"), ("record", "record_v1", "v1"))

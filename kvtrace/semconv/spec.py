@@ -1,7 +1,7 @@
 """What every name of the span contract means: the documented spans (:data:`SPANS`), and from
 :mod:`.fields` the events, resource attributes and wire fields (:data:`EVENTS`, :data:`RESOURCE`,
-:data:`KV_TRANSFER_FIELDS`, :data:`CONTEXT_FIELDS`); the metrics are in :mod:`.metrics`.  :mod:`.render` turns them into
-docs/semconv.md and docs/metrics.md."""
+:data:`KV_TRANSFER_FIELDS`, :data:`CONTEXT_FIELDS`); the metrics are in :mod:`.metrics`.
+:mod:`.render` turns them into docs/semconv.md and docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -204,6 +204,16 @@ class EngineSpans:
         return self._on_engine(sc.SPAN_KV_RETENTION, engine_id, role, ident, start_ms, end_ms, parent, attrs)
 
     # ------------------------------------------------------------------ the legs of SpanBuilder.call
+    def _decided(self, engine_id, role, ident, window, parent, direction, peer, *, pulled: int, **decision) -> None:
+        """An engine's KV decision over ``window`` (start, end ms) and, when it pulled, the transfer
+        under it over the same window."""
+        start, end = window
+        dec = self.decision(
+            engine_id, role, ident, start, end, parent=parent, direction=direction, pulled=pulled, peer=peer, **decision
+        )
+        if pulled:
+            self.transfer(engine_id, role, ident, start, end, parent=dec, direction=direction, tokens=pulled, peer=peer)
+
     def _prefill_leg(
         self,
         req,
@@ -242,35 +252,22 @@ class EngineSpans:
             cached_tokens=local_hit + pulled,
         )
         if outcome:
-            recomputed = prompt - local_hit - pulled
-            dec = self.decision(
+            window = (t + 0.2, t + 0.2 + xfer_ms)
+            self._decided(
                 p_engine,
                 sc.ROLE_PREFILL,
                 ident,
-                t + 0.2,
-                t + 0.2 + xfer_ms,
-                parent=peng,
-                direction=sc.DIRECTION_D2P,
+                window,
+                peng,
+                sc.DIRECTION_D2P,
+                d_engine,
                 outcome=outcome,
                 prompt=prompt,
                 local_hit=local_hit,
                 remote=remote,
                 pulled=pulled,
-                recomputed=recomputed,
-                peer=d_engine,
+                recomputed=prompt - local_hit - pulled,
             )
-            if pulled:
-                self.transfer(
-                    p_engine,
-                    sc.ROLE_PREFILL,
-                    ident,
-                    t + 0.2,
-                    t + 0.2 + xfer_ms,
-                    parent=dec,
-                    direction=sc.DIRECTION_D2P,
-                    tokens=pulled,
-                    peer=d_engine,
-                )
 
     def _decode_leg(
         self,
@@ -301,32 +298,20 @@ class EngineSpans:
             cached_tokens=prompt,
             output_tokens=output_tokens,
         )
-        dec2 = self.decision(
+        self._decided(
             d_engine,
             sc.ROLE_DECODE,
             ident,
-            t2 + 0.2,
-            t2 + 5.2,
-            parent=deng,
-            direction=sc.DIRECTION_P2D,
+            (t2 + 0.2, t2 + 5.2),
+            deng,
+            sc.DIRECTION_P2D,
+            p_engine,
             outcome=sc.OUTCOME_PULLED,
             prompt=prompt,
             local_hit=0,
             remote=prompt,
             pulled=prompt,
             recomputed=0,
-            peer=p_engine,
-        )
-        self.transfer(
-            d_engine,
-            sc.ROLE_DECODE,
-            ident,
-            t2 + 0.2,
-            t2 + 5.2,
-            parent=dec2,
-            direction=sc.DIRECTION_P2D,
-            tokens=prompt,
-            peer=p_engine,
         )
         ret = None
         if retention_end_ms is not None:
