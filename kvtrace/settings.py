@@ -56,6 +56,17 @@ ROLL_GRACE_SECONDS = Setting(
     ),
     float,
 )
+SCAN_INDEX_MIN_BYTES = Setting(
+    "KVTRACE_SCAN_INDEX_MIN_BYTES",
+    1024 * 1024,
+    (
+        "Trace files of at least this many bytes get a per-file index of the breakdown's scan "
+        "(kvtrace.store.scan_index), built by `kvtrace.store.connect` (not read-only), `kvtrace compact` "
+        "and `kvtrace dashboard` at start; "
+        "-1: none is built (existing ones are still read)."
+    ),
+    int,
+)
 BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
 BATCH_SIZE = Setting(
     "KVTRACE_BATCH_SIZE",

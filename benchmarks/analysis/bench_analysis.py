@@ -14,12 +14,12 @@ engine / KV spans a real store holds (170 spans per session).  Printed: time of 
 own span names only) in the same run, p50 / p99 over ``--repeat`` interleaved rounds, of
 ``agent_llm_calls`` and ``kvtrace doctor``'s census, of the sessions page's top-1000 table and of
 one session's turns (drill-down: bounded by its traces' Timestamps, against the same views over
-the whole store and the pre-#27 SQL filtered to the session), and the design probe of
-:mod:`index_probe` (the breakdown over a pre-classified index); then
-the AppTest first render of the sessions page on the smaller store: in a cold process, and as ``kvtrace
-dashboard`` serves it (its launcher, ``kvtrace.dashboards.serve``, imports what the pages import and opens
-DuckDB, and Streamlit's runtime scans installed packages for components, before the server serves;
-caches cleared).
+the whole store and the pre-#27 SQL filtered to the session); the breakdown's per-file scan
+indexes are built first (timed), and the breakdown is also timed without them
+(``connect(scan_index=False)``); then the AppTest first render of the sessions page on the
+smaller store: in a cold process, and as ``kvtrace dashboard`` serves it (its launcher,
+``kvtrace.dashboards.serve``, imports what the pages import and opens DuckDB, and Streamlit's
+runtime scans installed packages for components, before the server serves; caches cleared).
 """
 
 from __future__ import annotations
@@ -196,9 +196,15 @@ def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
     from kvtrace.analysis import agents, sessions
     from kvtrace.analysis.filters import Filters
     from kvtrace.store import connect
+    from kvtrace.store.reader import build_indexes
 
-    con = connect(directory)
-    con.execute(f"SET threads = {threads}")
+    t0 = time.perf_counter()
+    built = build_indexes(directory, min_bytes=0)
+    took = time.perf_counter() - t0
+    size = sum(os.path.getsize(p) for p in built)
+    con, raw = connect(directory), connect(directory, scan_index=False)
+    for c in (con, raw):
+        c.execute(f"SET threads = {threads}")
     n = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
     run = lambda sql: lambda: con.sql(sql).fetchall()  # noqa: E731
     run_bound = lambda sql, sid: lambda: con.sql(sql, params={"sid": sid}).fetchall()  # noqa: E731
@@ -209,8 +215,10 @@ def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
             "full": run("SELECT count(*), sum(duration_ms), count(DISTINCT session_id) FROM spans"),
             "old_sess": run(SUM_SQL.format(f"({OLD_SESSION})")),
             "sess": run(SUM_SQL.format("session_breakdown")),
+            "sess_raw": lambda: raw.sql(SUM_SQL.format("session_breakdown")).fetchall(),
             "old_turns": run(SUM_SQL.format(f"({OLD_TURN})")),
             "turns": run(SUM_SQL.format("turn_breakdown")),
+            "turns_raw": lambda: raw.sql(SUM_SQL.format("turn_breakdown")).fetchall(),
             "top": lambda: sessions.breakdown(con, limit=1000),
             "drill": lambda: sessions.turns(con, Filters(session_id=one)),
             "drill_whole": lambda: whole_store_turns(con, one),
@@ -222,8 +230,14 @@ def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
     )
     row = con.sql(SUM_SQL.format("session_breakdown")).fetchall()[0]
     old = con.sql(SUM_SQL.format(f"({OLD_SESSION})")).fetchall()[0]
+    unindexed = raw.sql(SUM_SQL.format("session_breakdown")).fetchall()[0]
     assert row == old, f"the views disagree with the pre-#27 breakdown: {row} != {old}"
+    assert unindexed == old, f"the views without scan indexes disagree with the pre-#27 breakdown: {unindexed} != {old}"
     print(f"store: {n:,} spans, {row[0]:,} sessions, threads={threads}, {repeat} rounds (p50 / p99)")
+    print(
+        f"  scan indexes built                  {took:7.3f} s             ({len(built)} files, "
+        f"{size / 1e6:.1f} MB: once per trace file)"
+    )
 
     def line(label: str, key: str, note: str = "") -> None:
         print(f"  {label:<36}{_p(t[key], 50):7.3f} / {_p(t[key], 99):7.3f} s   {note}")
@@ -238,8 +252,18 @@ def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
         f"{sess / _p(t['old_sess'], 50):.2f}x before #27, target <= {TARGET_S:.1f} s (issue #14) "
         f"{'HOLDS' if sess <= TARGET_S else 'MISSED'}  ({sess / _p(t['full'], 50):.2f}x the session_id scan)",
     )
+    line(
+        "session_breakdown, no scan index",
+        "sess_raw",
+        f"{_p(t['sess_raw'], 50) / _p(t['old_sess'], 50):.2f}x before #27  (a store whose files have none)",
+    )
     line("turn_breakdown before #27", "old_turns", "(same run, baseline)")
     line("turn_breakdown (all turns)", "turns", f"{_p(t['turns'], 50) / _p(t['old_turns'], 50):.2f}x before #27")
+    line(
+        "turn_breakdown, no scan index",
+        "turns_raw",
+        f"{_p(t['turns_raw'], 50) / _p(t['old_turns'], 50):.2f}x before #27",
+    )
     line("sessions.breakdown top 1000", "top", "(sessions page table)")
     line("one session's turns before #27", "old_drill", "(same run, baseline: the pre-#27 SQL filtered)")
     line("one session's turns, whole store", "drill_whole", "(the views filtered, no Timestamp bounds)")
@@ -252,9 +276,6 @@ def bench_queries(directory: Path, threads: int, repeat: int = 5) -> None:
     line("agents.doctor (every section)", "doctor", "(kvtrace doctor --traces)")
     assert abs(row[1] - sum(row[2:6])) < row[0], "parts do not sum to wall time"
     assert row[6] <= row[5], "unattributed time exceeds app work"
-    from index_probe import bench_index
-
-    bench_index(con, SUM_SQL, OLD_SESSION, repeat, _samples, _p)
 
 
 def whole_store_turns(con, session_id: str):

@@ -47,6 +47,11 @@ def run(args) -> int:
     if url:
         _check_clickhouse(args, url)
         clickhouse = (url, source.clickhouse_table(args))
+    from kvtrace.store.reader import build_indexes
+
+    for path in (None if url else directory, args.compare):
+        if path:  # the pages' connections are read-only: they read the indexes, never write one
+            build_indexes(path)
     from kvtrace.dashboards.launch import launch
 
     return launch(directory, port=args.port, compare=args.compare, host=args.host, clickhouse=clickhouse)

@@ -23,6 +23,12 @@ FILTER = (
     f" AND (getvariable('{HI}') IS NULL OR Timestamp <= getvariable('{HI}'))"
 )
 """Appended to the raw relation's ``SELECT ... FROM read_parquet(...)``."""
+INDEX_FILTER = (
+    f" WHERE (getvariable('{LO}') IS NULL OR start_ns >= epoch_ns(getvariable('{LO}')::TIMESTAMPTZ_NS))"
+    f" AND (getvariable('{HI}') IS NULL OR start_ns <= epoch_ns(getvariable('{HI}')::TIMESTAMPTZ_NS))"
+)
+"""The same bounds on the rows of per-file scan indexes (:mod:`kvtrace.store.scan_index`), whose
+``start_ns`` is ``epoch_ns(Timestamp)``."""
 
 _NAMES = " OR ".join(f"{str_attr(a)} = $sid" for a in sc.SESSION_ATTRIBUTES)
 SESSION_BOUNDS_SQL = f"""

@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import duckdb
 import pyarrow as pa
 
-from kvtrace.store import bounds, runs
+from kvtrace.store import bounds, runs, scan_index
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
-from kvtrace.store.sql import literal
-from kvtrace.store.views import VIEWS
-from kvtrace.store.views.spans import RAW
+from kvtrace.store.sql import glob_escape, literal
+from kvtrace.store.views import BY_NAME, VIEWS
+from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, scan_sql
+from kvtrace.store.views.spans import RAW, SPANS
 
 if TYPE_CHECKING:  # a type only: clickhouse.store imports this package
     from kvtrace.store.clickhouse.store import ClickHouseStore
@@ -151,14 +152,19 @@ def trace_files(directory: str | os.PathLike) -> list[str]:
     return out
 
 
+def build_indexes(directory: str | os.PathLike, *, min_bytes: int | None = None) -> list[str]:
+    """Build the missing scan indexes of ``directory``'s trace files
+    (:func:`kvtrace.store.scan_index.build`); returns those built."""
+    try:
+        paths = trace_files(directory)
+    except FileNotFoundError:
+        return []
+    return scan_index.build(paths, min_bytes=min_bytes)
+
+
 def _size(path: str) -> int:
     seen = _checked.get(path)
     return seen[0] if seen is not None else 0
-
-
-def glob_escape(path: str) -> str:
-    """``path`` as a DuckDB glob that matches only itself."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
 
 
 def _empty_raw() -> pa.Table:
@@ -179,8 +185,12 @@ def check_one_run(directory: str | os.PathLike, files: list[str] | None = None) 
         raise StoreError(runs.several_runs_message(root, found))
 
 
-def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> None:
-    """(Re)define the raw relation over the directory's current files."""
+def _bind(
+    con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool, index: bool, build: bool = False
+) -> list[str]:
+    """(Re)define the raw relation over the directory's current files (``index``: the scan reads
+    their per-file indexes, :mod:`kvtrace.store.scan_index`; ``build``: build the missing ones
+    first); returns the files."""
     try:
         files = trace_files(directory)
     except FileNotFoundError:
@@ -190,6 +200,8 @@ def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> 
     check_one_run(directory, files)
     if not files and not allow_empty:
         raise StoreError(f"no trace files in {directory}")
+    if build:
+        scan_index.build(files)
     if files:
         # largest first: DuckDB scans a file's row group on one thread, and a large one started
         # last would leave the other threads idle while it finishes
@@ -200,8 +212,59 @@ def _bind(con: duckdb.DuckDBPyConnection, directory: str, allow_empty: bool) -> 
         con.from_arrow(_empty_raw()).create_view(RAW, replace=True)
     con.execute(
         f"CREATE OR REPLACE TABLE {SOURCE} AS SELECT {literal(directory)} AS directory, "
-        f"{'true' if allow_empty else 'false'} AS allow_empty"
+        f"{'true' if allow_empty else 'false'} AS allow_empty, {'true' if index else 'false'} AS scan_index"
     )
+    return files
+
+
+_RAW_REST = "kvtrace_raw_unindexed"
+# The joins' gate (kvtrace.store.views.agents.JOINS_CTE), read off the indexes' footers: whether any
+# row is another convention's span or one of kvtrace's calls without a TTFT (a row group's missing
+# statistics count as yes).  Where none is, the joins change no row, so a store indexed whole is read
+# without its ids (``_WITHOUT_IDS``): the gate then shuts on constants, and the widest column of the
+# scan, ``trace_id``, is never read.
+_NEEDS_JOINS_SQL = (
+    "SELECT COALESCE(bool_or(stats_max IS NULL OR stats_max <> 'false'), false) "
+    "FROM parquet_metadata($indexes) WHERE path_in_schema IN ('fgn', 'nt')"
+)
+_IDS = ("trace_id", "span_id", "request_id")
+_WITHOUT_IDS = ", ".join(
+    f"NULL::VARCHAR AS {c}" if c in _IDS else c for c in (c.strip() for c in SCAN_COLUMNS.split(","))
+)
+_SPANS_FROM = f"FROM {RAW} AS r"
+
+
+def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
+    """(Re)define ``kvtrace_scan`` (the breakdown's scan) over ``files``: the rows of their current
+    scan indexes and the scan of the others, with the same ``Timestamp`` bounds (:mod:`.bounds`);
+    with no index (or the connection opened with ``scan_index=False``), the scan view as registered."""
+    ((use,),) = con.execute(f"SELECT scan_index FROM {SOURCE}").fetchall()
+    indexed: list[str] = []
+    rest: list[str] = []
+    for path in files:
+        found = scan_index.current(path) if use else None
+        if found is None:
+            rest.append(path)
+        else:
+            indexed.append(found)
+    if not indexed:
+        con.execute(BY_NAME[SCAN].create())
+        return
+    indexed.sort(key=lambda f: (-os.path.getsize(f), f))  # largest first (see _bind)
+    params = {"indexes": [glob_escape(f) for f in indexed]}
+    columns = SCAN_COLUMNS
+    if not rest and not con.execute(_NEEDS_JOINS_SQL, params).fetchall()[0][0]:
+        columns = _WITHOUT_IDS
+    sql = f"SELECT {columns} FROM read_parquet($indexes, hive_partitioning = false){bounds.INDEX_FILTER}"
+    if rest:
+        con.sql(READ_FILES + bounds.FILTER, params={"files": [glob_escape(f) for f in rest]}).create_view(
+            _RAW_REST, replace=True
+        )
+        if SPANS.select.count(_SPANS_FROM) != 1:
+            raise AssertionError(f"the spans view no longer reads {_SPANS_FROM!r}")
+        spans_rest = SPANS.select.replace(_SPANS_FROM, f"FROM {_RAW_REST} AS r")
+        sql += f"\nUNION ALL\nSELECT {SCAN_COLUMNS} FROM ({scan_sql(f'({spans_rest}) AS spans')}) AS rest"
+    con.sql(sql, params=params).create_view(SCAN, replace=True)
 
 
 def connect(
@@ -210,18 +273,22 @@ def connect(
     allow_empty: bool = False,
     con: duckdb.DuckDBPyConnection | None = None,
     read_only: bool = False,
+    scan_index: bool = True,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection (or ``con``) over one run's trace files with every view of
     :data:`kvtrace.store.views.VIEWS` defined.  Time zone UTC.  ``read_only``: :func:`lock_down`.
 
     Raises :class:`StoreError` for a directory holding several runs, and for a missing or empty
-    one unless ``allow_empty`` (then every view exists with its columns and zero rows)."""
+    one unless ``allow_empty`` (then every view exists with its columns and zero rows).
+    ``scan_index``: the breakdown reads the files' scan indexes (:mod:`kvtrace.store.scan_index`),
+    built first for files that lack one unless ``read_only``; False: neither built nor read."""
     con = con or duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
 
     def bind() -> duckdb.DuckDBPyConnection:
-        _bind(con, os.fspath(directory), allow_empty)
+        files = _bind(con, os.fspath(directory), allow_empty, scan_index, build=scan_index and not read_only)
         _create_views(con)  # binds the files (DuckDB reads their footers)
+        _bind_scan(con, files)
         if read_only:
             lock_down(con, directory)
         return con
@@ -284,9 +351,10 @@ def refresh(
 ) -> None:
     """Re-list the directory (by default the one ``con`` was opened on) so the views see the
     files written, rolled and removed since."""
-    ((src_dir, src_empty),) = con.execute(f"SELECT directory, allow_empty FROM {SOURCE}").fetchall()
+    ((src_dir, src_empty, index),) = con.execute(f"SELECT directory, allow_empty, scan_index FROM {SOURCE}").fetchall()
     directory = os.fspath(directory) if directory is not None else src_dir
-    _retrying(lambda: _bind(con, directory, src_empty if allow_empty is None else allow_empty))
+    empty = src_empty if allow_empty is None else allow_empty
+    _retrying(lambda: _bind_scan(con, _bind(con, directory, empty, index)))
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> pa.Table | None:

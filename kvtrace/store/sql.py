@@ -20,6 +20,12 @@ from kvtrace import semconv as sc
 DUCKDB, CLICKHOUSE = "duckdb", "clickhouse"
 
 
+def glob_escape(path: str) -> str:
+    """``path`` as a DuckDB glob that matches only itself (DuckDB expands ``*``, ``?`` and ``[``
+    even inside a list of files)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
 def literal(value: str, dialect: str = DUCKDB) -> str:
     """``value`` as a single-quoted SQL string literal."""
     text = str(value)

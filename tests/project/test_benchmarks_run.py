@@ -3,7 +3,7 @@
 No figure is checked here (speed belongs to the benchmarks, on a quiet machine); what is checked is
 that each script starts, drives what it measures and prints every line its targets are read from.
 ``bench_analysis.py`` also checks behaviour: it fails unless the breakdown views' sums equal the
-pre-#27 SQL's and the index probe's, over its synthetic store.
+pre-#27 SQL's, with scan indexes and without, over its synthetic store.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _lines_starting(out: str, prefix: str) -> list[str]:
     return [line for line in out.splitlines() if line.strip().startswith(prefix)]
 
 
-def test_bench_analysis_agrees_with_the_pre_27_sql_and_prints_the_index_probe(tmp_path):
+def test_bench_analysis_agrees_with_the_pre_27_sql_with_and_without_scan_indexes(tmp_path):
     scale = ("--spans", "40000", "--dashboard-spans", "0", "--repeat", "1", "--dir", str(tmp_path))
     got = _run("analysis/bench_analysis.py", *scale)
     assert got.returncode == 0, got.stderr[-3000:]
@@ -48,8 +48,9 @@ def test_bench_analysis_agrees_with_the_pre_27_sql_and_prints_the_index_probe(tm
         "sessions.turns of one session",
         "agent_llm_calls (all calls)",
         "agents.doctor (every section)",
-        "index probe (#27)",
-        "session_breakdown, b0 from the index",
+        "scan indexes built",
+        "session_breakdown, no scan index",
+        "turn_breakdown, no scan index",
     ):
         assert len(_lines_starting(got.stdout, label)) == 1, (label, got.stdout)
 

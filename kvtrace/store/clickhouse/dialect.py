@@ -131,6 +131,9 @@ def _rewrite(node: exp.Expression) -> exp.Expression:  # noqa: C901 - one dispat
         # DuckDB's range(a, b) (end excluded) is ClickHouse's range(a, b), on non-NULL integers
         ends = (_fn("assumeNotNull", node.args[k]) for k in ("start", "end"))
         return _fn("range", *ends)
+    if isinstance(node, exp.CTE) and node.args.get("materialized") is False:
+        node.set("materialized", None)  # DuckDB's NOT MATERIALIZED: ClickHouse inlines a CTE anyway
+        return node
     if isinstance(node, exp.Anonymous):
         return _anonymous(node)
     return node

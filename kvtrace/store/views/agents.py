@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from kvtrace import semconv as sc
 from kvtrace.store.sql import float_attr, int_attr, literal, literals, str_attr
-from kvtrace.store.views.registry import BIGINT, DOUBLE, VARCHAR, View, col, common
+from kvtrace.store.views.registry import BIGINT, BOOLEAN, DOUBLE, VARCHAR, View, col, common
 
 KVTRACE = literal(sc.CONV_KVTRACE)
 LLM, TOOL, AGENT, APP, PAUSE, TURN, SESSION = (
@@ -118,7 +118,7 @@ SELECT * FROM (
 # materialised here and in ``base`` hold no heap strings.
 _OWN = f"starts_with(SpanName, {literal(sc.KVTRACE_SPAN_PREFIX)})"
 _LLM_NAME = literal(sc.SPAN_AGENT_LLM_CALL)
-SCAN_SQL = f"""
+_SCAN_TEMPLATE = f"""
 SELECT role, convention, fgn, nt, session_id, turn, start_ns, end_ns,
        CASE WHEN role IN ({K_REQUEST}, {K_RETENTION}) OR fgn OR nt THEN trace_id END AS trace_id,
        CASE WHEN fgn OR nt THEN span_id END AS span_id, CASE WHEN role = {K_REQUEST} OR nt THEN rid END AS request_id,
@@ -138,10 +138,25 @@ FROM (
                     WHEN name = {REQUEST} THEN {float_attr(sc.REQUEST_TTFT_MS)} END AS ttft_ms,
                CASE name WHEN {RETENTION} THEN {int_attr(sc.KV_RETENTION_BYTES)} * ((end_ns - start_ns) / 1e9) END
                    AS kv_byte_s
-        FROM spans WHERE SpanName IN ({literals(OWN_NAMES)}) OR NOT {_OWN}
+        FROM {{spans}} WHERE SpanName IN ({literals(OWN_NAMES)}) OR NOT {_OWN}
     ) AS s WHERE convention IS NOT NULL
 ) AS n
 """
+SCAN_COLUMNS = (
+    "role, convention, fgn, nt, session_id, turn, start_ns, end_ns, trace_id, span_id, request_id, ttft_ms, kv_byte_s"
+)
+
+
+def scan_sql(spans: str = "spans") -> str:
+    """The scan over ``spans`` (a relation with the ``spans`` view's columns): :data:`SCAN_SQL`, or
+    the same over part of a store's files (:mod:`kvtrace.store.scan_index` writes it per file)."""
+    return _SCAN_TEMPLATE.replace("{spans}", spans)
+
+
+SCAN = "kvtrace_scan"
+"""The view of the scan the breakdown reads: :data:`SCAN_SQL`, or where the store has per-file
+indexes (:mod:`kvtrace.store.scan_index`) their rows and the scan of the other files."""
+SCAN_SQL = scan_sql()
 
 # The time join's bucket: an LLM call and a request overlap iff both cover the instant the later of
 # them starts, so each is listed once per bucket of this many ns it covers and a pair is kept in the
@@ -162,7 +177,7 @@ BUCKET_NS = 1_000_000_000
 # the scan, so the scan itself streams), ``bt`` is empty, so are the trace windows, the time join and
 # every lookup, and the proxy's spans pass through ``base`` unchanged.
 JOINS_CTE = f"""
-b0 AS MATERIALIZED ({SCAN_SQL}),
+b0 AS MATERIALIZED (SELECT * FROM {SCAN}),
 bt AS (
     SELECT *, COALESCE(min(CASE WHEN fgn THEN session_id END) OVER t,
                        min(CASE WHEN role = {K_REQUEST} THEN session_id END) OVER t) AS tsid,
@@ -214,7 +229,7 @@ tj AS (
     UNION ALL
     SELECT trace_id, session_id FROM lk_trace
 ),
-base AS (
+base AS NOT MATERIALIZED (
     SELECT role, session_id, turn, start_ns, end_ns, ttft_ms, kv_byte_s FROM b0 WHERE trace_id IS NULL
     UNION ALL
     SELECT b.role, COALESCE(t.session_id, b.session_id) AS session_id,
@@ -311,6 +326,22 @@ LEFT JOIN m ON m.call_span_id = c.span_id AND m.call_trace_id = c.trace_id
 
 _HELPER = "Helper view of `session_breakdown` / `turn_breakdown` (internal; may change)."
 HELPERS: tuple[View, ...] = (
+    View(
+        SCAN,
+        _HELPER + " The breakdown's scan: kvtrace's agent, request and retention spans and other conventions' "
+        "agent-side spans, one row each with its role (read from per-file indexes where the store has them).",
+        (
+            col("role", VARCHAR, "the span's role; the proxy's spans: `request` / `retention` (NULL: not placed)"),
+            col("convention", VARCHAR, "the convention that classified it", sc.CONVENTIONS),
+            col("fgn", BOOLEAN, "another convention's span"),
+            col("nt", BOOLEAN, "kvtrace's own LLM call without a TTFT"),
+            *common("session_id", "turn", "start_ns", "end_ns", "trace_id", "span_id", "request_id"),
+            col("ttft_ms", DOUBLE, "TTFT, ms"),
+            col("kv_byte_s", DOUBLE, "retention spans: bytes x held seconds"),
+        ),
+        SCAN_SQL,
+        helper=True,
+    ),
     View(
         "kvtrace_foreign_spans",
         _HELPER + " Agent-side spans of other conventions (names not kvtrace's), classified by attribute.",

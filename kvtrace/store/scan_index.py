@@ -1,0 +1,161 @@
+"""Per-file indexes of the breakdown's scan: each immutable trace file classified once, not per query.
+
+The breakdown and the agent joins read one scan of the store (``kvtrace_scan``:
+:data:`~kvtrace.store.views.agents.SCAN_SQL`), which classifies every span by convention and reads
+its names, attribute maps and ids on every query.  A published trace file never changes
+(:mod:`kvtrace.store.writer`), so that scan's rows for one file can be written once beside it and
+read instead: an *index*, a small Parquet file of the scan's 13 narrow columns for the spans that
+have a role (the rest of a store's spans are not in it).
+
+- **Where**: ``<file's directory>/.kvtrace-scan/<file name>.<key>.kvscan``: a dot-directory
+  (:func:`kvtrace.store.files.list_files` and the sweeps skip it) and not ``*.parquet`` (a plain
+  glob such as ``read_parquet('DIR/**/*.parquet')`` does not read it).
+- **Key**: a hash of the file's size and mtime (ns) and of the scan's SQL, so a file replaced in
+  place, or a kvtrace whose scan differs, finds no index and is read itself; such stale indexes,
+  and those of files gone, are deleted by the next :func:`build` (:func:`sweep`).
+- **Who builds**: :func:`build`, which :func:`kvtrace.store.connect` runs unless read-only,
+  ``kvtrace compact`` and ``kvtrace dashboard`` run before serving; files smaller than
+  ``KVTRACE_SCAN_INDEX_MIN_BYTES`` are left out (their scan costs little).  Read-only connections
+  (the dashboard's, ``kvtrace query --read-only``) read the indexes they find and write none.
+- **Failures** (a full disk, a directory without write permission) are logged once per file and
+  change no result: that file is scanned as before.  An index is written under a unique dot-name
+  and renamed into place, and only if the file still has the size and mtime it was read with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable
+
+import duckdb
+
+from kvtrace import settings
+from kvtrace.store.schema import SCHEMA
+from kvtrace.store.sql import glob_escape, literal
+from kvtrace.store.views.agents import SCAN_SQL
+from kvtrace.store.views.spans import RAW, SPANS
+
+log = logging.getLogger(__name__)
+
+INDEX_DIR = ".kvtrace-scan"
+SUFFIX = ".kvscan"
+TMP_MAX_AGE_S = 3600.0  # an unfinished index older than this was abandoned by a killed builder
+VERSION = hashlib.sha256((SCAN_SQL + SPANS.select + str(SCHEMA)).encode()).hexdigest()[:16]
+"""What an index's rows depend on besides the file: the scan, the ``spans`` view it reads, the schema."""
+_failed: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose build failed: logged once
+
+
+def index_path(path: str, st: os.stat_result | None = None) -> str:
+    """Where the current index of trace file ``path`` is (whether it exists or not)."""
+    st = st or os.stat(path)
+    key = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:{VERSION}".encode()).hexdigest()[:16]
+    directory, name = os.path.split(path)
+    return os.path.join(directory, INDEX_DIR, f"{name}.{key}{SUFFIX}")
+
+
+def current(path: str) -> str | None:
+    """The current index of ``path``, or None (none built, or only a stale one)."""
+    try:
+        found = index_path(path)
+    except FileNotFoundError:
+        return None
+    return found if os.path.isfile(found) else None
+
+
+def build_one(path: str, *, threads: int | None = None) -> str | None:
+    """Write the index of trace file ``path``; its path, or None when the file changed meanwhile.
+    Raises what writing raises (the caller decides whether that matters: :func:`build` logs it)."""
+    st = os.stat(path)
+    target = index_path(path, st)
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    con = duckdb.connect(config={"threads": threads} if threads else {})
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.sql(
+            "SELECT * FROM read_parquet($files, union_by_name = true)", params={"files": [glob_escape(path)]}
+        ).create_view(RAW)
+        con.execute(SPANS.create())
+        con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+        after = os.stat(path)
+        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+            os.unlink(tmp)
+            return None
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        con.close()
+    return target
+
+
+def build(paths: Iterable[str], *, min_bytes: int | None = None, threads: int | None = None) -> list[str]:
+    """Build the missing indexes of trace files ``paths`` (complete kvtrace Parquet files, as
+    :func:`kvtrace.store.reader.trace_files` lists them) of at least ``min_bytes``
+    (``KVTRACE_SCAN_INDEX_MIN_BYTES``; negative: none), then :func:`sweep` their directories.
+    Returns the indexes built; a file whose index cannot be written is logged (once) and skipped."""
+    limit = settings.SCAN_INDEX_MIN_BYTES.get(min_bytes)
+    built: list[str] = []
+    directories = set()
+    for path in paths:
+        directories.add(os.path.dirname(path))
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if limit < 0 or st.st_size < limit or os.path.isfile(index_path(path, st)):
+            continue
+        try:
+            out = build_one(path, threads=threads)
+        except (OSError, duckdb.Error) as exc:
+            if (path, st.st_size, st.st_mtime_ns) not in _failed:
+                _failed.add((path, st.st_size, st.st_mtime_ns))
+                log.warning("kvtrace: no scan index for %s (it is read whole instead): %s", path, exc)
+            continue
+        if out is not None:
+            built.append(out)
+    for directory in sorted(directories):
+        sweep(directory)
+    return built
+
+
+def sweep(directory: str, *, now: float | None = None) -> int:
+    """Delete the indexes in ``directory``'s index directory that are not current (their file gone
+    or changed, or written by another version of the scan) and abandoned unfinished ones; returns
+    how many.  Never raises: a sweep that cannot delete leaves the files for the next one."""
+    index_dir = os.path.join(directory, INDEX_DIR)
+    try:
+        names = os.listdir(index_dir)
+    except OSError:
+        return 0
+    now = time.time() if now is None else now
+    deleted = 0
+    for name in names:
+        full = os.path.join(index_dir, name)
+        try:
+            if name.startswith("."):
+                doomed = name.endswith(".tmp") and now - os.stat(full).st_mtime > TMP_MAX_AGE_S
+            elif name.endswith(SUFFIX):
+                source = os.path.join(directory, name[: -len(SUFFIX)].rsplit(".", 1)[0])
+                doomed = not os.path.isfile(source) or index_path(source) != full
+            else:
+                doomed = False
+            if doomed:
+                os.unlink(full)
+                deleted += 1
+        except OSError:
+            continue
+    try:
+        os.rmdir(index_dir)  # only when empty
+    except OSError:
+        pass
+    return deleted
