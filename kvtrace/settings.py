@@ -67,6 +67,13 @@ SCAN_INDEX_MIN_BYTES = Setting(
     ),
     int,
 )
+SCAN_INDEX_SECONDS = Setting(
+    "KVTRACE_SCAN_INDEX_SECONDS",
+    60.0,
+    "While `kvtrace dashboard` serves, it builds the scan indexes of trace files written since every this many "
+    "seconds (the pages read them after a Refresh); 0: only at start.",
+    float,
+)
 BATCH_DELAY_MS = Setting("KVTRACE_BATCH_DELAY_MS", 1000, "BatchSpanProcessor schedule delay, ms.", int)
 BATCH_SIZE = Setting(
     "KVTRACE_BATCH_SIZE",

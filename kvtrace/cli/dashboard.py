@@ -24,8 +24,10 @@ def run(args) -> int:
     hold one run (kvtrace demo's DIR/bidir, not DIR).  With --clickhouse URL [--table NAME] the
     pages read an OTel Collector otel_traces table instead; they open on its last day and push
     the time range and session filters down to the table (docs/clickhouse.md).  Serves on
-    http://127.0.0.1:PORT (headless; open it in a browser).  Needs the dashboard extra:
-    pip install 'kvtrace[dashboard]'.
+    http://127.0.0.1:PORT (headless; open it in a browser).  Before it serves, and every
+    KVTRACE_SCAN_INDEX_SECONDS (60) while it serves, it builds the scan index of each trace file
+    that lacks one (docs/query.md); the pages read them after a Refresh.  Needs the dashboard
+    extra: pip install 'kvtrace[dashboard]'.
     """
     from kvtrace.errors import CLIError
     from kvtrace.store.reader import StoreError, check_one_run
@@ -47,14 +49,20 @@ def run(args) -> int:
     if url:
         _check_clickhouse(args, url)
         clickhouse = (url, source.clickhouse_table(args))
-    from kvtrace.store.reader import build_indexes
+    from kvtrace.store.reader import build_indexes, index_keeper
 
-    for path in (None if url else directory, args.compare):
-        if path:  # the pages' connections are read-only: they read the indexes, never write one
-            build_indexes(path)
+    # the pages' connections are read-only: they read the indexes, never write one
+    indexed = [path for path in (None if url else directory, args.compare) if path]
+    for path in indexed:
+        build_indexes(path)
+    keeper = index_keeper(indexed)  # files rolled while it serves
+    keeper.start()
     from kvtrace.dashboards.launch import launch
 
-    return launch(directory, port=args.port, compare=args.compare, host=args.host, clickhouse=clickhouse)
+    try:
+        return launch(directory, port=args.port, compare=args.compare, host=args.host, clickhouse=clickhouse)
+    finally:
+        keeper.stop()
 
 
 def _check_clickhouse(args, url: str) -> None:

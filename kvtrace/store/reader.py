@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar, cast
 
 import duckdb
@@ -155,11 +155,19 @@ def trace_files(directory: str | os.PathLike) -> list[str]:
 def build_indexes(directory: str | os.PathLike, *, min_bytes: int | None = None) -> list[str]:
     """Build the missing scan indexes of ``directory``'s trace files
     (:func:`kvtrace.store.scan_index.build`); returns those built."""
+    return scan_index.build(_listed(directory), min_bytes=min_bytes)
+
+
+def _listed(directory: str | os.PathLike) -> list[str]:
     try:
-        paths = trace_files(directory)
+        return trace_files(directory)
     except FileNotFoundError:
         return []
-    return scan_index.build(paths, min_bytes=min_bytes)
+
+
+def index_keeper(directories: Iterable[str], interval: float | None = None) -> scan_index.Keeper:
+    """A :class:`kvtrace.store.scan_index.Keeper` (not started) of trace ``directories``."""
+    return scan_index.Keeper(directories, _listed, interval)
 
 
 def _size(path: str) -> int:

@@ -14,7 +14,8 @@ have a role (the rest of a store's spans are not in it).
   place, or a kvtrace whose scan differs, finds no index and is read itself; such stale indexes,
   and those of files gone, are deleted by the next :func:`build` (:func:`sweep`).
 - **Who builds**: :func:`build`, which :func:`kvtrace.store.connect` runs unless read-only,
-  ``kvtrace compact`` and ``kvtrace dashboard`` run before serving; files smaller than
+  ``kvtrace compact`` and ``kvtrace dashboard`` run before serving (and, while it serves, a
+  :class:`Keeper` every ``KVTRACE_SCAN_INDEX_SECONDS``, for files rolled since); files smaller than
   ``KVTRACE_SCAN_INDEX_MIN_BYTES`` are left out (their scan costs little).  Read-only connections
   (the dashboard's, ``kvtrace query --read-only``) read the indexes they find and write none.
 - **Failures** (a full disk, a directory without write permission) are logged once per file and
@@ -27,9 +28,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import duckdb
 
@@ -159,3 +161,52 @@ def sweep(directory: str, *, now: float | None = None) -> int:
     except OSError:
         pass
     return deleted
+
+
+class Keeper(threading.Thread):
+    """A daemon thread that builds the missing indexes of ``directories`` every ``interval`` s
+    (``KVTRACE_SCAN_INDEX_SECONDS``; 0: it does nothing), listing each with ``list_files`` (a
+    directory's complete trace files): ``kvtrace dashboard`` runs one while it serves, so files
+    rolled by a live writer get an index without the pages' read-only connections writing one.
+    Never raises: a pass that fails is logged once per episode and tried again next time."""
+
+    def __init__(
+        self, directories: Iterable[str], list_files: Callable[[str], list[str]], interval: float | None = None
+    ) -> None:
+        super().__init__(name="kvtrace-scan-index", daemon=True)
+        self.directories = list(directories)
+        self.list_files = list_files
+        self.interval = float(settings.SCAN_INDEX_SECONDS.get(interval))
+        self.passes = 0
+        self._stop_event = threading.Event()
+        self._passed = threading.Condition()
+        self._failing = False
+
+    def run(self) -> None:
+        if self.interval <= 0:
+            return
+        while not self._stop_event.wait(self.interval):
+            self.run_once()
+
+    def run_once(self) -> None:
+        """One pass over every directory."""
+        try:
+            for directory in self.directories:
+                build(self.list_files(directory))
+            self._failing = False
+        except Exception as exc:  # a store mid-rewrite, a directory gone: the next pass tries again
+            if not self._failing:
+                log.warning("kvtrace: building scan indexes failed (retried every %s s): %s", self.interval, exc)
+            self._failing = True
+        with self._passed:
+            self.passes += 1
+            self._passed.notify_all()
+
+    def wait_passes(self, n: int, timeout: float) -> bool:
+        """Block until at least ``n`` passes have run (or ``timeout`` s); whether they have."""
+        with self._passed:
+            return self._passed.wait_for(lambda: self.passes >= n, timeout)
+
+    def stop(self) -> None:
+        """End the thread after the pass it is in, if any."""
+        self._stop_event.set()

@@ -2,11 +2,13 @@
 each runs as a real subprocess in its own session; SIGTERM goes to the
 command's process only (what ``kill PID`` or a service manager does), SIGINT to its whole process
 group (what a terminal's Ctrl-C does).  Every descendant seen while it ran must be gone within a
-deadline; the demo also says it was interrupted, with its exit status and without tracebacks."""
+deadline; the demo also says it was interrupted, with its exit status and without tracebacks.
+While it serves, the dashboard builds the scan indexes of the trace files written since it started."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +17,8 @@ import sys
 import pytest
 
 from kvtrace.dashboards.launch import SERVE
+from kvtrace.store import scan_index
+from kvtrace.store.reader import trace_files
 from kvtrace.testing.synth import sample_store
 from kvtrace.testing.wait import free_port, wait_for
 
@@ -22,8 +26,8 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.timeout(240)
 
 
-def _start(tmp_path, *argv: str) -> subprocess.Popen:
-    env = {**os.environ, "KVTRACE_BATCH_DELAY_MS": "100", "PYTHONUNBUFFERED": "1"}
+def _start(tmp_path, *argv: str, **env_vars: str) -> subprocess.Popen:
+    env = {**os.environ, "KVTRACE_BATCH_DELAY_MS": "100", "PYTHONUNBUFFERED": "1", **env_vars}
     env.pop("KVTRACE_TRACES_DIR", None)
     return subprocess.Popen(
         [sys.executable, "-m", "kvtrace.cli", *argv],
@@ -81,6 +85,26 @@ def test_dashboard_stops_with_its_streamlit_server(tmp_path, how):
     assert rc == 0, (out, err)
     assert "kvtrace dashboard: stopped" in err and "Traceback" not in err, err
     assert not _listening(port)
+
+
+def test_dashboard_indexes_the_files_written_while_it_serves(tmp_path):
+    sample_store(tmp_path / "run")
+    [first] = trace_files(tmp_path / "run")
+    port = free_port()
+    env = {"KVTRACE_SCAN_INDEX_MIN_BYTES": "0", "KVTRACE_SCAN_INDEX_SECONDS": "0.2"}
+    proc = _start(tmp_path, "dashboard", "--traces", str(tmp_path / "run"), "--port", str(port), **env)
+    try:
+        children = wait_for(lambda: _descendants(proc) if _healthy(port) else None, 90, "the Streamlit server")
+        assert os.path.isfile(scan_index.index_path(first))  # built before it served
+        second = first.replace("-b00000001.", "-b00000002.")
+        shutil.copyfile(first, second + ".tmp")  # published whole, as the writers do
+        os.replace(second + ".tmp", second)
+        wait_for(lambda: os.path.isfile(scan_index.index_path(second)), 60, "the index of the file written since")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    rc, out, err = _stop(proc, "SIGTERM", children)
+    assert rc == 0 and "Traceback" not in err, (out, err)
 
 
 def _healthy(port: int) -> bool:

@@ -1,7 +1,8 @@
 """Per-file scan indexes (kvtrace.store.scan_index): every view reads the same through them as
 without them, on stores of kvtrace's own spans and of other conventions, whole or bounded; a
 stale index is never read; read-only connections build none; a failed build falls back to the
-file itself; indexes whose file is gone are swept."""
+file itself; indexes whose file is gone are swept; a keeper (what ``kvtrace dashboard`` runs
+while it serves) indexes the files written since."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from kvtrace.analysis import sessions
 from kvtrace.analysis.filters import Filters
 from kvtrace.cli import main as kvtrace_main
 from kvtrace.store import connect, files, scan_index
-from kvtrace.store.reader import build_indexes, trace_files
+from kvtrace.store.reader import build_indexes, index_keeper, refresh, trace_files
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.agents import SCAN
 from kvtrace.testing.stores import sample_store
@@ -62,6 +63,23 @@ def _tamper(index: str, session_id: str) -> None:
     pq.write_table(t.set_column(col, "session_id", pa.array([session_id] * t.num_rows, pa.string())), index)
 
 
+def _split_store(tmp_path, parts: int):
+    """A store directory and ``parts`` tables: one foreign-convention file split, traces across them."""
+    _foreign(tmp_path / "one")
+    [path] = trace_files(tmp_path / "one")
+    t = pq.read_table(path)
+    size = -(-t.num_rows // parts)
+    return tmp_path / "store", [t.slice(i * size, size) for i in range(parts)]
+
+
+def _write(root, i: int, table) -> str:
+    part = root / "date=2026-01-01" / "hour=00"
+    os.makedirs(part, exist_ok=True)
+    path = str(part / f"synth-b0000000{i + 1}.parquet")
+    pq.write_table(table, path)
+    return path
+
+
 @pytest.fixture(params=sorted(STORES))
 def store(request, tmp_path):
     STORES[request.param](tmp_path)
@@ -102,15 +120,9 @@ def test_the_indexes_are_what_the_breakdown_reads(store):
 
 
 def test_a_store_partly_indexed_reads_the_rest_raw(tmp_path):
-    _foreign(tmp_path / "one")
-    [path] = trace_files(tmp_path / "one")
-    t = pq.read_table(path)
-    root = tmp_path / "store"
-    part = root / "date=2026-01-01" / "hour=00"
-    os.makedirs(part)
-    third = -(-t.num_rows // 3)  # three files, traces split across them
-    for i in range(3):
-        pq.write_table(t.slice(i * third, third), part / f"synth-b0000000{i + 1}.parquet")
+    root, tables = _split_store(tmp_path, 3)
+    for i, table in enumerate(tables):
+        _write(root, i, table)
     want = _every_view(connect(root, scan_index=False))
     [first, *_] = trace_files(root)
     assert scan_index.build([first], min_bytes=0) == [scan_index.index_path(first)]
@@ -213,3 +225,62 @@ def test_kvtrace_compact_builds_the_indexes(tmp_path, capsys, monkeypatch):
     )
     [path] = trace_files(tmp_path)
     assert _indexes(tmp_path) == [scan_index.index_path(path)]
+
+
+def test_a_keeper_indexes_the_files_written_while_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTRACE_SCAN_INDEX_MIN_BYTES", "0")
+    root, (first, second) = _split_store(tmp_path, 2)
+    one = _write(root, 0, first)
+    con = connect(root, read_only=True)  # the dashboard's: builds nothing
+    keeper = index_keeper([str(root)], interval=0.01)
+    keeper.start()
+    try:
+        assert keeper.wait_passes(1, timeout=60)
+        assert _indexes(root) == [scan_index.index_path(one)]
+        two = _write(root, 1, second)
+        # a pass that began before the write may have listed the directory without it
+        assert keeper.wait_passes(keeper.passes + 2, timeout=60)
+        assert _indexes(root) == sorted([scan_index.index_path(one), scan_index.index_path(two)])
+    finally:
+        keeper.stop()
+        keeper.join(60)
+    assert not keeper.is_alive()
+    for index in _indexes(root):
+        _tamper(index, "from-the-index")
+    refresh(con)  # the dashboard's Refresh
+    assert {r["session_id"] for r in sessions.breakdown(con, limit=100).to_pylist()} == {"from-the-index"}
+
+
+def test_a_keeper_pass_that_fails_is_logged_once_and_retried(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KVTRACE_SCAN_INDEX_MIN_BYTES", "0")
+    _own(tmp_path)
+    [path] = trace_files(tmp_path)
+    calls = []
+
+    def listing(directory: str) -> list[str]:
+        calls.append(directory)
+        if len(calls) < 3:
+            raise OSError(f"{directory}: the store is being rewritten")
+        return trace_files(directory)
+
+    keeper = scan_index.Keeper([str(tmp_path)], listing, interval=60)
+    with caplog.at_level(logging.WARNING, logger="kvtrace.store.scan_index"):
+        for _ in range(3):
+            keeper.run_once()
+    [record] = caplog.records
+    assert record.getMessage() == (
+        f"kvtrace: building scan indexes failed (retried every 60.0 s): {tmp_path}: the store is being rewritten"
+    )
+    assert keeper.passes == 3 and calls == [str(tmp_path)] * 3
+    assert _indexes(tmp_path) == [scan_index.index_path(path)]
+
+
+def test_a_keeper_with_no_interval_builds_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTRACE_SCAN_INDEX_MIN_BYTES", "0")
+    monkeypatch.setenv("KVTRACE_SCAN_INDEX_SECONDS", "0")
+    _own(tmp_path)
+    keeper = index_keeper([str(tmp_path)])
+    assert keeper.interval == 0.0
+    keeper.start()
+    keeper.join(60)
+    assert not keeper.is_alive() and keeper.passes == 0 and _indexes(tmp_path) == []

@@ -65,15 +65,16 @@ directory or by `kvtrace compact --traces DIR`; no file is deleted unless each o
 complete file.
 
 **Scan indexes.** `session_breakdown`, `turn_breakdown`, `trace_sessions` and `agent_llm_calls` read one
-scan (`kvtrace_scan`) that classifies every span by convention. A trace file never changes once written,
-so that scan is kept per file: `connect(DIR)` (not read-only), `kvtrace compact` and `kvtrace dashboard` (before
-it serves) write it for each file of `${settings.SCAN_INDEX_MIN_BYTES.env}` bytes or more (default
-{settings.SCAN_INDEX_MIN_BYTES.default:,}) as `.kvtrace-scan/<file>.<key>.kvscan` beside the file: a dot-directory
-and no `.parquet` name, so no listing or plain glob above reads it. The key is the file's size and mtime
-and the scan's version: an index that does not match is never read, and the next build deletes it and those
-of files gone. Read-only connections read the indexes they find and write none; a build that fails (a full
-disk, no write permission) is logged and the file is scanned as before. `connect(DIR, scan_index=False)`
-neither builds nor reads them (the results are the same; docs/benchmarks.md has the costs).
+scan (`kvtrace_scan`) that classifies every span by convention. A trace file never changes once written, so
+that scan is kept per file: `connect(DIR)` (not read-only), `kvtrace compact` and `kvtrace dashboard`
+(before it serves, then every `${settings.SCAN_INDEX_SECONDS.env}` s) write it for each file of
+`${settings.SCAN_INDEX_MIN_BYTES.env}` bytes or more (default {settings.SCAN_INDEX_MIN_BYTES.default:,}) as
+`.kvtrace-scan/<file>.<key>.kvscan` beside the file: a dot-directory and no `.parquet` name, so no listing
+or plain glob above reads it. The key is the file's size and mtime and the scan's version: an index that
+does not match is never read, and the next build deletes it and those of files gone. Read-only connections
+read the indexes they find and write none; a build that fails (a full disk, no write permission) is logged
+and the file is scanned as before. `connect(DIR, scan_index=False)` neither builds nor reads them (the
+results are the same; docs/benchmarks.md has the costs).
 
 Attribute names are in [semconv.md](semconv.md); numbers come from the typed maps `SpanAttributesInt` /
 `SpanAttributesFloat`, strings from `SpanAttributes` (e.g. `SpanAttributesInt['kvtrace.kv.pulled_tokens']`).
