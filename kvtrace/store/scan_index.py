@@ -104,9 +104,11 @@ def build(paths: Iterable[str], *, min_bytes: int | None = None, threads: int | 
     """Build the missing indexes of trace files ``paths`` (complete kvtrace Parquet files, as
     :func:`kvtrace.store.reader.trace_files` lists them) of at least ``min_bytes``
     (``KVTRACE_SCAN_INDEX_MIN_BYTES``; negative: none), then :func:`sweep` their directories.
-    Returns the indexes built; a file whose index cannot be written is logged (once) and skipped."""
+    Returns the indexes built; files whose index cannot be written are skipped, and logged in one
+    line (each file version once per process)."""
     limit = settings.SCAN_INDEX_MIN_BYTES.get(min_bytes)
     built: list[str] = []
+    failed: list[tuple[str, BaseException]] = []
     directories = set()
     for path in paths:
         directories.add(os.path.dirname(path))
@@ -121,10 +123,14 @@ def build(paths: Iterable[str], *, min_bytes: int | None = None, threads: int | 
         except (OSError, duckdb.Error) as exc:
             if (path, st.st_size, st.st_mtime_ns) not in _failed:
                 _failed.add((path, st.st_size, st.st_mtime_ns))
-                log.warning("kvtrace: no scan index for %s (it is read whole instead): %s", path, exc)
+                failed.append((path, exc))
             continue
         if out is not None:
             built.append(out)
+    if failed:  # one line per call, not per file: a read-only mount fails them all
+        n = len(failed)
+        what = f"{n} trace file{'s' if n > 1 else ''}"
+        log.warning("kvtrace: no scan index for %s (read whole instead): %s: %s", what, *failed[0])
     for directory in sorted(directories):
         sweep(directory)
     return built

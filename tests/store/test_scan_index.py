@@ -186,9 +186,21 @@ def test_a_failed_build_is_logged_once_and_the_file_read_whole(tmp_path, caplog)
         assert build_indexes(tmp_path, min_bytes=0) == []
         assert build_indexes(tmp_path, min_bytes=0) == []
     [record] = caplog.records
-    assert record.getMessage().startswith(f"kvtrace: no scan index for {path} (it is read whole instead): ")
+    assert record.getMessage().startswith(f"kvtrace: no scan index for 1 trace file (read whole instead): {path}: ")
     assert _every_view(connect(tmp_path)) == want
     assert [os.path.basename(p) for p in files.list_files(tmp_path)] == [os.path.basename(path)]
+
+
+def test_files_that_cannot_be_indexed_are_reported_in_one_line(tmp_path, caplog):
+    root, tables = _split_store(tmp_path, 3)
+    paths = [_write(root, i, table) for i, table in enumerate(tables)]
+    with open(os.path.join(os.path.dirname(paths[0]), scan_index.INDEX_DIR), "w"):  # as a read-only mount fails
+        pass
+    with caplog.at_level(logging.WARNING, logger="kvtrace.store.scan_index"):
+        assert build_indexes(root, min_bytes=0) == []
+    [record] = caplog.records
+    first = trace_files(root)[0]
+    assert record.getMessage().startswith(f"kvtrace: no scan index for 3 trace files (read whole instead): {first}: ")
 
 
 def test_indexes_of_files_gone_and_abandoned_writes_are_swept(tmp_path):
