@@ -142,9 +142,6 @@ FROM (
     ) AS s WHERE convention IS NOT NULL
 ) AS n
 """
-SCAN_COLUMNS = (
-    "role, convention, fgn, nt, session_id, turn, start_ns, end_ns, trace_id, span_id, request_id, ttft_ms, kv_byte_s"
-)
 
 
 def scan_sql(spans: str = "spans") -> str:
@@ -399,3 +396,5 @@ VIEWS: tuple[View, ...] = (
         AGENT_LLM_CALLS_SQL,
     ),
 )
+SCAN_COLUMNS = ", ".join(c.name for c in next(v for v in HELPERS if v.name == SCAN).columns)
+"""The scan's columns, in order (``SELECT`` lists over its indexes)."""
