@@ -49,14 +49,12 @@ def run(args) -> int:
     if url:
         _check_clickhouse(args, url)
         clickhouse = (url, source.clickhouse_table(args))
-    from kvtrace.store.reader import build_indexes, index_keeper
+    from kvtrace.store.reader import index_keeper
 
     # the pages' connections are read-only: they read the indexes, never write one
-    indexed = [path for path in (None if url else directory, args.compare) if path]
-    for path in indexed:
-        build_indexes(path)
-    keeper = index_keeper(indexed)  # files rolled while it serves
-    keeper.start()
+    keeper = index_keeper([path for path in (None if url else directory, args.compare) if path])
+    keeper.run_once()  # before it serves
+    keeper.start()  # then the files rolled while it serves
     from kvtrace.dashboards.launch import launch
 
     try:

@@ -18,15 +18,20 @@ from kvtrace import semconv as sc
 from kvtrace.store.sql import str_attr
 
 LO, HI = "kvtrace_lo", "kvtrace_hi"
-FILTER = (
-    f" WHERE (getvariable('{LO}') IS NULL OR Timestamp >= getvariable('{LO}'))"
-    f" AND (getvariable('{HI}') IS NULL OR Timestamp <= getvariable('{HI}'))"
-)
+
+
+def _within(column: str, value: str = "{}") -> str:
+    """`` WHERE`` ``column`` is within the bounds that are set (``value``: how a bound is cast to it)."""
+    lo, hi = (value.format(f"getvariable('{name}')") for name in (LO, HI))
+    return (
+        f" WHERE (getvariable('{LO}') IS NULL OR {column} >= {lo})"
+        f" AND (getvariable('{HI}') IS NULL OR {column} <= {hi})"
+    )
+
+
+FILTER = _within("Timestamp")
 """Appended to the raw relation's ``SELECT ... FROM read_parquet(...)``."""
-INDEX_FILTER = (
-    f" WHERE (getvariable('{LO}') IS NULL OR start_ns >= epoch_ns(getvariable('{LO}')::TIMESTAMPTZ_NS))"
-    f" AND (getvariable('{HI}') IS NULL OR start_ns <= epoch_ns(getvariable('{HI}')::TIMESTAMPTZ_NS))"
-)
+INDEX_FILTER = _within("start_ns", "epoch_ns({}::TIMESTAMPTZ_NS)")
 """The same bounds on the rows of per-file scan indexes (:mod:`kvtrace.store.scan_index`), whose
 ``start_ns`` is ``epoch_ns(Timestamp)``."""
 

@@ -41,17 +41,13 @@ from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
 from kvtrace.store.views import BY_NAME, VIEWS
 from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, scan_sql
-from kvtrace.store.views.spans import RAW, SPANS
+from kvtrace.store.views.raw import RAW, READ_FILES, spans_sql
 
 if TYPE_CHECKING:  # a type only: clickhouse.store imports this package
     from kvtrace.store.clickhouse.store import ClickHouseStore
 
 log = logging.getLogger(__name__)
 
-READ_FILES = (
-    "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true, "
-    "hive_types = {'date': DATE, 'hour': INTEGER})"
-)
 SOURCE = "kvtrace_source"
 """One-row table on each connection: the directory it reads (so :func:`refresh` of a cursor can re-list)."""
 _RETRIES = 5
@@ -236,10 +232,7 @@ _NEEDS_JOINS_SQL = (
     "FROM parquet_metadata($indexes) WHERE path_in_schema IN ('fgn', 'nt')"
 )
 _IDS = ("trace_id", "span_id", "request_id")
-_WITHOUT_IDS = ", ".join(
-    f"NULL::VARCHAR AS {c}" if c in _IDS else c for c in (c.strip() for c in SCAN_COLUMNS.split(","))
-)
-_SPANS_FROM = f"FROM {RAW} AS r"
+_WITHOUT_IDS = ", ".join(f"NULL::VARCHAR AS {c}" if c in _IDS else c for c in SCAN_COLUMNS.split(", "))
 
 
 def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
@@ -268,10 +261,7 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
         con.sql(READ_FILES + bounds.FILTER, params={"files": [glob_escape(f) for f in rest]}).create_view(
             _RAW_REST, replace=True
         )
-        if SPANS.select.count(_SPANS_FROM) != 1:
-            raise AssertionError(f"the spans view no longer reads {_SPANS_FROM!r}")
-        spans_rest = SPANS.select.replace(_SPANS_FROM, f"FROM {_RAW_REST} AS r")
-        sql += f"\nUNION ALL\nSELECT {SCAN_COLUMNS} FROM ({scan_sql(f'({spans_rest}) AS spans')}) AS rest"
+        sql += f"\nUNION ALL\nSELECT {SCAN_COLUMNS} FROM ({scan_sql(f'({spans_sql(_RAW_REST)}) AS spans')}) AS rest"
     con.sql(sql, params=params).create_view(SCAN, replace=True)
 
 

@@ -18,9 +18,10 @@ have a role (the rest of a store's spans are not in it).
   :class:`Keeper` every ``KVTRACE_SCAN_INDEX_SECONDS``, for files rolled since); files smaller than
   ``KVTRACE_SCAN_INDEX_MIN_BYTES`` are left out (their scan costs little).  Read-only connections
   (the dashboard's, ``kvtrace query --read-only``) read the indexes they find and write none.
-- **Failures** (a full disk, a directory without write permission) are logged once per file and
-  change no result: that file is scanned as before.  An index is written under a unique dot-name
-  and renamed into place, and only if the file still has the size and mtime it was read with.
+- **Failures** (a full disk, a directory without write permission) are logged, one line per
+  :func:`build` and each file once per process, and change no result: that file is scanned as
+  before.  An index is written under a unique dot-name and renamed into place, and only if the
+  file still has the size and mtime it was read with.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from kvtrace import settings
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
 from kvtrace.store.views.agents import SCAN_SQL
-from kvtrace.store.views.spans import RAW, SPANS
+from kvtrace.store.views.raw import RAW, READ_FILES
+from kvtrace.store.views.spans import SPANS
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +81,7 @@ def build_one(path: str, *, threads: int | None = None) -> str | None:
     con = duckdb.connect(config={"threads": threads} if threads else {})
     try:
         con.execute("SET TimeZone = 'UTC'")
-        con.sql(
-            "SELECT * FROM read_parquet($files, union_by_name = true)", params={"files": [glob_escape(path)]}
-        ).create_view(RAW)
+        con.sql(READ_FILES, params={"files": [glob_escape(path)]}).create_view(RAW)
         con.execute(SPANS.create())
         con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
         after = os.stat(path)

@@ -33,7 +33,7 @@ from kvtrace.store.clickhouse.backend import BackendError, open_backend
 from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views import VIEWS
-from kvtrace.store.views.spans import RAW
+from kvtrace.store.views.raw import RAW
 
 LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
