@@ -104,6 +104,24 @@ WRITER_TIMEOUT_S = Setting(
     ),
     float,
 )
+MIN_FREE_MIB = Setting(
+    "KVTRACE_MIN_FREE_MIB",
+    64,
+    (
+        "MiB the Parquet writers leave free on the trace directory's disk: kvtrace collect answers retry later "
+        "(503) to spans that would not fit above it, the exporters drop them (counted as write_failed)."
+    ),
+    int,
+)
+DISK_REFRESH_MS = Setting(
+    "KVTRACE_DISK_REFRESH_MS",
+    500,
+    (
+        "How often the writers read the trace disk's free space again (statvfs), ms; writes in between are "
+        "counted against the last reading."
+    ),
+    int,
+)
 METRICS = Setting(
     "KVTRACE_METRICS",
     True,

@@ -73,6 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the acknowledged spans still queued (exit 1) (default 30)",
     )
     parser.add_argument(
+        "--min-free-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="MiB to leave free on the trace directory's disk: a request whose spans would not fit above it is "
+        "told to retry later (default $KVTRACE_MIN_FREE_MIB, 64)",
+    )
+    parser.add_argument(
         "--durable-ack",
         action="store_true",
         help="answer a request only once its spans are in an fsynced file (see 'What a crash can lose' above)",
@@ -129,10 +137,12 @@ def run(args) -> int:
     --otlp-traces-endpoint (its llm_request spans), an OpenTelemetry Collector, other SDKs.
     Binds 127.0.0.1:4317 (gRPC) and 127.0.0.1:4318 (HTTP, POST /v1/traces, protobuf or JSON,
     optionally gzip) unless told otherwise.  When the in-memory queue or the in-flight byte
-    budget is full senders get "retry later" (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with
-    Retry-After).  SIGINT/SIGTERM: stop accepting, write everything queued, exit 0.
-    GET /health (on the HTTP listener) answers JSON: status ok or unwritable, the write error,
-    what is queued, and counters (accepted, written, refused, refused while unwritable, lost).
+    budget is full, or the spans would not fit on the disk (below), senders get "retry later"
+    (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with Retry-After).  SIGINT/SIGTERM: stop
+    accepting, write everything queued, exit 0.  GET /health (on the HTTP listener) answers
+    JSON: status ok or unwritable, the write error, what is queued, counters (accepted,
+    written, refused, refused while unwritable, refused for lack of disk space, lost) and the
+    disk's free, reserved and kept-free bytes.
 
     What a crash can lose (SIGINT/SIGTERM lose nothing acknowledged):
       default: a request is acknowledged once its spans are queued in memory; the writer
@@ -148,7 +158,16 @@ def run(args) -> int:
         spans already stored (duplicates, never loss).  Costs one fsync per written file;
         requests arriving during a write share the next file.
 
-    A full disk (any failed write), in both modes: no failed write is ever acknowledged.
+    A full disk, in both modes: nothing acknowledged is lost, even if the disk stays full.
+      A request is admitted only while its spans, as they will be written (the compression
+      ratio seen so far), fit in the disk's free space (statvfs, re-read every
+      $KVTRACE_DISK_REFRESH_MS and whenever it would refuse) less --min-free-mib, less what
+      is admitted and not written yet; otherwise "retry later" (503 + Retry-After, gRPC
+      UNAVAILABLE) before anything is acknowledged.  When space returns the next request is
+      admitted.  /health counts these refusals (disk_refused_requests, disk_refused_spans).
+
+    A write that fails all the same (another process filled the disk within one reading,
+    an I/O error), in both modes: no failed write is ever acknowledged.
       From the first failed write until a write succeeds, every new request is answered
       "retry later" (503 + Retry-After, gRPC UNAVAILABLE), so senders keep their spans; the
       acknowledged spans already queued stay in memory (within --max-queue-spans and
@@ -156,9 +175,9 @@ def run(args) -> int:
       returns the collector resumes by itself.  With --durable-ack the failed request is
       answered "retry later" and, after the back-off, one request at a time probes the disk.
       One log line when writes start failing and one when they succeed again; /health counts
-      the refusals.  Not guaranteed: if the disk is still full at SIGINT/SIGTERM after
-      --drain-timeout, the acknowledged spans still queued are lost (counted, logged, exit 1);
-      a crash while unwritable loses them as any crash does in the default mode.
+      the refusals.  Not guaranteed in that case: if the disk is still full at SIGINT/SIGTERM
+      after --drain-timeout, the acknowledged spans still queued are lost (counted, logged,
+      exit 1); a crash while unwritable loses them as any crash does in the default mode.
 
     Example: kvtrace collect --otlp-grpc 127.0.0.1:4317 --otlp-http 127.0.0.1:4318 --traces ./traces
     """
@@ -169,8 +188,19 @@ def run(args) -> int:
     if not traces:
         raise CLIError("no trace directory: give --traces DIR or set KVTRACE_TRACES_DIR")
     grpc_addr, http_addr = _addresses(args)
+    try:
+        min_free_mib = int(settings.MIN_FREE_MIB.get(args.min_free_mib))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if min_free_mib < 0:
+        raise CLIError("--min-free-mib must be >= 0")
     collector = Collector(
-        traces, grpc_address=grpc_addr, http_address=http_addr, durable_ack=args.durable_ack, **_limits(args)
+        traces,
+        grpc_address=grpc_addr,
+        http_address=http_addr,
+        durable_ack=args.durable_ack,
+        min_free_bytes=min_free_mib << 20,
+        **_limits(args),
     )
     try:
         collector.start()
@@ -192,7 +222,8 @@ def run(args) -> int:
     st = collector.queue.stats
     print(
         f"kvtrace collect: stopped; {st.written_spans} spans written, {st.lost_spans} lost, "
-        f"{st.unwritable_refused_spans} refused while unwritable",
+        f"{st.unwritable_refused_spans} refused while unwritable, {st.disk_refused_spans} refused for lack of "
+        "disk space",
         flush=True,
     )
     return 0 if st.lost_spans == 0 else 1

@@ -17,6 +17,14 @@ When is a request acknowledged?
   later"; the rows are dropped, the sender resends them).  The writer starts as soon as anything
   is queued (no ``batch_delay_s``): requests arriving while a file is written share the next one.
 
+Nothing is queued that the disk cannot take: ``offer`` reserves the table's estimated bytes (as
+they will be written: the compression ratio the sink has seen so far) in the sink's
+:class:`~kvtrace.store.diskspace.DiskSpace` (the disk's free space less ``--min-free-mib``, less
+what is already reserved), and refuses ("retry later") when they do not fit; the reservation is
+held until the table is written (or given up).  So a full disk is met by refusals before any
+span is acknowledged, in both modes, and the queue never holds acknowledged spans it cannot
+store, unless someone else fills the disk between two readings (below).
+
 When a write fails (a full disk, an I/O error) the queue is *unwritable* until a write succeeds
 again: every offer is refused ("retry later"), so nothing more is acknowledged than the memory
 already holding it, and nothing acknowledged is dropped: the failed batch's acknowledged rows are
@@ -44,6 +52,10 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvtrace.store.diskspace import DiskSpace
+from kvtrace.store.writer import HOUR_NS
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +72,19 @@ class QueueStats:
     unwritable_episodes: int = 0  # runs of failed writes ended by a success (or still going)
     lost_spans: int = 0  # acknowledged spans given up on at close (the disk never took them)
     failed_durable_spans: int = 0  # durable offers whose write failed (senders told to retry)
+    disk_refused_requests: int = 0  # refused: would not fit in the free disk space (part of refused_*)
+    disk_refused_spans: int = 0
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What :meth:`SpanQueue.offer` returns for a refused table (falsy): why, and when to retry."""
+
+    reason: str
+    retry_after_s: int = 1
+
+    def __bool__(self) -> bool:
+        return False
 
 
 @dataclass
@@ -67,6 +92,13 @@ class _Item:
     table: pa.Table
     nbytes: int
     done: Future | None
+    reserved: int = 0  # bytes of the sink's DiskSpace held until the item is written or given up
+
+
+def _partitions(table: pa.Table) -> int:
+    """Most hour partitions (one batch file each) ``table``'s spans can fall into."""
+    lo, hi = pc.min_max(table["Timestamp"]).values()
+    return int(hi.cast(pa.int64()).as_py() // HOUR_NS - lo.cast(pa.int64()).as_py() // HOUR_NS) + 1
 
 
 class SpanQueue:
@@ -94,6 +126,7 @@ class SpanQueue:
         self.retry_delay_s, self.max_retry_delay_s = retry_delay_s, max_retry_delay_s
         self.close_timeout_s = close_timeout_s
         self.stats = QueueStats()
+        self.space: DiskSpace | None = getattr(sink, "space", None)  # the sink's disk admission
         self.write_error: str | None = None  # set while writes fail (the queue refuses offers)
         self._failing_since = 0.0
         self._backoff = 0.0
@@ -131,38 +164,61 @@ class SpanQueue:
                 "queued_spans": self._queued,
                 "queued_bytes": self._queued_bytes,
                 **asdict(self.stats),
+                "disk": self.space.health() if self.space is not None else None,
             }
 
     def offer(self, table: pa.Table, *, durable: bool = False):
-        """Queue ``table``.  Returns False when closed, unwritable (module doc) or when it would
-        overflow a bound (retry later); otherwise True, or with ``durable`` a Future resolved once
-        the table is in an fsynced file (exception: the write failed).
+        """Queue ``table``.  Returns a (falsy) :class:`Refused` when closed, unwritable (module
+        doc), when it would overflow a bound or not fit on the disk (retry later); otherwise True,
+        or with ``durable`` a Future resolved once the table is in an fsynced file (exception:
+        the write failed).
 
         A table larger than a whole bound is still taken when the queue is empty, so one
-        oversized request cannot be refused forever."""
+        oversized request cannot be refused forever (the disk's free space has no such exception)."""
         n, nbytes = table.num_rows, table.nbytes
+        need = 0
+        if self.space is not None and n and not self._closed:  # closed: refused, no schema check
+            need = self.space.estimate(nbytes, _partitions(table))
         with self._cond:
-            full = self._queued and (self._queued + n > self.max_spans or self._queued_bytes + nbytes > self.max_bytes)
-            unwritable = self.write_error is not None and (self._queued or time.monotonic() < self._retry_at)
-            if self._closed or full or unwritable:
+            refused = self._refusal(n, nbytes, need)
+            if refused is not None:
                 self.stats.refused_requests += 1
                 self.stats.refused_spans += n
-                if unwritable:
-                    self.stats.unwritable_refused_requests += 1
-                    self.stats.unwritable_refused_spans += n
-                return False
+                return refused
             done = Future() if durable else None
             if not n:
                 if done is not None:
                     done.set_result(True)
                 return done or True
-            self._items.append(_Item(table, nbytes, done))
+            self._items.append(_Item(table, nbytes, done, need))
             self._queued += n
             self._queued_bytes += nbytes
             self._durable += durable
             self.stats.accepted_spans += n
             self._cond.notify_all()
         return done or True
+
+    def _refusal(self, n: int, nbytes: int, need: int) -> Refused | None:
+        """Why a table of ``n`` spans, ``nbytes`` Arrow bytes, ``need`` disk bytes cannot be queued
+        now (None: it can, and its disk bytes are reserved); caller holds the lock."""
+        if self._closed:
+            return Refused("the collector is shutting down")
+        if self._queued and (self._queued + n > self.max_spans or self._queued_bytes + nbytes > self.max_bytes):
+            return Refused(f"queue full ({self._queued} spans, {self._queued_bytes} bytes queued)")
+        if self.write_error is not None and (self._queued or time.monotonic() < self._retry_at):
+            self.stats.unwritable_refused_requests += 1
+            self.stats.unwritable_refused_spans += n
+            return Refused(
+                f"cannot write to the trace directory ({self.write_error}); no new spans are accepted until a "
+                "write succeeds",
+                self.retry_after_s(),
+            )
+        if need and self.space is not None and not self.space.reserve(need):
+            self.stats.disk_refused_requests += 1
+            self.stats.disk_refused_spans += n
+            # spans being written give back what their estimate held beyond their files: soon
+            return Refused(f"{self.space.describe()}", 1 if self._queued else math.ceil(self.max_retry_delay_s))
+        return None
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything offered so far is written (or given up); False on timeout."""
@@ -280,6 +336,8 @@ class SpanQueue:
         with self._cond:
             self._queued -= n
             self._queued_bytes -= sum(item.nbytes for item in batch)
+            if self.space is not None:  # written: the sink counted its files; else dropped
+                self.space.release(sum(item.reserved for item in batch))
             if lost:
                 self.stats.lost_spans += n
                 log.error(

@@ -14,6 +14,7 @@ unsupported        (n/a)                       415 + google.rpc.Status (Content-
 full / busy /      UNAVAILABLE + RetryInfo     503 + Retry-After + google.rpc.Status
 closing /
 unwritable /
+disk full /
 durable write
 failed
 =================  =========================  ==================================
@@ -34,7 +35,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from kvtrace.collect.otlp_convert import MalformedPayload, request_to_table
-from kvtrace.collect.queue import SpanQueue
+from kvtrace.collect.queue import Refused, SpanQueue
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,8 @@ def ingest(queue: SpanQueue, request, *, retry_after_s: int = 1, durable: bool =
         log.warning("kvtrace collect: rejecting export request: %s", exc, exc_info=True)
         return Outcome(MALFORMED, f"cannot convert spans: {exc}")
     queued = queue.offer(table, durable=durable)
-    if queued is False:
-        error = queue.write_error
-        if error is not None:
-            why = f"cannot write to the trace directory ({error}); no new spans are accepted until a write succeeds"
-        else:
-            why = f"queue full ({queue.queued_spans} spans, {queue.queued_bytes} bytes queued)"
-        return Outcome(RETRY, f"{why}; retry later", retry_after_s=max(retry_after_s, queue.retry_after_s()))
+    if isinstance(queued, Refused):
+        return Outcome(RETRY, f"{queued.reason}; retry later", retry_after_s=max(retry_after_s, queued.retry_after_s))
     response = ExportTraceServiceResponse()
     if rejected:
         response.partial_success.rejected_spans = rejected

@@ -14,6 +14,8 @@ all requests being read or converted together by ``max_inflight_bytes``
 requests are answered only once their spans are in an fsynced file.  A write that fails (full
 disk) makes the queue refuse new requests until a write succeeds (:mod:`kvtrace.collect.queue`);
 ``drain_timeout_s`` bounds how long :meth:`Collector.stop` keeps retrying such a write.
+Before that, a request whose spans would not fit in the disk's free space less ``min_free_bytes``
+(default ``KVTRACE_MIN_FREE_MIB``) is refused ("retry later") and never acknowledged.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Collector:
         batch_delay_s: float = DEFAULT_BATCH_DELAY_S,
         durable_ack: bool = False,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        min_free_bytes: int | None = None,
         grace_s: float = 5.0,
         sink=None,
     ) -> None:
@@ -75,6 +78,7 @@ class Collector:
         self.batch_delay_s = batch_delay_s
         self.durable_ack = durable_ack
         self.drain_timeout_s = drain_timeout_s
+        self.min_free_bytes = min_free_bytes
         self.grace_s = grace_s
         self._sink = sink
         self.queue: SpanQueue | None = None
@@ -90,7 +94,7 @@ class Collector:
         cannot bind."""
         ensure_writable(self.traces_dir)
         if self._sink is None:
-            self._sink = TableSink(self.traces_dir, fsync=self.durable_ack)
+            self._sink = TableSink(self.traces_dir, fsync=self.durable_ack, min_free_bytes=self.min_free_bytes)
         self.queue = SpanQueue(
             self._sink,
             max_spans=self.max_queue_spans,

@@ -27,8 +27,13 @@ Installed by :func:`kvtrace.configure` under a ``BatchSpanProcessor``.  Durabili
 Errors are returned as ``SpanExportResult.FAILURE`` with :attr:`ParquetSpanExporter.failure_reason`
 (``write_failed`` when the directory refused the write: a full disk, an I/O error; else
 ``export_failed``), which :mod:`kvtrace.telemetry` counts as ``kvtrace_dropped_spans{reason}``;
-nothing is ever raised into the SDK or the host process.  A failed export leaves nothing behind
-(a batch spanning two hour partitions is written whole or not at all) and is logged once per
+nothing is ever raised into the SDK or the host process.  A batch is first admitted against
+the disk's free space (:class:`~kvtrace.store.diskspace.DiskSpace`: statvfs less
+``KVTRACE_MIN_FREE_MIB``, less what is admitted and not written yet): one that would not fit is
+dropped the same way, ``write_failed``, without touching the disk, so spans never take the last
+free bytes the host (or ``kvtrace collect``) needs; a roll likewise waits until its segment fits.
+A failed export leaves nothing behind (a batch spanning two hour partitions is written whole or
+not at all) and is logged once per
 episode: at the first failure, and once more when a write succeeds again (with the count dropped
 meanwhile), so a full disk is two lines, not one per batch.  One bad value never fails a batch:
 text Arrow cannot store is escaped (:mod:`kvtrace.store.sanitise`), and should a batch still not
@@ -38,6 +43,7 @@ logged, rate-limited).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -56,6 +62,7 @@ from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.store import files, spancols, writer
 from kvtrace.store.convert import columns_to_table, spans_to_table
+from kvtrace.store.diskspace import DiskSpace, NoSpace
 from kvtrace.store.sanitise import DROPPED_SPANS
 
 log = logging.getLogger(__name__)
@@ -91,9 +98,16 @@ class ParquetSpanExporter(SpanExporter):
         roll_seconds: float | None = None,
         grace_seconds: float | None = None,
         fsync: bool = False,
+        min_free_bytes: int | None = None,
+        space: DiskSpace | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.fsync = fsync
+        if min_free_bytes is None:
+            min_free_bytes = int(settings.MIN_FREE_MIB.get()) << 20
+        self.space = space or DiskSpace(
+            self.directory, min_free_bytes=min_free_bytes, refresh_s=int(settings.DISK_REFRESH_MS.get()) / 1000
+        )
         self.roll_bytes = int(settings.ROLL_BYTES.get(roll_bytes))
         self.roll_seconds = float(settings.ROLL_SECONDS.get(roll_seconds))
         self.grace_seconds = float(settings.ROLL_GRACE_SECONDS.get(grace_seconds))
@@ -126,14 +140,16 @@ class ParquetSpanExporter(SpanExporter):
             return SpanExportResult.FAILURE if self._closed else SpanExportResult.SUCCESS
         return self._export(len(spans), lambda: _to_table(spans))
 
-    def export_table(self, table: pa.Table) -> SpanExportResult:
+    def export_table(self, table: pa.Table, *, reserved: bool = False) -> SpanExportResult:
         """Like :meth:`export`, for rows already in :data:`kvtrace.store.schema.SCHEMA`
-        (``kvtrace collect`` converts OTLP requests itself)."""
+        (``kvtrace collect`` converts OTLP requests itself).  ``reserved``: the caller already
+        holds :attr:`space` for the table (the collector's queue admitted it), so it is written
+        without being admitted again."""
         if table.num_rows == 0:
             return SpanExportResult.FAILURE if self._closed else SpanExportResult.SUCCESS
-        return self._export(table.num_rows, lambda: table)
+        return self._export(table.num_rows, lambda: table, reserved=reserved)
 
-    def _export(self, count: int, make_table) -> SpanExportResult:
+    def _export(self, count: int, make_table, *, reserved: bool = False) -> SpanExportResult:
         if self._closed:
             log.warning("kvtrace: Parquet exporter already shut down; dropping %d spans", count)
             self.failure_reason, self.last_error = sc.DROP_EXPORT_FAILED, None
@@ -146,7 +162,14 @@ class ParquetSpanExporter(SpanExporter):
             except Exception as exc:
                 return self._failed(count, exc, sc.DROP_EXPORT_FAILED)
             try:
-                self._write_table(table)
+                parts = writer.split_by_partition(table)
+                need = 0 if reserved else self.space.estimate(table.nbytes, len(parts))
+                if need and not self.space.reserve(need):
+                    raise NoSpace(errno.ENOSPC, self.space.describe())
+                try:
+                    self._write_table(table, parts)
+                finally:
+                    self.space.release(need)
             except Exception as exc:
                 return self._failed(count, exc, sc.DROP_WRITE_FAILED if isinstance(exc, OSError) else None)
             self._recovered()
@@ -201,13 +224,13 @@ class ParquetSpanExporter(SpanExporter):
                 self._maintain(force=True)
 
     # -- internals -------------------------------------------------------------------------
-    def _write_table(self, table: pa.Table) -> None:
-        """All of ``table`` or none of it: should one partition's file fail (full disk), the files
-        already written for the others are removed, so a caller that retries (``kvtrace collect``)
-        never stores a span twice."""
+    def _write_table(self, table: pa.Table, parts: list[tuple[str, pa.Table]]) -> None:
+        """All of ``table`` (split in ``parts``) or none of it: should one partition's file fail
+        (full disk), the files already written for the others are removed, so a caller that
+        retries (``kvtrace collect``) never stores a span twice."""
         written: list[tuple[str, int, str, int]] = []  # (partition, seq, path, bytes)
         try:
-            for part, rows in writer.split_by_partition(table):
+            for part, rows in parts:
                 self._seq += 1
                 directory = os.path.join(self.directory, part)
                 name = files.batch_name(self.writer, self._seq)
@@ -217,6 +240,7 @@ class ParquetSpanExporter(SpanExporter):
             for _, _, path, _ in written:
                 writer.unlink_quietly(path)
             raise
+        self.space.wrote(sum(w[3] for w in written), len(written), table.nbytes)
         for part, seq, path, size in written:
             pending = self._pending.setdefault(part, _Pending(since=time.monotonic()))
             pending.seqs.append(seq)
@@ -284,7 +308,14 @@ class ParquetSpanExporter(SpanExporter):
             return
         directory = os.path.join(self.directory, part)
         name = files.segment_name(self.writer, pending.seqs[0], pending.seqs[-1])
-        writer.merge(pending.paths, directory, name, fsync=self.fsync)
+        # a segment is at most its batch files' size, and they stay until the grace has passed:
+        # merging into space admitted to spans not written yet could fail their write
+        if not self.space.reserve(pending.size):
+            raise NoSpace(errno.ENOSPC, f"no room to merge {pending.size} bytes: {self.space.describe()}")
+        try:
+            self.space.wrote(writer.merge(pending.paths, directory, name, fsync=self.fsync))
+        finally:
+            self.space.release(pending.size)
         del self._pending[part]
         self._sweep_due.append((time.monotonic() + self.grace_seconds, directory))
 

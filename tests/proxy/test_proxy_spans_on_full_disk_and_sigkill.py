@@ -87,7 +87,8 @@ def stored_spans(traces) -> dict[str, list[str]]:
 PER_REQUEST = sorted([sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE])
 
 
-async def test_a_full_trace_disk_fails_no_request_counts_the_dropped_spans_and_recovers(small_disk):
+async def test_a_full_trace_disk_fails_no_request_counts_the_dropped_spans_and_recovers(small_disk, monkeypatch):
+    monkeypatch.setenv("KVTRACE_MIN_FREE_MIB", "0")  # the whole 3 MiB for spans (the default keeps 64 free)
     traces = small_disk / "t"
     p, d = await FakeWorker("p0").start(), await FakeWorker("d0").start()
     proc, url = await start_proxy(traces, p, d, "--export-delay-ms", "50")

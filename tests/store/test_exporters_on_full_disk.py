@@ -43,6 +43,7 @@ class Host:
 
     def __init__(self, traces, writer_process: bool, monkeypatch) -> None:
         monkeypatch.setenv("KVTRACE_BATCH_DELAY_MS", "600000")
+        monkeypatch.setenv("KVTRACE_MIN_FREE_MIB", "0")  # a 3 MiB disk: the default keeps 64 MiB free
         self.provider = telemetry.configure(
             "full-disk", traces_dir=traces, otlp=False, handle_sigterm=False, writer_process=writer_process
         )
