@@ -45,6 +45,8 @@ CALIBRATED = "calibrated"  # the table of a run at fitted costs (kvtrace.sim.fit
 NONCE = "arms"
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
+VIRTUAL, WALL = "virtual", "wall"
+CLOCKS = (VIRTUAL, WALL)  # --clock: the virtual-time loop in this process, or the served subprocesses
 
 
 def arm_dir(prefix_caching: bool, bidirectional: bool) -> str:
@@ -215,6 +217,7 @@ async def arun_arms(
     progress: bool = False,
     repeat: int = 1,
     calibrate_from: str | None = None,
+    clock: str = "wall",
     **config: Any,
 ) -> ArmsResult:
     """Run the workload (``config`` = :class:`~kvtrace.bench.api.BenchConfig` fields) in the four
@@ -229,13 +232,19 @@ async def arun_arms(
     if os.path.isdir(traces_dir) and os.listdir(traces_dir):
         raise bench.BenchError(f"{traces_dir} is not empty: the arms' runs need a directory of their own")
     bench._config(dict(config)).validate()  # bad workload arguments fail before any cluster starts
+    if clock not in CLOCKS:
+        raise bench.BenchError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
+    if clock == VIRTUAL and sim_time_scale is not None:
+        raise bench.BenchError("--sim-time-scale compresses wall time: it does not go with --clock virtual")
     if calibrate_from:
         presets = (CALIBRATED,)
+    elif clock == VIRTUAL:
+        _check_presets_here(presets)
     else:
         check_presets(presets)
     results = {}
     for preset in presets:
-        scale = sim_time_scale or TIME_SCALES.get(preset, 1.0)
+        scale = 1.0 if clock == VIRTUAL else sim_time_scale or TIME_SCALES.get(preset, 1.0)
         cfg = dict(config)
         cfg["time_scale"] = cfg.get("time_scale", 1.0) / scale  # the workload's waits, in simulated time
         cfg.setdefault("nonce", NONCE)
@@ -243,16 +252,66 @@ async def arun_arms(
         for rep in range(repeat):
             for prefix_caching, bidirectional in arms_analysis.ARMS:
                 run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
-                results[(preset, prefix_caching, bidirectional, rep)] = await _one(
-                    run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress, calibrate_from
-                )
+                if clock == VIRTUAL:
+                    one = _one_virtual(run_dir, preset, prefix_caching, bidirectional, link, cfg, calibrate_from)
+                else:
+                    one = _one(
+                        run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress, calibrate_from
+                    )
+                results[(preset, prefix_caching, bidirectional, rep)] = await one
     found = arms_analysis.from_directory(traces_dir)
     return ArmsResult(arms_analysis.tables(found), results, traces_dir)  # the bootstrap seed kvtrace report uses
 
 
+async def _one_virtual(
+    run_dir: str,
+    preset: str,
+    prefix_caching: bool,
+    bidirectional: bool,
+    link: str,
+    cfg: dict,
+    calibrate_from: str | None,
+) -> bench.BenchResult:
+    from kvtrace.bench import inproc
+
+    cost_model = None
+    if calibrate_from:
+        from kvtrace.analysis.calibrate import CalibrationError, from_directory
+        from kvtrace.sim.fitted import FittedCostModel
+
+        try:
+            cost_model = FittedCostModel(from_directory(calibrate_from).cost_numbers())
+        except CalibrationError as exc:
+            raise bench.BenchError(f"--calibrate-from {calibrate_from}: {exc}") from None
+    os.makedirs(run_dir, exist_ok=True)
+    label = arms_analysis.arm_label(prefix_caching, bidirectional)
+    return await inproc.run_arm(
+        run_dir, preset, prefix_caching, bidirectional, link, cfg, label, CONVERSATION_TTL_S, cost_model
+    )
+
+
+def _check_presets_here(presets: tuple[str, ...]) -> None:
+    from kvtrace.sim.costmodel import PRESETS as KNOWN
+
+    if not presets:
+        raise bench.BenchError("--presets needs at least one preset")
+    for preset in presets:
+        if preset not in KNOWN:
+            raise bench.BenchError(f"unknown preset {preset!r}; choose from {', '.join(KNOWN)}")
+
+
+def _run(main, clock: str, seed: int):
+    """``main`` on the virtual-time loop (seeded by the workload's seed) or on asyncio's."""
+    if clock == VIRTUAL:
+        from kvtrace.sim import virtual
+
+        return virtual.run(main, seed=seed)
+    return asyncio.run(main)
+
+
 def run_arms(traces_dir: str, **kwargs: Any) -> ArmsResult:
-    """Synchronous :func:`arun_arms`."""
-    return asyncio.run(arun_arms(traces_dir, **kwargs))
+    """Synchronous :func:`arun_arms` (``clock="virtual"``: on the virtual-time loop)."""
+    return _run(arun_arms(traces_dir, **kwargs), kwargs.get("clock", "wall"), kwargs.get("seed", 0))
 
 
 @dataclass
@@ -287,5 +346,5 @@ async def arun_sweep(traces_dir: str, prefixes: tuple[int, ...], **kwargs: Any) 
 
 
 def run_sweep(traces_dir: str, prefixes: tuple[int, ...], **kwargs: Any) -> SweepResult:
-    """Synchronous :func:`arun_sweep`."""
-    return asyncio.run(arun_sweep(traces_dir, prefixes, **kwargs))
+    """Synchronous :func:`arun_sweep` (``clock="virtual"``: on the virtual-time loop)."""
+    return _run(arun_sweep(traces_dir, prefixes, **kwargs), kwargs.get("clock", "wall"), kwargs.get("seed", 0))

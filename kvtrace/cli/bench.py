@@ -82,6 +82,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "llama-3.3-70b 8); times are reported in simulated ms",
     )
     arms.add_argument(
+        "--clock",
+        choices=("virtual", "wall"),
+        default=None,
+        help="--arms: virtual (default): the clusters, proxy and client in this process on a virtual-time "
+        "loop, no sockets, no sleeps: the same seed gives the same tables whatever the host's load; wall: "
+        "served subprocesses sleeping in wall time (the default when --sim-time-scale is given)",
+    )
+    arms.add_argument(
         "--sweep",
         metavar="prefix=N,N,...",
         help="--arms once per first-turn prefix length (--workload or a generate_conversations --input), "
@@ -151,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
     common = dict(traces_dir=args.traces, progress=not args.no_progress)
     if args.arms:
         return _arms(args, config)
-    if args.presets or args.sim_time_scale is not None or args.sweep or args.calibrate_from:
-        raise CLIError("--presets, --sim-time-scale, --sweep and --calibrate-from only go with --arms")
+    if args.presets or args.sim_time_scale is not None or args.sweep or args.calibrate_from or args.clock:
+        raise CLIError("--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms")
     if not args.url:
         raise CLIError("--url is required (or --arms)")
     try:
@@ -182,7 +190,11 @@ def _arms(args: argparse.Namespace, config: dict) -> int:
             raise CLIError("--calibrate-from replaces the presets: no --presets")
         _print_calibration(args.calibrate_from)
     repeat = config.pop("repeat")  # N runs of each arm, interleaved (not N passes inside one run)
+    clock = args.clock or ("wall" if args.sim_time_scale is not None else "virtual")
+    if clock == "virtual" and args.sim_time_scale is not None:
+        raise CLIError("--sim-time-scale compresses wall time: it goes with --clock wall")
     common = dict(
+        clock=clock,
         presets=presets,
         sim_time_scale=args.sim_time_scale,
         progress=not args.no_progress,

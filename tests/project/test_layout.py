@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "collect": BASE | {"telemetry", "store"},
     "analysis": BASE | {"store", "kvrules"},
     "dashboards": BASE | {"store", "analysis"},
-    "bench": BASE | {"telemetry", "agent", "store", "analysis"},
+    # bench drives the pipeline: --clock virtual runs sim + proxy in its own process (bench/inproc.py)
+    "bench": BASE | {"telemetry", "agent", "store", "analysis", "sim", "proxy"},
     "testing": BASE | {"telemetry", "store", "emit"},
     "demo": BASE | {"telemetry", "agent", "proxy", "sim", "store", "analysis", "bench", "dashboards"},
     # the commands: thin modules (parse, call, print) over every package above

@@ -1,0 +1,139 @@
+"""Virtual time: run the simulated cluster, the proxy and the bench client in one process on an
+asyncio loop whose clock is simulated, so the answer does not move with the host's load.
+
+    from kvtrace.sim import virtual
+    result = virtual.run(main(), seed=0)   # main() is any coroutine: SimCluster, proxy, bench
+
+:class:`VirtualLoop` is asyncio's selector loop with two changes: ``time()`` is a number the loop
+owns, and when no callback is ready it jumps that number to the earliest timer instead of
+blocking (a discrete-event loop: every ``asyncio.sleep`` of the engine, the connector, the bench's
+pauses and the TTLs is an event).  Work on the CPU takes no virtual time.  Sockets are replaced by
+:mod:`kvtrace.sim.memnet`; executor work (``run_in_executor``, ``getaddrinfo``) runs inline on the
+loop's thread, so time never jumps past a thread's work.  OTel's span processors still export from
+their threads: the timestamps are taken when spans start and end, on the loop's thread.
+
+:func:`run` routes every clock the code reads through the loop for the run's duration:
+``time.time``/``time_ns``/``perf_counter``/``monotonic`` (and their ``_ns``), the SDK's and the fast
+spans' ``time_ns``; wall time starts at :data:`EPOCH`.  It seeds the span-id generator and
+``uuid.uuid4`` from ``seed``: one seed, the same spans, ids included.  Everything is restored on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import selectors
+import time
+import uuid
+from collections.abc import Coroutine
+from contextlib import contextmanager
+from typing import Any
+
+from kvtrace.sim.memnet import MemNet
+
+EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: the wall time a virtual run starts at
+IDLE_LIMIT_S = 30.0  # real seconds to wait for another thread when nothing is scheduled
+
+
+class VirtualDeadlock(RuntimeError):
+    """Nothing ready, nothing scheduled, nothing from another thread: the run can never finish."""
+
+
+class _Selector(selectors.DefaultSelector):
+    loop: VirtualLoop
+
+    def select(self, timeout=None):
+        events = super().select(0)
+        if events or timeout == 0:
+            return events
+        loop = self.loop
+        if loop._scheduled:  # asyncio already dropped cancelled timers from the head
+            loop._now = max(loop._now, loop._scheduled[0]._when)
+            return events
+        events = super().select(IDLE_LIMIT_S)  # only a thread's call_soon_threadsafe can wake us
+        if not events:
+            raise VirtualDeadlock("virtual clock: no task can ever run again (a deadlock)")
+        return events
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        selector = _Selector()
+        super().__init__(selector)
+        selector.loop = self
+        self._now = 0.0
+        self.net = MemNet(self)
+
+    def time(self) -> float:
+        return self._now
+
+    def run_in_executor(self, executor, func, *args):
+        fut = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    async def create_server(self, protocol_factory, host=None, port=None, **kwargs):
+        return self.net.listen(protocol_factory, host, port)
+
+    async def create_connection(self, protocol_factory, host=None, port=None, *, sock=None, **kwargs):
+        return self.net.connect(protocol_factory, host, port, sock)
+
+    async def sock_connect(self, sock, address) -> None:
+        self.net.remember(sock, address)
+
+
+def _seeded_uuid4(rng: random.Random):
+    def uuid4() -> uuid.UUID:
+        return uuid.UUID(int=rng.getrandbits(128), version=4)
+
+    return uuid4
+
+
+@contextmanager
+def clocks(loop: VirtualLoop, seed: int = 0):
+    """Every clock the code reads follows ``loop``; ids are drawn from ``seed``."""
+    import opentelemetry.sdk.trace as sdk_trace
+
+    from kvtrace.telemetry import fastspans, ids
+
+    def now() -> float:
+        return loop._now
+
+    def ns() -> int:
+        return round(loop._now * 1e9)
+
+    def wall_ns() -> int:
+        return EPOCH * 1_000_000_000 + ns()
+
+    patches = [
+        (time, "time", lambda: EPOCH + loop._now),
+        (time, "time_ns", wall_ns),
+        (time, "perf_counter", now),
+        (time, "perf_counter_ns", ns),
+        (time, "monotonic", now),
+        (time, "monotonic_ns", ns),
+        (sdk_trace, "time_ns", wall_ns),
+        (fastspans, "time_ns", wall_ns),
+        (uuid, "uuid4", _seeded_uuid4(random.Random(f"kvtrace-virtual:uuid:{seed}"))),
+    ]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    ids._rng.seed(f"kvtrace-virtual:ids:{seed}")
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+        ids._reseed()
+
+
+def run(main: Coroutine[Any, Any, Any], *, seed: int = 0) -> Any:
+    """Run ``main`` to completion on a fresh :class:`VirtualLoop` with :func:`clocks` on."""
+    loop = VirtualLoop()
+    with clocks(loop, seed):
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            return runner.run(main)
