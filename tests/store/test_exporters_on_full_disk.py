@@ -177,3 +177,35 @@ def test_merges_failing_on_a_nearly_full_disk_are_logged_once_and_keep_the_batch
     exporter.shutdown()
     names = [pq.read_table(p, partitioning=None)["SpanName"].to_pylist() for p in files.list_files(tmp_path)]
     assert len(names) == 2 and sorted(sum(names, [])) == sorted(["n0", "n1", "n2", "n3"] * 4)  # one segment each
+
+
+def test_a_batch_that_would_not_fit_above_the_reserve_is_dropped_before_any_write(tmp_path, monkeypatch):
+    """The admission (#42): with less free space than the reserve plus the batch's estimate, the
+    batch is counted as write_failed and nothing is written (no write is even tried); once the
+    disk reports room again the next batch is written."""
+    from types import SimpleNamespace
+
+    from kvtrace.store.diskspace import DiskSpace
+
+    free = {"blocks": 256}  # 1 MiB of 4 KiB blocks
+    space = DiskSpace(
+        tmp_path,
+        min_free_bytes=1 << 20,
+        refresh_s=3600,
+        statvfs=lambda _path: SimpleNamespace(f_bavail=free["blocks"], f_frsize=4096),
+    )
+    calls: list[str] = []
+    real = writer.write_atomic
+    monkeypatch.setattr(writer, "write_atomic", lambda rows, d, n, **kw: calls.append(d) or real(rows, d, n, **kw))
+    exporter = ParquetSpanExporter(tmp_path, space=space)
+    table = _two_hour_table()
+    assert exporter.export_table(table) is SpanExportResult.FAILURE
+    assert (exporter.failure_reason, exporter.failed_spans, exporter.spans_written) == (sc.DROP_WRITE_FAILED, 4, 0)
+    assert calls == [] and files.list_files(tmp_path) == []
+    assert space.health()["refusals"] == 1 and space.health()["reserved_bytes"] == 0
+    free["blocks"] = 1024  # 4 MiB: room above the reserve; the refusal re-reads the disk at once
+    assert exporter.export_table(table) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert len(calls) == 2 and space.health()["reserved_bytes"] == 0
+    names = [pq.read_table(p, partitioning=None)["SpanName"].to_pylist() for p in files.list_files(tmp_path)]
+    assert sorted(sum(names, [])) == ["n0", "n1", "n2", "n3"]
