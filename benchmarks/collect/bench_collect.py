@@ -13,7 +13,10 @@ Spans look like kvtrace's (decision spans: ~17 typed attributes).  Measured, eac
   connection to a running Collector until every span is in Parquet (decode + convert + queue +
   write), timed from the first request to the final flush;
 - ``otlp_http_e2e``: the SDK's OTLP/HTTP exporter sending the same spans to it (encode + HTTP +
-  ingest; client and server share the machine).
+  ingest; client and server share the machine);
+- the disk admission's cost (#42): ``otlp_http_ingest`` again with the queue's ``DiskSpace``
+  detached (``ingest_no_admission``), both runs interleaved, per-request latency p50 / p99 and
+  the ratio of the two.
 """
 
 from __future__ import annotations
@@ -91,22 +94,56 @@ def bench_parquet(chunks) -> float:
     return elapsed
 
 
-def bench_ingest(bodies: list[bytes], n_spans: int) -> float:
+def bench_ingest(bodies: list[bytes], n_spans: int, admission: bool = True) -> tuple[float, list[float]]:
+    """Seconds until every span is in Parquet, and each request's latency (s)."""
     directory = tempfile.mkdtemp()
     with Collector(directory, http_address="127.0.0.1:0", max_queue_spans=4 * n_spans) as collector:
+        if not admission:
+            collector.queue.space = None  # the baseline: no free-space check before queueing
         conn = http.client.HTTPConnection("127.0.0.1", collector.http_port)
+        lat = []
         t0 = time.perf_counter()
         for body in bodies:
+            r0 = time.perf_counter()
             conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
             resp = conn.getresponse()
             resp.read()
+            lat.append(time.perf_counter() - r0)
             assert resp.status == 200, resp.status
         assert collector.flush(300)
         elapsed = time.perf_counter() - t0
         conn.close()
         assert collector.queue.stats.written_spans == n_spans
     shutil.rmtree(directory)
-    return elapsed
+    return elapsed, lat
+
+
+def bench_admission(chunk, reps: int = 20000) -> tuple[float, list[float]]:
+    """One request's conversion (s, the baseline) and its disk admission's cost per call (s):
+    the estimate (with its hour partitions), the reservation and its release."""
+    from kvtrace.collect.otlp_convert import request_to_table
+    from kvtrace.collect.queue import _partitions
+    from kvtrace.store.diskspace import DiskSpace
+
+    req = encode_spans(chunk)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        table, _, _ = request_to_table(req)
+    convert = (time.perf_counter() - t0) / 20
+    space = DiskSpace(tempfile.gettempdir(), min_free_bytes=64 << 20, refresh_s=0.5)
+    out = []
+    for _ in range(reps):
+        a = time.perf_counter()
+        need = space.estimate(table.nbytes, _partitions(table))
+        space.reserve(need)
+        space.release(need)
+        out.append(time.perf_counter() - a)
+    return convert, out
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def bench_e2e(chunks, n_spans: int) -> float:
@@ -133,7 +170,12 @@ def main() -> None:
     n = len(spans)
     t_encode, bodies = bench_encode(chunks)
     t_parquet = bench_parquet(chunks)
-    t_ingest = bench_ingest(bodies, n)
+    t_ingest, lat_on = bench_ingest(bodies, n)
+    lat_off: list[float] = []
+    for rep in range(3):  # interleaved, so the machine's load falls on both alike
+        lat_off += bench_ingest(bodies, n, admission=False)[1]
+        if rep < 2:
+            lat_on += bench_ingest(bodies, n)[1]
     t_e2e = bench_e2e(chunks, n)
     body_bytes = sum(map(len, bodies))
     rates = {
@@ -147,6 +189,16 @@ def main() -> None:
         print(f"{name:18s} {rate:12,.0f} spans/s")
     print(f"ratio otlp_http_ingest / parquet_direct = {rates['otlp_http_ingest'] / rates['parquet_direct']:.2f}")
     print(f"ratio otlp_http_ingest / sdk_encode     = {rates['otlp_http_ingest'] / rates['sdk_encode']:.2f}")
+    convert, admit = bench_admission(chunks[0])
+    print(
+        f"disk admission per request: p50 {_pct(admit, 0.5) * 1e6:.1f} us, p99 {_pct(admit, 0.99) * 1e6:.1f} us; "
+        f"ratio to the request's conversion ({convert * 1e3:.2f} ms) p50 {_pct(admit, 0.5) / convert:.4f}"
+    )
+    for q in (0.5, 0.99):
+        on, off = _pct(lat_on, q) * 1e3, _pct(lat_off, q) * 1e3
+        print(
+            f"request p{int(q * 100):<2d} with disk admission {on:.3f} ms, without {off:.3f} ms: ratio {on / off:.2f}"
+        )
 
 
 if __name__ == "__main__":
