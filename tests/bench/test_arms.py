@@ -162,7 +162,10 @@ def test_tables_invert_compare_and_name_a_missing_arm():
     [
         (["--arms", "--url", "http://127.0.0.1:9", "--traces", "{d}"], "no --url or --ab-url"),
         (["--arms"], "--arms needs --traces DIR"),
-        (["--arms", "--presets", "no-such-model", "--traces", "{d}"], "unknown preset 'no-such-model'; choose from qwen3-32b"),
+        (
+            ["--arms", "--presets", "no-such-model", "--traces", "{d}"],
+            "unknown preset 'no-such-model'; choose from qwen3-32b",
+        ),
         (
             ["--presets", "glm5-fp8", "--url", "http://127.0.0.1:9"],
             "--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms",

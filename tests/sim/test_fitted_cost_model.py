@@ -95,4 +95,5 @@ def test_sim_calibrate_from_a_directory_without_spans_is_a_clear_error(tmp_path,
 def test_bench_calibrate_from_needs_arms(capsys):
     rc = main(["bench", "--scenario", "coding-agent", "--url", "http://127.0.0.1:1", "--calibrate-from", "x"])
     assert rc == 2
-    assert "--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms" in err
