@@ -28,13 +28,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from kvtrace.analysis import arms_table as arms_analysis
 from kvtrace.bench import api as bench
+from kvtrace.bench import lateness
 
 PRESETS = ("qwen3-32b", "glm5-fp8", "llama-3.3-70b")
 CONVERSATION_TTL_S = 450.0  # the proxy's default --conversation-ttl (D's 480 s TTL less 30 s), model s
@@ -58,15 +59,19 @@ class ArmsResult:
     tables: list  # kvtrace.analysis.arms_table.PresetTable
     results: dict  # (preset, prefix caching, bidirectional, repeat) -> bench.BenchResult
     traces_dir: str
+    late_s: list = field(default_factory=list)  # --clock wall: the bench loop's lateness samples (s)
 
     def format(self) -> str:
         head = f"kvtrace bench --arms: runs in {self.traces_dir} (kvtrace report --traces {self.traces_dir})"
-        return head + "\n\n" + arms_analysis.markdown(self.tables)
+        summary = lateness.summarise(self.late_s)
+        return head + "\n\n" + arms_analysis.markdown(self.tables) + (f"\n{summary.format()}\n" if summary else "")
 
     def to_dict(self) -> dict:
+        summary = lateness.summarise(self.late_s)
         return {
             "traces_dir": self.traces_dir,
             "runs": {f"{p}/{arm_dir(c, b)}/r{k}": r.to_dict() for (p, c, b, k), r in self.results.items()},
+            "wall_lateness": summary.to_dict() if summary else None,
         }
 
 
@@ -242,7 +247,8 @@ async def arun_arms(
         _check_presets_here(presets)
     else:
         check_presets(presets)
-    results = {}
+    results: dict = {}
+    late: list[float] = []
     for preset in presets:
         scale = 1.0 if clock == VIRTUAL else sim_time_scale or TIME_SCALES.get(preset, 1.0)
         cfg = dict(config)
@@ -254,13 +260,15 @@ async def arun_arms(
                 run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
                 if clock == VIRTUAL:
                     one = _one_virtual(run_dir, preset, prefix_caching, bidirectional, link, cfg, calibrate_from)
-                else:
-                    one = _one(
+                    results[(preset, prefix_caching, bidirectional, rep)] = await one
+                    continue
+                async with lateness.Lateness() as probe:
+                    results[(preset, prefix_caching, bidirectional, rep)] = await _one(
                         run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress, calibrate_from
                     )
-                results[(preset, prefix_caching, bidirectional, rep)] = await one
+                late += probe.late_s
     found = arms_analysis.from_directory(traces_dir)
-    return ArmsResult(arms_analysis.tables(found), results, traces_dir)  # the bootstrap seed kvtrace report uses
+    return ArmsResult(arms_analysis.tables(found), results, traces_dir, late)  # the bootstrap seed kvtrace report uses
 
 
 async def _one_virtual(
@@ -322,7 +330,9 @@ class SweepResult:
 
     def format(self) -> str:
         head = f"kvtrace bench --arms --sweep: runs in {self.traces_dir}/prefix-N"
-        return head + "\n\n" + arms_analysis.sweep_markdown(self.points)
+        summary = lateness.summarise([x for r in self.runs.values() for x in r.late_s])
+        tail = f"\n{summary.format()}\n" if summary else ""
+        return head + "\n\n" + arms_analysis.sweep_markdown(self.points) + tail
 
     def to_dict(self) -> dict:
         return {"traces_dir": self.traces_dir, "points": {p: r.to_dict() for p, r in self.runs.items()}}

@@ -91,8 +91,19 @@ def test_four_arms_make_the_decisions_their_configuration_allows(armed):
 
 
 def test_the_table_per_preset_and_report_prints_the_same(armed):
-    traces, out, _ = armed
+    traces, out, result = armed
     table = out.split("\n\n", 1)[1]
+    # --clock wall (--sim-time-scale given) ends with how late the event loops ran; kvtrace report has no such line
+    table, late = table.rstrip("\n").rsplit("\n", 1)
+    assert re.fullmatch(
+        r"wall clock: this machine's event loops ran late by p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms "
+        r"\(\d+ wake-ups of the bench's loop\); every simulated time above includes lateness of this order "
+        r"\(--clock virtual has none\)",
+        late,
+    ), late
+    summary = result["wall_lateness"]
+    assert summary["samples"] > 0 and 0 <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+    table += "\n"
     head = re.search(r"^### qwen3-32b \(simulated time; time scale 50; 1 run per arm; .*\)$", table, re.M)
     assert head, table
     lines = [line for line in table.splitlines() if line.startswith("| ")]

@@ -50,6 +50,7 @@ def test_one_seed_prints_the_same_tables_byte_for_byte(twice):
     first, second = first.replace(str(a), "DIR"), second.replace(str(b), "DIR")  # the tables name their runs
     assert "### qwen3-32b (simulated time; time scale 1;" in first
     assert first == second
+    assert "wall clock:" not in first and "ran late" not in first  # nothing is late on the virtual clock
 
 
 def test_virtual_arms_make_the_decisions_their_configuration_allows(twice):
