@@ -37,6 +37,7 @@ from support import vllm_diag as diag
 from support.http_json import post
 
 MODEL = "tiny"
+AMX_SITE = Path(__file__).parent / "amx_site"
 PROXY_SERVICE = "kvtrace-proxy"
 AGENT_SERVICE = "kvtrace-agent"
 LAYOUTS = ("uni", "mp")
@@ -130,6 +131,8 @@ class Server:
             "VLLM_CACHE_ROOT": str(self.log_dir / "cache"),
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_port),
+            # amx_site/sitecustomize.py: the AMX tile state vLLM's CPU attention needs (SIGILL without)
+            "PYTHONPATH": os.pathsep.join(p for p in (str(AMX_SITE), os.environ.get("PYTHONPATH")) if p),
         }
         if self.layout == "uni":
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
