@@ -252,6 +252,14 @@ PROXY_MAX_WORKER_QUEUE = Setting(
     "A wait is also bounded by --request-timeout (504).",
     int,
 )
+PROXY_ROUTING = Setting(
+    "KVTRACE_PROXY_ROUTING",
+    "round-robin",
+    "Proxy (--routing): which P and D serve a turn when there are several: round-robin, least-loaded (fewest "
+    "requests in flight), session-affine (D = the one holding the session's KV) or kv-aware (session-affine, "
+    "and P = the one that prefilled the session's last turn unless it is busier). kvtrace.routing.",
+    str,
+)
 VLLM_STREAM_PATCH = Setting(
     "KVTRACE_VLLM_STREAM_PATCH",
     True,

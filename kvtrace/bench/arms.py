@@ -22,6 +22,7 @@ gets the same answers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -36,6 +37,7 @@ import aiohttp
 from kvtrace.analysis import arms_table as arms_analysis
 from kvtrace.bench import api as bench
 from kvtrace.bench import lateness
+from kvtrace.bench.fleet import SINGLE, Fleet, consecutive_free_ports
 
 PRESETS = ("qwen3-32b", "glm5-fp8", "llama-3.3-70b")
 CONVERSATION_TTL_S = 450.0  # the proxy's default --conversation-ttl (D's 480 s TTL less 30 s), model s
@@ -60,9 +62,12 @@ class ArmsResult:
     results: dict  # (preset, prefix caching, bidirectional, repeat) -> bench.BenchResult
     traces_dir: str
     late_s: list = field(default_factory=list)  # --clock wall: the bench loop's lateness samples (s)
+    fleet: Fleet = SINGLE
 
     def format(self) -> str:
         head = f"kvtrace bench --arms: runs in {self.traces_dir} (kvtrace report --traces {self.traces_dir})"
+        if not self.fleet.default:
+            head += f"\nfleet: {self.fleet.label}"
         summary = lateness.summarise(self.late_s)
         return head + "\n\n" + arms_analysis.markdown(self.tables) + (f"\n{summary.format()}\n" if summary else "")
 
@@ -72,6 +77,7 @@ class ArmsResult:
             "traces_dir": self.traces_dir,
             "runs": {f"{p}/{arm_dir(c, b)}/r{k}": r.to_dict() for (p, c, b, k), r in self.results.items()},
             "wall_lateness": summary.to_dict() if summary else None,
+            "fleet": dataclasses.asdict(self.fleet),
         }
 
 
@@ -148,14 +154,23 @@ async def _one(
     cfg: dict,
     progress: bool,
     calibrate_from: str | None = None,
+    fleet: Fleet = SINGLE,
 ) -> bench.BenchResult:
-    p_port, d_port, proxy_port = _free_ports(3)
+    (proxy_port,) = _free_ports(1)
+    p_port = consecutive_free_ports(fleet.prefillers, HOST)
+    d_port = consecutive_free_ports(fleet.decoders, HOST)
+    p_ports = [str(p_port + i) for i in range(fleet.prefillers)]
+    d_ports = [str(d_port + i) for i in range(fleet.decoders)]
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
     cli = [sys.executable, "-m", "kvtrace.cli"]
     sim = [
         *cli,
         "sim",
         *(["--calibrate-from", calibrate_from] if calibrate_from else ["--preset", preset]),
+        "--prefill",
+        str(fleet.prefillers),
+        "--decode",
+        str(fleet.decoders),
         "--link",
         link,
         "--time-scale",
@@ -180,12 +195,14 @@ async def _one(
         str(proxy_port),
         "--prefiller-host",
         HOST,
-        "--prefiller-port",
-        str(p_port),
+        "--prefiller-ports",
+        *p_ports,
         "--decoder-host",
         HOST,
-        "--decoder-port",
-        str(d_port),
+        "--decoder-ports",
+        *d_ports,
+        "--routing",
+        fleet.routing,
         "--traces",
         run_dir,
         "--conversation-ttl",  # the proxy's clock is wall time: its default TTL, in model seconds
@@ -199,11 +216,8 @@ async def _one(
         try:
             for cmd in (sim, proxy):
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
-            for url, proc in (
-                (f"http://{HOST}:{p_port}", procs[0]),
-                (f"http://{HOST}:{d_port}", procs[0]),
-                (f"http://{HOST}:{proxy_port}", procs[1]),
-            ):
+            workers = [(f"http://{HOST}:{port}", procs[0]) for port in p_ports + d_ports]
+            for url, proc in (*workers, (f"http://{HOST}:{proxy_port}", procs[1])):
                 await _ready(url, proc, log)
             label = arms_analysis.arm_label(prefix_caching, bidirectional)
             return await bench.arun_bench(
@@ -223,6 +237,7 @@ async def arun_arms(
     repeat: int = 1,
     calibrate_from: str | None = None,
     clock: str = "wall",
+    fleet: Fleet = SINGLE,
     **config: Any,
 ) -> ArmsResult:
     """Run the workload (``config`` = :class:`~kvtrace.bench.api.BenchConfig` fields) in the four
@@ -237,6 +252,7 @@ async def arun_arms(
     if os.path.isdir(traces_dir) and os.listdir(traces_dir):
         raise bench.BenchError(f"{traces_dir} is not empty: the arms' runs need a directory of their own")
     bench._config(dict(config)).validate()  # bad workload arguments fail before any cluster starts
+    fleet.check(config.get("clients"))
     if clock not in CLOCKS:
         raise bench.BenchError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
     if clock == VIRTUAL and sim_time_scale is not None:
@@ -259,16 +275,26 @@ async def arun_arms(
             for prefix_caching, bidirectional in arms_analysis.ARMS:
                 run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
                 if clock == VIRTUAL:
-                    one = _one_virtual(run_dir, preset, prefix_caching, bidirectional, link, cfg, calibrate_from)
+                    one = _one_virtual(run_dir, preset, prefix_caching, bidirectional, link, cfg, calibrate_from, fleet)
                     results[(preset, prefix_caching, bidirectional, rep)] = await one
                     continue
                 async with lateness.Lateness() as probe:
                     results[(preset, prefix_caching, bidirectional, rep)] = await _one(
-                        run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress, calibrate_from
+                        run_dir,
+                        preset,
+                        prefix_caching,
+                        bidirectional,
+                        scale,
+                        link,
+                        cfg,
+                        progress,
+                        calibrate_from,
+                        fleet,
                     )
                 late += probe.late_s
     found = arms_analysis.from_directory(traces_dir)
-    return ArmsResult(arms_analysis.tables(found), results, traces_dir, late)  # the bootstrap seed kvtrace report uses
+    # the bootstrap seed kvtrace report uses
+    return ArmsResult(arms_analysis.tables(found), results, traces_dir, late, fleet)
 
 
 async def _one_virtual(
@@ -279,6 +305,7 @@ async def _one_virtual(
     link: str,
     cfg: dict,
     calibrate_from: str | None,
+    fleet: Fleet,
 ) -> bench.BenchResult:
     from kvtrace.bench import inproc
 
@@ -294,7 +321,7 @@ async def _one_virtual(
     os.makedirs(run_dir, exist_ok=True)
     label = arms_analysis.arm_label(prefix_caching, bidirectional)
     return await inproc.run_arm(
-        run_dir, preset, prefix_caching, bidirectional, link, cfg, label, CONVERSATION_TTL_S, cost_model
+        run_dir, preset, prefix_caching, bidirectional, link, cfg, label, CONVERSATION_TTL_S, cost_model, fleet
     )
 
 

@@ -1,4 +1,5 @@
-"""One arm of ``kvtrace bench --arms --clock virtual``: the simulated 1 P + 1 D cluster, the proxy
+"""One arm of ``kvtrace bench --arms --clock virtual``: the simulated cluster (1 P + 1 D, or the
+:class:`~kvtrace.bench.fleet.Fleet` asked for), the proxy
 and the bench client in this process, on the virtual-time loop (:mod:`kvtrace.sim.virtual`).
 
 The same code as the served arm (``kvtrace sim`` + ``kvtrace proxy`` subprocesses): the same
@@ -13,6 +14,7 @@ import time
 
 import kvtrace
 from kvtrace.bench import api as bench
+from kvtrace.bench.fleet import SINGLE, Fleet
 from kvtrace.proxy import server
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.sim.cluster import SimCluster
@@ -30,13 +32,14 @@ async def run_arm(
     label: str,
     conversation_ttl_s: float,
     cost_model=None,
+    fleet: Fleet = SINGLE,
 ) -> bench.BenchResult:
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
     proxy_provider = kvtrace.configure("kvtrace-proxy", traces_dir=run_dir, handle_sigterm=False)
     try:
         async with SimCluster(
-            1,
-            1,
+            fleet.prefillers,
+            fleet.decoders,
             preset=preset,
             kv_config=kv,
             link=link,
@@ -51,6 +54,7 @@ async def run_arm(
                 decode=[Worker(HOST, w.port) for w in cluster.decode],
                 port=0,
                 conversation_ttl_s=conversation_ttl_s,
+                routing=fleet.routing,
             )
             # the proxy's clock argument defaults to the real monotonic clock (bound at import)
             proxy = await server.start(config, tracer_provider=proxy_provider, clock=time.monotonic)

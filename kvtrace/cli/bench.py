@@ -6,6 +6,9 @@ import argparse
 import json
 import math
 
+from kvtrace.cli.options import add_arms_arguments, arms_only_flags
+from kvtrace.routing import POLICIES
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvtrace.bench.published import WORKLOADS
@@ -58,49 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeat", type=int, default=1, help="run the workload N times (A/B: interleaved) for a noise estimate"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    arms = p.add_argument_group("published vs production (--arms)")
-    arms.add_argument(
-        "--arms",
-        action="store_true",
-        help="run the workload on simulated 1P+1D clusters in four arms, P prefix cache off/on x "
-        "bidirectional off/on, per preset, over the EFA link; each run's traces go to "
-        "--traces DIR/<preset>/<arm>/r<k> (--repeat N: N runs per arm, interleaved); prints each "
-        "preset's table with the published gain (cache off) beside the incremental gain (cache on)",
-    )
-    arms.add_argument(
-        "--presets",
-        nargs="+",
-        default=None,
-        metavar="PRESET",
-        help="cost presets for --arms (default: qwen3-32b glm5-fp8)",
-    )
-    arms.add_argument(
-        "--sim-time-scale",
-        type=float,
-        default=None,
-        help="--arms: simulated time compression (default per preset: qwen3-32b 5, glm5-fp8 4, "
-        "llama-3.3-70b 8); times are reported in simulated ms",
-    )
-    arms.add_argument(
-        "--clock",
-        choices=("virtual", "wall"),
-        default=None,
-        help="--arms: virtual (default): the clusters, proxy and client in this process on a virtual-time "
-        "loop, no sockets, no sleeps: the same seed gives the same tables whatever the host's load; wall: "
-        "served subprocesses sleeping in wall time (the default when --sim-time-scale is given)",
-    )
-    arms.add_argument(
-        "--sweep",
-        metavar="prefix=N,N,...",
-        help="--arms once per first-turn prefix length (--workload or a generate_conversations --input), "
-        "runs in --traces DIR/prefix-N; prints mean TTFT, P prefill and transfer per arm per point and the gains",
-    )
-    arms.add_argument(
-        "--calibrate-from",
-        metavar="DIR",
-        help="--arms: run every arm at the costs fitted to the trace directory DIR (kvtrace sim "
-        "--calibrate-from: real vLLM or another sim run) instead of the presets",
-    )
+    add_arms_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     common = dict(traces_dir=args.traces, progress=not args.no_progress)
     if args.arms:
         return _arms(args, config)
-    if args.presets or args.sim_time_scale is not None or args.sweep or args.calibrate_from or args.clock:
-        raise CLIError("--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms")
+    if used := arms_only_flags(args):
+        raise CLIError(f"{', '.join(used)} {'goes' if len(used) == 1 else 'go'} only with --arms")
     if not args.url:
         raise CLIError("--url is required (or --arms)")
     try:
@@ -178,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
 def _arms(args: argparse.Namespace, config: dict) -> int:
     from kvtrace.bench import api as bench
     from kvtrace.bench import arms
+    from kvtrace.bench.fleet import Fleet
     from kvtrace.errors import CLIError
 
     if args.url or args.ab_url:
@@ -200,6 +162,11 @@ def _arms(args: argparse.Namespace, config: dict) -> int:
         progress=not args.no_progress,
         repeat=repeat,
         calibrate_from=args.calibrate_from,
+        fleet=Fleet(
+            1 if args.prefillers is None else args.prefillers,
+            1 if args.decoders is None else args.decoders,
+            args.routing or POLICIES[0],
+        ),
     )
     try:
         if args.sweep:

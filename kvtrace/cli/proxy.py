@@ -6,6 +6,7 @@ import argparse
 
 from kvtrace import settings
 from kvtrace.proxy.config import DECODER_KV_BLOCKS_TTL_S, LOOPS, PREFILL_FAILURE_MODES, TTL_MARGIN_S
+from kvtrace.routing import POLICIES
 
 # hardening limits: flag, ProxyConfig field, type, metavar, the KVTRACE_* setting that is its default
 _LIMITS = (
@@ -75,6 +76,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument("--max-conversations", type=int, default=100_000, help="conversation table size (LRU)")
+    p.add_argument(
+        "--routing",
+        choices=POLICIES,
+        default=None,
+        help="which P and D serve a turn when there are several: round-robin, least-loaded (fewest in flight), "
+        "session-affine (D = the one holding the session's KV), kv-aware (session-affine, and P = the one that "
+        f"prefilled the session's last turn unless busier) (default {settings.PROXY_ROUTING.default}; env "
+        f"{settings.PROXY_ROUTING.env})",
+    )
     p.add_argument(
         "--prefill-failure",
         choices=PREFILL_FAILURE_MODES,
@@ -151,6 +161,7 @@ def build_config(args: argparse.Namespace):
             max_body_bytes=args.max_body_bytes,
             **{dest: getattr(args, dest) for _, dest, *_ in _LIMITS if getattr(args, dest) is not None},
             **({"patch_responses": False} if args.no_patch else {}),
+            **({"routing": args.routing} if args.routing else {}),
             **({"prefix_match": False} if args.no_prefix_match else {}),
         )
     except ValueError as exc:  # also a KVTRACE_PROXY_* setting that is not a number

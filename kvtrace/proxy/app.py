@@ -234,7 +234,10 @@ class Proxy(DecodeLeg):
 
     # ------------------------------------------------------------------ P leg
     async def _prefill(self, call: Call) -> None:
-        client = call.p_client = self.pool.next_prefill()
+        client, call.p_route = self.pool.choose_prefill(call.session_id)
+        call.p_client = client
+        if self.pool.fleet:
+            call.route_policy = self.config.routing
         turn = call.turn
         p = await self._prefill_leg(call, client, turn.params)
         if turn.offered and p.error is None and p.status >= 500:

@@ -64,6 +64,9 @@ class Call:
     reply: prefix_table.Reply | None = None  # rebuilding a streamed answer
     decode_params_invalid: str | None = None  # why D's final params were not kept
     recorded: bool = False  # the prefix table has this turn
+    route_policy: str | None = None  # the routing policy, when the fleet gave a choice (Pool.fleet)
+    p_route: str | None = None  # why this P / this D (sc.ROUTE_REASONS)
+    d_route: str | None = None
 
     @property
     def decoder(self) -> Client:
@@ -112,6 +115,9 @@ class Call:
                 sc.PROXY_FALLBACK: self.fallback,
                 sc.PROXY_PREFILL_ENDPOINT: self.p_client.base if self.p_client else None,
                 sc.PROXY_DECODE_ENDPOINT: self.d_client.base if self.d_client else None,
+                sc.ROUTE_POLICY: self.route_policy,
+                sc.ROUTE_PREFILL_REASON: self.p_route if self.route_policy else None,
+                sc.ROUTE_DECODE_REASON: self.d_route if self.route_policy else None,
                 sc.PROXY_PREFILL_ATTEMPTS: self.prefill_attempts if self.prefill_attempts > 1 else None,
                 sc.PROXY_DECODER_KV_TTL_S: self.decoder_ttl_s,
                 sc.GEN_AI_USAGE_INPUT_TOKENS: usage.get("prompt_tokens"),

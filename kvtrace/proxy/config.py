@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from kvtrace import settings
+from kvtrace.routing import check_policy
 
 DECODER_KV_BLOCKS_TTL_S = 480.0  # vLLM default decoder_kv_blocks_ttl
 TTL_MARGIN_S = 30.0
@@ -63,6 +64,7 @@ class ProxyConfig:
     max_worker_connections: int = field(default_factory=lambda: int(settings.PROXY_MAX_WORKER_CONNECTIONS.get()))
     max_worker_queue: int = field(default_factory=lambda: int(settings.PROXY_MAX_WORKER_QUEUE.get()))
     patch_responses: bool = field(default_factory=lambda: bool(settings.PATCH_RESPONSES.get()))
+    routing: str = field(default_factory=lambda: str(settings.PROXY_ROUTING.get()))
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY") or None)
 
     def __post_init__(self) -> None:
@@ -72,6 +74,7 @@ class ProxyConfig:
         """Raise ValueError (one line) on an unusable configuration."""
         if not self.prefill or not self.decode:
             raise ValueError("need at least one prefill and one decode worker")
+        check_policy(self.routing)  # RoutingError is a ValueError: one line
         if self.prefill_failure not in PREFILL_FAILURE_MODES:
             raise ValueError(f"prefill_failure must be one of {PREFILL_FAILURE_MODES}, not {self.prefill_failure!r}")
         for name in (

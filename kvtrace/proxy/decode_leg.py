@@ -42,7 +42,11 @@ class DecodeLeg:
             self.chains.served(call.session_id, call.prompt, reply, call.turn.index)
 
     async def _open_decode(self, call: Call):
-        client = call.d_client = self.pool.next_decode()
+        holder = call.turn.entry.decode_endpoint if call.turn.entry is not None else None
+        client, call.d_route = self.pool.choose_decode(call.session_id, holder)
+        call.d_client = client
+        if self.pool.fleet:
+            call.route_policy = self.config.routing
         call.decoder_ttl_s = self.retention.ttl(client.base)
         span, tp = call.rt.leg(sc.SPAN_PROXY_DECODE, client.host, client.port)
         call.legs.append(span)

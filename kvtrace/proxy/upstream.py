@@ -1,4 +1,4 @@
-"""Pooled HTTP clients for the P and D workers, with round-robin selection, and size-capped reads.
+"""Pooled HTTP clients for the P and D workers, routed by :mod:`kvtrace.routing`, and size-capped reads.
 
 One ``aiohttp.ClientSession`` (keep-alive pool) per worker, created when the proxy app starts and
 closed when it stops (:mod:`kvtrace.proxy.app` wires both).  :func:`read_body` and :func:`pump` read
@@ -30,6 +30,7 @@ import aiohttp
 from kvtrace import semconv as sc
 from kvtrace.proxy.codec import loads
 from kvtrace.proxy.config import ProxyConfig, Worker
+from kvtrace.routing import Router
 
 # what a failed upstream call can raise before or while reading a response
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
@@ -192,14 +193,23 @@ class Client:
 
 
 class Pool:
-    """Clients of all P and D workers; ``next_prefill`` / ``next_decode`` round-robin."""
+    """Clients of all P and D workers; :meth:`choose_prefill` / :meth:`choose_decode` route a turn
+    by the configured policy (:mod:`kvtrace.routing`; load = requests in flight or queued),
+    ``next_decode`` round-robins requests that are no turn (``GET /v1/models``)."""
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.prefill: list[Client] = []
         self.decode: list[Client] = []
-        self._p: Iterator[Client] = iter(())  # start() makes the round robins
-        self._d: Iterator[Client] = iter(())
+        self._d: Iterator[Client] = iter(())  # start() makes the round robin
+        self.router = Router(
+            config.routing,
+            [w.base for w in config.prefill],
+            [w.base for w in config.decode],
+            max_sessions=config.max_conversations,
+        )
+        # the request span names the policy and its reasons only where there was a choice
+        self.fleet = len(config.prefill) > 1 or len(config.decode) > 1
 
     async def start(self) -> None:
         cfg = self.config
@@ -214,21 +224,31 @@ class Pool:
 
         self.prefill = [make(w, sc.ROLE_PREFILL) for w in cfg.prefill]
         self.decode = [make(w, sc.ROLE_DECODE) for w in cfg.decode]
-        self._p = itertools.cycle(self.prefill)
         self._d = itertools.cycle(self.decode)
 
     async def close(self) -> None:
         for c in self.prefill + self.decode:
             await c.session.close()
 
-    def next_prefill(self) -> Client:
-        return next(self._p)
-
     def next_decode(self) -> Client:
         return next(self._d)
 
+    def choose_prefill(self, session: str | None) -> tuple[Client, str]:
+        """The P for a turn of ``session``, and why (``sc.ROUTE_REASONS``)."""
+        c = self.router.prefill(session, [_load(x) for x in self.prefill])
+        return self.prefill[c.index], c.reason
+
+    def choose_decode(self, session: str | None, holder: str | None) -> tuple[Client, str]:
+        """The D for a turn; ``holder``: base URL of the D holding the session's blocks, if known."""
+        c = self.router.decode(session, holder, [_load(x) for x in self.decode])
+        return self.decode[c.index], c.reason
+
     def gates(self, role: str) -> list[Gate]:
         return [c.gate for c in (self.prefill if role == sc.ROLE_PREFILL else self.decode)]
+
+
+def _load(c: Client) -> int:
+    return c.gate.in_use + c.gate.queued
 
 
 def json_object(data: bytes) -> dict | None:

@@ -113,6 +113,21 @@ PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after 
 PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 PROXY_POOL_WAIT_MS = "kvtrace.proxy.pool_wait_ms"  # float on a leg: time queued for a connection to the worker
 
+# routing in a fleet (proxy request span, when a role has more than one worker: kvtrace.routing)
+ROUTE_POLICY = "kvtrace.route.policy"  # the proxy's --routing
+ROUTE_PREFILL_REASON = "kvtrace.route.prefill_reason"  # why this P (ROUTE_REASONS)
+ROUTE_DECODE_REASON = "kvtrace.route.decode_reason"  # why this D
+ROUTING_ROUND_ROBIN = "round-robin"
+ROUTING_LEAST_LOADED = "least-loaded"
+ROUTING_SESSION_AFFINE = "session-affine"
+ROUTING_KV_AWARE = "kv-aware"
+ROUTING_POLICIES = (ROUTING_ROUND_ROBIN, ROUTING_LEAST_LOADED, ROUTING_SESSION_AFFINE, ROUTING_KV_AWARE)
+ROUTE_ROTATION = "rotation"  # round-robin's turn
+ROUTE_LEAST_LOADED = "least_loaded"  # the fewest requests in flight (ties in rotation)
+ROUTE_HOLDER = "holder"  # D: it holds the session's blocks
+ROUTE_LAST_PREFILL = "last_prefill"  # P: it prefilled the session's last turn
+ROUTE_REASONS = (ROUTE_ROTATION, ROUTE_LEAST_LOADED, ROUTE_HOLDER, ROUTE_LAST_PREFILL)
+
 # session identification and continuity (proxy request span, chat requests)
 SESSION_SOURCE = "kvtrace.session.source"  # how the request's session was found
 SESSION_CONTINUITY = "kvtrace.session.continuity"  # extends | diverged | new

@@ -61,6 +61,8 @@ def render_markdown() -> str:
         ("session source", SESSION_SOURCES),
         ("session continuity", CONTINUITIES),
         ("proxy fallback", FALLBACKS),
+        ("routing policy", ROUTING_POLICIES),
+        ("routing reason", ROUTE_REASONS),
         ("error.type set by kvtrace", ERROR_VALUES),
         (
             "gen_ai.operation.name set by kvtrace",

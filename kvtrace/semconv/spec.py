@@ -115,6 +115,10 @@ SPANS: dict[str, dict] = {
             PROXY_FALLBACK: f"Fault handling applied: {', '.join(FALLBACKS)}.",
             PROXY_PREFILL_ENDPOINT: "P worker base URL chosen.",
             PROXY_DECODE_ENDPOINT: "D worker base URL chosen.",
+            ROUTE_POLICY: f"The proxy's routing policy ({', '.join(ROUTING_POLICIES)}); set when it had more than "
+            "one P or D to choose from.",
+            ROUTE_PREFILL_REASON: f"Why this P ({', '.join(ROUTE_REASONS)}); with the policy.",
+            ROUTE_DECODE_REASON: f"Why this D ({', '.join(ROUTE_REASONS)}); with the policy.",
             PROXY_PREFILL_ATTEMPTS: "P legs sent (int): 2 when P failed (5xx) to read the offered blocks and "
             "the proxy asked again without them; absent when 1.",
             PROXY_DECODER_KV_TTL_S: "D's block retention (decoder_kv_blocks_ttl) as the proxy knows it: "

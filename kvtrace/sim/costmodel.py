@@ -14,19 +14,28 @@ source) feed these formulas, per worker of ``tp`` GPUs (tensor parallel):
   forward passes (vLLM's chunked prefill)::
 
       t = max(chunks * weight_bytes / (tp * hbm),                      # every chunk reads all weights
-              new * 2 * active_params / (tp * gemm_peak * gemm_eff)   # GEMMs
-              + (pairs * attn_flops_per_pair + all_pairs * index_flops_per_pair)
-                / (tp * attn_peak * attn_eff))                         # attention (+ DSA indexer)
+              new * 2 * (active_params - routed) / (tp * gemm_peak * gemm_eff)   # dense GEMMs
+              + routed_gemm_s(new)                                     # routed experts (MoE)
+              + pairs * attn_flops_per_pair * attn_pad / (tp * attn_peak * attn_eff)   # attention
+              + all_pairs * index_flops_per_pair / (tp' * attn_peak * index_eff))      # DSA indexer
           + layers * allreduces_per_layer
             * (chunks * allreduce_latency + 2 (tp-1)/tp * new * hidden * act_bytes / nvlink)   # TP
-          + moe_layers * new * experts_per_token * hidden * act_bytes * 2 / hbm            # MoE
+          + moe_layers * new * experts_per_token * hidden * act_bytes * combine_passes / hbm  # MoE
 
   ``pairs`` = (query, key) pairs of causal attention over the new tokens (each new token sees the
   tokens before it, at most ``attn_window`` of them: DSA's top-k), ``all_pairs`` the same without
   the window (the indexer scores every key).  The all-reduce is NCCL's ring formula with the bus
   bandwidth nccl-tests measures, on the critical path (vLLM does not overlap it); the MoE term is
   the expert outputs' write and read back for the weighted combine (every TP rank handles every
-  token's full hidden state; the experts' GEMMs are in the GEMM term);
+  token's full hidden state), only the read back when the routed GEMMs come from a measured curve
+  (its down GEMM writes them).  Presets with a ``moe_curve`` time their routed experts' GEMMs by it
+  (:mod:`kvtrace.sim.moe_cost`: achieved throughput against rows per expert, per chunk and MoE
+  layer, floored by the weights' read); ``routed`` = their parameters per token, 0 without a
+  curve (every GEMM at ``gemm_eff``).  ``attn_pad`` is the heads the attention kernel computes
+  per rank over the real ones (vLLM pads GLM-5's 8 per rank to 64), except that a prompt of at
+  most ``attn_window`` tokens runs as dense MHA at ``mha_flops_per_pair`` / ``mha_eff`` when the
+  preset has them (vLLM's sparse MLA does); ``tp'`` = tp when the indexer is split over the
+  ranks, 1 when it is replicated;
 - decode step (continuous batching; every running decode on the worker shares one step), memory
   bound, plus one small all-reduce per call: ``t = (active_weight_bytes + sum(ctx_i) *
   bytes_per_token) / (tp * hbm) + layers * allreduces_per_layer * allreduce_latency``;
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import math
 
+from kvtrace.sim.moe_cost import routed_active_params, routed_gemm_s
 from kvtrace.sim.presets import LINKS, PRESETS, Link, Preset
 
 __all__ = ["LINKS", "PRESETS", "CostModel", "Link", "Preset", "causal_pairs", "ring_allreduce_s"]
@@ -118,12 +128,29 @@ class CostModel:
         return max(weights, self.compute_s(new, ctx)) + self.tp_allreduce_s(new) + self.moe_dispatch_s(new)
 
     def compute_s(self, new: int, ctx: int) -> float:
-        """GEMMs and attention (with DSA's indexer) at the kernels' efficiency."""
+        """GEMMs (routed experts by their curve) and attention (with DSA's indexer) at the kernels'
+        efficiency."""
+        return self.gemm_s(new) + self.attention_s(new, ctx)
+
+    def gemm_s(self, new: int) -> float:
+        """Dense GEMMs at ``gemm_eff`` plus, for a preset with a ``moe_curve``, its routed experts'."""
         p = self.preset
-        gemm = new * 2 * p.active_params / (p.gpus * p.gemm_flops_per_s * p.gemm_eff)
-        flops = causal_pairs(new, ctx, p.attn_window) * p.attn_flops_per_pair
-        flops += causal_pairs(new, ctx) * p.index_flops_per_pair
-        return gemm + flops / (p.gpus * p.attn_flops_per_s * p.attn_eff)
+        dense = new * 2 * (p.active_params - routed_active_params(p))
+        return dense / (p.gpus * p.gemm_flops_per_s * p.gemm_eff) + routed_gemm_s(p, new)
+
+    def attention_s(self, new: int, ctx: int) -> float:
+        """Causal (windowed) attention with the kernel's head padding, and DSA's indexer over every pair."""
+        p = self.preset
+        pairs = causal_pairs(new, ctx, p.attn_window)
+        if p.mha_flops_per_pair and p.attn_window is not None and ctx <= p.attn_window:
+            attn = pairs * p.mha_flops_per_pair / (p.gpus * p.attn_flops_per_s * p.mha_eff)
+        else:
+            attn = pairs * p.attn_flops_per_pair * p.attn_pad / (p.gpus * p.attn_flops_per_s * p.attn_eff)
+        if not p.index_flops_per_pair:
+            return attn
+        index_ranks = p.gpus if p.index_sharded else 1
+        index = causal_pairs(new, ctx) * p.index_flops_per_pair
+        return attn + index / (index_ranks * p.attn_flops_per_s * p.index_eff)
 
     def tp_allreduce_s(self, new: int) -> float:
         """The tensor-parallel all-reduces of a prefill: per layer, per chunk (latency) and over
@@ -139,7 +166,7 @@ class CostModel:
     def moe_dispatch_s(self, new: int) -> float:
         """MoE dispatch/combine memory traffic: each token's top-k expert outputs written and read back."""
         p = self.preset
-        traffic = p.moe_layers * new * p.experts_per_token * p.hidden * p.act_bytes * 2
+        traffic = p.moe_layers * new * p.experts_per_token * p.hidden * p.act_bytes * p.moe_combine_passes
         return traffic / p.hbm_bytes_per_s
 
     # ------------------------------------------------------------------ decode

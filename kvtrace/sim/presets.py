@@ -45,8 +45,37 @@ Sources:
   head dim 128, long sequences, ~640 of 989.5 TFLOPS on H100 (to verify); FlashMLA's sparse
   (DSA) prefill kernel, up to 640 TFLOPS on H800 SXM5 (deepseek-ai/FlashMLA README; to verify).
   Dense BF16 GEMMs 0.7: cuBLAS BF16 GEMM on H100 SXM at prefill shapes, ~700 TFLOPS (to verify).
-  FP8 MoE grouped GEMMs 0.62: DeepGEMM's contiguous grouped GEMMs ~1,230-1,300 TFLOPS FP8 on H800
-  (deepseek-ai/DeepGEMM README; to verify; optimistic for TP 8's narrow per-rank expert slices).
+  Dense FP8 GEMMs 0.62 (GLM-5's attention projections, dense layers, shared expert, router, LM
+  head): DeepGEMM's normal FP8 GEMM up to 1,358 TFLOPS on H800 at 4096 x 7168 x 16384 (0.69 of
+  peak; deepseek-ai/DeepGEMM README, re-read); our H200 ``torch._scaled_mm`` at a rank's 8,192 x
+  6,144 x 2,048 shapes, 0.60-0.63 (docs/benchmarks.md, "H200"; 0.33 at 1,024 rows, not modelled).
+- GLM-5's routed experts (:mod:`kvtrace.sim.moe_cost`): no single efficiency, a curve of achieved
+  FLOP/s against rows per expert, :data:`VLLM_MOE_H200_MS`: vLLM 0.32's Triton ``fused_moe_kernel``
+  with the tuned config vLLM ships (``E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,
+  block_shape=[128,128]``), one GLM-5-FP8 MoE layer per rank at TP 8 (gate_up 6,144 -> 512, down
+  256 -> 6,144), measured on an H200 (benchmarks/sim/gpu_vllm_moe.py, docs/benchmarks.md "H200"):
+  0.017 of FP8 peak at 5 rows per expert, 0.072 at 32, 0.176 at 256 (an 8,192-token chunk).
+  Independent public figure (not used): DeepGEMM README's masked grouped GEMM on H800, 815-932
+  TFLOPS (0.41-0.47 of peak) at 256 rows per expert and 916-1,040 at 512, contiguous 1,093-1,297
+  at 4-8k rows; those are DeepSeek-V3's whole experts (N 4,096 / 7,168, expert parallel), not TP
+  8's 256-wide slices.  The preset uses ours: it is the kernel and the shape vLLM runs for this
+  preset's configuration (TP 8, no expert parallelism), and its small-rows points are exactly
+  what DeepGEMM's table lacks.  Below the curve's first point and as a floor: the touched experts'
+  weight slices read once per chunk at HBM bandwidth.
+- GLM-5's attention at TP 8 (vLLM 0.32, vllm/v1/attention/backends/mla/flashmla_sparse.py): 64
+  heads / 8 ranks = 8 per rank, under ``MIN_HEADS_FOR_BF16_PREFILL`` (32), so prefill tokens run
+  the FP8 sparse *decode* kernel ("mixed batch mode"), whose heads are padded to 64
+  (``_compute_fp8_decode_padded_heads``): every rank computes 64 heads' FLOPs for its 8
+  (:attr:`Preset.attn_pad` 8).  That kernel's rate: FlashMLA README, sparse decoding with FP8 KV
+  cache 410 TFLOPS on H800 (compute bound) -> :data:`FLASHMLA_SPARSE_DECODE_EFF` 410 / 989.5.
+  Except a prompt no longer than index_topk (2,048): vLLM runs it as dense MHA
+  (``_use_dense_mha_prefill`` in vllm/model_executor/layers/attention/sparse_mla_attention.py:
+  ``prefill_max_seq_len <= topk_tokens``), the rank's own 8 heads un-absorbed (q/k 192 + 64, v
+  256: 78 x 64 x 2 x (256 + 256) FLOPs per pair) on FlashAttention at :data:`ATTN_EFF`.
+  The DSA indexer is not tensor-parallel ("no tensor parallel, just replicated": ``Indexer`` in
+  vllm/model_executor/models/deepseek_v2.py): every rank scores all 32 indexer heads
+  (:attr:`Preset.index_sharded` False), at the former attention efficiency 0.65 of BF16 (its
+  FP8 logits kernel, DeepGEMM ``fp8_mqa_logits``, has no public efficiency figure; to verify).
   Cross-check (not used to set anything): SGLang's DeepSeek-V3 prefill, 52.3k input tokens/s per
   8x H100 node at 2,000-token inputs (LMSYS blog, 2025-05-05, large-scale EP).
 - Chunked prefill: vLLM's default ``max_num_batched_tokens`` for the API server on >= 70 GiB GPUs,
@@ -56,11 +85,18 @@ Sources:
   heads, 8 KV heads, head_dim 128.  KV/token 64 x 8 x 128 x 2 (K, V) x 2 B = 262,144 B.  Attention
   FLOPs per (query, key) pair: 64 layers x 64 heads x 128 x 2 (QK, AV) x 2.
 - GLM-5 (zai-org/GLM-5 model card; config.json of the GLM-5 family, GlmMoeDsaForCausalLM): 744 B
-  parameters, 40 B active, 78 layers (first 3 dense, 75 MoE), hidden 6144, 256 routed experts,
-  top-8, MLA (kv_lora_rank 512 + qk_rope_head_dim 64), 64 heads, DSA index_topk 2,048 with an
-  indexer of index_n_heads 32 x index_head_dim 128.  KV/token in vLLM's fp8_ds_mla layout: 78 x
-  (656 B latent: 512 FP8 + 4 x 4 B scales + 64 BF16 RoPE; + 132 B indexer key: 128 FP8 + a 4 B
-  scale) = 61,464 B.  MLA pair FLOPs (absorbed): 78 x 64 x 2 x (576 + 512); indexer 78 x 32 x 128 x 2.
+  parameters, 40 B active, 78 layers (first_k_dense_replace 3: 3 dense, 75 MoE), hidden 6144,
+  n_routed_experts 256, num_experts_per_tok 8, moe_intermediate_size 2,048 (one routed expert:
+  gate, up, down = 3 x 6,144 x 2,048 = 37.7 M parameters, 1 B each in FP8; routed active per token
+  75 x 8 x 37.7 M = 22.6 B, the other 17.4 B of the 40 B at the dense efficiency; a count from the
+  config gives 744 B total and 18.2 B non-routed GEMM parameters, within 5 % of that), MLA
+  (kv_lora_rank 512 + qk_rope_head_dim 64; q_lora_rank 2,048, qk_nope_head_dim 192, v_head_dim
+  256), 64 heads, DSA index_topk 2,048 with an indexer of index_n_heads 32 x index_head_dim 128
+  (re-read for this version: the GLM-5 config.json defaults in jd-opensource/xllm
+  xllm/models/llm/glm5.h, which cite huggingface.co/zai-org/GLM-5/blob/main/config.json).
+  KV/token in vLLM's fp8_ds_mla layout: 78 x (656 B latent: 512 FP8 + 4 x 4 B scales + 64 BF16
+  RoPE; + 132 B indexer key: 128 FP8 + a 4 B scale) = 61,464 B.  MLA pair FLOPs (absorbed): 78 x
+  64 x 2 x (576 + 512); indexer 78 x 32 x 128 x 2.
 - KV block size: 16 tokens, vLLM's default on CUDA, except GLM-5: DSA runs on vLLM's FLASHMLA_SPARSE
   backend, whose kernels take 64-token blocks only (``get_supported_kernel_block_sizes() -> [64]`` in
   vllm/v1/attention/backends/mla/flashmla_sparse.py), so its NIXL descriptors carry 64 tokens each.
@@ -82,7 +118,21 @@ NCCL_BUSBW = 470e9  # B/s, all-reduce bus bandwidth on one 8-GPU NVSwitch node
 ALLREDUCE_LATENCY_S = 10e-6  # per all-reduce call
 ATTN_EFF = 0.65  # FlashAttention-3 / FlashMLA prefill kernels, fraction of BF16 peak
 GEMM_EFF_BF16 = 0.7  # cuBLAS BF16 GEMMs
-GEMM_EFF_FP8_MOE = 0.62  # DeepGEMM grouped FP8 GEMMs
+GEMM_EFF_FP8_MOE = 0.62  # FP8 GEMMs outside the routed experts (DeepGEMM dense; our H200 _scaled_mm)
+FLASHMLA_SPARSE_DECODE_EFF = 410 / 989.5  # FlashMLA's FP8 sparse decode kernel, 410 TFLOPS on H800
+# vLLM 0.32's fused_moe_kernel on an H200, one GLM-5-FP8 MoE layer per rank at TP 8: (tokens in the
+# chunk, seconds per layer), medians of benchmarks/sim/gpu_vllm_moe.py (docs/benchmarks.md, "H200")
+VLLM_MOE_H200_MS = (
+    (1, 0.168e-3),
+    (8, 0.127e-3),
+    (64, 0.312e-3),
+    (160, 0.368e-3),
+    (512, 0.479e-3),
+    (1024, 0.541e-3),
+    (2048, 0.693e-3),
+    (4096, 1.056e-3),
+    (8192, 1.778e-3),
+)
 CHUNK_TOKENS = 8192  # vLLM's max_num_batched_tokens (API server, >= 70 GiB GPUs)
 EFA_GPU_BYTES_PER_S = 2 * 200e9 / 8  # two 200 Gb/s EFA devices per GPU
 EFA_DESCRIPTOR_S = 1.78e-6  # per descriptor per rail (message-rate bound)
@@ -118,6 +168,17 @@ class Preset:
     max_num_seqs: int | None = None  # vLLM --max-num-seqs (recorded; the sim does not bound batches)
     chunk_tokens: int = CHUNK_TOKENS
     block_size: int = 16  # tokens per KV block: vLLM's default on CUDA, or what the attention backend requires
+    # routed experts timed by a measured curve (kvtrace.sim.moe_cost); empty: every GEMM at gemm_eff
+    moe_curve: tuple[tuple[float, float], ...] = ()  # (rows per expert, FLOP/s per GPU), rows ascending
+    routed_experts: int = 0  # n_routed_experts
+    expert_params: float = 0.0  # parameters of one routed expert (gate, up, down)
+    expert_bytes: float = 0.0  # its weights' bytes (a rank reads 1/tp of them)
+    moe_combine_passes: int = 2  # passes over the top-k outputs outside the GEMMs (write + read back)
+    attn_pad: float = 1.0  # heads the attention kernel computes per rank / the rank's real heads
+    index_sharded: bool = True  # DSA indexer split over the ranks (False: replicated on every rank)
+    index_eff: float = ATTN_EFF  # kernel efficiency of the indexer
+    mha_flops_per_pair: float = 0.0  # prompts of <= attn_window tokens run as dense MHA (0: never)
+    mha_eff: float = ATTN_EFF  # kernel efficiency of that dense MHA (no head padding)
 
     @property
     def tp(self) -> int:
@@ -137,7 +198,15 @@ class Link:
 _QWEN3_32B = 32.8e9
 _GLM5, _GLM5_ACTIVE = 744e9, 40e9
 _LLAMA_70B = 70.6e9
+_GLM5_EXPERT = 3 * 6144 * 2048  # gate, up, down projections of one routed expert
 _P5EN = dict(gpus=8, max_num_seqs=8)
+
+
+def moe_curve(points: tuple[tuple[int, float], ...], experts: int, top_k: int, expert_params: float, tp: int):
+    """(tokens, seconds per layer) measurements -> (rows per expert, FLOP/s per GPU)."""
+    return tuple((t * top_k / experts, t * top_k * 2 * expert_params / tp / s) for t, s in points)
+
+
 PRESETS: dict[str, Preset] = {
     "qwen3-32b": Preset(
         "qwen3-32b",
@@ -168,6 +237,16 @@ PRESETS: dict[str, Preset] = {
         kv_regions_per_layer=2,  # MLA latent + DSA indexer keys
         kv_sharded=False,
         block_size=64,  # FlashMLASparseBackend.get_supported_kernel_block_sizes() == [64]
+        moe_curve=moe_curve(VLLM_MOE_H200_MS, 256, 8, _GLM5_EXPERT, 8),
+        routed_experts=256,
+        expert_params=_GLM5_EXPERT,
+        expert_bytes=_GLM5_EXPERT,  # FP8 (the 128 x 128 block scales: 1/16,384 more, ignored)
+        moe_combine_passes=1,  # the measured down GEMM writes the top-k outputs; only the read back is left
+        attn_eff=FLASHMLA_SPARSE_DECODE_EFF,  # 8 heads per rank < 32: vLLM runs the FP8 decode kernel
+        attn_pad=64 / 8,  # ... padded to 64 heads
+        index_sharded=False,  # vLLM's Indexer is replicated, not tensor-parallel
+        index_eff=ATTN_EFF,
+        mha_flops_per_pair=78 * 64 * 2 * (256 + 256),  # <= 2,048-token prompts: dense MHA, un-absorbed
         **_P5EN,
     ),
     "llama-3.3-70b": Preset(

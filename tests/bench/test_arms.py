@@ -179,7 +179,16 @@ def test_tables_invert_compare_and_name_a_missing_arm():
         ),
         (
             ["--presets", "glm5-fp8", "--url", "http://127.0.0.1:9"],
-            "--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms",
+            "--presets goes only with --arms",
+        ),
+        (
+            ["--prefillers", "2", "--routing", "kv-aware", "--url", "http://127.0.0.1:9"],
+            "--prefillers, --routing go only with --arms",
+        ),
+        (["--arms", "--prefillers", "0", "--traces", "{d}"], "impossible topology 0P1D: a fleet needs at least one"),
+        (
+            ["--arms", "--clients", "99999", "--traces", "{d}"],
+            "99999 clients are more than 1P1D can hold: the proxy queues at most 5120 requests per role",
         ),
         ([], "--url is required (or --arms)"),
     ],

@@ -72,7 +72,7 @@ def test_virtual_arms_make_the_decisions_their_configuration_allows(twice):
     "argv, message",
     [
         (["--arms", "--clock", "virtual", "--sim-time-scale", "5", "--traces", "{d}"], "goes with --clock wall"),
-        (["--clock", "virtual", "--url", "http://127.0.0.1:9"], "--clock and --calibrate-from only go with --arms"),
+        (["--clock", "virtual", "--url", "http://127.0.0.1:9"], "--clock goes only with --arms"),
     ],
 )
 def test_clock_errors_are_one_line(tmp_path, capsys, argv, message):

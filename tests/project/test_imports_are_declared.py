@@ -32,6 +32,7 @@ UNIT_EXTRAS: dict[str, tuple[str, ...]] = {
     "emit": (),
     "kvrules": (),
     "kvdigest": (),
+    "routing": (),
     "proxy": ("proxy", "proxy-fast"),  # uvloop, when installed
     "semconv": (),
     "settings": (),

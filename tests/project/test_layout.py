@@ -25,14 +25,15 @@ ALLOWED: dict[str, set[str]] = {
     "telemetry": BASE | {"store"},  # OTel providers and exporters, fast spans, Prometheus exposition
     "emit": BASE | {"telemetry"},
     "agent": BASE | {"telemetry"},
-    "proxy": BASE | {"telemetry"},
+    "routing": {"semconv"},  # a fleet's routing policies: the proxy's, whoever runs it (kvtrace.routing)
+    "proxy": BASE | {"telemetry", "routing"},
     "sim": BASE | {"telemetry", "emit", "kvrules", "kvdigest"},
     "vllm": BASE | {"telemetry", "emit", "kvdigest"},
     "collect": BASE | {"telemetry", "store"},
     "analysis": BASE | {"store", "kvrules"},
     "dashboards": BASE | {"store", "analysis"},
     # bench drives the pipeline: --clock virtual runs sim + proxy in its own process (bench/inproc.py)
-    "bench": BASE | {"telemetry", "agent", "store", "analysis", "sim", "proxy"},
+    "bench": BASE | {"telemetry", "agent", "store", "analysis", "sim", "proxy", "routing"},
     "testing": BASE | {"telemetry", "store", "emit"},
     "demo": BASE | {"telemetry", "agent", "proxy", "sim", "store", "analysis", "bench", "dashboards"},
     # the commands: thin modules (parse, call, print) over every package above
@@ -41,6 +42,7 @@ ALLOWED: dict[str, set[str]] = {
         "telemetry",
         "agent",
         "proxy",
+        "routing",
         "sim",
         "vllm",
         "emit",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvtrace.sim.costmodel import CostModel, causal_pairs, ring_allreduce_s
+from kvtrace.sim.moe_cost import experts_touched, routed_layer_s
 from kvtrace.sim.presets import PRESETS
 
 HBM, BF16, FP8 = 4.8e12, 989.5e12, 1979e12  # H200 datasheet
@@ -52,20 +53,101 @@ def test_a_short_prefill_is_bound_by_reading_the_weights_once_per_chunk():
     assert qwen.tp_allreduce_s(8193) == pytest.approx(64 * 2 * (2 * AR_LAT + 2 * 7 / 8 * 8193 * 5120 * 2 / BUSBW))
 
 
-def test_glm5_prefill_adds_sparse_attention_its_indexer_and_moe_dispatch():
+# GLM-5-FP8 (config.json): 75 MoE layers, 256 routed experts, top-8, one expert 3 x 6,144 x 2,048 params
+MOE_LAYERS, EXPERTS, TOP_K, EXPERT = 75, 256, 8, 3 * 6144 * 2048
+ROUTED = MOE_LAYERS * TOP_K * EXPERT  # routed-expert parameters per token; the rest of the 40 B is dense
+# vLLM's fused_moe_kernel on an H200, one layer per rank at TP 8: tokens -> ms (docs/benchmarks.md, "H200")
+MEASURED_MS = {160: 0.368, 512: 0.479, 1024: 0.541, 2048: 0.693, 4096: 1.056, 8192: 1.778}
+MLA_PAIR, MHA_PAIR, INDEX_PAIR = 78 * 64 * 2 * 1088, 78 * 64 * 2 * 512, 78 * 32 * 128 * 2
+SPARSE_DECODE_EFF = 410 / 989.5  # FlashMLA's FP8 sparse decode kernel (410 TFLOPS on H800)
+
+
+def glm5_expected_s(new: int) -> float:
+    """A whole-prompt GLM-5 prefill of ``new`` tokens (no cache) from the formulas, the routed experts
+    at the measured per-layer times (``new`` a sum of measured chunk sizes)."""
+    full, rest = divmod(new, 8192)
+    routed = MOE_LAYERS * (full * MEASURED_MS[8192] + (MEASURED_MS[rest] if rest else 0.0)) / 1e3
+    dense = new * 2 * (40e9 - ROUTED) / (8 * FP8 * 0.62)
+    window = min(new, 2048)
+    sparse = window * (window + 1) // 2 + (new - window) * 2048
+    if new <= 2048:  # vLLM: dense MHA, each rank its own 8 heads
+        attn = sparse * MHA_PAIR / (8 * BF16 * 0.65)
+    else:  # the FP8 sparse decode kernel, 8 heads per rank padded to 64
+        attn = sparse * MLA_PAIR * 64 / 8 / (8 * BF16 * SPARSE_DECODE_EFF)
+    index = new * (new + 1) // 2 * INDEX_PAIR / (BF16 * 0.65)  # replicated: every rank scores every pair
+    chunks = -(-new // 8192)
+    allreduce = 78 * 2 * (chunks * AR_LAT + 2 * 7 / 8 * new * 6144 * 2 / BUSBW)
+    combine = MOE_LAYERS * new * TOP_K * 6144 * 2 / HBM  # read back; the down GEMM's write is measured
+    return max(chunks * 744e9 / (8 * HBM), routed + dense + attn + index) + allreduce + combine
+
+
+def test_glm5_moe_layer_follows_the_measured_curve_at_the_measured_points():
+    glm = CostModel("glm5-fp8").preset
+    for tokens, ms in MEASURED_MS.items():
+        assert routed_layer_s(glm, tokens) == pytest.approx(ms / 1e3, rel=0.02), tokens
+    # between points: throughput interpolated over rows per expert (300 tokens: 9.375 rows, 5 -> 16)
+    rows = [(t * TOP_K / EXPERTS, t * TOP_K * 2 * EXPERT / 8 / (ms / 1e3)) for t, ms in MEASURED_MS.items()]
+    (x0, y0), (x1, y1) = rows[0], rows[1]
+    rate = y0 + (y1 - y0) * (300 * TOP_K / EXPERTS - x0) / (x1 - x0)
+    assert routed_layer_s(glm, 300) == pytest.approx(300 * TOP_K * 2 * EXPERT / 8 / rate)
+
+
+def test_glm5_moe_grows_sublinearly_at_small_chunks_and_reaches_the_measured_throughput_at_8k():
+    glm = CostModel("glm5-fp8").preset
+    times = [routed_layer_s(glm, t) for t in (160, 320, 640, 1280, 2560)]
+    # twice the tokens, less than twice the time
+    assert all(0 < b / a < 2 for a, b in zip(times, times[1:], strict=False))
+    assert times[-1] / times[0] < 3  # 16x the tokens
+    flops_8k = 8192 * TOP_K * 2 * EXPERT / 8
+    assert flops_8k / routed_layer_s(glm, 8192) / FP8 == pytest.approx(0.176, abs=0.001)  # of FP8 peak
+    assert routed_layer_s(glm, 16384) == pytest.approx(2 * routed_layer_s(glm, 8192))  # past the curve: linear
+
+
+def test_glm5_moe_is_never_faster_than_reading_the_touched_experts_weights():
+    glm = CostModel("glm5-fp8").preset
+    for tokens in (1, 4, 8, 64, 160, 8192):
+        touched = EXPERTS * (1 - (1 - TOP_K / EXPERTS) ** tokens)
+        assert routed_layer_s(glm, tokens) >= touched * EXPERT / 8 / HBM * (1 - 1e-12)
+    # one token: the curve's first point scaled by its rows would be 0.168 ms; 8 experts' slices take 7.9 us
+    assert routed_layer_s(glm, 1) == pytest.approx(0.168e-3)
+    assert experts_touched(1, EXPERTS, TOP_K) == pytest.approx(8.0)
+
+
+def test_glm5_prefill_is_dense_gemms_routed_experts_attention_indexer_allreduce_and_combine():
     glm = CostModel("glm5-fp8")
-    new = 8000  # one chunk, no cache
-    sparse = 2048 * 2049 // 2 + (8000 - 2048) * 2048  # each query sees at most 2,048 keys
-    gemm = new * 2 * 40e9 / (8 * FP8 * 0.62)
-    attn = (sparse * 78 * 64 * 2 * 1088 + 8000 * 8001 // 2 * 78 * 32 * 128 * 2) / (8 * BF16 * 0.65)
-    assert glm.compute_s(new, new) == pytest.approx(gemm + attn)
-    moe = 75 * new * 8 * 6144 * 2 * 2 / HBM  # top-8 expert outputs written and read back, 75 MoE layers
-    assert glm.moe_dispatch_s(new) == pytest.approx(moe)
-    allreduce = 78 * 2 * (AR_LAT + 2 * 7 / 8 * new * 6144 * 2 / BUSBW)
-    assert glm.prefill_s(new, new) == pytest.approx(gemm + attn + allreduce + moe)
+    for new in (2048, 8192, 8192 + 2048, 24576):
+        assert glm.prefill_s(new, new) == pytest.approx(glm5_expected_s(new)), new
+    assert glm.moe_dispatch_s(8192) == pytest.approx(MOE_LAYERS * 8192 * TOP_K * 6144 * 2 / HBM)
+    # 2,048 tokens: dense MHA; 2,049: the padded sparse kernel over 2,048 keys each
+    assert glm.attention_s(2048, 2048) < glm.attention_s(2049, 2049) / 10
     assert glm.prefill_s(10, 10) == pytest.approx(  # 744 GB of FP8 experts over 8 GPUs' HBM
-        744e9 / (8 * HBM) + 78 * 2 * (AR_LAT + 2 * 7 / 8 * 10 * 6144 * 2 / BUSBW) + 75 * 10 * 8 * 6144 * 4 / HBM
+        744e9 / (8 * HBM) + 78 * 2 * (AR_LAT + 2 * 7 / 8 * 10 * 6144 * 2 / BUSBW) + 75 * 10 * 8 * 6144 * 2 / HBM
     )
+
+
+def test_glm5_prefill_with_a_cached_prefix_runs_the_sparse_path_for_its_new_tokens():
+    glm = CostModel("glm5-fp8")
+    pairs = 1024 * 2048  # 1,024 new tokens after 4,096 cached: each sees 2,048 keys
+    attn = pairs * MLA_PAIR * 8 / (8 * BF16 * SPARSE_DECODE_EFF)
+    index = (4097 + 5120) * 1024 // 2 * INDEX_PAIR / (BF16 * 0.65)
+    assert glm.attention_s(1024, 5120) == pytest.approx(attn + index)
+    assert glm.gemm_s(1024) == pytest.approx(1024 * 2 * (40e9 - ROUTED) / (8 * FP8 * 0.62) + 75 * 0.541e-3)
+
+
+def test_presets_without_a_curve_keep_one_gemm_efficiency_for_every_gemm():
+    """Qwen3 and Llama: no routed experts, no head padding, no indexer: the formula as before."""
+    for name, params, layers, heads_dim in [
+        ("qwen3-32b", 32.8e9, 64, 64 * 128),
+        ("llama-3.3-70b", 70.6e9, 80, 64 * 128),
+    ]:
+        model = CostModel(name)
+        assert model.preset.moe_curve == () and routed_layer_s(model.preset, 0) == 0.0
+        for new in (2048, 8192, 24576):
+            gemm = new * 2 * params / (8 * BF16 * 0.7)
+            attn = new * (new + 1) // 2 * layers * heads_dim * 4 / (8 * BF16 * 0.65)
+            assert model.gemm_s(new) == pytest.approx(gemm)
+            assert model.compute_s(new, new) == pytest.approx(gemm + attn)
+            assert model.prefill_s(new, new) == pytest.approx(gemm + attn + model.tp_allreduce_s(new))
 
 
 def test_decode_step_reads_active_weights_and_the_batch_kv_plus_small_allreduces():

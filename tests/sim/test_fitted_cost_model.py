@@ -96,4 +96,4 @@ def test_bench_calibrate_from_needs_arms(capsys):
     rc = main(["bench", "--scenario", "coding-agent", "--url", "http://127.0.0.1:1", "--calibrate-from", "x"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "--presets, --sim-time-scale, --sweep, --clock and --calibrate-from only go with --arms" in err
+    assert "error: --calibrate-from goes only with --arms" in err

@@ -98,6 +98,9 @@ REQUESTS = View(
         col("pulled_tokens", BIGINT, "tokens P pulled from D", sql=_i(sc.KV_PULLED_TOKENS)),
         col("prefill_endpoint", VARCHAR, "P worker URL chosen", sql=_s(sc.PROXY_PREFILL_ENDPOINT)),
         col("decode_endpoint", VARCHAR, "D worker URL chosen", sql=_s(sc.PROXY_DECODE_ENDPOINT)),
+        col("routing", VARCHAR, "routing policy (a fleet)", sc.ROUTING_POLICIES, sql=_s(sc.ROUTE_POLICY)),
+        col("prefill_route", VARCHAR, "why this P", sc.ROUTE_REASONS, sql=_s(sc.ROUTE_PREFILL_REASON)),
+        col("decode_route", VARCHAR, "why this D", sc.ROUTE_REASONS, sql=_s(sc.ROUTE_DECODE_REASON)),
         col(
             "substrate",
             VARCHAR,
