@@ -90,7 +90,10 @@ def test_sweep_specs(spec, points, message):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--workload", "published-sweep", "--sweep", "prefix=10", "--url", "http://x:9"], "--sweep goes only with --arms"),
+        (
+            ["--workload", "published-sweep", "--sweep", "prefix=10", "--url", "http://x:9"],
+            "--sweep goes only with --arms",
+        ),
         (["--scenario", "coding-agent", "--arms", "--sweep", "prefix=10", "--traces", "{d}"], "needs --workload"),
         (["--workload", "published-sweep", "--arms", "--sweep", "prefix=x", "--traces", "{d}"], "must be integers"),
         (["--workload", "no-such"], "unknown workload 'no-such'; choose from published-sweep, vllm-pr-multiturn"),
