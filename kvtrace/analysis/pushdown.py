@@ -43,9 +43,9 @@ def narrowed(con, filters: Filters | None):
         return duck_bounds.bounded(con, *(duck_bounds.session_bounds(con, filters.session_id) or EMPTY))
     if con.bounds is not None:
         return con
-    if filters.session_id:
-        bounds = con.session_bounds(filters.session_id)
-    elif filters.start_ns is not None or filters.end_ns is not None:
+    if filters.session_id:  # bounds, and the session's traces only where the table has kvtrace's lookup
+        return con.session_scope(filters.session_id)
+    if filters.start_ns is not None or filters.end_ns is not None:
         bounds = con.window_bounds(filters.start_ns, filters.end_ns)
     else:
         return con

@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "whatif": "kvtrace.cli.whatif",
     "dashboard": "kvtrace.cli.dashboard",
     "collect": "kvtrace.cli.collect",
+    "clickhouse": "kvtrace.cli.clickhouse",
 }
 
 
@@ -49,6 +50,7 @@ EXTRAS: dict[str, str | None] = {
     "dashboard": "dashboard",
     "collect": "collect",
     "doctor": None,
+    "clickhouse": "clickhouse",
 }
 # a missing module that only one extra brings names that extra whichever command needs it
 # (``kvtrace query --traces chdb:...`` needs the clickhouse extra, not a ``query`` one)

@@ -24,7 +24,8 @@ def run(args) -> int:
     from kvtrace.store.reader import StoreError
 
     try:
-        sections = doctor(source.open_store(args), limit=args.limit)
+        store = source.open_store(args)
+        sections = doctor(store, limit=args.limit)
     except StoreError as exc:
         raise CLIError(str(exc)) from None
     ignored = 0
@@ -35,7 +36,24 @@ def run(args) -> int:
         if key in ("unplaced", "no_session"):
             ignored += sum(r["spans"] for r in rows)
     print(f"{ignored} agent-side span(s) ignored" if ignored else "every agent-side span was placed")
+    note = _lookup_note(args, store)
+    if note:
+        print(note)
     return 1 if ignored else 0
+
+
+def _lookup_note(args, store) -> str | None:
+    """On ClickHouse without kvtrace's current session lookup: one line saying how to add it."""
+    if not getattr(store, "is_clickhouse", False):
+        return None
+    from kvtrace.store.clickhouse import mviews
+    from kvtrace.store.clickhouse.backend import BackendError, redact
+
+    try:
+        st = mviews.state(store.backend, store.table)
+    except BackendError:
+        return None
+    return mviews.advice(store.table, st, redact(source.clickhouse_url(args) or "URL"))
 
 
 def _table(rows: list[dict]) -> str:

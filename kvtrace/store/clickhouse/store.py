@@ -28,7 +28,7 @@ import sqlglot
 from sqlglot import exp
 
 from kvtrace import semconv as sc
-from kvtrace.store.clickhouse import ddl
+from kvtrace.store.clickhouse import ddl, mviews
 from kvtrace.store.clickhouse.backend import BackendError, open_backend
 from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
@@ -36,6 +36,7 @@ from kvtrace.store.views import VIEWS
 from kvtrace.store.views.raw import RAW
 
 LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
+SESSION = "kvtrace_session"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
 
 # the Parquet layout's columns, from the exporter's table (module doc, step 2)
@@ -87,8 +88,9 @@ def _attr(name: str) -> str:
     return f"SpanAttributes[{literal(name, CLICKHOUSE)}]"
 
 
-def raw_sql(table: str, bounded: bool) -> str:
-    """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL)."""
+def raw_sql(table: str, bounded: bool, scoped: bool = False) -> str:
+    """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL); ``scoped``: only the traces
+    of the session bound as ``kvtrace_session``, read from the session lookup (:mod:`.mviews`)."""
     cols = [
         *_PLAIN,
         "toInt64(Duration) AS Duration",
@@ -107,6 +109,8 @@ def raw_sql(table: str, bounded: bool) -> str:
         if bounded
         else ""
     )
+    if scoped:
+        where += f" {'AND' if where else 'WHERE'} TraceId IN ({mviews.scope_sql(table, SESSION)})"
     return f"SELECT {', '.join(cols)} FROM {ident(table)}{where}"
 
 
@@ -145,10 +149,12 @@ def assemble(
     table: str,
     bounded: bool,
     temps: tuple[tuple[str, str, bool], ...] = (),
+    scoped: bool = False,
 ) -> str:
     """``sql`` (DuckDB) as one ClickHouse statement over ``table``: transpiled, with the views it
     reads as CTEs in front (module doc), and a cursor's temporary tables and views (``temps``:
-    (name, DuckDB SELECT, materialized), in creation order; they hide views of the same name)."""
+    (name, DuckDB SELECT, materialized), in creation order; they hide views of the same name);
+    ``scoped``: :func:`raw_sql`'s."""
     tree = transpile(sql, types)
     text = tree.sql("clickhouse")
     if not isinstance(tree, exp.Query):
@@ -166,7 +172,10 @@ def assemble(
             t.name for _, body, _ in temp_trees for t in body.find_all(exp.Table) if not t.db and t.name in names
         }
     views = _view_sql()
-    ctes = [f"{n} AS ({raw_sql(table, bounded) if n == RAW else views[n]})" for n in _needed(referenced - temp_names)]
+    ctes = [
+        f"{n} AS ({raw_sql(table, bounded, scoped) if n == RAW else views[n]})"
+        for n in _needed(referenced - temp_names)
+    ]
     if needed:
         ctes += [f"{n} AS {'MATERIALIZED ' if mat else ''}({body.sql('clickhouse')})" for n, body, mat in temp_trees]
     own = tree.args.get(_WITH)
@@ -209,8 +218,14 @@ class ClickHouseStore:
         table: str = ddl.TABLE,
         bounds: tuple[int, int] | None = None,
         temps: tuple[tuple[str, str, bool], ...] = (),
+        session: str | None = None,
+        lookup: bool | None = None,
     ) -> None:
         self.backend, self.table, self.bounds, self.temps = backend, table, bounds, temps
+        self.session = session
+        """Set by :meth:`session_scope` on a table with the session lookup: the scan reads that
+        session's traces only."""
+        self._lookup = lookup
 
     @property
     def description(self) -> str:
@@ -228,7 +243,11 @@ class ClickHouseStore:
         params = dict(params or {})
         if self.bounds is not None:
             params[LO], params[HI] = self.bounds
-        text = assemble(sql, param_types(params), self.table, self.bounds is not None, self.temps)
+        if self.session is not None:
+            params[SESSION] = self.session
+        text = assemble(
+            sql, param_types(params), self.table, self.bounds is not None, self.temps, self.session is not None
+        )
         used = {k: v for k, v in params.items() if "{" + k + ":" in text}
         return self.backend.query(text, used)
 
@@ -238,7 +257,10 @@ class ClickHouseStore:
         every span of a trace its agent's session), and the span naming it need not be the first:
         OpenLLMetry's workflow span starts before the proxy request that carries the session.
         Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`) and the
-        other conventions' attributes, whose bloom filter index skips most granules."""
+        other conventions' attributes, whose bloom filter index skips most granules; with the
+        session lookup (:mod:`.mviews`), reads that instead (a few granules of two small tables)."""
+        if self.has_lookup:
+            return self._bounds(mviews.bounds_sql(self.table, SESSION), {SESSION: session_id})
         t = ident(self.table)
         sql = f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN (SELECT TraceId FROM {t} WHERE {self._names_session()})"
         return self._bounds(sql, {"sid": session_id})
@@ -290,16 +312,40 @@ class ClickHouseStore:
     def _has_session_column(self) -> bool:
         return ddl.SESSION_ID_COLUMN in self._columns
 
+    @property
+    def has_lookup(self) -> bool:
+        """The table has kvtrace's session lookup, current version (:func:`.mviews.state`; checked
+        once per store and its copies)."""
+        if self._lookup is None:
+            try:
+                self._lookup = mviews.state(self.backend, self.table).current
+            except BackendError:  # system.tables not readable: as without the lookup
+                self._lookup = False
+        return self._lookup
+
+    def session_scope(self, session_id: str) -> ClickHouseStore:
+        """The same store reading only what a query about ``session_id`` needs: spans starting
+        within its traces' bounds (:meth:`session_bounds`; none when no trace names it) and, with
+        the session lookup, of those traces only (``TraceId IN`` the lookup's, which the table's
+        trace id bloom filter turns into skipped granules)."""
+        bounds = self.session_bounds(session_id) or (1, 0)
+        scoped = self.bounded(*bounds)
+        if self.has_lookup:
+            scoped.session = session_id
+        return scoped
+
     execute = query
 
     def bounded(self, lo_ns: int, hi_ns: int) -> ClickHouseStore:
         """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
-        return ClickHouseStore(self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps)
+        return ClickHouseStore(
+            self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps, self.session, self._lookup
+        )
 
     def cursor(self) -> ClickHouseStore:
         """A store on the same backend with its own temporary tables and views (like a DuckDB
         cursor's)."""
-        return ClickHouseStore(self.backend, self.table, self.bounds, self.temps)
+        return ClickHouseStore(self.backend, self.table, self.bounds, self.temps, self.session, self._lookup)
 
     def close(self) -> None:
         """Forget this store's temporary objects (the backend stays open for other stores)."""
