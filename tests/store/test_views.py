@@ -64,6 +64,9 @@ ATTRIBUTE_OF_COLUMN = {
     "continuity": sc.SESSION_CONTINUITY,
     "verified": sc.KV_VERIFIED,
     "verify_mode": sc.KV_VERIFY_MODE,
+    "routing": sc.ROUTE_POLICY,
+    "prefill_route": sc.ROUTE_PREFILL_REASON,
+    "decode_route": sc.ROUTE_DECODE_REASON,
 }
 
 
