@@ -191,9 +191,10 @@ def checked_dir(path: str, label: str) -> str:
 
 def sidebar() -> tuple[str, Filters, dict]:
     """Source (trace directory or ClickHouse table), refresh, and the filters; returns (source
-    key, filters, facets).  On ClickHouse the time range comes first: the page opens on the last
-    day of data (:data:`DEFAULT_WINDOW_NS`) and every filter is pushed down to the table
-    (:mod:`kvtrace.analysis.pushdown`)."""
+    key, filters, facets).  The page opens on the last day of data (:data:`DEFAULT_WINDOW_NS`), so
+    what it reads grows with a day's sessions, not with the history kept, and every session-scoped
+    filter is pushed down (:mod:`kvtrace.analysis.pushdown`); on ClickHouse the facets are the
+    range's, on DuckDB the store's (merged from the files' lookups)."""
     cfg = config()
     with st.sidebar:
         if cfg["source"]:
@@ -213,9 +214,9 @@ def sidebar() -> tuple[str, Filters, dict]:
             span = q(sessions.time_span, directory)
             window = _time_widget(span.get("start_ns"), span.get("end_ns"), DEFAULT_WINDOW_NS)
             facets = {**q(sessions.facets, directory, Filters(*window)), "spans": span["spans"]}
-        else:
+        else:  # the store's facets merged from its files' (no raw span); the page opens on the last day too
             facets = q(sessions.facets, directory)
-            window = _time_widget(facets.get("start_ns"), facets.get("end_ns"), None)
+            window = _time_widget(facets.get("start_ns"), facets.get("end_ns"), DEFAULT_WINDOW_NS)
         st.caption(f"{facets['spans']:,} spans")
         filters = _filter_widgets(facets, window)
     return directory, filters, facets

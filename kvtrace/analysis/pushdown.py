@@ -18,10 +18,11 @@ so reading only the bounds gives the same rows as reading everything.
 ``tests/store/clickhouse/test_filter_pushdown.py`` (and ``..._conventions.py``) check the results
 against DuckDB and that fewer rows are read.
 
-On DuckDB a **session id** is pushed down the same way (:mod:`kvtrace.store.bounds`: the same trace
-bounds, then a cursor whose raw relation carries them as variables DuckDB pushes into the Parquet
-scan, so row groups outside are skipped; ``tests/analysis/test_session_pushdown.py``).  A time range
-alone is not: the sessions page reads every session anyway.
+On DuckDB both are pushed down the same way (:mod:`kvtrace.store.bounds`: the same trace bounds,
+read from the files' lookups, :mod:`kvtrace.store.lookup`, then a cursor whose raw relation and scan
+indexes carry them as variables DuckDB pushes into the Parquet scans, so files and row groups
+outside are skipped; ``tests/analysis/test_session_pushdown.py``, ``test_fleet_scale_answers.py``):
+a day's question reads that day's sessions, whatever the history kept.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ def narrowed(con, filters: Filters | None):
     """``con``, reading only what ``filters`` (session-scoped) can select (module doc)."""
     if filters is None:
         return con
-    if not getattr(con, "is_clickhouse", False):  # DuckDB: a session id only (one small read first)
-        if not filters.session_id:
+    if not getattr(con, "is_clickhouse", False):  # DuckDB: bounds from the files' lookups
+        if filters.session_id:
+            return duck_bounds.bounded(con, *(duck_bounds.session_bounds(con, filters.session_id) or EMPTY))
+        if filters.start_ns is None and filters.end_ns is None:
             return con
-        return duck_bounds.bounded(con, *(duck_bounds.session_bounds(con, filters.session_id) or EMPTY))
+        return duck_bounds.bounded(con, *(duck_bounds.window_bounds(con, filters.start_ns, filters.end_ns) or EMPTY))
     if con.bounds is not None:
         return con
     if filters.session_id:  # bounds, and the session's traces only where the table has kvtrace's lookup

@@ -14,6 +14,7 @@ from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 from kvtrace.analysis.pushdown import narrowed
+from kvtrace.store import lookup
 from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 
 SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s", "unplaced_spans")
@@ -96,6 +97,11 @@ SELECT (SELECT list(DISTINCT service_name ORDER BY service_name) FROM {spans}
 FACETS_SCOPE = {"start_ns": "start_ns >= $start_ns", "end_ns": "start_ns <= $end_ns"}
 
 TIME_SPAN_SQL = "SELECT min(start_ns) AS start_ns, max(end_ns) AS end_ns, count(*) AS spans FROM spans"
+# DuckDB: the same from the files' facets (kvtrace.store.lookup), no raw span read
+TIME_SPAN_LOOKUP_SQL = (
+    f"SELECT min(start_ns) AS start_ns, max(end_ns) AS end_ns, COALESCE(sum(spans), 0)::BIGINT AS spans "
+    f"FROM {lookup.FACETS}"
+)
 
 # waterfall lane per span name (page code colours by lane)
 LANES = {
@@ -168,8 +174,8 @@ def list_sessions(con, filters: Filters | None = None, limit: int = 500) -> list
 
 def time_span(con) -> dict:
     """First span start, last span end (epoch ns) and span count of the whole store (cheap on
-    ClickHouse: ``Timestamp`` is the partition key)."""
-    return one(con, TIME_SPAN_SQL)
+    ClickHouse: ``Timestamp`` is the partition key; on DuckDB read from the files' facets)."""
+    return one(con, TIME_SPAN_SQL if getattr(con, "is_clickhouse", False) else TIME_SPAN_LOOKUP_SQL)
 
 
 def spans_of_session(con, session_id: str, limit: int = 5000, clip_ns: int | None = None) -> list[dict]:
@@ -196,10 +202,14 @@ def facets(con, filters: Filters | None = None) -> dict:
     """Values for the filter widgets: services, substrates, time range, span count; of the spans
     that start in ``filters``' time range (its other fields are ignored), else of all."""
     clause, params = where(filters, FACETS_SCOPE)
-    if params and getattr(con, "is_clickhouse", False):  # the same rows, read by Timestamp bounds
+    clickhouse = getattr(con, "is_clickhouse", False)
+    if params and clickhouse:  # the same rows, read by Timestamp bounds
         con = con.bounded(params.get("start_ns", 0), params.get("end_ns", 2**63 - 1))
-    spans = f"(SELECT * FROM spans {clause}) AS s" if clause else "spans"
-    out = one(con, FACETS_SQL.format(spans=spans), params)
+    if not params and not clickhouse:  # the whole store: merged from the files' facets
+        out = one(con, lookup.STORE_FACETS_SQL)
+    else:
+        spans = f"(SELECT * FROM spans {clause}) AS s" if clause else "spans"
+        out = one(con, FACETS_SQL.format(spans=spans), params)
     out["services"] = out.get("services") or []
     out["substrates"] = out.get("substrates") or []
     return out

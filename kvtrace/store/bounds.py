@@ -9,13 +9,14 @@ bounded cursor changes nothing for the others (the dashboard runs each query on 
 
 :func:`session_bounds` gives a session's bounds as :mod:`kvtrace.analysis.pushdown` needs them:
 the first start and last end of every trace holding a span that names it (any convention's session
-attribute), because a session is a property of whole traces and its spans start inside them.
+attribute), because a session is a property of whole traces and its spans start inside them;
+:func:`window_bounds` those of every session whose traces overlap a time range.  Both read the
+files' lookups (:mod:`kvtrace.store.lookup`), not the raw spans.
 """
 
 from __future__ import annotations
 
-from kvtrace import semconv as sc
-from kvtrace.store.sql import str_attr
+from kvtrace.store import lookup
 
 LO, HI = "kvtrace_lo", "kvtrace_hi"
 
@@ -35,18 +36,26 @@ INDEX_FILTER = _within("start_ns", "epoch_ns({}::TIMESTAMPTZ_NS)")
 """The same bounds on the rows of per-file scan indexes (:mod:`kvtrace.store.scan_index`), whose
 ``start_ns`` is ``epoch_ns(Timestamp)``."""
 
-_NAMES = " OR ".join(f"{str_attr(a)} = $sid" for a in sc.SESSION_ATTRIBUTES)
-SESSION_BOUNDS_SQL = f"""
-SELECT min(epoch_ns(Timestamp)) AS lo, max(epoch_ns(Timestamp) + Duration) AS hi
-FROM kvtrace_raw WHERE TraceId IN (SELECT TraceId FROM kvtrace_raw WHERE {_NAMES})
-"""
+
+def _pair(con, sql: str, params: dict) -> tuple[int, int] | None:
+    [(lo, hi)] = con.execute(sql, params).fetchall()  # all: DuckDB 2 refuses other work on a
+    # connection whose result was not read to the end
+    return None if lo is None else (int(lo), int(hi))
 
 
 def session_bounds(con, session_id: str) -> tuple[int, int] | None:
-    """``[first start, last end]`` (epoch ns) of the traces naming ``session_id``; None if none does."""
-    [(lo, hi)] = con.execute(SESSION_BOUNDS_SQL, {"sid": session_id}).fetchall()  # all: DuckDB 2 refuses
-    # other work on a connection whose result was not read to the end
-    return None if lo is None else (int(lo), int(hi))
+    """``[first start, last end]`` (epoch ns) of the traces naming ``session_id``; None if none does.
+    Read from the files' lookups (:mod:`kvtrace.store.lookup`: a few row groups per file)."""
+    return _pair(con, lookup.SESSION_BOUNDS_SQL, {"sid": session_id})
+
+
+def window_bounds(con, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+    """``[first start, last end]`` of the traces of every session whose traces overlap
+    ``[start_ns, end_ns]`` (either None: unbounded); None if no session does.  From the lookups:
+    every trace part of the store, three narrow columns, no raw span."""
+    lo = -(2**63) if start_ns is None else int(start_ns)
+    hi = 2**63 - 1 if end_ns is None else int(end_ns)
+    return _pair(con, lookup.WINDOW_BOUNDS_SQL, {"lo": lo, "hi": hi})
 
 
 def bounded(con, lo_ns: int, hi_ns: int):

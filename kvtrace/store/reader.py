@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import duckdb
 import pyarrow as pa
 
-from kvtrace.store import bounds, runs, scan_index
+from kvtrace.store import bounds, lookup, runs, scan_index
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
@@ -240,6 +240,7 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
     scan indexes and the scan of the others, with the same ``Timestamp`` bounds (:mod:`.bounds`);
     with no index (or the connection opened with ``scan_index=False``), the scan view as registered."""
     ((use,),) = con.execute(f"SELECT scan_index FROM {SOURCE}").fetchall()
+    _bind_lookups(con, files, use)
     indexed: list[str] = []
     rest: list[str] = []
     for path in files:
@@ -263,6 +264,21 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
         )
         sql += f"\nUNION ALL\nSELECT {SCAN_COLUMNS} FROM ({scan_sql(f'({spans_sql(_RAW_REST)}) AS spans')}) AS rest"
     con.sql(sql, params=params).create_view(SCAN, replace=True)
+
+
+def _bind_lookups(con: duckdb.DuckDBPyConnection, files: list[str], use: bool) -> None:
+    """(Re)define the lookup views (:mod:`kvtrace.store.lookup`) over ``files``: the lookups built
+    beside them (``use``), the raw rows of the files without a complete set."""
+    found: dict[str, list[str]] = {view: [] for view, *_ in lookup.KINDS}
+    rest = []
+    for path in files:
+        paths = {view: scan_index.current(path, suffix) for view, suffix, *_ in lookup.KINDS} if use else {}
+        if paths and all(paths.values()):
+            for view, p in paths.items():
+                found[view].append(cast(str, p))
+        else:
+            rest.append(path)
+    lookup.bind(con, found, rest)
 
 
 def connect(

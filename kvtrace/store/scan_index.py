@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 import duckdb
 
 from kvtrace import settings
+from kvtrace.store import lookup
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
 from kvtrace.store.views.agents import SCAN_SQL
@@ -48,8 +49,11 @@ log = logging.getLogger(__name__)
 INDEX_DIR = ".kvtrace-scan"
 SUFFIX = ".kvscan"
 TMP_MAX_AGE_S = 3600.0  # an unfinished index older than this was abandoned by a killed builder
-VERSION = hashlib.sha256((SCAN_SQL + SPANS.select + str(SCHEMA)).encode()).hexdigest()[:16]
-"""What an index's rows depend on besides the file: the scan, the ``spans`` view it reads, the schema."""
+VERSION = hashlib.sha256((SCAN_SQL + SPANS.select + str(SCHEMA) + lookup.VERSION_TEXT).encode()).hexdigest()[:16]
+"""What an index's rows depend on besides the file: the scan, the ``spans`` view it reads, the
+schema, and the lookups written with it (:mod:`kvtrace.store.lookup`)."""
+SIDECARS = (SUFFIX, *lookup.SUFFIXES)
+"""The files kept per trace file: the scan index and its lookups."""
 _failed: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose build failed: logged once
 
 
@@ -61,43 +65,55 @@ def index_path(path: str, st: os.stat_result | None = None) -> str:
     return os.path.join(directory, INDEX_DIR, f"{name}.{key}{SUFFIX}")
 
 
-def current(path: str) -> str | None:
-    """The current index of ``path``, or None (none built, or only a stale one)."""
+def current(path: str, suffix: str = SUFFIX) -> str | None:
+    """The current index of ``path`` (``suffix``: or one of its lookups, :data:`SIDECARS`), or None
+    (none built, or only a stale one)."""
     try:
         found = index_path(path)
     except FileNotFoundError:
         return None
+    found = found[: -len(SUFFIX)] + suffix
     return found if os.path.isfile(found) else None
 
 
 def build_one(path: str, *, threads: int | None = None) -> str | None:
-    """Write the index of trace file ``path``; its path, or None when the file changed meanwhile.
-    Raises what writing raises (the caller decides whether that matters: :func:`build` logs it)."""
+    """Write the index of trace file ``path`` and its lookups; the index's path, or None when the
+    file changed meanwhile.  Raises what writing raises (the caller decides whether that matters:
+    :func:`build` logs it)."""
     st = os.stat(path)
     target = index_path(path, st)
     directory = os.path.dirname(target)
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    stem = os.path.join(directory, f".{os.path.basename(target)[: -len(SUFFIX)]}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    tmps = {suffix: f"{stem}{suffix}.tmp" for suffix in SIDECARS}
     con = duckdb.connect(config={"threads": threads} if threads else {})
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.sql(READ_FILES, params={"files": [glob_escape(path)]}).create_view(RAW)
         con.execute(SPANS.create())
-        con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmps[SUFFIX])} (FORMAT parquet, COMPRESSION zstd)")
+        for view, suffix, _, _ in lookup.KINDS:
+            con.execute(lookup.copy_sql(view, RAW, literal(tmps[suffix])))
         after = os.stat(path)
         if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
-            os.unlink(tmp)
+            _unlink(tmps.values())
             return None
-        os.replace(tmp, target)
+        for suffix in (*lookup.SUFFIXES, SUFFIX):  # the index last: a reader that finds it finds them
+            os.replace(tmps[suffix], target[: -len(SUFFIX)] + suffix)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink(tmps.values())
         raise
     finally:
         con.close()
     return target
+
+
+def _unlink(paths: Iterable[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 def build(paths: Iterable[str], *, min_bytes: int | None = None, threads: int | None = None) -> list[str]:
@@ -152,9 +168,10 @@ def sweep(directory: str, *, now: float | None = None) -> int:
         try:
             if name.startswith("."):
                 doomed = name.endswith(".tmp") and now - os.stat(full).st_mtime > TMP_MAX_AGE_S
-            elif name.endswith(SUFFIX):
-                source = os.path.join(directory, name[: -len(SUFFIX)].rsplit(".", 1)[0])
-                doomed = not os.path.isfile(source) or index_path(source) != full
+            elif name.endswith(SIDECARS):
+                suffix = next(x for x in SIDECARS if name.endswith(x))
+                source = os.path.join(directory, name[: -len(suffix)].rsplit(".", 1)[0])
+                doomed = not os.path.isfile(source) or index_path(source)[: -len(SUFFIX)] + suffix != full
             else:
                 doomed = False
             if doomed:

@@ -52,6 +52,25 @@ def test_a_bounded_session_gives_the_whole_stores_answer(stores, whole, store, q
         assert session_queries.same_answer(got, expected), (sid, got, expected)
 
 
+def _windows(con) -> list[Filters]:
+    """Time ranges over the store: each session's start, middle and end instants, open-ended ones,
+    and one after everything."""
+    out = [Filters(end_ns=ns(10**9)), Filters(start_ns=ns(10**9))]
+    for r in sessions.breakdown(con).to_pylist():
+        mid = (r["start_ns"] + r["end_ns"]) // 2
+        out += [Filters(start_ns=mid, end_ns=mid), Filters(start_ns=r["end_ns"]), Filters(end_ns=r["start_ns"])]
+    return out
+
+
+@pytest.mark.parametrize("query", session_queries.SESSION_QUERIES)
+@pytest.mark.parametrize("store", ["own", "agents"])
+def test_a_bounded_time_range_gives_the_whole_stores_answer(stores, whole, store, query):
+    con = stores[store]
+    for f in _windows(con):
+        got, expected = session_queries.SESSION_QUERIES[query](con, f), whole(query, con, f)
+        assert session_queries.same_answer(got, expected), (f, got, expected)
+
+
 def test_a_session_is_bounded_by_its_traces(stores):
     con = stores["agents"]
     # OpenLLMetry's workflow span (70.0 s) starts before the request naming prefix-ddd (70.11 s)
@@ -74,7 +93,11 @@ def test_the_bounded_cursor_reads_its_window_only(stores):
     assert "Timestamp >=" in plan and "Timestamp <=" in plan  # pushed into the Parquet scan
     assert _count(con) == everything  # the variables are the cursor's own
     assert _count(pushdown.narrowed(con, Filters(session_id="nobody"))) == 0
-    assert pushdown.narrowed(con, Filters(start_ns=ns(0))) is con  # a time range alone: unchanged
+    # a time range: the traces of the sessions whose traces overlap it (here the GenAI agent's only)
+    assert bounds.window_bounds(con, ns(60_100), ns(60_200)) == (ns(60_000), ns(61_000))
+    assert _count(pushdown.narrowed(con, Filters(start_ns=ns(60_100), end_ns=ns(60_200)))) < everything
+    assert bounds.window_bounds(con, ns(10**9), None) is None  # nothing that late
+    assert pushdown.narrowed(con, Filters(service="x")) is con  # not session-scoped by time or id
     assert pushdown.narrowed(con, None) is con
 
 

@@ -18,7 +18,7 @@ import pytest
 from kvtrace.analysis import sessions
 from kvtrace.analysis.filters import Filters
 from kvtrace.cli import main as kvtrace_main
-from kvtrace.store import connect, files, scan_index
+from kvtrace.store import connect, files, lookup, scan_index
 from kvtrace.store.reader import build_indexes, index_keeper, refresh, trace_files
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.agents import SCAN
@@ -52,8 +52,8 @@ def _every_view(con, *, scan_ids: bool = False) -> dict[str, list]:
     return {v.name: sorted(map(repr, con.execute(select(v.name)).fetchall())) for v in VIEWS}
 
 
-def _indexes(root) -> list[str]:
-    return sorted(glob.glob(os.path.join(root, "**", scan_index.INDEX_DIR, "*"), recursive=True))
+def _indexes(root, suffix: str = scan_index.SUFFIX) -> list[str]:
+    return sorted(glob.glob(os.path.join(root, "**", scan_index.INDEX_DIR, "*" + suffix), recursive=True))
 
 
 def _tamper(index: str, session_id: str) -> None:
@@ -91,6 +91,8 @@ def test_every_view_reads_the_same_through_the_indexes(store):
     assert _indexes(store) == []  # scan_index=False built none
     built = build_indexes(store, min_bytes=0)
     assert len(built) == len(trace_files(store)) and _indexes(store) == sorted(built)
+    for suffix in lookup.SUFFIXES:  # each index has its lookups, under the same key
+        assert [p[: -len(suffix)] for p in _indexes(store, suffix)] == [p[: -len(scan_index.SUFFIX)] for p in built]
     assert _every_view(connect(store)) == want
 
 
@@ -215,7 +217,7 @@ def test_indexes_of_files_gone_and_abandoned_writes_are_swept(tmp_path):
     os.utime(abandoned, (hour_ago, hour_ago))
     [path] = trace_files(tmp_path)
     os.unlink(path)
-    assert scan_index.sweep(os.path.dirname(path)) == 2
+    assert scan_index.sweep(os.path.dirname(path)) == len(scan_index.SIDECARS) + 1  # the index, its lookups
     assert sorted(os.listdir(index_dir)) == [os.path.basename(recent)]  # one being written now stays
 
 

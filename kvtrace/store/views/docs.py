@@ -76,6 +76,14 @@ read the indexes they find and write none; a build that fails (a full disk, no w
 and the file is scanned as before. `connect(DIR, scan_index=False)` neither builds nor reads them (the
 results are the same; docs/benchmarks.md has the costs).
 
+**Lookups.** With each index three small lookups are written under the same key (`.kvsess`: the sessions
+the file's spans name and their traces; `.kvtrc`: each trace's first start and last end in the file;
+`.kvfacet`: spans, first start and last end per service and substrate). A question about one session or
+one time range (the dashboard's pages, `kvtrace.analysis` with `Filters`) first finds the time bounds of
+the sessions it selects in them, then reads only the spans and index rows within those bounds; the
+dashboard's facets and time span are merged from them. Files without lookups (small, new, or
+`scan_index=False`) give the same rows from their raw spans, so no answer depends on which files have them.
+
 Attribute names are in [semconv.md](semconv.md); numbers come from the typed maps `SpanAttributesInt` /
 `SpanAttributesFloat`, strings from `SpanAttributes` (e.g. `SpanAttributesInt['kvtrace.kv.pulled_tokens']`).
 Enumerated values are listed with each column and spelled exactly as stored: `kind` and `status_code`

@@ -1,0 +1,134 @@
+"""Per-file lookups beside the scan index: the sessions a trace file names, where each of its trace
+parts lies in time, and its facets, so that a one-session or one-day question finds the time bounds
+it needs, and the dashboard its facets, from a few small files instead of every raw span.
+
+A trace file's lookups are written with its scan index (:mod:`kvtrace.store.scan_index`, same
+directory, same key, so they go stale and are swept with it), three small Parquet files:
+
+- ``<file>.<key>.kvsess``: ``(session_id, trace_id)`` for every span naming a session (any
+  convention's attribute, :data:`kvtrace.semconv.SESSION_ATTRIBUTES`, each value a row), distinct,
+  sorted by session id in small row groups, so one session's rows are found by row-group statistics;
+- ``<file>.<key>.kvtrc``: ``(trace_id, lo, hi)``, the first start and last end (epoch ns) of each
+  trace's spans in that file (a *part*: a trace may span files), sorted by trace id likewise;
+- ``<file>.<key>.kvfacet``: spans, first start and last end per (service, substrate).
+
+They merge at query time because each is a set of rows or a min / max: a session's traces are the
+union over files, a trace's bounds the min / max over its parts, the store's facets the union and
+sums of the files'.  The reader (:func:`kvtrace.store.reader.connect`) defines :data:`SESSIONS`,
+:data:`TRACES` and :data:`FACETS` as the union of the lookups of the files that have them and the
+same SQL over the raw rows of the files that do not (small ones, new ones, ``scan_index=False``),
+so an answer never depends on which files are indexed.
+"""
+
+from __future__ import annotations
+
+from kvtrace import semconv as sc
+from kvtrace.store.sql import str_attr
+from kvtrace.store.views.raw import spans_sql
+
+SESSIONS, TRACES, FACETS = "kvtrace_lookup_sessions", "kvtrace_lookup_traces", "kvtrace_file_facets"
+"""The views over every file's lookups (module doc)."""
+
+ROW_GROUP_ROWS = 2048  # DuckDB's smallest: one session's or trace's rows sit in one or two groups
+
+_NAMED = ", ".join(str_attr(a) for a in sc.SESSION_ATTRIBUTES)
+# what each lookup is over a relation ``{raw}`` with the raw columns (one file's, or several files')
+SESSIONS_SQL = f"""
+SELECT DISTINCT session_id, TraceId AS trace_id
+FROM (SELECT TraceId, unnest([{_NAMED}]) AS session_id FROM {{raw}}) AS n
+WHERE session_id IS NOT NULL AND session_id <> ''
+"""
+TRACES_SQL = """
+SELECT TraceId AS trace_id, min(epoch_ns(Timestamp)) AS lo, max(epoch_ns(Timestamp) + Duration) AS hi
+FROM {raw} GROUP BY TraceId
+"""
+FACETS_SQL = """
+SELECT service_name, substrate, count(*) AS spans, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+FROM ({spans}) AS s GROUP BY service_name, substrate
+"""
+
+# (view, file suffix, columns, the sort that makes row groups prunable)
+KINDS = (
+    (SESSIONS, ".kvsess", "session_id, trace_id", "session_id, trace_id"),
+    (TRACES, ".kvtrc", "trace_id, lo, hi", "trace_id"),
+    (FACETS, ".kvfacet", "service_name, substrate, spans, start_ns, end_ns", ""),
+)
+SUFFIXES = tuple(suffix for _, suffix, _, _ in KINDS)
+
+
+def sql(view: str, raw: str) -> str:
+    """The lookup ``view`` over relation ``raw`` (raw columns)."""
+    if view == SESSIONS:
+        return SESSIONS_SQL.format(raw=raw)
+    if view == TRACES:
+        return TRACES_SQL.format(raw=raw)
+    return FACETS_SQL.format(spans=spans_sql(raw))
+
+
+def copy_sql(view: str, raw: str, target: str) -> str:
+    """``COPY`` of one file's lookup ``view`` to ``target`` (a quoted path), sorted (module doc)."""
+    _, _, columns, order = next(k for k in KINDS if k[0] == view)
+    ordered = f" ORDER BY {order}" if order else ""
+    return (
+        f"COPY (SELECT {columns} FROM ({sql(view, raw)}) AS x{ordered}) TO {target} "
+        f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+    )
+
+
+VERSION_TEXT = SESSIONS_SQL + TRACES_SQL + FACETS_SQL + repr(KINDS)
+"""What the lookups' rows depend on (part of the index key: :data:`kvtrace.store.scan_index.VERSION`)."""
+
+# Questions answered from the lookups (bound parameters only).  A session's bounds: the first start
+# and last end of every part of every trace naming it (the same rows kvtrace.store.bounds reads from
+# the raw spans).  A time range's: those of every session whose traces' hull overlaps it (a superset of
+# the sessions whose window does: a window lies within its traces), so every such session is read whole.
+SESSION_BOUNDS_SQL = f"""
+SELECT min(lo) AS lo, max(hi) AS hi FROM {TRACES}
+WHERE trace_id IN (SELECT trace_id FROM {SESSIONS} WHERE session_id = $sid)
+"""
+WINDOW_BOUNDS_SQL = f"""
+WITH t AS (SELECT trace_id, min(lo) AS lo, max(hi) AS hi FROM {TRACES} GROUP BY trace_id),
+s AS (
+    SELECT n.session_id, min(t.lo) AS lo, max(t.hi) AS hi
+    FROM (SELECT DISTINCT session_id, trace_id FROM {SESSIONS}) AS n JOIN t USING (trace_id)
+    GROUP BY n.session_id
+)
+SELECT min(lo) AS lo, max(hi) AS hi FROM s WHERE hi >= $lo AND lo <= $hi
+"""
+STORE_FACETS_SQL = f"""
+SELECT list(DISTINCT service_name ORDER BY service_name) FILTER (WHERE service_name IS NOT NULL AND service_name <> '')
+           AS services,
+       list(DISTINCT substrate ORDER BY substrate) FILTER (WHERE substrate IS NOT NULL) AS substrates,
+       min(start_ns) AS start_ns, max(end_ns) AS end_ns, COALESCE(sum(spans), 0)::BIGINT AS spans
+FROM {FACETS}
+"""
+
+
+_UNLOOKED = "kvtrace_raw_unlooked"  # the raw rows of the files without lookups (no Timestamp bounds)
+_EMPTY = {
+    SESSIONS: "SELECT NULL::VARCHAR AS session_id, NULL::VARCHAR AS trace_id",
+    TRACES: "SELECT NULL::VARCHAR AS trace_id, NULL::BIGINT AS lo, NULL::BIGINT AS hi",
+    FACETS: "SELECT NULL::VARCHAR AS service_name, NULL::VARCHAR AS substrate, NULL::BIGINT AS spans, "
+    "NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns",
+}
+
+
+def bind(con, found: dict[str, list[str]], rest: list[str]) -> None:
+    """(Re)define :data:`SESSIONS`, :data:`TRACES` and :data:`FACETS` on ``con``: the rows of the
+    lookup files ``found[view]`` and the same SQL over the raw rows of the trace files ``rest``
+    (those without a complete set of lookups)."""
+    from kvtrace.store.sql import glob_escape
+    from kvtrace.store.views.raw import READ_FILES
+
+    if rest:
+        con.sql(READ_FILES, params={"files": [glob_escape(f) for f in rest]}).create_view(_UNLOOKED, replace=True)
+    for view, _, columns, _ in KINDS:
+        parts = []
+        params = {}
+        if found.get(view):
+            parts.append(f"SELECT {columns} FROM read_parquet($lookups, hive_partitioning = false)")
+            params["lookups"] = [glob_escape(f) for f in found[view]]
+        if rest:
+            parts.append(f"SELECT {columns} FROM ({sql(view, _UNLOOKED)}) AS r")
+        body = "\nUNION ALL\n".join(parts) if parts else f"{_EMPTY[view]} WHERE false"
+        con.sql(body, params=params or None).create_view(view, replace=True)
