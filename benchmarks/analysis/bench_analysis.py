@@ -99,14 +99,14 @@ def empty_lists(n: int) -> tuple[pa.ListArray, pa.ListArray, pa.ListArray]:
     )
 
 
-def session_batch(first: int, count: int) -> pa.Table:
-    """Spans of sessions ``first .. first+count-1`` (session i starts i seconds after BASE_NS)."""
+def session_batch(first: int, count: int, spacing_ns: int = 1_000_000_000) -> pa.Table:
+    """Spans of sessions ``first .. first+count-1`` (session i starts ``i * spacing_ns`` after BASE_NS)."""
     tpl = _template()
     m = len(tpl)
     sess = np.repeat(np.arange(first, first + count), m)
     idx = np.tile(np.arange(m), count)
-    starts = np.array([r[1] for r in tpl], dtype=np.int64)[idx] * 1_000_000 + BASE_NS + sess * 1_000_000_000
-    ends = np.array([r[2] for r in tpl], dtype=np.int64)[idx] * 1_000_000 + BASE_NS + sess * 1_000_000_000
+    starts = np.array([r[1] for r in tpl], dtype=np.int64)[idx] * 1_000_000 + BASE_NS + sess * spacing_ns
+    ends = np.array([r[2] for r in tpl], dtype=np.int64)[idx] * 1_000_000 + BASE_NS + sess * spacing_ns
     names = np.array([r[0] for r in tpl], dtype=object)[idx]
     n = len(sess)
     sid = np.char.add("s", sess.astype(str)).astype(object)
@@ -158,11 +158,14 @@ def _typed(mask: np.ndarray, key: str, values: np.ndarray, typ) -> pa.MapArray:
     )
 
 
-def build_store(directory: Path, spans: int, per_file: int = 1_000_000) -> int:
+def build_store(directory: Path, spans: int, per_file: int = 1_000_000, spacing_ns: int = 1_000_000_000) -> int:
+    """``spans`` spans of sessions starting ``spacing_ns`` apart, written ``per_file`` at a time
+    (each batch split by hour, as the exporter's partitions)."""
     sessions = max(1, spans // PER_SESSION)
     step = max(1, per_file // PER_SESSION)
     for i, first in enumerate(range(0, sessions, step)):
-        write_table(session_batch(first, min(step, sessions - first)), directory, writer=f"bench{i:04d}")
+        batch = session_batch(first, min(step, sessions - first), spacing_ns)
+        write_table(batch, directory, writer=f"bench{i:04d}")
     return sessions * PER_SESSION
 
 

@@ -16,7 +16,7 @@ files' lookups (:mod:`kvtrace.store.lookup`), not the raw spans.
 
 from __future__ import annotations
 
-from kvtrace.store import lookup
+from kvtrace.store import lookup, narrow
 
 LO, HI = "kvtrace_lo", "kvtrace_hi"
 
@@ -59,8 +59,10 @@ def window_bounds(con, start_ns: int | None, end_ns: int | None) -> tuple[int, i
 
 
 def bounded(con, lo_ns: int, hi_ns: int):
-    """A cursor of ``con`` whose views read only spans starting in ``[lo_ns, hi_ns]``."""
+    """A cursor of ``con`` whose views read only spans starting in ``[lo_ns, hi_ns]``, from the files
+    whose range overlaps it (:mod:`kvtrace.store.narrow`)."""
     cur = con.cursor()
     for name, value in ((LO, lo_ns), (HI, hi_ns)):
         cur.execute(f"SET VARIABLE {name} = make_timestamp_ns($v::BIGINT)::TIMESTAMPTZ_NS", {"v": int(value)})
+    narrow.narrow(cur, lo_ns, hi_ns)
     return cur

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import duckdb
 import pyarrow as pa
 
-from kvtrace.store import bounds, lookup, runs, scan_index
+from kvtrace.store import bounds, lookup, narrow, runs, scan_index
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
 from kvtrace.store.views import BY_NAME, VIEWS
 from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, scan_sql
-from kvtrace.store.views.raw import RAW, READ_FILES, spans_sql
+from kvtrace.store.views.raw import RAW, read_files, spans_sql
 
 if TYPE_CHECKING:  # a type only: clickhouse.store imports this package
     from kvtrace.store.clickhouse.store import ClickHouseStore
@@ -210,7 +210,8 @@ def _bind(
         # largest first: DuckDB scans a file's row group on one thread, and a large one started
         # last would leave the other threads idle while it finishes
         by_size = sorted(files, key=lambda f: (-_size(f), f))
-        files_sql = READ_FILES + bounds.FILTER  # a bounded cursor's Timestamp bounds (kvtrace.store.bounds)
+        # a bounded cursor's Timestamp bounds (kvtrace.store.bounds) and its files (kvtrace.store.narrow)
+        files_sql = read_files(narrow.listed(narrow.FILES, "$files")) + bounds.FILTER
         con.sql(files_sql, params={"files": [glob_escape(f) for f in by_size]}).create_view(RAW, replace=True)
     else:
         con.from_arrow(_empty_raw()).create_view(RAW, replace=True)
@@ -240,15 +241,19 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
     scan indexes and the scan of the others, with the same ``Timestamp`` bounds (:mod:`.bounds`);
     with no index (or the connection opened with ``scan_index=False``), the scan view as registered."""
     ((use,),) = con.execute(f"SELECT scan_index FROM {SOURCE}").fetchall()
-    _bind_lookups(con, files, use)
+    facets = _bind_lookups(con, files, use)
     indexed: list[str] = []
     rest: list[str] = []
+    entries = [(narrow.FILES, glob_escape(f), f) for f in files]
     for path in files:
         found = scan_index.current(path) if use else None
         if found is None:
             rest.append(path)
         else:
             indexed.append(found)
+            entries.append((narrow.INDEXES, glob_escape(found), path))
+    entries += [(narrow.REST, glob_escape(f), f) for f in rest] if indexed else []
+    narrow.record(con, entries, facets)
     if not indexed:
         con.execute(BY_NAME[SCAN].create())
         return
@@ -257,28 +262,32 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
     columns = SCAN_COLUMNS
     if not rest and not con.execute(_NEEDS_JOINS_SQL, params).fetchall()[0][0]:
         columns = _WITHOUT_IDS
-    sql = f"SELECT {columns} FROM read_parquet($indexes, hive_partitioning = false){bounds.INDEX_FILTER}"
+    indexes = narrow.listed(narrow.INDEXES, "$indexes")
+    sql = f"SELECT {columns} FROM read_parquet({indexes}, hive_partitioning = false){bounds.INDEX_FILTER}"
     if rest:
-        con.sql(READ_FILES + bounds.FILTER, params={"files": [glob_escape(f) for f in rest]}).create_view(
-            _RAW_REST, replace=True
-        )
+        rest_sql = read_files(narrow.listed(narrow.REST, "$files")) + bounds.FILTER
+        con.sql(rest_sql, params={"files": [glob_escape(f) for f in rest]}).create_view(_RAW_REST, replace=True)
         sql += f"\nUNION ALL\nSELECT {SCAN_COLUMNS} FROM ({scan_sql(f'({spans_sql(_RAW_REST)}) AS spans')}) AS rest"
     con.sql(sql, params=params).create_view(SCAN, replace=True)
 
 
-def _bind_lookups(con: duckdb.DuckDBPyConnection, files: list[str], use: bool) -> None:
+def _bind_lookups(con: duckdb.DuckDBPyConnection, files: list[str], use: bool) -> dict[str, str]:
     """(Re)define the lookup views (:mod:`kvtrace.store.lookup`) over ``files``: the lookups built
-    beside them (``use``), the raw rows of the files without a complete set."""
+    beside them (``use``), the raw rows of the files without a complete set; returns each file's
+    facets lookup (its range, :mod:`kvtrace.store.narrow`)."""
     found: dict[str, list[str]] = {view: [] for view, *_ in lookup.KINDS}
+    facets: dict[str, str] = {}
     rest = []
     for path in files:
         paths = {view: scan_index.current(path, suffix) for view, suffix, *_ in lookup.KINDS} if use else {}
         if paths and all(paths.values()):
             for view, p in paths.items():
                 found[view].append(cast(str, p))
+            facets[path] = cast(str, paths[lookup.FACETS])
         else:
             rest.append(path)
     lookup.bind(con, found, rest)
+    return facets
 
 
 def connect(

@@ -20,10 +20,17 @@ from kvtrace.store.views.registry import (
 
 RAW = "kvtrace_raw"
 """The relation over the directory's files (:mod:`kvtrace.store.reader` defines it)."""
-READ_FILES = (
-    "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true, "
-    "hive_types = {'date': DATE, 'hour': INTEGER})"
-)
+
+
+def read_files(files: str = "$files") -> str:
+    """How ``RAW`` reads trace files: ``files`` is a list expression of DuckDB globs, one per file."""
+    return (
+        f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true, "
+        "hive_types = {'date': DATE, 'hour': INTEGER})"
+    )
+
+
+READ_FILES = read_files()
 """How ``RAW`` reads trace files (``$files``: one DuckDB glob per file)."""
 
 _STR_MAP, _TS_NS = "MAP(VARCHAR, VARCHAR)", "TIMESTAMPTZ_NS"

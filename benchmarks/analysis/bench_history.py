@@ -1,0 +1,175 @@
+"""What a question costs as history grows (issue #40), on DuckDB: the same per-day volume kept for
+7 and for 14 days, and per question the time and the rows it reads in each.
+
+    python benchmarks/analysis/bench_history.py [--spans-per-day 1430000] [--days 7,14] [--threads 2]
+                                                 [--repeat 5] [--dir DIR]
+
+Each store is :mod:`bench_analysis`'s synthetic sessions (170 spans, 8 turns each) spread evenly over
+the days, written a million spans at a time and split by hour as the exporter does, then indexed as
+``kvtrace dashboard`` does (scan indexes and their lookups, :mod:`kvtrace.store.lookup`; timed).
+The questions, each timed over ``--repeat`` interleaved rounds (p50 / p99):
+
+- **one day**: ``sessions.totals`` of the sessions overlapping the middle day (every column summed);
+- **one session**: ``sessions.breakdown`` of one session of that day;
+- **first page**: what the dashboard's sessions page runs on opening: the time span and facets (from
+  the lookups) and the totals and top 500 sessions of the last day (``sessions.overview``);
+- on the first store only, **before #40**: the one-day totals over the whole store, the way DuckDB
+  answered a time range before (no bounds pushed down), in the same run; its answer must equal the
+  bounded one.
+
+Rows read: the index and raw rows within the bounds the question reads (of all the store's), and the
+lookup rows a time range reads (all of them: three narrow columns per trace part).  Printed: a table
+per store, then the 14-day / 7-day ratio of each question's p50 (target <= 1.2) and the targets
+(<= 1 s one day and first page, <= 0.1 s and <= 1 % of the rows one session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_analysis import PER_SESSION, build_store  # noqa: E402
+
+DAY_NS = 86_400 * 10**9
+TARGETS = {"one day": 1.0, "one session": 0.1, "first page": 1.0}
+
+
+def _p(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+def make(directory: Path, per_day: int, days: int) -> int:
+    sessions = max(1, per_day * days // PER_SESSION)
+    return build_store(directory, sessions * PER_SESSION, spacing_ns=days * DAY_NS // sessions)
+
+
+def _in_bounds(cur) -> tuple[int, int]:
+    """(index rows, raw rows) a cursor's bounds let its views read."""
+    index = cur.sql("SELECT count(*) FROM kvtrace_scan").fetchall()[0][0]
+    raw = cur.sql("SELECT count(*) FROM kvtrace_raw").fetchall()[0][0]
+    return index, raw
+
+
+def questions(con, days: int):
+    """(name -> fn, the filters each reads with, the one-day filter) for a store of ``days`` days."""
+    from kvtrace.analysis import sessions
+    from kvtrace.analysis.filters import Filters
+
+    t0 = sessions.time_span(con)["start_ns"]
+    day = Filters(start_ns=t0 + days // 2 * DAY_NS, end_ns=t0 + (days // 2 + 1) * DAY_NS - 1)
+    one = sessions.list_sessions(con, day, limit=1)[0]
+
+    def first_page():
+        span = sessions.time_span(con)
+        sessions.facets(con)
+        last = Filters(start_ns=span["end_ns"] - DAY_NS, end_ns=span["end_ns"])
+        return sessions.overview(con, last, limit=500)["totals"]
+
+    fns = {
+        "one day": lambda: sessions.totals(con, day),
+        "one session": lambda: sessions.breakdown(con, Filters(session_id=one)).to_pylist(),
+        "first page": first_page,
+    }
+    span = sessions.time_span(con)
+    reads = {
+        "one day": day,
+        "one session": Filters(session_id=one),
+        "first page": Filters(start_ns=span["end_ns"] - DAY_NS, end_ns=span["end_ns"]),
+    }
+    return fns, reads, day
+
+
+def before_40(con, day):
+    """The one-day totals as DuckDB answered a time range before #40: the whole store's breakdown, filtered."""
+    from kvtrace.analysis import sessions
+    from kvtrace.analysis.common import one
+    from kvtrace.analysis.filters import SESSION_SCOPE, where
+
+    clause, params = where(day, SESSION_SCOPE)
+    return one(con, sessions.TOTALS_SQL.format(where=clause), params)
+
+
+def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool) -> dict:
+    from kvtrace.analysis.pushdown import narrowed
+    from kvtrace.store import connect, lookup
+    from kvtrace.store.reader import build_indexes
+
+    t = time.perf_counter()
+    built = build_indexes(directory, min_bytes=0)
+    built_s = time.perf_counter() - t
+    con = connect(directory)
+    con.execute(f"SET threads = {threads}")
+    spans = con.sql("SELECT count(*) FROM kvtrace_raw").fetchall()[0][0]
+    index_rows = con.sql("SELECT count(*) FROM kvtrace_scan").fetchall()[0][0]
+    lookup_rows = sum(con.sql(f"SELECT count(*) FROM {v}").fetchall()[0][0] for v in (lookup.SESSIONS, lookup.TRACES))
+    fns, reads, day = questions(con, days)
+    if baseline:
+        fns["before #40: one day"] = lambda: before_40(con, day)
+        got, want = fns["one day"](), before_40(con, day)
+        assert got == want, f"the bounded day disagrees with the whole store's: {got} != {want}"
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t)
+    print(
+        f"\n{days} days: {spans:,} spans ({spans // days:,} a day), {index_rows:,} index rows, "
+        f"{len(built)} files indexed in {built_s:.1f} s, {lookup_rows:,} lookup rows; threads {threads}, "
+        f"{repeat} rounds"
+    )
+    print("| question | p50 s | p99 s | index rows read | raw rows in bounds | lookup rows read |")
+    print("|---|---:|---:|---:|---:|---:|")
+    out = {}
+    for k, xs in samples.items():
+        if k in reads:
+            idx, raw = _in_bounds(narrowed(con, reads[k]))
+            looked = lookup_rows if reads[k].session_id is None else 0
+            cells = f"{idx:,} ({idx / index_rows:.2%}) | {raw:,} ({raw / spans:.2%}) | {looked:,}"
+        else:
+            cells = f"{index_rows:,} (100%) | – | –"
+        print(f"| {k} | {_p(xs, 50):.3f} | {_p(xs, 99):.3f} | {cells} |")
+        out[k] = _p(xs, 50)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spans-per-day", type=int, default=1_430_000)
+    p.add_argument("--days", default="7,14", help="history lengths, comma-separated")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--dir", help="work directory, kept and reused (default: a temp dir, removed afterwards)")
+    args = p.parse_args()
+    lengths = [int(d) for d in args.days.split(",")]
+    root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-history-"))
+    results = {}
+    try:
+        for i, days in enumerate(lengths):
+            d = root / f"days{days}"
+            if not d.exists():
+                t = time.perf_counter()
+                n = make(d, args.spans_per_day, days)
+                print(f"wrote {n:,} spans over {days} days to {d} in {time.perf_counter() - t:.1f} s", flush=True)
+            results[days] = bench(d, days, args.threads, args.repeat, baseline=i == 0)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    first, last = lengths[0], lengths[-1]
+    print(f"\n| question | {first} days p50 s | {last} days p50 s | ratio (target <= 1.2) | target |")
+    print("|---|---:|---:|---:|---|")
+    for k, target in TARGETS.items():
+        a, b = results[first][k], results[last][k]
+        print(f"| {k} | {a:.3f} | {b:.3f} | {b / a:.2f} | <= {target:g} s: {'HOLDS' if b <= target else 'MISSED'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
