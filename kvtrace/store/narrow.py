@@ -26,7 +26,7 @@ def listed(var: str, param: str) -> str:
     return f"COALESCE(getvariable({literal(var)}), {param})"
 
 
-def record(con, entries: list[tuple[str, str, str | None]], facets: dict[str, str]) -> None:
+def record(con, entries: list[tuple[str, str, str]], facets: dict[str, str]) -> None:
     """(Re)create :data:`RANGES` on ``con`` from ``entries`` (list variable, path as listed, the
     trace file it reads) and ``facets`` (trace file -> its facets lookup)."""
     con.execute(f"CREATE OR REPLACE TABLE {RANGES} (list VARCHAR, path VARCHAR, lo BIGINT, hi BIGINT)")
@@ -38,7 +38,7 @@ def record(con, entries: list[tuple[str, str, str | None]], facets: dict[str, st
             {"f": [glob_escape(f) for f in facets.values()]},
         ).fetchall()
         ranges = {by_lookup[f]: (lo, hi) for f, lo, hi in rows if f in by_lookup and lo is not None}
-    rows = [(var, path, *ranges.get(file or "", (None, None))) for var, path, file in entries]
+    rows = [(var, path, *ranges.get(file, (None, None))) for var, path, file in entries]
     if rows:
         con.executemany(f"INSERT INTO {RANGES} VALUES (?, ?, ?, ?)", rows)
 
