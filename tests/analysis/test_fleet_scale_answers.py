@@ -13,7 +13,7 @@ import pytest
 
 from kvtrace.analysis import pushdown, sessions
 from kvtrace.analysis.filters import Filters
-from kvtrace.store import bounds, connect, lookup, scan_index
+from kvtrace.store import bounds, connect, lookup, narrow, scan_index
 from kvtrace.store.reader import trace_files
 
 from support import multiday, session_queries
@@ -158,3 +158,16 @@ def test_the_first_page_reads_no_raw_span(tmp_path, monkeypatch):
     assert session_queries.same_answer(first_page(con), expected)
     with pytest.raises(Exception):  # noqa: B017 - any error: the raw spans are gone
         con.sql("SELECT sum(length(SpanName)) FROM kvtrace_raw").fetchall()
+
+
+def test_a_bounded_cursor_opens_only_the_files_its_bounds_reach(store):
+    con = store["partials"]
+    everything = {r[0] for r in con.execute(f"SELECT path FROM {narrow.RANGES} WHERE list = $l", {"l": narrow.FILES}).fetchall()}
+    lo, hi = multiday.day_range(0)
+    cur = pushdown.narrowed(con, Filters(start_ns=lo, end_ns=lo + 3600 * 10**9))  # day 0's first hour
+    listed = cur.execute(f"SELECT getvariable('{narrow.FILES}')").fetchall()[0][0]
+    indexes = cur.execute(f"SELECT getvariable('{narrow.INDEXES}')").fetchall()[0][0]
+    assert set(listed) < everything and 0 < len(indexes) == len(listed)
+    plan = "\n".join(r[1] for r in cur.execute("EXPLAIN SELECT * FROM session_breakdown").fetchall())
+    assert plan.count(".kvscan") <= len(indexes)  # not every index file
+    assert con.execute(f"SELECT getvariable('{narrow.FILES}')").fetchall()[0][0] is None  # the cursor's own
