@@ -162,7 +162,8 @@ def test_the_first_page_reads_no_raw_span(tmp_path, monkeypatch):
 
 def test_a_bounded_cursor_opens_only_the_files_its_bounds_reach(store):
     con = store["partials"]
-    everything = {r[0] for r in con.execute(f"SELECT path FROM {narrow.RANGES} WHERE list = $l", {"l": narrow.FILES}).fetchall()}
+    rows = con.execute(f"SELECT path FROM {narrow.RANGES} WHERE list = $l", {"l": narrow.FILES}).fetchall()
+    everything = {r[0] for r in rows}
     lo, hi = multiday.day_range(0)
     cur = pushdown.narrowed(con, Filters(start_ns=lo, end_ns=lo + 3600 * 10**9))  # day 0's first hour
     listed = cur.execute(f"SELECT getvariable('{narrow.FILES}')").fetchall()[0][0]
