@@ -55,6 +55,15 @@ def test_bench_analysis_agrees_with_the_pre_27_sql_with_and_without_scan_indexes
         assert len(_lines_starting(got.stdout, label)) == 1, (label, got.stdout)
 
 
+def test_bench_history_answers_each_question_at_both_history_lengths(tmp_path):
+    scale = ("--spans-per-day", "20000", "--days", "2,4", "--repeat", "1", "--dir", str(tmp_path))
+    got = _run("analysis/bench_history.py", *scale)
+    assert got.returncode == 0, got.stderr[-3000:]
+    for question in ("one day", "one session", "first page"):
+        assert len(_lines_starting(got.stdout, f"| {question} |")) == 3, (question, got.stdout)  # 2 stores, ratio
+    assert len(_lines_starting(got.stdout, "| before #40: one day |")) == 1, got.stdout  # equal answers checked
+
+
 def test_bench_proxy_drives_every_mode_and_prints_the_targets():
     got = _run("proxy/bench_proxy.py", "--requests", "8", "--rounds", "1", "--concurrency", "1", "--lag-requests", "0")
     assert got.returncode == 0, got.stderr[-3000:] + got.stdout[-3000:]
