@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -273,8 +274,10 @@ class Engine(Connector):
 
     def _held_blocks(self) -> int:
         """Blocks that only holds for remote readers keep referenced (what ending them all frees)."""
-        counts = Counter(b for hold in self.holds.values() for b in hold.block_ids)
-        return sum(1 for b, n in counts.items() if self.cache.refcount(b) == n)
+        # every request that must wait asks, and a full D holds tens of thousands of blocks: count in C
+        counts = Counter(itertools.chain.from_iterable(hold.block_ids for hold in self.holds.values()))
+        refs = self.cache.refcounts(counts.keys())
+        return sum(map(operator.eq, refs, counts.values()))
 
     def _load_failed(self, gen: Generation, error: str) -> None:
         if self.kv.kv_load_failure_policy == "recompute":

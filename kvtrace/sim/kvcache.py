@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
@@ -93,6 +93,10 @@ class KVCache:
 
     def refcount(self, block_id: int) -> int:
         return self._ref[block_id]
+
+    def refcounts(self, block_ids: Iterable[int]) -> Iterator[int]:
+        """:meth:`refcount` of each block, lazily (no Python call per block)."""
+        return map(self._ref.__getitem__, block_ids)
 
     # ------------------------------------------------------------------ mutation
     def touch(self, block_ids: list[int]) -> None:
