@@ -64,3 +64,17 @@ def test_an_unsorted_trace_with_a_month_long_gap_replays_in_order_without_waitin
     # in time order: line 2 (session 0), line 3 (session 1), then line 1, session 0's next turn, a month on
     assert [(s, c) for _, s, c in starts] == [("mc0-l2", 0), ("mc1-l3", 0), ("mc0-l2", 1)]
     assert starts[-1][0] >= month_ms / 1000
+
+
+def test_a_trace_that_would_keep_a_wall_clock_arm_waiting_for_days_is_refused(tmp_path, capsys):
+    path = tmp_path / "gap.jsonl"
+    rows = [(0, 600, 8, [1, 2]), (30 * 24 * 3600 * 1000, 1100, 8, [1, 2, 3])]  # a month apart
+    keys = ("timestamp", "input_length", "output_length", "hash_ids")
+    path.write_text("".join(json.dumps(dict(zip(keys, r, strict=True))) + "\n" for r in rows))
+    argv = ["bench", "--arms", "--input", str(path), "--clock", "wall", "--presets", "qwen3-32b"]
+    assert main([*argv, "--traces", str(tmp_path / "runs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "kvtrace bench: error: the trace spans 2,592,000 s of model time, 144.0 h of wall time per arm at time "
+        "scale 5: use --clock virtual (no wall time spent waiting)\n"
+    )
