@@ -22,11 +22,12 @@ pauses are the arrivals.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import kvtrace
@@ -124,7 +125,9 @@ class BenchConfig:
         return wl
 
     def as_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("workload", "api_key", "scenario")}
+        # fields one by one: asdict would deep-copy a Workload (every session, every turn's text)
+        skip = ("workload", "api_key", "scenario")
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
         out["scenario"] = self.scenario.name if isinstance(self.scenario, scn.Scenario) else self.scenario
         out["request_rate"] = None if math.isinf(self.request_rate) else self.request_rate
         return out

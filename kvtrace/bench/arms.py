@@ -49,6 +49,7 @@ NONCE = "arms"
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
 VIRTUAL, WALL = "virtual", "wall"
+MAX_WALL_REPLAY_S = 6 * 3600.0  # a wall-clock arm longer than this is refused (the virtual clock takes no wait)
 CLOCKS = (VIRTUAL, WALL)  # --clock: the virtual-time loop in this process, or the served subprocesses
 
 
@@ -257,6 +258,8 @@ async def arun_arms(
         raise bench.BenchError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
     if clock == VIRTUAL and sim_time_scale is not None:
         raise bench.BenchError("--sim-time-scale compresses wall time: it does not go with --clock virtual")
+    if clock == WALL:
+        _check_wall_span(config, min(sim_time_scale or TIME_SCALES.get(p, 1.0) for p in presets or ("",)))
     if calibrate_from:
         presets = (CALIBRATED,)
     elif clock == VIRTUAL:
@@ -323,6 +326,22 @@ async def _one_virtual(
     return await inproc.run_arm(
         run_dir, preset, prefix_caching, bidirectional, link, cfg, label, CONVERSATION_TTL_S, cost_model, fleet
     )
+
+
+def _check_wall_span(config: dict, scale: float) -> None:
+    """BenchError (one line) when a replayed trace would keep a wall-clock arm waiting more than
+    :data:`MAX_WALL_REPLAY_S` (its sessions' pauses, compressed by the time scale): a trace with a long
+    gap replays in seconds on the virtual clock instead of hanging here."""
+    cfg = bench._config(dict(config))
+    workload = cfg.build(cfg.seed, "")
+    if not workload.timed:
+        return
+    span_s = max((sum(t.pause_s for t in s.turns) for s in workload.sessions), default=0.0) * cfg.time_scale
+    if span_s / scale > MAX_WALL_REPLAY_S:
+        raise bench.BenchError(
+            f"the trace spans {span_s:,.0f} s of model time, {span_s / scale / 3600:,.1f} h of wall time per arm "
+            f"at time scale {scale:g}: use --clock virtual (no wall time spent waiting)"
+        )
 
 
 def _check_presets_here(presets: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ virtual time costs nothing to wait, so every TTL, lease and pause is its model v
 
 from __future__ import annotations
 
+import math
 import time
 
 import kvtrace
@@ -33,7 +34,12 @@ async def run_arm(
     conversation_ttl_s: float,
     cost_model=None,
     fleet: Fleet = SINGLE,
+    stream_interval: float | None = None,
 ) -> bench.BenchResult:
+    """``stream_interval``: the workers' (:mod:`kvtrace.sim.streaming`); None: the answer's first
+    token with text, then the rest at once, unless the workload's client stops reading early."""
+    if stream_interval is None:
+        stream_interval = 1 if may_interrupt(cfg) else math.inf
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
     proxy_provider = kvtrace.configure("kvtrace-proxy", traces_dir=run_dir, handle_sigterm=False)
     try:
@@ -48,6 +54,7 @@ async def run_arm(
             metrics=False,
             cost_model=cost_model,
             no_prefix_caching=() if prefix_caching else ("prefill",),
+            stream_interval=stream_interval,
         ) as cluster:
             config = ProxyConfig(
                 prefill=[Worker(HOST, w.port) for w in cluster.prefill],
@@ -64,3 +71,39 @@ async def run_arm(
                 await proxy.close()
     finally:
         proxy_provider.shutdown()
+
+
+def may_interrupt(cfg: dict) -> bool:
+    """Whether the workload's client may stop reading a stream early (``interrupt_after`` counts
+    chunks, so its streams must come token by token)."""
+    from kvtrace.bench import scenarios as scn
+    from kvtrace.bench.workload import LLMAction
+
+    workload, scenario, path = cfg.get("workload"), cfg.get("scenario"), cfg.get("input")
+    if workload is not None:
+        return any(isinstance(a, LLMAction) and a.interrupt_after is not None for a in _actions(workload))
+    if isinstance(scenario, str):
+        scenario = scn.SCENARIOS.get(scenario)
+    if scenario is None and path is not None:
+        scenario = _scenario_file(path)
+    if scenario is None:
+        return False  # a trace, vLLM's inputs, a published workload: no interruptions
+    return any(isinstance(s, scn.LLM) and s.interrupt_after is not None for t in scenario.turns for s in t.steps)
+
+
+def _actions(workload):
+    return (a for plan in workload.sessions for turn in plan.turns for a in turn.actions)
+
+
+def _scenario_file(path: str):
+    """The scenario of a ``kvtrace_scenario`` input file, else None (bad files fail later, in the bench)."""
+    import json
+
+    from kvtrace.bench import scenarios as scn
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            conf = json.load(f)
+        return scn.from_dict(conf) if isinstance(conf, dict) and conf.get("filetype") == scn.FILETYPE else None
+    except (OSError, ValueError):
+        return None

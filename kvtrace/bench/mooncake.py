@@ -31,12 +31,14 @@ trace's context growth beyond the previous prompt and answer; ``max_tokens`` is 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtrace.bench.workload import _VOCAB, LLMAction, SessionPlan, TurnPlan, Workload
+from kvtrace.bench.workload import _VOCAB, LazyTurnPlan, LLMAction, SessionPlan, TurnPlan, Workload
 
 DATA = Path(__file__).parent / "data"
 #: names ``--input`` accepts for the traces shipped in kvtrace/bench/data (README.md there: provenance, licence)
@@ -45,6 +47,7 @@ BLOCK_TOKENS = 512
 MIN_MATCH_BLOCKS = 2
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 SOURCE = "mooncake"
+BLOCK_CACHE = 16_384  # blocks whose words are kept (joined, ~2.8 KB each)
 
 
 class TraceError(ValueError):
@@ -151,45 +154,86 @@ def _continued(row: Row, open_keys: dict[tuple[int, ...], list[int]]) -> int | N
 
 
 class _Blocks:
-    """The words of block hash ``h``: 512 words from a generator seeded with ``h`` (cached)."""
+    """The words of block hash ``h``: 512 words from a generator seeded with ``h``, kept joined for
+    the :data:`BLOCK_CACHE` most recently used blocks (the shipped subset has about 9,000)."""
 
     def __init__(self) -> None:
-        self._words: dict[int, list[str]] = {}
+        self._text: OrderedDict[int, str] = OrderedDict()
 
-    def words(self, hash_ids: tuple[int, ...], n: int) -> list[str]:
-        out: list[str] = []
-        for h in hash_ids:
-            if len(out) >= n:
-                break
-            if h not in self._words:
-                self._words[h] = random.Random(f"mooncake-block:{h}").choices(_VOCAB, k=BLOCK_TOKENS)
-            out += self._words[h]
-        return out[:n]
+    def _words(self, h: int) -> list[str]:
+        return random.Random(f"mooncake-block:{h}").choices(_VOCAB, k=BLOCK_TOKENS)
+
+    def _joined(self, h: int) -> str:
+        text = self._text.get(h)
+        if text is None:
+            text = self._text[h] = " ".join(self._words(h))
+            if len(self._text) > BLOCK_CACHE:
+                self._text.popitem(last=False)
+        else:
+            self._text.move_to_end(h)
+        return text
+
+    def text(self, hash_ids: tuple[int, ...], n: int, head: str = "") -> str:
+        """``head`` (if any) and the first ``n`` words of the blocks, space-separated."""
+        full, rest = divmod(n, BLOCK_TOKENS)
+        parts = [head] if head else []
+        parts += [self._joined(h) for h in hash_ids[:full]]
+        if rest and full < len(hash_ids):
+            parts += self._words(hash_ids[full])[:rest]
+        return " ".join(parts)
 
 
-def workload(rows: list[Row], *, name: str, seed: int = 0, nonce: str = "", max_tokens: int | None = None) -> Workload:
-    """The sessions of ``rows`` as a timed :class:`Workload` (see the module docstring)."""
-    blocks = _Blocks()
+_BLOCKS = _Blocks()  # one cache for every workload of this process (the arms build theirs several times)
+
+
+def workload(
+    rows: list[Row],
+    *,
+    name: str,
+    seed: int = 0,
+    nonce: str = "",
+    max_tokens: int | None = None,
+    copies: int = 1,
+    period_s: float = 0.0,
+) -> Workload:
+    """The sessions of ``rows`` as a timed :class:`Workload` (see the module docstring); ``copies``
+    > 1 tiles them (:func:`tile`).  A turn's text is made when the bench sends it."""
     t0 = rows[0].timestamp_ms if rows else 0
     plans: list[SessionPlan] = []
-    for i, group in enumerate(sessions(rows)):
+    for i, (start, k, group) in enumerate(tile(sessions(rows), copies, period_s)):
+        head = nonce if k == 0 else f"{nonce}c{k}"
         turns: list[TurnPlan] = []
         prev: Row | None = None
         for row in group:
             if prev is None:
-                pause = (row.timestamp_ms - t0) / 1000
-                text = blocks.words(row.hash_ids, row.input_length)
-                if nonce:
-                    text = [nonce, *text]
+                pause = (row.timestamp_ms - t0) / 1000 + start
+                make = functools.partial(_BLOCKS.text, row.hash_ids, row.input_length, head)
             else:
                 pause = (row.timestamp_ms - prev.timestamp_ms) / 1000
                 grown = max(1, row.input_length - prev.input_length - prev.output_length)
-                text = random.Random(f"mooncake-turn:{row.line}").choices(_VOCAB, k=grown)
+                make = functools.partial(_grown, row.line, grown)
             out = max_tokens or max(1, row.output_length)
-            turns.append(TurnPlan(len(turns), "user", pause, " ".join(text), [LLMAction(out)]))
+            turns.append(LazyTurnPlan(len(turns), "user", pause, make, [LLMAction(out)]))
             prev = row
-        plans.append(SessionPlan(i, f"mc{i}-l{group[0].line}", "", turns))
+        suffix = f"-c{k}" if k else ""
+        plans.append(SessionPlan(i, f"mc{i}-l{group[0].line}{suffix}", "", turns))
     return Workload(name, plans, seed, source=SOURCE, timed=True)
+
+
+def tile(groups: list[list[Row]], copies: int, period_s: float) -> list[tuple[float, int, list[Row]]]:
+    """``copies`` of the sessions, copy ``k`` starting ``k * period_s`` later, in order of arrival:
+    ``(offset s, k, rows)``.  Copy ``k`` > 0 puts its own word before every first turn (the nonce
+    and ``c<k>``), so copies share no KV, while the sessions of one copy share what the trace's do.
+    The shipped subset is every 20th session of an hour: 20 copies ``period_s`` = 180 s apart hold
+    about as many sessions at once as the whole trace (8,099 sessions, 12,031 requests an hour)."""
+    if copies < 1 or period_s < 0:
+        raise TraceError("tiling needs at least one copy and a period >= 0 s")
+    tiled = [(k * period_s, k, g) for k in range(copies) for g in groups]
+    return sorted(tiled, key=lambda x: (x[2][0].timestamp_ms / 1000 + x[0], x[1]))  # stable within a copy
+
+
+def _grown(line: int, n: int) -> str:
+    return " ".join(random.Random(f"mooncake-turn:{line}").choices(_VOCAB, k=n))
 
 
 def load(path: str | Path, *, seed: int = 0, nonce: str = "", max_tokens: int | None = None) -> Workload:

@@ -11,6 +11,7 @@ scenario's common system prompt.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvtrace.bench.scenarios import LLM, Scenario, Tool, Work
@@ -59,6 +60,23 @@ class TurnPlan:
     pause_s: float
     user_text: str
     actions: list[Action] = field(default_factory=list)
+
+
+class LazyTurnPlan(TurnPlan):
+    """A turn whose text is made each time it is read (``make()``): a replayed trace's thousands of
+    sessions hold no text until they run, and a finished one holds none again."""
+
+    def __init__(self, index: int, label: str, pause_s: float, make: Callable[[], str], actions: list) -> None:
+        super().__init__(index, label, pause_s, "", actions)
+        self._make = make
+
+    @property  # type: ignore[override]
+    def user_text(self) -> str:
+        return self._make()
+
+    @user_text.setter
+    def user_text(self, value: str) -> None:
+        self._make = lambda: value
 
 
 @dataclass

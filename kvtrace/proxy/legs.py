@@ -100,7 +100,8 @@ def _finite(value, depth: int = 0) -> bool:
     if isinstance(value, dict):
         return all(_finite(v, depth + 1) for v in value.values())
     if isinstance(value, list):
-        return all(_finite(v, depth + 1) for v in value)
+        # block id lists hold thousands of ints: one pass in C for them
+        return _all_ints(value) or all(_finite(v, depth + 1) for v in value)
     return True
 
 
@@ -108,11 +109,18 @@ def _int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _all_ints(value: list) -> bool:
+    """Every item is an int (not a bool: its type is bool), checked without a call per item."""
+    return not value or set(map(type, value)) == {int}
+
+
 def _block_ids(value) -> bool:
     """vLLM's ``remote_block_ids``: block ids, or one list of them per KV cache group."""
-    return isinstance(value, list) and all(
-        (_int(b) and b >= 0) or (isinstance(b, list) and all(_int(i) and i >= 0 for i in b)) for b in value
-    )
+    if not isinstance(value, list):
+        return False
+    if _all_ints(value):
+        return not value or min(value) >= 0
+    return all((_int(b) and b >= 0) or (isinstance(b, list) and _all_ints(b) and (not b or min(b) >= 0)) for b in value)
 
 
 _FIELD_CHECKS = {

@@ -20,6 +20,7 @@ API (stable; the proxy, bench, demo and tests use it)::
         cost_model=None,             # kvtrace.sim.fitted.FittedCostModel: its rates, time scale and on/off
         clock=None,                  # simulated clock () -> seconds (tests inject one)
         metrics=None,                # GET /metrics per worker (None: KVTRACE_METRICS, default on)
+        stream_interval=1,           # vLLM's --stream-interval (kvtrace.sim.streaming); math.inf: first + rest
     ) as c:
         c.prefill_urls, c.decode_urls          # ["http://127.0.0.1:PORT", ...]
         c.prefill[0].engine, c.decode[0].engine  # Engine: .cache, .holds, .recorder, .kv
@@ -78,6 +79,7 @@ class SimCluster:
         no_prefix_caching: tuple[str, ...] | list[str] = (),
         tool_calls: str | None = None,
         cost_model=None,
+        stream_interval: float = 1,
     ) -> None:
         if n_prefill < 0 or n_decode < 0 or n_prefill + n_decode == 0:
             raise ValueError("need at least one worker")
@@ -85,6 +87,7 @@ class SimCluster:
         if bad:
             raise ValueError(f"no_prefix_caching: unknown role(s) {sorted(bad)}; use prefill, decode")
         self.no_prefix_caching = frozenset(no_prefix_caching)
+        self.stream_interval = stream_interval  # the workers' (kvtrace.sim.streaming)
         # scripted tool calls (kvtrace.sim.wire.scripted_tool_call); None = off
         self.tool_calls = check_tool_calls(tool_calls)
         if preset not in PRESETS and cost_model is None:
@@ -224,6 +227,7 @@ class SimCluster:
             strict_model=self.model is not None,
             metrics=WorkerMetrics(model, kv_metrics) if kv_metrics is not None else None,
             tool_calls=self.tool_calls,
+            stream_interval=self.stream_interval,
         )
         port = base_port + index if base_port else 0
         engine.port = await worker.start(self.host, port)

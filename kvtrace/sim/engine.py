@@ -26,7 +26,9 @@ block is published for later requests; blocks a peer reads (P's lease, D's reten
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from kvtrace import kvdigest
 from kvtrace import semconv as sc
 from kvtrace.emit.recorder import KVRecorder
-from kvtrace.sim import scheduler, tokenizer
+from kvtrace.sim import decoding, scheduler, tokenizer
 from kvtrace.sim.connector import Connector
 from kvtrace.sim.costmodel import CostModel
 from kvtrace.sim.holds import Hold, Holds
@@ -81,6 +83,7 @@ class Generation:
     phase: str
     seed: int
     blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # the prompt's full blocks' (set at prefill)
     local_hit: int = 0
     pulled: int = 0
     output: list[int] = field(default_factory=list)
@@ -99,6 +102,22 @@ class Generation:
         """Yield ``(token_id, text_piece)`` for each generated token."""
         async for item in self.engine._decode(self):
             yield item
+
+    async def decode_batches(self, deliver: decoding.Deliver):
+        """Yield the generated tokens in lists, each at the time of its last token, which
+        ``deliver(i, piece)`` asked to see then (None: only the last); on the virtual loop by
+        :mod:`~kvtrace.sim.decoding`'s fast events, else token by token."""
+        if decoding.available(self.engine):
+            async for batch in decoding.batches(self.engine, self, deliver):
+                yield batch
+            return
+        batch: list[decoding.Token] = []
+        async for item in self.engine._decode(self):
+            batch.append(item)
+            i = len(self.output) - 1  # the engine made max_tokens tokens (tokenizer.generate)
+            if i + 1 == self.max_tokens or (deliver is not None and deliver(i, item[1])):
+                yield batch
+                batch = []
 
     def finish(self, finish_reason: str = FINISH_LENGTH) -> dict:
         """Free or hold blocks as vLLM's connector would; returns kv_transfer_params (with the
@@ -211,7 +230,7 @@ class Engine(Connector):
     async def _prefill(self, gen: Generation) -> None:
         bs = self.cache.block_size
         n = len(gen.prompt)
-        hashes = block_hashes(gen.prompt, bs)
+        hashes = gen.hashes = block_hashes(gen.prompt, bs)
         src = self._heartbeat(gen.params) if gen.phase == sc.ROLE_DECODE else None
         try:
             hit = await self._admit(gen, hashes, self.blocks_needed(n, gen.max_tokens))
@@ -255,8 +274,10 @@ class Engine(Connector):
 
     def _held_blocks(self) -> int:
         """Blocks that only holds for remote readers keep referenced (what ending them all frees)."""
-        counts = Counter(b for hold in self.holds.values() for b in hold.block_ids)
-        return sum(1 for b, n in counts.items() if self.cache.refcount(b) == n)
+        # every request that must wait asks, and a full D holds tens of thousands of blocks: count in C
+        counts = Counter(itertools.chain.from_iterable(hold.block_ids for hold in self.holds.values()))
+        refs = self.cache.refcounts(counts.keys())
+        return sum(map(operator.eq, refs, counts.values()))
 
     def _load_failed(self, gen: Generation, error: str) -> None:
         if self.kv.kv_load_failure_policy == "recompute":
@@ -272,7 +293,7 @@ class Engine(Connector):
         try:
             for i, (tid, piece) in enumerate(zip(ids, pieces, strict=True)):
                 if self.cost.enabled:
-                    await asyncio.sleep(self.cost.wall(self.cost.decode_step_s(self._decode_ctx)))
+                    await asyncio.sleep(self._step_s())
                     self._decode_ctx += 1
                     ctx += 1
                 gen.output.append(tid)
@@ -282,6 +303,10 @@ class Engine(Connector):
         finally:
             self._decode_ctx -= ctx
 
+    def _step_s(self) -> float:
+        """The next decode step's duration (wall s) on the running batch's context now."""
+        return self.cost.wall(self.cost.decode_step_s(self._decode_ctx))
+
     def _finish(self, gen: Generation, finish_reason: str) -> dict:
         if gen.done:
             return {}
@@ -290,9 +315,10 @@ class Engine(Connector):
         keep = math.ceil(computed / self.cache.block_size)
         tail, gen.blocks = gen.blocks[keep:], gen.blocks[:keep]
         self._free(tail)
-        if self.prefix_caching:
-            tokens = gen.prompt + gen.output[:-1]
-            hashes = block_hashes(tokens, self.cache.block_size)
+        if self.prefix_caching:  # the prompt's full blocks hash as at prefill: go on from the last
+            bs, known = self.cache.block_size, gen.hashes
+            rest = itertools.chain(gen.prompt[len(known) * bs :], gen.output[:-1])
+            hashes = known + block_hashes(rest, bs, known[-1] if known else 0)  # type: ignore[arg-type]
             self.cache.commit(gen.blocks[: len(hashes)], hashes)
         params = self._finished_params(gen, computed)
         summary = self.recorder.request_finished(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
@@ -35,12 +35,13 @@ class NoSpace(Exception):
     """Not enough free or evictable blocks."""
 
 
-def block_hashes(tokens: list[int], block_size: int) -> list[int]:
-    """Chained content hashes of the full blocks of ``tokens``."""
+def block_hashes(tokens: list[int], block_size: int, parent: int = 0) -> list[int]:
+    """Chained content hashes of the full blocks of ``tokens`` (``parent``: the hash of the block
+    before them, to go on from a prefix whose hashes are known)."""
     out: list[int] = []
-    parent = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tuple(tokens[start : start + block_size])))
+    it = iter(tokens)
+    for block in zip(*[it] * block_size, strict=False):  # the full blocks' tuples, made in C; no partial one
+        parent = hash((parent, block))
         out.append(parent)
     return out
 
@@ -92,6 +93,10 @@ class KVCache:
 
     def refcount(self, block_id: int) -> int:
         return self._ref[block_id]
+
+    def refcounts(self, block_ids: Iterable[int]) -> Iterator[int]:
+        """:meth:`refcount` of each block, lazily (no Python call per block)."""
+        return map(self._ref.__getitem__, block_ids)
 
     # ------------------------------------------------------------------ mutation
     def touch(self, block_ids: list[int]) -> None:

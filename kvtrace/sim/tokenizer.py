@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import OrderedDict
 
 VOCAB_SIZE = 100_000
 _PIECE = re.compile(r"<\|[a-z_]+\|>|[^\s<]+\s*|<\s*|\s+")
@@ -38,10 +39,12 @@ _WORDS = (
 ).split()
 _GEN_PIECES = tuple(w + " " for w in _WORDS)
 
+MEMO_TOKENS = 8_000_000  # token ids of recent chat messages kept (~110 MB with their text)
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 THINK = "<|think|>"
 END_THINK = "<|end_think|>"
+_GENERATION_PROMPT = f"{IM_START}assistant\n"
 REASONING_SHARE = 0.4  # of a thinking answer's tokens (agent traces: ~40 % of output is reasoning)
 
 
@@ -56,24 +59,65 @@ def piece_id(piece: str) -> int:
 
 def encode(text: str) -> list[int]:
     """Token ids of ``text``."""
-    return [piece_id(p) for p in _PIECE.findall(text)]
+    pieces = _PIECE.findall(text)
+    try:
+        return list(map(_ids.__getitem__, pieces))  # every piece seen before (nearly always)
+    except KeyError:
+        return [piece_id(p) for p in pieces]
+
+
+class _Memo:
+    """The ids of recently encoded texts, least recently used out first past ``max_tokens`` in all."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens, self.tokens = max_tokens, 0
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids.get(text)
+        if ids is not None:
+            self._ids.move_to_end(text)
+            return ids
+        ids = self._ids[text] = encode(text)
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens and len(self._ids) > 1:
+            self.tokens -= len(self._ids.popitem(last=False)[1])
+        return ids
+
+
+#: a chat request's messages, by their rendering: P and D encode the same prompt, and every turn of a
+#: conversation repeats the ones before it
+_MESSAGES = _Memo(MEMO_TOKENS)
+
+
+def _render(m: dict) -> str:
+    content = m.get("content")
+    if isinstance(content, list):
+        # vLLM's string-format templates see text parts joined with a newline (chat_utils)
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    reasoning = m.get("reasoning") or m.get("reasoning_content")
+    think = f"{THINK}{reasoning}{END_THINK}" if isinstance(reasoning, str) and reasoning else ""
+    return f"{IM_START}{m.get('role', 'user')}\n{think}{content or ''}{IM_END}\n"
 
 
 def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
     """ChatML-style template: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message,
     then ``<|im_start|>assistant\\n``.  List contents keep their ``text`` parts, joined with a newline."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            # vLLM's string-format templates see text parts joined with a newline (chat_utils)
-            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-        reasoning = m.get("reasoning") or m.get("reasoning_content")
-        think = f"{THINK}{reasoning}{END_THINK}" if isinstance(reasoning, str) and reasoning else ""
-        out.append(f"{IM_START}{m.get('role', 'user')}\n{think}{content or ''}{IM_END}\n")
+    out = [_render(m) for m in messages]
     if add_generation_prompt:
-        out.append(f"{IM_START}assistant\n")
+        out.append(_GENERATION_PROMPT)
     return "".join(out)
+
+
+def encode_chat(messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """``encode(render_chat(messages, add_generation_prompt))``, a message at a time: each rendered
+    message ends in ``<|im_end|>\\n``, where no piece can go on into the next one."""
+    out: list[int] = []
+    for m in messages:
+        out += _MESSAGES.encode(_render(m))
+    if add_generation_prompt:
+        out += _MESSAGES.encode(_GENERATION_PROMPT)
+    return out
 
 
 def reasoning_words(n: int, thinking: bool) -> int:

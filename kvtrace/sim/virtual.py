@@ -12,6 +12,15 @@ pauses and the TTLs is an event).  Work on the CPU takes no virtual time.  Socke
 loop's thread, so time never jumps past a thread's work.  OTel's span processors still export from
 their threads: the timestamps are taken when spans start and end, on the loop's thread.
 
+Two things keep a long run cheap.  The selector is polled only when the loop would otherwise wait
+(nothing ready): with no sockets, polling between ready callbacks finds nothing and costs a system
+call per iteration.  And :meth:`VirtualLoop.call_fast` schedules a plain function at a virtual time
+outside asyncio's timers (no handle, no task, no future): the simulated engines' decode steps
+(:mod:`kvtrace.sim.decoding`), one per token of every running request, are such events.  They run
+in time order with asyncio's timers: before advancing to the next timer the loop runs every fast
+event due strictly earlier, each at its own time, and stops as soon as one of them makes a callback
+ready (that callback runs at the fast event's time).
+
 :func:`run` routes every clock the code reads through the loop for the run's duration:
 ``time.time``/``time_ns``/``perf_counter``/``monotonic`` (and their ``_ns``), the SDK's and the fast
 spans' ``time_ns``; wall time starts at :data:`EPOCH`.  It seeds the span-id generator and
@@ -21,11 +30,14 @@ spans' ``time_ns``; wall time starts at :data:`EPOCH`.  It seeds the span-id gen
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
 import selectors
+import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,10 +55,14 @@ class _Selector(selectors.DefaultSelector):
     loop: VirtualLoop
 
     def select(self, timeout=None):
-        events = super().select(0)
-        if events or timeout == 0:
-            return events
+        if timeout == 0:  # callbacks are ready: no socket can have anything, skip the system call
+            return []
         loop = self.loop
+        if loop._run_fast():  # a fast event readied a callback, at its own time
+            return []
+        events = super().select(0)
+        if events:
+            return events
         if loop._scheduled:  # asyncio already dropped cancelled timers from the head
             loop._now = max(loop._now, loop._scheduled[0]._when)
             return events
@@ -63,9 +79,38 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self._now = 0.0
         self.net = MemNet(self)
+        self._fast: list[tuple[float, int, Callable[[Any], None], Any]] = []
+        self._fast_seq = itertools.count()  # equal times run in the order they were scheduled
+
+    def call_fast(self, when: float, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run ``fn(arg)`` at virtual time ``when`` (not before the loop's time); it must not block
+        and may schedule asyncio work (``call_soon``, a future's result), which then runs at ``when``."""
+        heapq.heappush(self._fast, (when, next(self._fast_seq), fn, arg))
+
+    def _run_fast(self) -> bool:
+        """Run the fast events due before the next asyncio timer, in time order; True when one made
+        a callback ready (the loop's time is then that event's)."""
+        fast = self._fast
+        if not fast:
+            return False
+        ready, timers, pop = self._ready, self._scheduled, heapq.heappop
+        while fast and (not timers or fast[0][0] < timers[0]._when):
+            when, _, fn, arg = pop(fast)
+            if when > self._now:
+                self._now = when
+            fn(arg)
+            if ready:
+                return True
+        return False
 
     def time(self) -> float:
         return self._now
+
+    def _write_to_self(self) -> None:
+        # call_soon_threadsafe's wake-up (a byte on the self-pipe, a system call): the loop's own thread
+        # (asyncio's async-generator finalizer, once per abandoned generator) needs none, it is not waiting
+        if threading.get_ident() != self._thread_id:
+            super()._write_to_self()
 
     def run_in_executor(self, executor, func, *args):
         fut = self.create_future()
@@ -94,10 +139,14 @@ def _seeded_uuid4(rng: random.Random):
 
 @contextmanager
 def clocks(loop: VirtualLoop, seed: int = 0):
-    """Every clock the code reads follows ``loop``; ids are drawn from ``seed``."""
+    """Every clock the code reads on this thread follows ``loop``; ids are drawn from ``seed``.
+    Other threads (the span processors' exporters) keep the real clocks and ids: their timers and
+    file names are real, and their draws do not move this thread's seeded ones."""
     import opentelemetry.sdk.trace as sdk_trace
 
     from kvtrace.telemetry import fastspans, ids
+
+    here = threading.get_ident()
 
     def now() -> float:
         return loop._now
@@ -108,7 +157,13 @@ def clocks(loop: VirtualLoop, seed: int = 0):
     def wall_ns() -> int:
         return EPOCH * 1_000_000_000 + ns()
 
-    patches = [
+    def here_only(virtual: Callable, real: Callable) -> Callable:
+        def clock():
+            return virtual() if threading.get_ident() == here else real()
+
+        return clock
+
+    virtual = [
         (time, "time", lambda: EPOCH + loop._now),
         (time, "time_ns", wall_ns),
         (time, "perf_counter", now),
@@ -119,6 +174,7 @@ def clocks(loop: VirtualLoop, seed: int = 0):
         (fastspans, "time_ns", wall_ns),
         (uuid, "uuid4", _seeded_uuid4(random.Random(f"kvtrace-virtual:uuid:{seed}"))),
     ]
+    patches = [(obj, name, here_only(value, getattr(obj, name))) for obj, name, value in virtual]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     ids._rng.seed(f"kvtrace-virtual:ids:{seed}")
     try:

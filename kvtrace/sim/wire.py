@@ -83,7 +83,7 @@ def _prompt_ids(body: dict, chat: bool) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise WireError("messages must be a non-empty list of message objects", param="messages")
-        return tokenizer.encode(tokenizer.render_chat(messages, body.get("add_generation_prompt", True)))
+        return tokenizer.encode_chat(messages, body.get("add_generation_prompt", True))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]

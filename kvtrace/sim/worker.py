@@ -23,7 +23,7 @@ from aiohttp import web
 
 from kvtrace import semconv as sc
 from kvtrace import telemetry
-from kvtrace.sim import tokenizer, wire
+from kvtrace.sim import streaming, tokenizer, wire
 from kvtrace.sim.engine import FINISH_LENGTH, Engine, EngineError
 from kvtrace.sim.metrics import WorkerMetrics
 
@@ -56,8 +56,12 @@ class SimWorker:
         strict_model: bool = False,
         metrics: WorkerMetrics | None = None,
         tool_calls: str | None = None,
+        stream_interval: float = 1,
     ) -> None:
         wire.check_tool_calls(tool_calls)
+        #: vLLM's --stream-interval: tokens per streamed write after the first one with text (1: every
+        #: token; the virtual arms' math.inf: that first one, then the rest with the last)
+        self.stream_interval = stream_interval
         self.tool_calls = tool_calls  # wire.scripted_tool_call's mode; None = never call a tool
         self.engine = engine
         self.metrics = metrics
@@ -142,7 +146,7 @@ class SimWorker:
             return await self._stream(request, req, gen, rid, model)
         try:
             await gen.prefill()
-            pieces = [piece async for _, piece in gen.decode()]
+            pieces = [piece async for batch in gen.decode_batches(None) for _, piece in batch]
         except EngineError as exc:
             return _error(str(exc), exc.status, exc.err_type)
         except BaseException:
@@ -190,33 +194,31 @@ class SimWorker:
         return resp
 
     async def _write_tokens(self, resp, req, gen, rid, model, created) -> None:
-        """One chunk per token; the last carries finish_reason and kv_transfer_params."""
-        make = wire.chat_chunk if req.chat else wire.completion_chunk
+        """The tokens as chunks, the last one with finish_reason and kv_transfer_params: one chunk per
+        token, or (``stream_interval`` > 1) one write per delivered batch, a field's consecutive
+        deltas in one chunk."""
         n_prompt, max_tokens = len(req.prompt_ids), req.max_tokens
         reasoning = tokenizer.reasoning_words(max_tokens, gen.thinking)
-        buf: list[bytes] = []
-        async for _, piece in gen.decode():
-            n_out = len(gen.output)
-            last = n_out >= max_tokens
-            finish = (wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH) if last else None
-            kvp = gen.finish(finish) if last else None
-            usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
-            if req.tool_name:
-                chunk = self._tool_chunk(req, rid, model, created, n_out, finish, kvp, usage)
-                if chunk is None:
-                    continue  # a tool parser holds the tokens between the name and the arguments back
-            elif req.chat:
-                field, text = tokenizer.delta(n_out - 1, piece, reasoning)
-                chunk = make(rid, created, model, text, finish, kvp, usage, field)
-            else:
-                chunk = make(rid, created, model, piece, finish, kvp, usage)
-            buf.append(f"data: {_dumps(chunk)}\n\n".encode())
-            if not self.engine.cost.enabled and not last:
-                continue  # zero-cost: no time passes between tokens, write in one go
-            await resp.write(b"".join(buf))
-            buf.clear()
-        if buf:
-            await resp.write(b"".join(buf))
+        pace = streaming.Pacing(self.stream_interval, req, reasoning, self.engine.cost.enabled)
+        n_out, merge = 0, self.stream_interval > 1
+        async for batch in gen.decode_batches(pace.deliver):
+            runs: list[streaming.Run] = []
+            for _, piece in batch:
+                n_out += 1
+                last = n_out >= max_tokens
+                finish = (wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH) if last else None
+                kvp = gen.finish(finish) if last else None
+                usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
+                if req.tool_name:
+                    chunk = self._tool_chunk(req, rid, model, created, n_out, finish, kvp, usage)
+                    if chunk is not None:  # a tool parser holds the tokens between name and arguments back
+                        runs.append(streaming.Run(None, [], chunk))
+                    continue
+                field, text = tokenizer.delta(n_out - 1, piece, reasoning) if req.chat else ("text", piece)
+                streaming.add(runs, field, text, finish, kvp, usage, merge)
+            body = [streaming.encode(run, req.chat, rid, created, model) for run in runs]
+            if body:
+                await resp.write(b"".join(body))
 
     @staticmethod
     def _tool_chunk(req, rid, model, created, n_out, finish, kvp, usage) -> dict | None:

@@ -158,3 +158,34 @@ async def test_replayed_gaps_decide_reuse_as_in_the_trace(tmp_path, tracer_provi
         (sc.OFFER_OFFERED, sc.OUTCOME_PULLED),
         (sc.OFFER_ENTRY_TOO_OLD, sc.OUTCOME_NO_REMOTE),
     ]
+
+
+def test_tiled_copies_start_a_period_apart_and_share_no_prefix(tmp_path):
+    rows = mooncake.read_rows(write(tmp_path / "t.jsonl", TRACE))
+    one = mooncake.workload(rows, name="t", nonce="n")
+    wl = mooncake.workload(rows, name="t", nonce="n", copies=3, period_s=1000.0)
+    assert len(wl.sessions) == 3 * len(one.sessions) == 15
+    starts = [s.turns[0].pause_s for s in wl.sessions]
+    assert starts == sorted(starts) and starts[-1] == 2000.0 + one.sessions[-1].turns[0].pause_s  # in arrival order
+    by_name = {s.name: s for s in wl.sessions}
+    for s in one.sessions:  # copy 0 is the trace itself; copy k the same sessions, k periods later
+        for k, suffix in enumerate(("", "-c1", "-c2")):
+            copy = by_name[f"mc{_index(wl, s.name, suffix)}-l{s.name.split('-l')[1]}{suffix}"]
+            assert copy.turns[0].pause_s == s.turns[0].pause_s + 1000.0 * k
+            assert [(t.pause_s, t.actions) for t in copy.turns[1:]] == [(t.pause_s, t.actions) for t in s.turns[1:]]
+            first = copy.turns[0].user_text.split()
+            assert first[0] == ("n" if k == 0 else f"nc{k}") and first[1:] == s.turns[0].user_text.split()[1:]
+            assert [t.user_text for t in copy.turns[1:]] == [t.user_text for t in s.turns[1:]]
+    assert [s.index for s in wl.sessions] == list(range(15))
+
+
+def _index(wl, name: str, suffix: str) -> int:
+    line = name.split("-l")[1]
+    return next(s.index for s in wl.sessions if s.name.endswith(f"-l{line}{suffix}"))
+
+
+def test_a_turns_text_is_made_when_it_is_read(tmp_path):
+    wl = vllm_inputs.load(write(tmp_path / "t.jsonl", TRACE), nonce="n")
+    turn = wl.sessions[0].turns[0]
+    assert turn.__dict__.get("user_text") is None  # nothing held until the bench sends it
+    assert turn.user_text == turn.user_text and len(turn.user_text.split()) == 1301

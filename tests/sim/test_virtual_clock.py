@@ -48,3 +48,33 @@ async def _noop():
 
     await asyncio.sleep(3600)  # an hour of virtual time
     return time.time()
+
+
+def test_fast_events_run_in_time_order_with_the_timers_each_at_its_own_time():
+    import asyncio
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, float]] = []
+        woken = loop.create_future()
+
+        def fast(tag):
+            seen.append((tag, loop.time()))
+            if tag == "wake":
+                woken.set_result(loop.time())
+
+        async def timer(tag, delay):
+            await asyncio.sleep(delay)
+            seen.append((tag, loop.time()))
+
+        for when, tag in ((3.0, "f3"), (1.0, "f1"), (2.5, "wake"), (1.0, "f1b")):
+            loop.call_fast(when, fast, tag)
+        timers = [asyncio.create_task(timer("t2", 2.0)), asyncio.create_task(timer("t4", 4.0))]
+        at = await woken  # the waiter runs at the fast event's time, before anything later
+        seen.append(("woken", loop.time()))
+        await asyncio.gather(*timers)
+        return at, seen
+
+    at, seen = virtual.run(main(), seed=0)
+    assert at == 2.5
+    assert seen == [("f1", 1.0), ("f1b", 1.0), ("t2", 2.0), ("wake", 2.5), ("woken", 2.5), ("f3", 3.0), ("t4", 4.0)]

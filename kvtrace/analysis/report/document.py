@@ -13,7 +13,8 @@ import io
 import logging
 import re
 
-from kvtrace.analysis import compare, latency, palette, retention, reuse, sessions
+from kvtrace import semconv as sc
+from kvtrace.analysis import compare, instances, latency, palette, retention, reuse, sessions
 from kvtrace.analysis.report import text
 from kvtrace.analysis.whatif import summary as whatif_summary
 from kvtrace.store.units import GIB
@@ -78,6 +79,7 @@ def build(
         )
     )
     doc.append(("plot", "tokens_by_source"))
+    doc += _instances(con)
     doc.append(
         (
             "md",
@@ -277,3 +279,29 @@ def _ttft(con, ax) -> bool:
 
 def _utc(ns: int) -> str:
     return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _instances(con) -> list[tuple[str, str]]:
+    """A fleet's reuse per instance (nothing for one P and one D): where routing sent the turns, why,
+    and what each instance reused itself (P: D's blocks pulled; D: P's, and its own prefix cache)."""
+    found = instances.per_instance(con).to_pylist()
+    if not instances.is_fleet(found):
+        return []
+    head = ["role", "endpoint", "requests", "routed by", "pulls", "local hit tokens", "pulled tokens"]
+    head += ["recomputed tokens", "mean TTFT (ms)"]
+    body = []
+    for r in found:
+        why = ", ".join(f"{x} {r[x]:,}" for x in sc.ROUTE_REASONS if r[x]) or "–"
+        body.append(
+            [r["role"], text.md_escape(r["endpoint"]), text.num(r["requests"]), why, text.num(r["pulled"])]
+            + [text.num(r["local_hit_tokens"]), text.num(r["pulled_tokens"]), text.num(r["recomputed_tokens"])]
+            + [text.ms(r["mean_ttft_ms"])]
+        )
+    return [
+        (
+            "md",
+            "## Reuse per instance\n\nThe proxy's routing over the fleet (`requests`: each turn's P and D and "
+            "why) and each instance's own decisions (P's pulls from D, D's from P; local hits in its own "
+            "prefix cache):\n\n" + text.md_table(head, body),
+        )
+    ]

@@ -1,0 +1,134 @@
+"""The virtual arm's fast path (kvtrace.sim.decoding: a decode step is a fast event of the virtual
+loop, not a timer and a task wake-up; kvtrace.sim.streaming: the answer after its first token with
+text goes out in one write) makes exactly the spans the served code path makes (a chunk per token,
+an ``asyncio.sleep`` per decode step) on the same workload and seed: the same span ids, names,
+parents, timestamps, durations, whole attribute dicts and events, hence the same decisions."""
+
+from __future__ import annotations
+
+import glob
+import math
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvtrace import semconv as sc
+from kvtrace.bench.fleet import Fleet
+from kvtrace.sim import decoding, virtual
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("openai")
+
+ROW = ("SpanName", "ParentSpanId", "ServiceName", "Timestamp", "Duration", "StatusCode", "Events.Name")
+
+
+def _spans(run_dir: str) -> dict:
+    out = {}
+    for path in glob.glob(f"{run_dir}/**/*.parquet", recursive=True):
+        for r in pq.read_table(path).to_pylist():
+            events = [dict(a) for a in r["Events.Attributes"]]
+            out[(r["TraceId"], r["SpanId"])] = (
+                *(r[k] for k in ROW),
+                dict(r["SpanAttributes"]),
+                dict(r["ResourceAttributes"]),
+                events,
+                r["Events.Timestamp"],
+            )
+    return out
+
+
+def _run(run_dir: str, cfg: dict, fleet: Fleet, fast: bool, monkeypatch, preset: str = "qwen3-32b"):
+    from kvtrace.bench import inproc
+
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(decoding, "available", lambda engine: False)
+        main = inproc.run_arm(
+            run_dir, preset, True, True, "efa-3200", cfg, "A", 450.0, None, fleet, None if fast else 1
+        )
+        return virtual.run(main, seed=3)
+
+
+def _decisions(spans: dict) -> list:
+    return sorted(
+        (attrs.get(sc.GEN_AI_REQUEST_ID), attrs.get(sc.KV_OUTCOME), attrs.get(sc.KV_PULLED_TOKENS))
+        for name, *_, attrs, _res, _ev, _evt in spans.values()
+        if name == sc.SPAN_KV_DECISION
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg, fleet",
+    [
+        # the shipped trace's first sessions on a fleet: its gaps, one past D's TTL, long prompts
+        (dict(input="mooncake-conversation", sessions=14, nonce="f"), Fleet(2, 2, sc.ROUTING_KV_AWARE)),
+        # a thinking model (the first token is an empty delta) whose client drops the reasoning
+        (dict(scenario="reasoning-strip", sessions=3, nonce="f"), Fleet(1, 1)),
+        # tool waits and parallel calls between the turns
+        (dict(scenario="parallel-tools", sessions=2, nonce="f"), Fleet(1, 2, sc.ROUTING_LEAST_LOADED)),
+    ],
+    ids=["mooncake-2P2D", "reasoning-strip", "parallel-tools"],
+)
+def test_the_fast_path_makes_the_served_paths_spans(tmp_path, monkeypatch, cfg, fleet):
+    served = _run(str(tmp_path / "served"), cfg, fleet, False, monkeypatch)
+    fast = _run(str(tmp_path / "fast"), cfg, fleet, True, monkeypatch)
+    a, b = _spans(str(tmp_path / "served")), _spans(str(tmp_path / "fast"))
+    assert len(a) > 50 and a.keys() == b.keys()
+    assert {k: v for k, v in a.items() if v != b[k]} == {}
+    assert _decisions(a) == _decisions(b) and len(_decisions(a)) >= len(served.requests)
+    rows = [(r.session, r.call, r.ttft_ms, r.tpot_ms, r.latency_ms, r.output_tokens) for r in served.requests]
+    assert rows == [(r.session, r.call, r.ttft_ms, r.tpot_ms, r.latency_ms, r.output_tokens) for r in fast.requests]
+
+
+def test_a_client_that_stops_reading_early_gets_a_chunk_per_token():
+    from kvtrace.bench.inproc import may_interrupt
+
+    assert may_interrupt(dict(scenario="interrupted"))
+    assert not may_interrupt(dict(scenario="coding-agent"))
+    assert not may_interrupt(dict(input="mooncake-conversation"))
+    assert not may_interrupt(dict(published="published-sweep"))
+
+
+def test_a_merged_stream_has_the_per_token_streams_text_and_counts(monkeypatch):
+    """A chat stream with stream_interval inf: the role chunk, the first token, then the rest in one
+    chunk with finish_reason and kv_transfer_params, then usage; same text and usage as per token."""
+    chunks = {}
+    for interval in (1, math.inf):
+        chunks[interval] = virtual.run(_stream(interval), seed=0)
+    per_token, merged = chunks[1], chunks[math.inf]
+    text = ["".join(_delta(c) for c in cs) for cs in (per_token, merged)]
+    assert text[0] == text[1] and len(text[0].split()) == 40
+    assert len(per_token) == 1 + 40 + 1 and len(merged) == 1 + 2 + 1  # role, tokens, usage
+    assert [_finish(c) for c in merged] == [None, None, "length", None]
+    assert merged[-1]["usage"] == per_token[-1]["usage"] and merged[-1]["usage"]["completion_tokens"] == 40
+    assert "kv_transfer_params" in merged[2] and merged[2]["kv_transfer_params"] == per_token[-2]["kv_transfer_params"]
+
+
+async def _stream(interval: float) -> list[dict]:
+    import json
+
+    import aiohttp
+
+    from kvtrace.sim.cluster import SimCluster
+
+    async with SimCluster(0, 1, metrics=False, stream_interval=interval) as c:
+        body = {
+            "messages": [{"role": "user", "content": "tell me something"}],
+            "max_tokens": 40,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        async with aiohttp.ClientSession() as http:
+            async with http.post(c.decode_urls[0] + "/v1/chat/completions", json=body) as r:
+                raw = (await r.read()).decode()
+    events = [line[6:] for line in raw.split("\n") if line.startswith("data: ") and line != "data: [DONE]"]
+    return [json.loads(e) for e in events]
+
+
+def _delta(chunk: dict) -> str:
+    return "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices") or [])
+
+
+def _finish(chunk: dict):
+    return next((c.get("finish_reason") for c in chunk.get("choices") or []), None)
