@@ -113,10 +113,17 @@ _EMPTY = {
 }
 
 
+def loaded(view: str) -> str:
+    """The table :func:`bind` loads the lookup files of ``view`` into (with each row's ``filename``)."""
+    return f"{view}_loaded"
+
+
 def bind(con, found: dict[str, list[str]], rest: list[str]) -> None:
     """(Re)define :data:`SESSIONS`, :data:`TRACES` and :data:`FACETS` on ``con``: the rows of the
     lookup files ``found[view]`` and the same SQL over the raw rows of the trace files ``rest``
-    (those without a complete set of lookups)."""
+    (those without a complete set of lookups).  The lookup files are read once, here, into tables
+    (:func:`loaded`): a question then reads a few narrow in-memory columns, not hundreds of small
+    files (their number grows with the history kept; their rows are a small fraction of the spans)."""
     from kvtrace.store.sql import glob_escape
     from kvtrace.store.views.raw import READ_FILES
 
@@ -124,11 +131,16 @@ def bind(con, found: dict[str, list[str]], rest: list[str]) -> None:
         con.sql(READ_FILES, params={"files": [glob_escape(f) for f in rest]}).create_view(_UNLOOKED, replace=True)
     for view, _, columns, _ in KINDS:
         parts = []
-        params = {}
         if found.get(view):
-            parts.append(f"SELECT {columns} FROM read_parquet($lookups, hive_partitioning = false)")
-            params["lookups"] = [glob_escape(f) for f in found[view]]
+            con.execute(
+                f"CREATE OR REPLACE TABLE {loaded(view)} AS SELECT {columns}, filename "
+                "FROM read_parquet($lookups, hive_partitioning = false, filename = true)",
+                {"lookups": [glob_escape(f) for f in found[view]]},
+            )
+            parts.append(f"SELECT {columns} FROM {loaded(view)}")
+        else:
+            con.execute(f"CREATE OR REPLACE TABLE {loaded(view)} AS {_EMPTY[view]}, NULL::VARCHAR AS filename LIMIT 0")
         if rest:
             parts.append(f"SELECT {columns} FROM ({sql(view, _UNLOOKED)}) AS r")
         body = "\nUNION ALL\n".join(parts) if parts else f"{_EMPTY[view]} WHERE false"
-        con.sql(body, params=params or None).create_view(view, replace=True)
+        con.execute(f"CREATE OR REPLACE VIEW {view} AS {body}")

@@ -13,7 +13,8 @@ spares DuckDB opening files whose statistics would have excluded them anyway.
 
 from __future__ import annotations
 
-from kvtrace.store.sql import glob_escape, literal
+from kvtrace.store import lookup
+from kvtrace.store.sql import literal
 
 FILES, INDEXES, REST = "kvtrace_files", "kvtrace_indexes", "kvtrace_rest"
 """The variables: trace files (the raw relation), scan indexes, trace files without an index."""
@@ -28,14 +29,14 @@ def listed(var: str, param: str) -> str:
 
 def record(con, entries: list[tuple[str, str, str]], facets: dict[str, str]) -> None:
     """(Re)create :data:`RANGES` on ``con`` from ``entries`` (list variable, path as listed, the
-    trace file it reads) and ``facets`` (trace file -> its facets lookup)."""
+    trace file it reads) and ``facets`` (trace file -> its facets lookup, already loaded by
+    :func:`kvtrace.store.lookup.bind`)."""
     con.execute(f"CREATE OR REPLACE TABLE {RANGES} (list VARCHAR, path VARCHAR, lo BIGINT, hi BIGINT)")
     ranges: dict[str, tuple[int, int]] = {}
     if facets:
         by_lookup = {v: k for k, v in facets.items()}
         rows = con.execute(
-            "SELECT filename, min(start_ns), max(end_ns) FROM read_parquet($f, filename = true) GROUP BY filename",
-            {"f": [glob_escape(f) for f in facets.values()]},
+            f"SELECT filename, min(start_ns), max(end_ns) FROM {lookup.loaded(lookup.FACETS)} GROUP BY filename"
         ).fetchall()
         ranges = {by_lookup[f]: (lo, hi) for f, lo, hi in rows if f in by_lookup and lo is not None}
     rows = [(var, path, *ranges.get(file, (None, None))) for var, path, file in entries]
