@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 
 TARGET_CPU_S = 60.0  # for 10,000 sessions, one arm
 SUBSET_SESSIONS = 405
@@ -59,7 +60,7 @@ def run_one(args, wl, arm: tuple[bool, bool], run_dir: str, fast: bool) -> dict:
     available = decoding.available
     if not fast:
         decoding.available = lambda engine: False  # the served path's per-token sleeps
-    cpu0, wall0 = _cpu(), time.perf_counter()
+    cpu0, main0, wall0 = _cpu(), time.thread_time(), time.perf_counter()
     try:
         main = inproc.run_arm(
             run_dir, args.preset, *arm, "efa-3200", cfg, "bench", 450.0, None, fleet, None if fast else 1
@@ -67,15 +68,25 @@ def run_one(args, wl, arm: tuple[bool, bool], run_dir: str, fast: bool) -> dict:
         result = virtual.run(main, seed=0)
     finally:
         decoding.available = available
-    cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
-    errors = sum(r.error is not None for r in result.requests)
-    return {"requests": len(result.requests), "errors": errors, "cpu": cpu, "wall": wall, "sim": result.duration_s}
+    cpu, main_cpu, wall = _cpu() - cpu0, time.thread_time() - main0, time.perf_counter() - wall0
+    kinds = Counter(r.error for r in result.requests if r.error is not None)
+    return {
+        "requests": len(result.requests),
+        "planned": wl.n_llm_calls,
+        "errors": sum(kinds.values()),
+        "kinds": dict(kinds.most_common()),
+        "cpu": cpu,
+        "main_cpu": main_cpu,
+        "wall": wall,
+        "sim": result.duration_s,
+    }
 
 
 def _line(name: str, r: dict) -> str:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return (
-        f"{name}: {r['requests']} requests ({r['errors']} errors), CPU {r['cpu']:.1f} s, wall {r['wall']:.1f} s, "
+        f"{name}: {r['planned']} requests planned, {r['requests']} recorded, {r['errors']} failed "
+        f"{r['kinds'] or ''}, CPU {r['cpu']:.1f} s ({r['main_cpu']:.1f} s the loop's thread), wall {r['wall']:.1f} s, "
         f"peak RSS {rss:.0f} MiB (process so far), {r['requests'] / r['cpu']:.0f} requests/CPU s, "
         f"{r['sim']:.0f} s simulated"
     )
