@@ -23,6 +23,7 @@ from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.sim.cluster import SimCluster
 
 HOST = "127.0.0.1"
+DIRECT_CLIENT = True  # the bench's chat calls through kvtrace.agent.direct (the SDK's requests and spans)
 
 
 async def run_arm(
@@ -72,7 +73,9 @@ async def run_arm(
             try:
                 bench_provider = spans.provider("kvtrace-bench")  # where arun_bench would make its own
                 try:
-                    return await bench.arun_bench(proxy.url, tracer_provider=bench_provider, label=label, **cfg)
+                    return await bench.arun_bench(
+                        proxy.url, tracer_provider=bench_provider, label=label, direct_client=DIRECT_CLIENT, **cfg
+                    )
                 finally:
                     bench_provider.shutdown()
             finally:
