@@ -80,3 +80,19 @@ def test_one_sink_writes_the_rows_and_views_of_a_provider_per_component(tmp_path
     n_files = len(glob.glob(f"{after}/**/*.parquet", recursive=True))
     hours = {(r["Timestamp"].date(), r["Timestamp"].hour) for r in b.values()}
     assert n_files == len(hours) < len(glob.glob(f"{before}/**/*.parquet", recursive=True))
+
+
+def test_the_workers_fast_spans_are_the_sdk_tracers_spans(tmp_path, monkeypatch):
+    """The simulated workers' KV spans through kvtrace.telemetry.fastspans (SimCluster's default)
+    are the SDK tracer's, row for row, on a 2P2D Mooncake arm."""
+    from kvtrace.sim import cluster
+
+    rows = {}
+    for fast in (False, True):
+        monkeypatch.setattr(cluster, "FAST_SPANS", fast)
+        run_dir = str(tmp_path / f"fast-{fast}")
+        _run(run_dir, monkeypatch, per_component=False)
+        rows[fast] = _rows(run_dir)
+    a, b = rows[False], rows[True]
+    assert len(a) > 100 and a.keys() == b.keys()
+    assert {k: v for k, v in a.items() if v != b[k]} == {}
