@@ -9,6 +9,9 @@ and rolled them every minute (reading them back): on the virtual clock, where si
 in real minutes, the exporters took more CPU than the simulation.  The rows written are the
 same; only the file layout differs (fewer, larger files).
 
+Parquet only: where spans also go to OTLP (``KVTRACE_OTLP``, an ``OTEL_EXPORTER_OTLP_*ENDPOINT``),
+:func:`sink` gives the per-component layout instead (:class:`PerComponent`), which exports there too.
+
 Seeded ids: :func:`kvtrace.configure` draws two ``uuid4`` per component on the loop's thread (the
 resource's instance id, then the exporter's writer id), and on the virtual clock those draws are
 seeded (:func:`kvtrace.sim.virtual.clocks`).  :meth:`ArmSpans.provider` draws the same two, in
@@ -28,6 +31,26 @@ from kvtrace import settings, telemetry
 from kvtrace.telemetry.ids import UnseededIdGenerator
 
 CHUNK = 65536  # spans per export: a few files per partition per arm, merged once at close
+
+
+def sink(directory: str) -> ArmSpans | PerComponent:
+    """The arm's span sink: :class:`ArmSpans`, or :class:`PerComponent` when OTLP export is on."""
+    return PerComponent(directory) if telemetry._otlp_wanted(None) else ArmSpans(directory)
+
+
+class PerComponent:
+    """``kvtrace.configure`` per component, each with its own exporters (the served layout)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def provider(self, service_name: str, resource_attributes: dict | None = None) -> TracerProvider:
+        return telemetry.configure(
+            service_name, traces_dir=self.directory, resource_attributes=resource_attributes, handle_sigterm=False
+        )
+
+    def close(self) -> None:
+        return None  # each provider flushed its exporters at its shutdown
 
 
 class ArmSpans(SpanProcessor):

@@ -7,7 +7,8 @@ SimCluster, the same proxy app, the same bench runner, the same providers writin
 only the loop's clock and its transports differ.  Model time is not compressed (time scale 1):
 virtual time costs nothing to wait, so every TTL, lease and pause is its model value.  Every
 component keeps its own provider (resource), and all of them export through one
-:class:`~kvtrace.bench.armspans.ArmSpans` (the same rows as a provider each, far fewer files).
+:class:`~kvtrace.bench.armspans.ArmSpans` (the same rows as a provider each, far fewer files;
+with OTLP export on, an exporter per component as served).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 import time
 
 from kvtrace.bench import api as bench
-from kvtrace.bench.armspans import ArmSpans
+from kvtrace.bench import armspans
 from kvtrace.bench.fleet import SINGLE, Fleet
 from kvtrace.proxy import server
 from kvtrace.proxy.config import ProxyConfig, Worker
@@ -44,7 +45,7 @@ async def run_arm(
     if stream_interval is None:
         stream_interval = 1 if may_interrupt(cfg) else math.inf
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
-    spans = ArmSpans(run_dir)
+    spans = armspans.sink(run_dir)
     proxy_provider = spans.provider("kvtrace-proxy")
     try:
         async with SimCluster(

@@ -10,8 +10,7 @@ import glob
 import pyarrow.parquet as pq
 import pytest
 
-import kvtrace
-from kvtrace.bench import inproc
+from kvtrace.bench import armspans, inproc
 from kvtrace.bench.fleet import Fleet
 from kvtrace.sim import virtual
 from kvtrace.store import reader
@@ -20,26 +19,11 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("openai")
 
 
-class _PerComponent:
-    """The layout before the sink: ``kvtrace.configure`` per component, each with its exporter."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-
-    def provider(self, service_name: str, resource_attributes: dict | None = None):
-        return kvtrace.configure(
-            service_name, traces_dir=self.directory, resource_attributes=resource_attributes, handle_sigterm=False
-        )
-
-    def close(self) -> None:
-        return None  # each provider flushed its own exporter at its shutdown
-
-
 def _run(run_dir: str, monkeypatch, per_component: bool):
     cfg = dict(input="mooncake-conversation", sessions=12, nonce="s")
     with monkeypatch.context() as m:
         if per_component:
-            m.setattr(inproc, "ArmSpans", _PerComponent)
+            m.setattr(armspans, "sink", armspans.PerComponent)
         main = inproc.run_arm(run_dir, "qwen3-32b", True, True, "efa-3200", cfg, "A", 450.0, None, Fleet(2, 2))
         return virtual.run(main, seed=5)
 
@@ -96,3 +80,12 @@ def test_the_workers_fast_spans_are_the_sdk_tracers_spans(tmp_path, monkeypatch)
     a, b = rows[False], rows[True]
     assert len(a) > 100 and a.keys() == b.keys()
     assert {k: v for k, v in a.items() if v != b[k]} == {}
+
+
+def test_with_otlp_export_on_an_arm_keeps_an_exporter_per_component(monkeypatch, tmp_path):
+    """The sink writes Parquet only: where spans also go to OTLP, every component keeps its own
+    providers' exporters (kvtrace.configure's), as served."""
+    monkeypatch.setenv("KVTRACE_OTLP", "off")
+    assert isinstance(armspans.sink(str(tmp_path)), armspans.ArmSpans)
+    monkeypatch.setenv("KVTRACE_OTLP", "on")
+    assert isinstance(armspans.sink(str(tmp_path)), armspans.PerComponent)
