@@ -72,8 +72,9 @@ class TracedAsyncOpenAI(openai.AsyncOpenAI):
 
 
 # -- request side ---------------------------------------------------------------------------
-def _begin(client, agent: Agent | None, operation: str, kwargs: dict) -> tuple[LLMCall, dict]:
-    """Start the span and return the kwargs to send (headers, body fields, include_usage)."""
+def begin(client, agent: Agent | None, operation: str, kwargs: dict) -> tuple[LLMCall, dict]:
+    """Start the span and return the kwargs to send (headers, body fields, include_usage); also
+    :mod:`kvtrace.agent.direct`'s."""
     agent = agent or current_agent(None)
     stream = bool(kwargs.get("stream"))
     host, port = _server(client)
@@ -116,7 +117,7 @@ def _server(client) -> tuple[str | None, int | None]:
 
 def _sync_create(original, client, agent, operation, *args, **kwargs):
     try:
-        call, send = _begin(client, agent, operation, kwargs)
+        call, send = begin(client, agent, operation, kwargs)
     except Exception:  # telemetry never breaks the call
         log.exception("kvtrace: starting the llm_call span failed; calling untraced")
         return original(*args, **kwargs)
@@ -136,7 +137,7 @@ def _sync_create(original, client, agent, operation, *args, **kwargs):
 
 async def _async_create(original, client, agent, operation, *args, **kwargs):
     try:
-        call, send = _begin(client, agent, operation, kwargs)
+        call, send = begin(client, agent, operation, kwargs)
     except Exception:  # telemetry never breaks the call
         log.exception("kvtrace: starting the llm_call span failed; calling untraced")
         return await original(*args, **kwargs)

@@ -230,7 +230,9 @@ def api_base(url: str) -> str:
 class _Side:
     """One endpoint: its traced client and the records of every repeat."""
 
-    def __init__(self, url: str, label: str, cfg: BenchConfig, agent: Agent, progress: bool, sleep: Sleep) -> None:
+    def __init__(
+        self, url: str, label: str, cfg: BenchConfig, agent: Agent, progress: bool, sleep: Sleep, direct: bool = False
+    ) -> None:
         from kvtrace.agent.openai_wrap import TracedAsyncOpenAI
 
         self.url, self.label, self.cfg, self.agent, self.sleep = url, label, cfg, agent, sleep
@@ -241,6 +243,10 @@ class _Side:
             timeout=cfg.request_timeout_s,
             agent=agent,
         )
+        if direct:  # the SDK's request and span without its machinery (kvtrace.agent.direct)
+            from kvtrace.agent.direct import DirectChat
+
+            self.client = DirectChat(self.client, agent)
         self.progress = progress
         self.result: BenchResult | None = None
 
@@ -325,12 +331,12 @@ def _provider(tracer_provider, traces_dir):
 
 
 async def _drive(
-    urls: list[tuple[str, str]], cfg: BenchConfig, tracer_provider, traces_dir, progress, sleep
+    urls: list[tuple[str, str]], cfg: BenchConfig, tracer_provider, traces_dir, progress, sleep, direct: bool = False
 ) -> list[BenchResult]:
     cfg.validate()
     provider, owned = _provider(tracer_provider, traces_dir)
     agent = Agent(provider, name="kvtrace-bench")
-    sides = [_Side(url, label, cfg, agent, progress, sleep) for url, label in urls]
+    sides = [_Side(url, label, cfg, agent, progress, sleep, direct) for url, label in urls]
     tag = cfg.nonce if cfg.nonce is not None else uuid.uuid4().hex[:6]
     try:
         for rep in range(cfg.repeat):  # A, B, A, B, ...: drift hits both sides alike
@@ -354,10 +360,14 @@ async def arun_bench(
     progress: bool = False,
     sleep: Sleep = asyncio.sleep,
     label: str = "A",
+    direct_client: bool = False,
     **config: Any,
 ) -> BenchResult:
-    """Run the workload against ``url``; ``config`` = :class:`BenchConfig` fields."""
-    (result,) = await _drive([(url, label)], _config(config), tracer_provider, traces_dir, progress, sleep)
+    """Run the workload against ``url``; ``config`` = :class:`BenchConfig` fields.  ``direct_client``:
+    chat calls through :class:`kvtrace.agent.direct.DirectChat` (the SDK's requests and spans, less
+    its CPU) instead of the ``openai`` SDK."""
+    cfg = _config(config)
+    (result,) = await _drive([(url, label)], cfg, tracer_provider, traces_dir, progress, sleep, direct_client)
     return result
 
 

@@ -5,7 +5,10 @@ and the bench client in this process, on the virtual-time loop (:mod:`kvtrace.si
 The same code as the served arm (``kvtrace sim`` + ``kvtrace proxy`` subprocesses): the same
 SimCluster, the same proxy app, the same bench runner, the same providers writing to ``run_dir``;
 only the loop's clock and its transports differ.  Model time is not compressed (time scale 1):
-virtual time costs nothing to wait, so every TTL, lease and pause is its model value.
+virtual time costs nothing to wait, so every TTL, lease and pause is its model value.  Every
+component keeps its own provider (resource), and all of them export through one
+:class:`~kvtrace.bench.armspans.ArmSpans` (the same rows as a provider each, far fewer files;
+with OTLP export on, an exporter per component as served).
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ from __future__ import annotations
 import math
 import time
 
-import kvtrace
 from kvtrace.bench import api as bench
+from kvtrace.bench import armspans
 from kvtrace.bench.fleet import SINGLE, Fleet
 from kvtrace.proxy import server
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.sim.cluster import SimCluster
 
 HOST = "127.0.0.1"
+DIRECT_CLIENT = True  # the bench's chat calls through kvtrace.agent.direct (the SDK's requests and spans)
 
 
 async def run_arm(
@@ -41,7 +45,8 @@ async def run_arm(
     if stream_interval is None:
         stream_interval = 1 if may_interrupt(cfg) else math.inf
     kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
-    proxy_provider = kvtrace.configure("kvtrace-proxy", traces_dir=run_dir, handle_sigterm=False)
+    spans = armspans.sink(run_dir)
+    proxy_provider = spans.provider("kvtrace-proxy")
     try:
         async with SimCluster(
             fleet.prefillers,
@@ -50,6 +55,7 @@ async def run_arm(
             kv_config=kv,
             link=link,
             traces_dir=run_dir,
+            tracer_provider_factory=spans.provider,
             host=HOST,
             metrics=False,
             cost_model=cost_model,
@@ -66,11 +72,18 @@ async def run_arm(
             # the proxy's clock argument defaults to the real monotonic clock (bound at import)
             proxy = await server.start(config, tracer_provider=proxy_provider, clock=time.monotonic)
             try:
-                return await bench.arun_bench(proxy.url, traces_dir=run_dir, label=label, **cfg)
+                bench_provider = spans.provider("kvtrace-bench")  # where arun_bench would make its own
+                try:
+                    return await bench.arun_bench(
+                        proxy.url, tracer_provider=bench_provider, label=label, direct_client=DIRECT_CLIENT, **cfg
+                    )
+                finally:
+                    bench_provider.shutdown()
             finally:
                 await proxy.close()
     finally:
         proxy_provider.shutdown()
+        spans.close()
 
 
 def may_interrupt(cfg: dict) -> bool:

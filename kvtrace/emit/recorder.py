@@ -34,6 +34,7 @@ from kvtrace.emit.deferred import DeferredSpans, SpanHandle, SyncSpans
 from kvtrace.emit.guard import never_raise, parent_span_context
 from kvtrace.emit.metrics import KVMetrics
 from kvtrace.emit.retention import Retention, _Retention
+from kvtrace.telemetry import fastspans
 
 log = logging.getLogger(__name__)
 _OUTCOME_BY_STATUS = {
@@ -72,6 +73,8 @@ class KVRecorder(Retention):
     e.g. a no-op provider's, stay synchronous): call :meth:`flush` before reading them.
     ``metrics``: a :class:`~kvtrace.emit.metrics.KVMetrics` that counts every decision, transfer
     and retention span as it ends, with the span's own values (None: no metrics).
+    ``fast_spans``: spans through :func:`kvtrace.telemetry.fastspans.tracer` (the same spans, less
+    CPU; one thread only: the simulator's workers).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class KVRecorder(Retention):
         load_failure_policy: str = "fail",
         deferred: bool = False,
         metrics: KVMetrics | None = None,
+        fast_spans: bool = False,
     ) -> None:
         self.engine_id = engine_id
         self.role = role
@@ -96,7 +100,9 @@ class KVRecorder(Retention):
         self.ttl_s = ttl_s
         self.load_failure_policy = load_failure_policy
         self.metrics = metrics
-        tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("kvtrace.vllm")
+        provider = tracer_provider or trace.get_tracer_provider()
+        # fast_spans (the simulator's, one loop thread): kvtrace.telemetry.fastspans where it reproduces the provider
+        tracer = fastspans.tracer(provider, "kvtrace.vllm") if fast_spans else provider.get_tracer("kvtrace.vllm")
         self._spans = DeferredSpans(tracer) if deferred and DeferredSpans.supports(tracer) else SyncSpans(tracer)
         self._clock = time.time_ns
         self._engine = {sc.ENGINE_ID: engine_id, sc.ENGINE_ROLE: role}

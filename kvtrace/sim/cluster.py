@@ -52,6 +52,8 @@ from kvtrace.sim.wire import check_tool_calls
 from kvtrace.sim.worker import SimWorker
 
 SERVICE = {sc.ROLE_PREFILL: "kvtrace-sim-prefill", sc.ROLE_DECODE: "kvtrace-sim-decode"}
+# the workers' KV spans through kvtrace.telemetry.fastspans where it reproduces the provider (one loop thread)
+FAST_SPANS = True
 
 
 class SimCluster:
@@ -205,6 +207,7 @@ class SimCluster:
             ttl_s=self.kv.ttl_s,
             load_failure_policy=self.kv.kv_load_failure_policy,
             metrics=kv_metrics,
+            fast_spans=FAST_SPANS,
         )
         engine = Engine(
             engine_id=engine_id,
