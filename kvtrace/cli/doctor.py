@@ -43,7 +43,7 @@ def run(args) -> int:
 
 
 def _lookup_note(args, store) -> str | None:
-    """On ClickHouse without kvtrace's current session lookup: one line saying how to add it."""
+    """On ClickHouse without kvtrace's current materialized tables: one line saying how to add them."""
     if not getattr(store, "is_clickhouse", False):
         return None
     from kvtrace.store.clickhouse import mviews

@@ -18,7 +18,7 @@ from kvtrace.analysis import sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.analysis.pushdown import narrowed  # noqa: E402
 from kvtrace.cli import main  # noqa: E402
-from kvtrace.store.clickhouse import load, mviews  # noqa: E402
+from kvtrace.store.clickhouse import load, mviews, mviews_sql  # noqa: E402
 from kvtrace.store.clickhouse.backend import BackendError, ChdbBackend  # noqa: E402
 from kvtrace.store.clickhouse.store import ClickHouseStore  # noqa: E402
 from kvtrace.store.files import list_files  # noqa: E402
@@ -140,7 +140,7 @@ def test_the_scan_reads_the_sessions_traces_only(tables):
 def test_init_twice_changes_nothing(tables):
     store = tables["live"]
     before = _lookup(store)
-    assert mviews.init(store.backend, store.table) == {"sessions": 9, "traces": 9}
+    assert mviews.init(store.backend, store.table) == {"sessions": 9, "traces": 9, "rows": 189}
     assert _lookup(store) == before
     f = Filters(session_id=_session_ids(tables)[0])
     assert session_queries.same_answer(
@@ -163,7 +163,7 @@ def test_an_older_lookup_is_ignored_and_refused_in_one_line(tables, capsys):
     table = "kvtrace_lookup.older"
     load.create_table(backend, table)
     backend.command(f"INSERT INTO {ident(table)} SELECT * FROM {ident(tables['plain'].table)}")
-    for sql in mviews.ddl_statements(table, version=0):
+    for sql in mviews.ddl_statements(table, version=0) + mviews_sql.mark_statements(table, mviews.comment(0)):
         backend.command(sql)
     assert mviews.state(backend, table) == mviews.State("old", (mviews.comment(0),))
     store = ClickHouseStore(backend, table)
@@ -184,10 +184,30 @@ def test_an_older_lookup_is_ignored_and_refused_in_one_line(tables, capsys):
     rc, out, err = _cli(capsys, "clickhouse", "init", "--clickhouse", url, "--table", table, "--replace")
     assert (rc, err) == (0, "")
     assert (
-        out
-        == f"kvtrace clickhouse: {url} table {table}: session lookup {mviews.COMMENT} ready (9 sessions, 9 traces)\n"
+        out == f"kvtrace clickhouse: {url} table {table}: materialized tables {mviews.COMMENT} ready "
+        "(9 sessions, 9 traces, 189 classified rows)\n"
     )
     assert ClickHouseStore(backend, table).has_lookup
+
+
+def test_the_v1_session_lookup_is_old(tables):
+    """kvtrace's first version (the session lookup alone, comment ``kvtrace session lookup v1``) is
+    told apart, ignored (the raw table is read) and named in the advice."""
+    backend = tables["plain"].backend
+    table = "kvtrace_lookup.v1"
+    load.create_table(backend, table)
+    backend.command(
+        f"CREATE TABLE {ident(table + mviews.SESSIONS)} (SessionId String, TraceId String) "
+        "ENGINE = ReplacingMergeTree ORDER BY (SessionId, TraceId) COMMENT 'kvtrace session lookup v1'"
+    )
+    st = mviews.state(backend, table)
+    assert st == mviews.State("old", ("kvtrace session lookup v1",))
+    assert not ClickHouseStore(backend, table).has_lookup
+    assert mviews.advice(table, st, "chdb:X") == (
+        f"{table}: materialized tables are kvtrace session lookup v1, this kvtrace reads {mviews.COMMENT} (until "
+        f"then it reads the raw table): rebuild them with `kvtrace clickhouse init --clickhouse chdb:X --table {table} "
+        "--replace`"
+    )
 
 
 def test_doctor_says_how_to_add_the_lookup(tables, capsys):
@@ -195,12 +215,12 @@ def test_doctor_says_how_to_add_the_lookup(tables, capsys):
     url = f"chdb:{plain.backend.path}"
     _, out, _ = _cli(capsys, "doctor", "--clickhouse", url, "--table", plain.table)
     line = (
-        f"{plain.table}: session lookup absent (a one-session query reads the whole table): add it with "
+        f"{plain.table}: no materialized tables (every answer reads the raw table): add them with "
         f"`kvtrace clickhouse init --clickhouse {url} --table {plain.table}`"
     )
     assert out.splitlines()[-1] == line
     _, out, _ = _cli(capsys, "doctor", "--clickhouse", url, "--table", tables["backfilled"].table)
-    assert "session lookup" not in out
+    assert "materialized tables" not in out
 
 
 def test_init_on_a_missing_table_or_an_unreachable_server_is_one_line(tables, capsys):
@@ -224,7 +244,7 @@ def test_init_without_ddl_rights_is_one_line(tables, capsys):
     try:
         with pytest.raises(BackendError) as err:
             mviews.init(backend, table)
-        assert str(err.value).startswith(f"cannot create the session lookup of {table}: ")
+        assert str(err.value).startswith(f"cannot create the materialized tables of {table}: ")
         assert "READONLY" in str(err.value) and "\n" not in str(err.value)
         assert mviews.state(backend, table) == mviews.State("absent")
     finally:
