@@ -180,19 +180,3 @@ def test_the_demo_is_equal(demo):
     for query, run in QUERIES.items():  # unfiltered, the longest session and the shortest
         for f in [None, Filters(session_id=ids[0]), Filters(session_id=ids[-1])]:
             assert session_queries.same_answer(run(live, f), run(duck, f)), (query, f)
-
-
-def _rows_read(store, fn) -> int:
-    before = store.backend.rows_read
-    fn()
-    return store.backend.rows_read - before
-
-
-@pytest.mark.parametrize("case", ["session midnight-0", "day 1"])
-def test_the_shaped_tables_read_fewer_rows(multi, case):
-    """One session and one day read the classified rows of their bounds (a day's partition, the
-    session's granules) and the small lookups, not the raw spans."""
-    f = _cases(["midnight-0"])[case]
-    raw = _rows_read(multi["raw"], lambda: sessions.breakdown(multi["raw"], f))
-    shaped = _rows_read(multi["live"], lambda: sessions.breakdown(multi["live"], f))
-    assert shaped < 0.5 * raw, (shaped, raw)
