@@ -3,6 +3,10 @@ as Parquet, in one run.
 
     python benchmarks/clickhouse/bench_clickhouse.py [--spans 100000000] [--days 7] [--threads 2]
                                                      [--dir DIR] [--keep]
+    python benchmarks/clickhouse/bench_clickhouse.py --history 7 14 [--spans-per-day 143000] [--small DIR]
+
+``--history``: chDB alone, raw table against kvtrace's materialized tables, at each history length
+with the same per-day volume, and the insert cost of both (``history.py`` says what it prints).
 
 Spans: :func:`kvtrace.testing.stores.sample_store` makes a template of agent sessions with the real
 OTel SDK (agent -> proxy -> P/D engines -> KV decisions, transfers, retention; every attribute
@@ -218,15 +222,24 @@ def main() -> int:
     p.add_argument(
         "--repeat", type=int, default=REPEAT, help=f"runs per query: cold + best of the rest (default {REPEAT})"
     )
+    p.add_argument("--history", type=int, nargs="+", metavar="DAYS", help="history lengths (e.g. 7 14): history.py")
+    p.add_argument("--spans-per-day", type=int, default=143_000, help="with --history (default 143000)")
+    p.add_argument("--small", help="with --history: a small trace directory (default: a kvtrace demo run)")
     args = p.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-ch-"))
     parquet, db = root / "parquet", root / "chdb"
     try:
-        if not parquet.exists():
-            t = time.perf_counter()
-            written = generate(parquet, args.spans, args.days, root)
-            print(f"generated {written:,} spans in {time.perf_counter() - t:.1f} s", flush=True)
-        bench(parquet, db, args.days, args.threads, max(2, args.repeat))
+        if args.history:
+            from history import demo_store, run_history
+
+            small = Path(args.small) if args.small else demo_store(root)
+            run_history(root, sorted(args.history), args.spans_per_day, args.threads, max(2, args.repeat), small)
+        else:
+            if not parquet.exists():
+                t = time.perf_counter()
+                written = generate(parquet, args.spans, args.days, root)
+                print(f"generated {written:,} spans in {time.perf_counter() - t:.1f} s", flush=True)
+            bench(parquet, db, args.days, args.threads, max(2, args.repeat))
     finally:
         if not args.dir and not args.keep:
             shutil.rmtree(root, ignore_errors=True)
