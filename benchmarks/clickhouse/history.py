@@ -68,22 +68,35 @@ def cases(store, days: int) -> dict:
     day = Filters(start_ns=t0 + days // 2 * DAY_NS, end_ns=t0 + (days // 2 + 1) * DAY_NS)
     one = sessions.list_sessions(store, day, limit=1)[0]
     return {
-        "one day": lambda c: sessions.totals(c, day),
-        "one session": lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist(),
-        "first page": lambda c: first_page(c, True),
+        "one day": (lambda c: sessions.totals(c, day), day),
+        "one session": (lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist(), Filters(session_id=one)),
+        "first page": (lambda c: first_page(c, True), None),
     }
+
+
+def storage_rows(store, filters) -> int:
+    """Rows read from the tables by a question's bounds and one read of its scan (the breakdown
+    reads it once; chDB counts each read of its MATERIALIZED copy as rows read too)."""
+    from kvtrace.analysis.pushdown import narrowed
+    from kvtrace.store.views.agents import SCAN
+
+    before = store.backend.rows_read
+    narrowed(store, filters).query(f"SELECT count(*) AS n FROM {SCAN}")
+    return store.backend.rows_read - before
 
 
 def measure(stores: dict, fns: dict, repeat: int) -> dict:
     """(query, kind) -> (cold s, warm s, rows read per run, answer, CPU s per run: on a shared
-    machine the steadier number)."""
+    machine the steadier number, rows read by the bounds and one scan read or None)."""
     out = {}
-    for name, fn in fns.items():
+    for name, (fn, filters) in fns.items():
         for kind, store in stores.items():
             before, cpu = store.backend.rows_read, _cpu()
             cold, warm, answer = timed(lambda fn=fn, store=store: fn(store), repeat)
             cpu = (_cpu() - cpu) / repeat
-            out[name, kind] = (cold, warm, (store.backend.rows_read - before) / repeat, answer, cpu)
+            read = (store.backend.rows_read - before) / repeat
+            scan = storage_rows(store, filters) if filters is not None else None
+            out[name, kind] = (cold, warm, read, answer, cpu, scan)
     return out
 
 
@@ -131,18 +144,18 @@ def run_history(root: Path, lengths: list[int], per_day: int, threads: int, repe
 
 def report(results: dict, lengths: list[int], spans: dict) -> None:
     print(
-        "\n| history | spans | query | raw cold s | raw warm s | raw rows read / spans | shaped cold s "
-        "| shaped warm s | shaped rows read / spans | answers |"
+        "\n| history | spans | query | raw cold s | raw warm s | raw CPU s/run | raw rows read / spans "
+        "| shaped cold s | shaped warm s | shaped CPU s/run | shaped rows read / spans | answers |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for days in lengths:
         n = spans[days]
         for q in ("one day", "one session", "first page"):
             r, s = results[days, q, RAW], results[days, q, SHAPED]
             eq = "same" if _equal(r[3], s[3]) else "DIFFERENT"
             print(
-                f"| {days} d | {n:,} | {q} | {r[0]:.2f} | {r[1]:.3f} | {r[2] / n:.4f} | {s[0]:.2f} | {s[1]:.3f} "
-                f"| {s[2] / n:.4f} | {eq} |"
+                f"| {days} d | {n:,} | {q} | {r[0]:.2f} | {r[1]:.3f} | {r[4]:.2f} | {r[2] / n:.4f} | {s[0]:.2f} "
+                f"| {s[1]:.3f} | {s[4]:.2f} | {s[2] / n:.4f} | {eq} |"
             )
     lo, hi = lengths[0], lengths[-1]
     print(
@@ -153,6 +166,12 @@ def report(results: dict, lengths: list[int], spans: dict) -> None:
     for q in ("one day", "one session", "first page"):
         ratios = [results[hi, q, k][i] / max(results[lo, q, k][i], 1e-9) for i in (1, 4, 2) for k in (RAW, SHAPED)]
         print(f"| {q} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    print("\n| history | query | raw: bounds + one scan, rows / spans | shaped: bounds + one scan, rows / spans |")
+    print("|---|---|---:|---:|")
+    for days in lengths:
+        for q in ("one day", "one session"):
+            r, s = results[days, q, RAW][5], results[days, q, SHAPED][5]
+            print(f"| {days} d | {q} | {r / spans[days]:.4f} | {s / spans[days]:.4f} |")
     print(
         "\n| history | insert raw: wall s / M spans | CPU s / M spans | shaped: wall s / M spans | CPU s / M spans "
         "| CPU shaped / raw |"

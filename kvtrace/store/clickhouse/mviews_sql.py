@@ -51,6 +51,8 @@ SESSION_EXPR = "multiIf({first} != '', {first}, {rest}, '')".format(
     first=ddl.SESSION_ID_EXPR,
     rest=", ".join(f"mapContains(SpanAttributes, {literal(a, CLICKHOUSE)}), {_a(a)}" for a in _OTHER),
 )
+# the spans that define a session's window (the ``sessions`` view: agent session spans, else requests; and
+# every trace's root, where another convention's agent names its session)
 WINDOW_SPANS = "SpanName IN ({}) OR ParentSpanId = ''".format(
     ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
 )

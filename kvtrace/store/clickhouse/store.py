@@ -17,6 +17,9 @@ spans starting in ``[lo_ns, hi_ns]`` (a ``WHERE`` on ``Timestamp``, the table's 
 part of its sort key, so ClickHouse skips other days' parts and granules), bound as the
 parameters ``kvtrace_lo_ns`` / ``kvtrace_hi_ns``.  :mod:`kvtrace.analysis.pushdown` uses it to push the
 dashboard's filters down exactly (see there).
+
+**Materialized tables.**  On a table with kvtrace's current ones (:mod:`.mviews`), ``kvtrace_scan``
+reads the classified rows (bounded and scoped the same way) and the bounds come from the lookups.
 """
 
 from __future__ import annotations
@@ -79,10 +82,6 @@ _MIN_MAX = (
 # the session attributes the SessionId column holds (ddl.SESSION_ID_EXPR), and the other conventions'
 _COLUMN_SESSION_ATTRS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID)
 _OTHER_SESSION_ATTRS = tuple(a for a in sc.SESSION_ATTRIBUTES if a not in _COLUMN_SESSION_ATTRS)
-
-
-# the spans that define a session's window (the ``sessions`` view: agent session spans, else requests)
-_WINDOW_SPANS = ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
 
 
 def _attr(name: str) -> str:
@@ -322,7 +321,7 @@ class ClickHouseStore:
             )
             if c
         )
-        windows = f"FROM {t} WHERE (SpanName IN ({_WINDOW_SPANS}) OR ParentSpanId = '')"
+        windows = f"FROM {t} WHERE ({mviews_sql.WINDOW_SPANS})"
         chosen = f"SELECT {sid} AS s {windows} AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "")
         traces = f"SELECT TraceId {windows} AND ({sid}) IN ({chosen})"
         return self._bounds(f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN ({traces})", params)

@@ -236,7 +236,8 @@ def test_init_on_a_missing_table_or_an_unreachable_server_is_one_line(tables, ca
 
 def test_init_without_ddl_rights_is_one_line(tables, capsys):
     """chDB has no users: ``readonly = 1`` on its connection is the closest real thing (what a
-    ClickHouse user profile with readonly sets).  Last in the module: it cannot be unset."""
+    ClickHouse user profile with readonly sets): init fails in one line, reads still answer.  Last in
+    the module: it cannot be unset."""
     backend = tables["plain"].backend
     table = "kvtrace_lookup.readonly"
     load.create_table(backend, table)
@@ -247,5 +248,12 @@ def test_init_without_ddl_rights_is_one_line(tables, capsys):
         assert str(err.value).startswith(f"cannot create the materialized tables of {table}: ")
         assert "READONLY" in str(err.value) and "\n" not in str(err.value)
         assert mviews.state(backend, table) == mviews.State("absent")
+        # reading needs no more than SELECT: the materialized tables answer, the raw table too
+        f = Filters(session_id=_session_ids(tables)[2])
+        shaped = ClickHouseStore(backend, tables["backfilled"].table)
+        assert shaped.has_lookup
+        assert session_queries.same_answer(
+            sessions.breakdown(shaped, f).to_pylist(), sessions.breakdown(tables["plain"], f).to_pylist()
+        )
     finally:
         ChdbBackend.shutdown()
