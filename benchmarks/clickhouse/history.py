@@ -200,9 +200,8 @@ def small_store(backend, directory: Path, threads: int, repeat: int) -> None:
             mviews.init(backend, table)
         stores[kind] = ClickHouseStore(backend, table)
     n = stores[RAW].query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
-    fns = {
-        v: (lambda c, v=v: c.query(f"SELECT * FROM {v}").to_pylist()) for v in ("session_breakdown", "turn_breakdown")
-    }
+    views = ("session_breakdown", "turn_breakdown")
+    fns = {v: ((lambda c, v=v: c.query(f"SELECT * FROM {v}").to_pylist()), None) for v in views}
     got = measure(stores, fns, max(repeat, 3))
     print(f"\nsmall store ({n:,} spans)\n")
     print(
