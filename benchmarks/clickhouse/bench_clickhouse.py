@@ -18,9 +18,10 @@ docs/otlp.md).  Both engines then answer, with ``--threads`` threads:
 - **one day**: ``session_breakdown`` of every session overlapping the middle day, all columns summed
   (:func:`kvtrace.analysis.sessions.totals` with a time range);
 - **one session**: that session's ``session_breakdown`` row (``sessions.breakdown`` with its id);
-- **first page**: what the dashboard's sessions page runs on opening: on DuckDB the facets, the
-  totals and the top 500 sessions of the whole store; on ClickHouse the table's time span, then the
-  facets, totals and top 500 of its last day (the dashboard opens there, :mod:`dashboards.common`);
+- **first page**: what the dashboard's sessions page runs on opening: on DuckDB the facets, then the
+  totals and the top 500 sessions of the whole store (``sessions.overview``: one query); on ClickHouse
+  the table's time span, then the facets, totals and top 500 of its last day (the dashboard opens there,
+  :mod:`dashboards.common`);
 - a plain ``count(*)`` of the spans (baseline).
 
 Each is timed cold (first run) and warm (best of the next two); ClickHouse's answers are checked
@@ -130,9 +131,7 @@ def first_page(con, clickhouse: bool) -> dict:
     else:
         sessions.facets(con)
         window = None
-    tot = sessions.totals(con, window)
-    sessions.breakdown(con, window, limit=500)
-    return tot
+    return sessions.overview(con, window, limit=500)["totals"]  # the totals and the top rows in one query
 
 
 def same(a: dict, b: dict) -> bool:
