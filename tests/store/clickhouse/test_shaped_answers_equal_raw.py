@@ -15,6 +15,8 @@ is ``slow``.
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("sqlglot")
@@ -25,7 +27,10 @@ from kvtrace import semconv as sc  # noqa: E402
 from kvtrace.analysis import sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.store import connect  # noqa: E402
-from kvtrace.store.clickhouse import mviews, mviews_sql  # noqa: E402
+from kvtrace.store.clickhouse import load, mviews, mviews_sql  # noqa: E402
+from kvtrace.store.clickhouse.store import ClickHouseStore  # noqa: E402
+from kvtrace.store.files import list_files  # noqa: E402
+from kvtrace.store.schema import SCHEMA  # noqa: E402
 from kvtrace.store.sql import ident  # noqa: E402
 from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS  # noqa: E402
 
@@ -180,3 +185,29 @@ def test_the_demo_is_equal(demo):
     for query, run in QUERIES.items():  # unfiltered, the longest session and the shortest
         for f in [None, Filters(session_id=ids[0]), Filters(session_id=ids[-1])]:
             assert session_queries.same_answer(run(live, f), run(duck, f)), (query, f)
+
+
+def test_an_interrupted_init_is_not_read_and_a_rerun_completes_it_once(multi):
+    """Spans in the table before the views (one insert), spans the views shaped (a second insert
+    after the DDL), a backfill interrupted after one day: the tables are ``partial`` and not read;
+    ``init`` again backfills what is missing, no span twice."""
+    backend, traces = multi["live"].backend, multi["dir"]
+    rows = load.exporter_table(pa.concat_tables(pq.read_table(p, schema=SCHEMA) for p in list_files(traces)))
+    table = "kvtrace_check.interrupted"
+    load.create_table(backend, table)
+    load.insert(backend, table, rows.take(list(range(0, rows.num_rows, 2))))
+    for sql in mviews.ddl_statements(table) + mviews_sql.backfill_statements(table, "2026-01-01"):
+        backend.command(sql)
+    load.insert(backend, table, rows.take(list(range(1, rows.num_rows, 2))), load.exporter_settings(backend))
+    st = mviews.state(backend, table)
+    assert st == mviews.State("partial") and not ClickHouseStore(backend, table).has_lookup
+    assert mviews.advice(table, st, "chdb:X") == (
+        f"{table}: materialized tables incomplete (kvtrace reads the raw table): complete them with "
+        f"`kvtrace clickhouse init --clickhouse chdb:X --table {table}`"
+    )
+    assert mviews.init(backend, table) == {"sessions": 26 + 3, "traces": 35, "rows": 407}
+    store = ClickHouseStore(backend, table)
+    assert store.has_lookup
+    scan = ident(mviews.names(table).scan)
+    expected = [tuple(r.values()) for r in multi["raw"].query(f"SELECT {SCAN_COLUMNS} FROM {SCAN}").to_pylist()]
+    assert _scan_rows(store, f"SELECT {SCAN_COLUMNS} FROM {scan}") == sorted(expected, key=repr)
