@@ -57,7 +57,7 @@ SELECT * FROM kvtrace_scan SETTINGS join_use_nulls = 1, aggregate_functions_null
 COMMENT 'kvtrace materialized tables v2';
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel_traces_kvtrace_sessions_mv" TO "otel_traces_kvtrace_sessions"
-AS SELECT DISTINCT arrayJoin(arrayDistinct(arrayFilter(s -> s != '', [SpanAttributes['session.id'], SpanAttributes['gen_ai.conversation.id'], SpanAttributes['langfuse.session.id'], SpanAttributes['traceloop.association.properties.session_id']]))) AS SessionId, TraceId FROM "otel_traces" WHERE TraceId != '' SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 0, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
+AS SELECT DISTINCT arrayJoin(arrayDistinct(arrayFilter(s -> s != '', [SpanAttributes['session.id'], SpanAttributes['gen_ai.conversation.id'], SpanAttributes['langfuse.session.id'], SpanAttributes['traceloop.association.properties.session_id']]))) AS SessionId, TraceId FROM "otel_traces" SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 0, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
 COMMENT 'kvtrace materialized tables v2';
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel_traces_kvtrace_traces_mv" TO "otel_traces_kvtrace_traces"

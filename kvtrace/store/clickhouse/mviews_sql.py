@@ -59,7 +59,8 @@ WINDOW_SPANS = "SpanName IN ({}) OR ParentSpanId = ''".format(
 _START = "toUnixTimestamp64Nano(Timestamp)"
 _END = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
 
-_SESSIONS_SELECT = f"SELECT DISTINCT arrayJoin({_SESSION_IDS}) AS SessionId, TraceId FROM {{src}} WHERE TraceId != ''"
+# every span, an empty trace id too (invalid, but the raw path reads it: the store must not differ)
+_SESSIONS_SELECT = f"SELECT DISTINCT arrayJoin({_SESSION_IDS}) AS SessionId, TraceId FROM {{src}}"
 _TRACES_SELECT = f"SELECT TraceId, min({_START}) AS Start, max({_END}) AS End FROM {{src}} GROUP BY TraceId"
 # (``s``, not ``SessionId``: with kvtrace's recommended DDL the table has a ``SessionId`` column, which
 # kvtrace's settings would read in place of an alias of that name)
