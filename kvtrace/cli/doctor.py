@@ -47,13 +47,9 @@ def _lookup_note(args, store) -> str | None:
     if not getattr(store, "is_clickhouse", False):
         return None
     from kvtrace.store.clickhouse import mviews
-    from kvtrace.store.clickhouse.backend import BackendError, redact
+    from kvtrace.store.clickhouse.backend import redact
 
-    try:
-        st = mviews.state(store.backend, store.table)
-    except BackendError:
-        return None
-    return mviews.advice(store.table, st, redact(source.clickhouse_url(args) or "URL"))
+    return mviews.note(store, redact(source.clickhouse_url(args) or "URL"))
 
 
 def _table(rows: list[dict]) -> str:

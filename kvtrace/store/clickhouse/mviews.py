@@ -136,6 +136,18 @@ def advice(table: str, st: State, url: str = "URL") -> str | None:
     return f"{table}: no materialized tables (every answer reads the raw table): add them with `{cmd}`"
 
 
+def note(store, url: str = "URL") -> str | None:
+    """For a :class:`.store.ClickHouseStore` (``kvtrace doctor``, the dashboard): :func:`advice` for its
+    table, None when its tables are current or ``system.tables`` cannot be read."""
+    from kvtrace.store.clickhouse.backend import BackendError
+
+    try:
+        st = state(store.backend, store.table)
+    except BackendError:
+        return None
+    return advice(store.table, st, url)
+
+
 def init(backend, table: str = ddl.TABLE, *, replace: bool = False) -> dict[str, int]:
     """Create the tables for ``table``, backfill them and mark them current (module doc);
     ``replace``: drop existing ones first (an older version is refused without it).  Nothing to do
