@@ -254,8 +254,8 @@ class ClickHouseStore:
     ) -> None:
         self.backend, self.table, self.bounds, self.temps = backend, table, bounds, temps
         self.session = session
-        """Set by :meth:`session_scope` on a table with the session lookup: the scan reads that
-        session's traces only."""
+        """Set by :meth:`session_scope` on a table with kvtrace's materialized tables: the scans read
+        that session's traces and the spans that can join it by time (:data:`_SCOPED`) only."""
         self._lookup = lookup
 
     @property
@@ -295,7 +295,7 @@ class ClickHouseStore:
         OpenLLMetry's workflow span starts before the proxy request that carries the session.
         Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`) and the
         other conventions' attributes, whose bloom filter index skips most granules; with the
-        session lookup (:mod:`.mviews`), reads that instead (a few granules of two small tables)."""
+        materialized tables (:mod:`.mviews`), reads the lookups instead (a few granules of two small tables)."""
         if self.has_lookup:
             return self._bounds(mviews_sql.bounds_sql(self.table, SESSION), {SESSION: session_id})
         t = ident(self.table)
@@ -354,8 +354,8 @@ class ClickHouseStore:
 
     @property
     def has_lookup(self) -> bool:
-        """The table has kvtrace's session lookup, current version (:func:`.mviews.state`; checked
-        once per store and its copies)."""
+        """The table has kvtrace's materialized tables, complete and of the current version
+        (:func:`.mviews.state`; checked once per store and its copies)."""
         if self._lookup is None:
             try:
                 self._lookup = mviews.state(self.backend, self.table).current
@@ -366,8 +366,8 @@ class ClickHouseStore:
     def session_scope(self, session_id: str) -> ClickHouseStore:
         """The same store reading only what a query about ``session_id`` needs: spans starting
         within its traces' bounds (:meth:`session_bounds`; none when no trace names it) and, with
-        the session lookup, of those traces only (``TraceId IN`` the lookup's, which the table's
-        trace id bloom filter turns into skipped granules)."""
+        the materialized tables, of those traces (``TraceId IN`` the lookup's) and the spans that can
+        join the session by time only."""
         bounds = self.session_bounds(session_id) or (1, 0)
         scoped = self.bounded(*bounds)
         if self.has_lookup:
