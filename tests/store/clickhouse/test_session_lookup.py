@@ -96,18 +96,29 @@ def _session_ids(tables) -> list[str]:
     return [r["session_id"] for r in sessions.breakdown(tables["plain"]).to_pylist()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["backfilled", "live"])
 @pytest.mark.parametrize("query", session_queries.SESSION_QUERIES)
 def test_one_session_answers_are_the_same_with_the_lookup(tables, name, query):
+    """Every session (a sweep of minutes: ``..._for_some_sessions`` is its fast sibling)."""
     fn = session_queries.SESSION_QUERIES[query]
     sids = _session_ids(tables)
     assert len(sids) == 9
-    for sid in [*sids, "nobody"]:
+    _same_with_and_without(tables, name, fn, [*sids, "nobody"])
+
+
+@pytest.mark.parametrize("query", session_queries.SESSION_QUERIES)
+def test_one_session_answers_are_the_same_for_some_sessions(tables, query):
+    """Two sessions (the longest and the shortest) and none, on the table the views filled live."""
+    sids = _session_ids(tables)
+    _same_with_and_without(tables, "live", session_queries.SESSION_QUERIES[query], [sids[0], sids[-1], "nobody"])
+
+
+def _same_with_and_without(tables, name, fn, sids) -> None:
+    for sid in sids:
         f = Filters(session_id=sid)
         expected, got = fn(tables["plain"], f), fn(tables[name], f)
         assert session_queries.same_answer(got, expected), (sid, got, expected)
-    day1 = Filters(session_id=sids[4], start_ns=None, end_ns=None)
-    assert session_queries.same_answer(fn(tables[name], day1), fn(tables["plain"], day1))
 
 
 def test_breakdown_rows_are_whole_and_equal(tables):
