@@ -3,6 +3,10 @@ as Parquet, in one run.
 
     python benchmarks/clickhouse/bench_clickhouse.py [--spans 100000000] [--days 7] [--threads 2]
                                                      [--dir DIR] [--keep]
+    python benchmarks/clickhouse/bench_clickhouse.py --history 7 14 [--spans-per-day 143000] [--small DIR]
+
+``--history``: chDB alone, raw table against kvtrace's materialized tables, at each history length
+with the same per-day volume, and the insert cost of both (``history.py`` says what it prints).
 
 Spans: :func:`kvtrace.testing.stores.sample_store` makes a template of agent sessions with the real
 OTel SDK (agent -> proxy -> P/D engines -> KV decisions, transfers, retention; every attribute
@@ -14,9 +18,10 @@ docs/otlp.md).  Both engines then answer, with ``--threads`` threads:
 - **one day**: ``session_breakdown`` of every session overlapping the middle day, all columns summed
   (:func:`kvtrace.analysis.sessions.totals` with a time range);
 - **one session**: that session's ``session_breakdown`` row (``sessions.breakdown`` with its id);
-- **first page**: what the dashboard's sessions page runs on opening: on DuckDB the facets, the
-  totals and the top 500 sessions of the whole store; on ClickHouse the table's time span, then the
-  facets, totals and top 500 of its last day (the dashboard opens there, :mod:`dashboards.common`);
+- **first page**: what the dashboard's sessions page runs on opening: on DuckDB the facets, then the
+  totals and the top 500 sessions of the whole store (``sessions.overview``: one query); on ClickHouse
+  the table's time span, then the facets, totals and top 500 of its last day (the dashboard opens there,
+  :mod:`dashboards.common`);
 - a plain ``count(*)`` of the spans (baseline).
 
 Each is timed cold (first run) and warm (best of the next two); ClickHouse's answers are checked
@@ -126,9 +131,7 @@ def first_page(con, clickhouse: bool) -> dict:
     else:
         sessions.facets(con)
         window = None
-    tot = sessions.totals(con, window)
-    sessions.breakdown(con, window, limit=500)
-    return tot
+    return sessions.overview(con, window, limit=500)["totals"]  # the totals and the top rows in one query
 
 
 def same(a: dict, b: dict) -> bool:
@@ -218,15 +221,24 @@ def main() -> int:
     p.add_argument(
         "--repeat", type=int, default=REPEAT, help=f"runs per query: cold + best of the rest (default {REPEAT})"
     )
+    p.add_argument("--history", type=int, nargs="+", metavar="DAYS", help="history lengths (e.g. 7 14): history.py")
+    p.add_argument("--spans-per-day", type=int, default=143_000, help="with --history (default 143000)")
+    p.add_argument("--small", help="with --history: a small trace directory (default: a kvtrace demo run)")
     args = p.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-ch-"))
     parquet, db = root / "parquet", root / "chdb"
     try:
-        if not parquet.exists():
-            t = time.perf_counter()
-            written = generate(parquet, args.spans, args.days, root)
-            print(f"generated {written:,} spans in {time.perf_counter() - t:.1f} s", flush=True)
-        bench(parquet, db, args.days, args.threads, max(2, args.repeat))
+        if args.history:
+            from history import demo_store, run_history
+
+            small = Path(args.small) if args.small else demo_store(root)
+            run_history(root, sorted(args.history), args.spans_per_day, args.threads, max(2, args.repeat), small)
+        else:
+            if not parquet.exists():
+                t = time.perf_counter()
+                written = generate(parquet, args.spans, args.days, root)
+                print(f"generated {written:,} spans in {time.perf_counter() - t:.1f} s", flush=True)
+            bench(parquet, db, args.days, args.threads, max(2, args.repeat))
     finally:
         if not args.dir and not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""``kvtrace clickhouse init``: add kvtrace's session lookup to an OTel Collector ``otel_traces`` table."""
+"""``kvtrace clickhouse init``: add kvtrace's materialized tables to an OTel Collector ``otel_traces`` table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from kvtrace import settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["init"], help="init: create the lookup and backfill it")
+    parser.add_argument("action", choices=["init"], help="init: create the tables and views, backfill them")
     parser.add_argument(
         "--clickhouse",
         metavar="URL",
@@ -21,19 +21,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the exporter's table, name or database.name (default KVTRACE_CLICKHOUSE_TABLE or "
         f"{settings.CLICKHOUSE_TABLE.default})",
     )
-    parser.add_argument("--replace", action="store_true", help="drop an existing lookup (e.g. an older version) first")
+    parser.add_argument("--replace", action="store_true", help="drop existing tables (e.g. an older version) first")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Add kvtrace's session lookup to an otel_traces table: two small tables, session id -> trace
-    ids and trace id -> first start / last end, that materialized views fill on every insert the
-    Collector makes, so a one-session query (the dashboard's drill-down, `sessions.breakdown` with a
-    session id) reads that session's traces and time range instead of the whole table.  Creates
-    the tables and views (IF NOT EXISTS) and backfills them from the rows already in the table;
-    safe to run again (the lookup ignores repeated rows).  An older version of the lookup is
-    refused unless --replace.  Needs a user allowed CREATE TABLE, CREATE VIEW and INSERT; the same
-    DDL is in collectors/clickhouse-kvtrace-views.sql.  `kvtrace doctor --clickhouse URL` says when
-    a table lacks it.  docs/clickhouse.md ("Session lookup").
+    """Add kvtrace's materialized tables to an otel_traces table: materialized views that shape
+    every insert the Collector makes into four tables (the session breakdown's classified spans, a
+    session id -> trace ids lookup, trace id -> first start / last end, each session's window), so
+    session_breakdown / turn_breakdown read the classified rows instead of classifying raw spans, and
+    a one-session or one-day question (the dashboard's drill-down and pages) finds its bounds in the
+    small tables: its cost grows with its answer, not with the history kept.  Creates the tables and
+    views (IF NOT EXISTS), backfills them from the rows already in the table a day at a time (spans
+    the views already shaped are skipped) and marks them complete; kvtrace reads them only then.
+    Nothing to do on current tables; run it again after an interruption.  Older tables (e.g. the v1
+    session lookup) are refused unless --replace.  Needs a user allowed CREATE TABLE, CREATE VIEW,
+    ALTER TABLE and INSERT (without, every answer still reads the raw table); the DDL is in
+    collectors/clickhouse-kvtrace-views.sql.  `kvtrace doctor --clickhouse URL` says when a table
+    lacks them.  docs/clickhouse.md ("Materialized tables").
     """
     from kvtrace.errors import CLIError
     from kvtrace.store import source
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     except BackendError as exc:
         raise CLIError(str(exc)) from None
     print(
-        f"kvtrace clickhouse: {source.describe(args)}: session lookup {mviews.COMMENT} ready "
-        f"({held['sessions']} sessions, {held['traces']} traces)"
+        f"kvtrace clickhouse: {source.describe(args)}: materialized tables {mviews.COMMENT} ready "
+        f"({held['sessions']} sessions, {held['traces']} traces, {held['rows']} classified rows)"
     )
     return 0

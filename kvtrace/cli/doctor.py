@@ -43,17 +43,13 @@ def run(args) -> int:
 
 
 def _lookup_note(args, store) -> str | None:
-    """On ClickHouse without kvtrace's current session lookup: one line saying how to add it."""
+    """On ClickHouse without kvtrace's current materialized tables: one line saying how to add them."""
     if not getattr(store, "is_clickhouse", False):
         return None
     from kvtrace.store.clickhouse import mviews
-    from kvtrace.store.clickhouse.backend import BackendError, redact
+    from kvtrace.store.clickhouse.backend import redact
 
-    try:
-        st = mviews.state(store.backend, store.table)
-    except BackendError:
-        return None
-    return mviews.advice(store.table, st, redact(source.clickhouse_url(args) or "URL"))
+    return mviews.note(store, redact(source.clickhouse_url(args) or "URL"))
 
 
 def _table(rows: list[dict]) -> str:

@@ -205,9 +205,10 @@ def load_chdb(directory, backend=None, table: str | None = None, *, parts: int |
     else:
         rows = load.exporter_table(_read(Path(directory)))
         batches = [rows.take(np.arange(k, rows.num_rows, parts)) for k in range(parts)]
+    settings = load.exporter_settings(backend)  # as the exporter inserts: ClickHouse's defaults
     for batch in batches:
         if batch.num_rows:
-            load.insert(backend, table, batch)
+            load.insert(backend, table, batch, settings)
     return ClickHouseStore(backend, table)
 
 

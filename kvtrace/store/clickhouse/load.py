@@ -94,18 +94,33 @@ def create_table(backend, table: str = ddl.TABLE) -> None:
     backend.command(ddl.render(ddl.TRACES_TABLE_DDL, table))
 
 
-def insert(backend, table: str, rows: pa.Table) -> None:
+def insert(backend, table: str, rows: pa.Table, settings: dict | None = None) -> None:
     """Insert exporter rows (:func:`exporter_table`): chDB reads them from a temporary Parquet
-    file, a server receives them over clickhouse-connect."""
+    file, a server receives them over clickhouse-connect; ``settings``: the insert's (e.g.
+    :func:`exporter_settings`)."""
     if isinstance(backend, ServerBackend):
-        backend.client.insert_arrow(table, rows)
+        backend.client.insert_arrow(table, rows, settings=settings)
         return
     if not isinstance(backend, ChdbBackend):
         raise TypeError(f"cannot insert into {backend!r}")
     with tempfile.TemporaryDirectory(prefix="kvtrace-ch-") as tmp:
         path = os.path.join(tmp, "rows.parquet")
         pq.write_table(rows, path)
-        backend.command(f"INSERT INTO {ident(table)} SELECT * FROM file({literal(path, CLICKHOUSE)}, Parquet)")
+        listed = ", ".join(f"{k} = {literal(v, CLICKHOUSE)}" for k, v in (settings or {}).items())
+        backend.command(
+            f"INSERT INTO {ident(table)} SELECT * FROM file({literal(path, CLICKHOUSE)}, Parquet)"
+            + (f" SETTINGS {listed}" if listed else "")
+        )
+
+
+def exporter_settings(backend) -> dict[str, str]:
+    """ClickHouse's defaults of the settings kvtrace's queries change (:data:`.dialect.SETTINGS`): what
+    the exporter's inserts, and so kvtrace's materialized views, run with."""
+    from kvtrace.store.clickhouse.dialect import SETTINGS
+
+    listed = ", ".join(literal(k, CLICKHOUSE) for k in SETTINGS)
+    rows = backend.query(f"SELECT name, default FROM system.settings WHERE name IN ({listed})").to_pylist()
+    return {r["name"]: r["default"] for r in rows}
 
 
 def load(directory: str | os.PathLike, backend, table: str = ddl.TABLE, *, replace: bool = False) -> int:

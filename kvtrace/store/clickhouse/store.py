@@ -17,6 +17,9 @@ spans starting in ``[lo_ns, hi_ns]`` (a ``WHERE`` on ``Timestamp``, the table's 
 part of its sort key, so ClickHouse skips other days' parts and granules), bound as the
 parameters ``kvtrace_lo_ns`` / ``kvtrace_hi_ns``.  :mod:`kvtrace.analysis.pushdown` uses it to push the
 dashboard's filters down exactly (see there).
+
+**Materialized tables.**  On a table with kvtrace's current ones (:mod:`.mviews`), ``kvtrace_scan``
+reads the classified rows (bounded and scoped the same way) and the bounds come from the lookups.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import sqlglot
 from sqlglot import exp
 
 from kvtrace import semconv as sc
-from kvtrace.store.clickhouse import ddl, mviews
+from kvtrace.store.clickhouse import ddl, mviews, mviews_sql
 from kvtrace.store.clickhouse.backend import BackendError, open_backend
 from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views import VIEWS
+from kvtrace.store.views.agents import SCAN
 from kvtrace.store.views.raw import RAW
 
 LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
@@ -80,17 +84,14 @@ _COLUMN_SESSION_ATTRS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID)
 _OTHER_SESSION_ATTRS = tuple(a for a in sc.SESSION_ATTRIBUTES if a not in _COLUMN_SESSION_ATTRS)
 
 
-# the spans that define a session's window (the ``sessions`` view: agent session spans, else requests)
-_WINDOW_SPANS = ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
-
-
 def _attr(name: str) -> str:
     return f"SpanAttributes[{literal(name, CLICKHOUSE)}]"
 
 
-def raw_sql(table: str, bounded: bool, scoped: bool = False) -> str:
-    """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL); ``scoped``: only the traces
-    of the session bound as ``kvtrace_session``, read from the session lookup (:mod:`.mviews`)."""
+def raw_sql(table: str, bounded: bool, scoped: bool = False, where: str = "") -> str:
+    """The ``kvtrace_raw`` relation over ``table`` (ClickHouse SQL); ``scoped``: only what a query
+    about the session bound as ``kvtrace_session`` needs (:data:`_SCOPED`); ``where``: a condition
+    on the table's columns (the backfill's)."""
     cols = [
         *_PLAIN,
         "toInt64(Duration) AS Duration",
@@ -101,17 +102,25 @@ def raw_sql(table: str, bounded: bool, scoped: bool = False) -> str:
         "toDate(Timestamp) AS date",
         "toInt32(toHour(Timestamp)) AS hour",
     ]
-    where = (
-        (
-            f" WHERE Timestamp >= fromUnixTimestamp64Nano({{{LO}:Int64}}) "
+    conds = [f"({where})"] if where else []
+    if bounded:
+        conds.append(
+            f"Timestamp >= fromUnixTimestamp64Nano({{{LO}:Int64}}) "
             f"AND Timestamp <= fromUnixTimestamp64Nano({{{HI}:Int64}})"
         )
-        if bounded
-        else ""
-    )
     if scoped:
-        where += f" {'AND' if where else 'WHERE'} TraceId IN ({mviews.scope_sql(table, SESSION)})"
-    return f"SELECT {', '.join(cols)} FROM {ident(table)}{where}"
+        conds.append(_SCOPED.format(traces=mviews_sql.scope_sql(table, SESSION)))
+    return f"SELECT {', '.join(cols)} FROM {ident(table)}" + (f" WHERE {' AND '.join(conds)}" if conds else "")
+
+
+# A one-session read with the lookup: the session's traces, and every span that can join a session by
+# time or decide another trace's session in the breakdown's joins (kvtrace's request and retention spans,
+# other conventions' spans: ``agents.JOINS_CTE`` ranks every request against every LLM call it overlaps,
+# so a LangGraph request trace that names no session, or a competing call of another session, must stay).
+_SCOPED = "(TraceId IN ({{traces}}) OR SpanName IN ({}) OR NOT startsWith(SpanName, {}))".format(
+    ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_PROXY_REQUEST, sc.SPAN_KV_RETENTION)),
+    literal(sc.KVTRACE_SPAN_PREFIX, CLICKHOUSE),
+)
 
 
 @functools.cache
@@ -121,18 +130,30 @@ def _view_sql() -> dict[str, str]:
 
 
 @functools.cache
-def _view_deps() -> dict[str, frozenset[str]]:
+def _scan_with_ids() -> str:
+    """The ``kvtrace_scan`` view's SELECT, each row with its span's ``TraceId`` and ``SpanId`` (the
+    materialized scan table's, :mod:`.mviews_sql`)."""
+    tree = transpile(next(v.select for v in VIEWS if v.name == SCAN))
+    assert isinstance(tree, exp.Select)
+    ids = [exp.alias_(exp.column(c, table="n"), a) for c, a in (("trace_id", "TraceId"), ("span_id", "SpanId"))]
+    return tree.select(*ids, copy=False).sql("clickhouse")
+
+
+@functools.cache
+def _view_deps(shaped: bool = False) -> dict[str, frozenset[str]]:
     names = {v.name for v in VIEWS} | {RAW}
     out = {}
     for v in VIEWS:
         tree = sqlglot.parse_one(v.select, read="duckdb")
         out[v.name] = frozenset(t.name for t in tree.find_all(exp.Table) if not t.db and t.name in names)
+    if shaped:  # the scan reads its materialized table
+        out[SCAN] = frozenset()
     return out
 
 
-def _needed(referenced: set[str]) -> list[str]:
+def _needed(referenced: set[str], shaped: bool = False) -> list[str]:
     """The views (and ``kvtrace_raw``) ``referenced`` reads, dependencies first."""
-    deps, seen, stack = _view_deps(), set(), list(referenced)
+    deps, seen, stack = _view_deps(shaped), set(), list(referenced)
     while stack:
         name = stack.pop()
         if name not in seen:
@@ -150,11 +171,17 @@ def assemble(
     bounded: bool,
     temps: tuple[tuple[str, str, bool], ...] = (),
     scoped: bool = False,
+    *,
+    shaped: bool = False,
+    raw_where: str = "",
+    keep_ids: bool = False,
 ) -> str:
     """``sql`` (DuckDB) as one ClickHouse statement over ``table``: transpiled, with the views it
     reads as CTEs in front (module doc), and a cursor's temporary tables and views (``temps``:
     (name, DuckDB SELECT, materialized), in creation order; they hide views of the same name);
-    ``scoped``: :func:`raw_sql`'s."""
+    ``scoped`` and ``raw_where``: :func:`raw_sql`'s; ``shaped``: ``kvtrace_scan`` reads the
+    materialized scan table (:mod:`.mviews`); ``keep_ids``: its rows carry ``TraceId`` / ``SpanId``
+    (what the materialized view inserts)."""
     tree = transpile(sql, types)
     text = tree.sql("clickhouse")
     if not isinstance(tree, exp.Query):
@@ -171,10 +198,14 @@ def assemble(
         referenced |= {
             t.name for _, body, _ in temp_trees for t in body.find_all(exp.Table) if not t.db and t.name in names
         }
-    views = _view_sql()
+    views = dict(_view_sql())
+    if shaped:
+        views[SCAN] = mviews_sql.scan_read_sql(table, bounded, LO, HI, SESSION if scoped else None)
+    elif keep_ids:
+        views[SCAN] = _scan_with_ids()
     ctes = [
-        f"{n} AS ({raw_sql(table, bounded, scoped) if n == RAW else views[n]})"
-        for n in _needed(referenced - temp_names)
+        f"{n} AS ({raw_sql(table, bounded, scoped, raw_where) if n == RAW else views[n]})"
+        for n in _needed(referenced - temp_names, shaped)
     ]
     if needed:
         ctes += [f"{n} AS {'MATERIALIZED ' if mat else ''}({body.sql('clickhouse')})" for n, body, mat in temp_trees]
@@ -223,8 +254,8 @@ class ClickHouseStore:
     ) -> None:
         self.backend, self.table, self.bounds, self.temps = backend, table, bounds, temps
         self.session = session
-        """Set by :meth:`session_scope` on a table with the session lookup: the scan reads that
-        session's traces only."""
+        """Set by :meth:`session_scope` on a table with kvtrace's materialized tables: the scans read
+        that session's traces and the spans that can join it by time (:data:`_SCOPED`) only."""
         self._lookup = lookup
 
     @property
@@ -246,7 +277,13 @@ class ClickHouseStore:
         if self.session is not None:
             params[SESSION] = self.session
         text = assemble(
-            sql, param_types(params), self.table, self.bounds is not None, self.temps, self.session is not None
+            sql,
+            param_types(params),
+            self.table,
+            self.bounds is not None,
+            self.temps,
+            self.session is not None,
+            shaped=self.has_lookup,
         )
         used = {k: v for k, v in params.items() if "{" + k + ":" in text}
         return self.backend.query(text, used)
@@ -258,9 +295,9 @@ class ClickHouseStore:
         OpenLLMetry's workflow span starts before the proxy request that carries the session.
         Reads the ``SessionId`` column when the table has it (:data:`.ddl.RECOMMENDED_DDL`) and the
         other conventions' attributes, whose bloom filter index skips most granules; with the
-        session lookup (:mod:`.mviews`), reads that instead (a few granules of two small tables)."""
+        materialized tables (:mod:`.mviews`), reads the lookups instead (a few granules of two small tables)."""
         if self.has_lookup:
-            return self._bounds(mviews.bounds_sql(self.table, SESSION), {SESSION: session_id})
+            return self._bounds(mviews_sql.bounds_sql(self.table, SESSION), {SESSION: session_id})
         t = ident(self.table)
         sql = f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN (SELECT TraceId FROM {t} WHERE {self._names_session()})"
         return self._bounds(sql, {"sid": session_id})
@@ -270,7 +307,11 @@ class ClickHouseStore:
         overlaps ``[start_ns, end_ns]`` (either may be None: unbounded), the window read from the
         spans that delimit sessions: kvtrace's session and request spans and every trace's root (an
         agent traced by another convention names its session there, or its requests do).  The
-        traces then give the rest of each session."""
+        traces then give the rest of each session.  With kvtrace's materialized tables (:mod:`.mviews`),
+        the windows and traces come from them (a row per session and trace), not from the raw table."""
+        params = {k: v for k, v in (("lo", start_ns), ("hi", end_ns)) if v is not None}
+        if self.has_lookup:
+            return self._bounds(mviews_sql.window_bounds_sql(self.table, "lo" in params, "hi" in params), params)
         t, sid = ident(self.table), self._session_expr()
         having = " AND ".join(
             c
@@ -280,10 +321,9 @@ class ClickHouseStore:
             )
             if c
         )
-        windows = f"FROM {t} WHERE (SpanName IN ({_WINDOW_SPANS}) OR ParentSpanId = '')"
+        windows = f"FROM {t} WHERE ({mviews_sql.WINDOW_SPANS})"
         chosen = f"SELECT {sid} AS s {windows} AND s != '' GROUP BY s" + (f" HAVING {having}" if having else "")
         traces = f"SELECT TraceId {windows} AND ({sid}) IN ({chosen})"
-        params = {k: v for k, v in (("lo", start_ns), ("hi", end_ns)) if v is not None}
         return self._bounds(f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN ({traces})", params)
 
     def _session_expr(self) -> str:
@@ -314,8 +354,8 @@ class ClickHouseStore:
 
     @property
     def has_lookup(self) -> bool:
-        """The table has kvtrace's session lookup, current version (:func:`.mviews.state`; checked
-        once per store and its copies)."""
+        """The table has kvtrace's materialized tables, complete and of the current version
+        (:func:`.mviews.state`; checked once per store and its copies)."""
         if self._lookup is None:
             try:
                 self._lookup = mviews.state(self.backend, self.table).current
@@ -326,8 +366,8 @@ class ClickHouseStore:
     def session_scope(self, session_id: str) -> ClickHouseStore:
         """The same store reading only what a query about ``session_id`` needs: spans starting
         within its traces' bounds (:meth:`session_bounds`; none when no trace names it) and, with
-        the session lookup, of those traces only (``TraceId IN`` the lookup's, which the table's
-        trace id bloom filter turns into skipped granules)."""
+        the materialized tables, of those traces (``TraceId IN`` the lookup's) and the spans that can
+        join the session by time only."""
         bounds = self.session_bounds(session_id) or (1, 0)
         scoped = self.bounded(*bounds)
         if self.has_lookup:

@@ -18,7 +18,7 @@ from kvtrace.analysis import sessions  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.analysis.pushdown import narrowed  # noqa: E402
 from kvtrace.cli import main  # noqa: E402
-from kvtrace.store.clickhouse import load, mviews  # noqa: E402
+from kvtrace.store.clickhouse import load, mviews, mviews_sql  # noqa: E402
 from kvtrace.store.clickhouse.backend import BackendError, ChdbBackend  # noqa: E402
 from kvtrace.store.clickhouse.store import ClickHouseStore  # noqa: E402
 from kvtrace.store.files import list_files  # noqa: E402
@@ -96,18 +96,29 @@ def _session_ids(tables) -> list[str]:
     return [r["session_id"] for r in sessions.breakdown(tables["plain"]).to_pylist()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["backfilled", "live"])
 @pytest.mark.parametrize("query", session_queries.SESSION_QUERIES)
 def test_one_session_answers_are_the_same_with_the_lookup(tables, name, query):
+    """Every session (a sweep of minutes: ``..._for_some_sessions`` is its fast sibling)."""
     fn = session_queries.SESSION_QUERIES[query]
     sids = _session_ids(tables)
     assert len(sids) == 9
-    for sid in [*sids, "nobody"]:
+    _same_with_and_without(tables, name, fn, [*sids, "nobody"])
+
+
+@pytest.mark.parametrize("query", session_queries.SESSION_QUERIES)
+def test_one_session_answers_are_the_same_for_some_sessions(tables, query):
+    """Two sessions (the longest and the shortest) and none, on the table the views filled live."""
+    sids = _session_ids(tables)
+    _same_with_and_without(tables, "live", session_queries.SESSION_QUERIES[query], [sids[0], sids[-1], "nobody"])
+
+
+def _same_with_and_without(tables, name, fn, sids) -> None:
+    for sid in sids:
         f = Filters(session_id=sid)
         expected, got = fn(tables["plain"], f), fn(tables[name], f)
         assert session_queries.same_answer(got, expected), (sid, got, expected)
-    day1 = Filters(session_id=sids[4], start_ns=None, end_ns=None)
-    assert session_queries.same_answer(fn(tables[name], day1), fn(tables["plain"], day1))
 
 
 def test_breakdown_rows_are_whole_and_equal(tables):
@@ -140,7 +151,7 @@ def test_the_scan_reads_the_sessions_traces_only(tables):
 def test_init_twice_changes_nothing(tables):
     store = tables["live"]
     before = _lookup(store)
-    assert mviews.init(store.backend, store.table) == {"sessions": 9, "traces": 9}
+    assert mviews.init(store.backend, store.table) == {"sessions": 9, "traces": 9, "rows": 189}
     assert _lookup(store) == before
     f = Filters(session_id=_session_ids(tables)[0])
     assert session_queries.same_answer(
@@ -163,7 +174,7 @@ def test_an_older_lookup_is_ignored_and_refused_in_one_line(tables, capsys):
     table = "kvtrace_lookup.older"
     load.create_table(backend, table)
     backend.command(f"INSERT INTO {ident(table)} SELECT * FROM {ident(tables['plain'].table)}")
-    for sql in mviews.ddl_statements(table, version=0):
+    for sql in mviews.ddl_statements(table, version=0) + mviews_sql.mark_statements(table, mviews.comment(0)):
         backend.command(sql)
     assert mviews.state(backend, table) == mviews.State("old", (mviews.comment(0),))
     store = ClickHouseStore(backend, table)
@@ -184,10 +195,30 @@ def test_an_older_lookup_is_ignored_and_refused_in_one_line(tables, capsys):
     rc, out, err = _cli(capsys, "clickhouse", "init", "--clickhouse", url, "--table", table, "--replace")
     assert (rc, err) == (0, "")
     assert (
-        out
-        == f"kvtrace clickhouse: {url} table {table}: session lookup {mviews.COMMENT} ready (9 sessions, 9 traces)\n"
+        out == f"kvtrace clickhouse: {url} table {table}: materialized tables {mviews.COMMENT} ready "
+        "(9 sessions, 9 traces, 189 classified rows)\n"
     )
     assert ClickHouseStore(backend, table).has_lookup
+
+
+def test_the_v1_session_lookup_is_old(tables):
+    """kvtrace's first version (the session lookup alone, comment ``kvtrace session lookup v1``) is
+    told apart, ignored (the raw table is read) and named in the advice."""
+    backend = tables["plain"].backend
+    table = "kvtrace_lookup.v1"
+    load.create_table(backend, table)
+    backend.command(
+        f"CREATE TABLE {ident(table + mviews.SESSIONS)} (SessionId String, TraceId String) "
+        "ENGINE = ReplacingMergeTree ORDER BY (SessionId, TraceId) COMMENT 'kvtrace session lookup v1'"
+    )
+    st = mviews.state(backend, table)
+    assert st == mviews.State("old", ("kvtrace session lookup v1",))
+    assert not ClickHouseStore(backend, table).has_lookup
+    assert mviews.advice(table, st, "chdb:X") == (
+        f"{table}: materialized tables are kvtrace session lookup v1, this kvtrace reads {mviews.COMMENT} (until "
+        f"then it reads the raw table): rebuild them with `kvtrace clickhouse init --clickhouse chdb:X --table {table} "
+        "--replace`"
+    )
 
 
 def test_doctor_says_how_to_add_the_lookup(tables, capsys):
@@ -195,12 +226,12 @@ def test_doctor_says_how_to_add_the_lookup(tables, capsys):
     url = f"chdb:{plain.backend.path}"
     _, out, _ = _cli(capsys, "doctor", "--clickhouse", url, "--table", plain.table)
     line = (
-        f"{plain.table}: session lookup absent (a one-session query reads the whole table): add it with "
+        f"{plain.table}: no materialized tables (every answer reads the raw table): add them with "
         f"`kvtrace clickhouse init --clickhouse {url} --table {plain.table}`"
     )
     assert out.splitlines()[-1] == line
     _, out, _ = _cli(capsys, "doctor", "--clickhouse", url, "--table", tables["backfilled"].table)
-    assert "session lookup" not in out
+    assert "materialized tables" not in out
 
 
 def test_init_on_a_missing_table_or_an_unreachable_server_is_one_line(tables, capsys):
@@ -216,7 +247,8 @@ def test_init_on_a_missing_table_or_an_unreachable_server_is_one_line(tables, ca
 
 def test_init_without_ddl_rights_is_one_line(tables, capsys):
     """chDB has no users: ``readonly = 1`` on its connection is the closest real thing (what a
-    ClickHouse user profile with readonly sets).  Last in the module: it cannot be unset."""
+    ClickHouse user profile with readonly sets): init fails in one line, reads still answer.  Last in
+    the module: it cannot be unset."""
     backend = tables["plain"].backend
     table = "kvtrace_lookup.readonly"
     load.create_table(backend, table)
@@ -224,8 +256,15 @@ def test_init_without_ddl_rights_is_one_line(tables, capsys):
     try:
         with pytest.raises(BackendError) as err:
             mviews.init(backend, table)
-        assert str(err.value).startswith(f"cannot create the session lookup of {table}: ")
+        assert str(err.value).startswith(f"cannot create the materialized tables of {table}: ")
         assert "READONLY" in str(err.value) and "\n" not in str(err.value)
         assert mviews.state(backend, table) == mviews.State("absent")
+        # reading needs no more than SELECT: the materialized tables answer, the raw table too
+        f = Filters(session_id=_session_ids(tables)[2])
+        shaped = ClickHouseStore(backend, tables["backfilled"].table)
+        assert shaped.has_lookup
+        assert session_queries.same_answer(
+            sessions.breakdown(shaped, f).to_pylist(), sessions.breakdown(tables["plain"], f).to_pylist()
+        )
     finally:
         ChdbBackend.shutdown()

@@ -1,0 +1,229 @@
+"""``bench_clickhouse.py --history 7 14``: what a question costs on ClickHouse as the history grows,
+with and without kvtrace's materialized tables (issue #40).
+
+For each history length (days, the same ``--spans-per-day``) the generated Parquet directory is
+inserted twice into chDB, as the exporter's inserts run (ClickHouse's default settings): into a plain
+exporter table (``raw``) and into one with kvtrace's materialized tables (``shaped``: ``kvtrace
+clickhouse init`` on the empty table, so the views shape the inserts).  Printed:
+
+- **insert**: wall seconds and process CPU seconds per million spans, each table (chDB runs in this
+  process, so ``getrusage`` counts its threads), and the shaped/raw ratio: what the writers pay;
+- per query, **cold** (first run) and **warm** (best of the rest) seconds and the rows chDB read per
+  run, on both tables, and whether their answers are equal: ``one day`` (the middle day's
+  ``session_breakdown`` totals), ``one session`` (one session's row), ``first page`` (what the
+  dashboard's sessions page runs on opening: the time span, then the last day's facets, totals and top
+  500 sessions), then the ratio of each at the longest history to the shortest (flatness).
+
+``--small DIR`` (default: a ``kvtrace demo --sessions 2`` run made here) adds ``session_breakdown`` and
+``turn_breakdown`` of a small store, the cost of analysing the query.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+from bench_clickhouse import DAY_NS, first_page, generate, same, timed
+
+RAW, SHAPED = "raw", "shaped"
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def insert(backend, parquet: Path, table: str, shaped: bool, threads: int) -> tuple[float, float]:
+    """``parquet`` into a new exporter table (``shaped``: with the materialized tables first), as the
+    exporter inserts; (wall s, CPU s)."""
+    from kvtrace.store.clickhouse import ddl, load, mviews
+    from kvtrace.store.sql import CLICKHOUSE, literal
+
+    backend.command(f"DROP TABLE IF EXISTS {table}")
+    for sql in mviews.drop_statements(table):
+        backend.command(sql)
+    load.create_table(backend, table)
+    if shaped:
+        mviews.init(backend, table)
+    settings = {**load.exporter_settings(backend), "max_insert_threads": str(threads), "max_threads": str(threads)}
+    listed = ", ".join(f"{k} = {literal(v, CLICKHOUSE)}" for k, v in settings.items())
+    glob = literal(str(parquet / "**" / "*.parquet"), CLICKHOUSE)
+    sql = ddl.render(
+        f"INSERT INTO {{table}} SELECT * EXCEPT (SpanAttributesInt, SpanAttributesFloat) FROM file({glob}, Parquet) "
+        f"SETTINGS {listed}",
+        table,
+    )
+    w, c = time.perf_counter(), _cpu()
+    backend.command(sql)
+    return time.perf_counter() - w, _cpu() - c
+
+
+def cases(store, days: int) -> dict:
+    """name -> fn(store): the queries of the module doc."""
+    from kvtrace.analysis import sessions
+    from kvtrace.analysis.filters import Filters
+
+    t0 = sessions.time_span(store)["start_ns"]
+    day = Filters(start_ns=t0 + days // 2 * DAY_NS, end_ns=t0 + (days // 2 + 1) * DAY_NS)
+    one = sessions.list_sessions(store, day, limit=1)[0]
+    return {
+        "one day": (lambda c: sessions.totals(c, day), day),
+        "one session": (lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist(), Filters(session_id=one)),
+        "first page": (lambda c: first_page(c, True), None),
+    }
+
+
+def storage_rows(store, filters) -> int:
+    """Rows read from the tables by a question's bounds and one read of its scan (the breakdown
+    reads it once; chDB counts each read of its MATERIALIZED copy as rows read too)."""
+    from kvtrace.analysis.pushdown import narrowed
+    from kvtrace.store.views.agents import SCAN
+
+    before = store.backend.rows_read
+    narrowed(store, filters).query(f"SELECT count(*) AS n FROM {SCAN}")
+    return store.backend.rows_read - before
+
+
+def measure(stores: dict, fns: dict, repeat: int) -> dict:
+    """(query, kind) -> (cold s, warm s, rows read per run, answer, CPU s per run: on a shared
+    machine the steadier number, rows read by the bounds and one scan read or None)."""
+    out = {}
+    for name, (fn, filters) in fns.items():
+        for kind, store in stores.items():
+            before, cpu = store.backend.rows_read, _cpu()
+            cold, warm, answer = timed(lambda fn=fn, store=store: fn(store), repeat)
+            cpu = (_cpu() - cpu) / repeat
+            read = (store.backend.rows_read - before) / repeat
+            scan = storage_rows(store, filters) if filters is not None else None
+            out[name, kind] = (cold, warm, read, answer, cpu, scan)
+    return out
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return same(a, b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def run_history(root: Path, lengths: list[int], per_day: int, threads: int, repeat: int, small: Path | None) -> None:
+    from kvtrace.store.clickhouse.backend import ChdbBackend
+    from kvtrace.store.clickhouse.store import ClickHouseStore
+
+    backend = ChdbBackend(str(root / "chdb"))
+    backend.command(f"SET max_threads = {threads}")
+    results, spans = {}, {}
+    for days in lengths:
+        parquet = root / f"parquet-{days}d"
+        if not parquet.exists():
+            generate(parquet, per_day * days, days, root / f"work-{days}d")
+        backend.command(f"CREATE DATABASE IF NOT EXISTS h{days}")
+        stores = {}
+        for kind in (RAW, SHAPED):
+            table = f"h{days}.{kind}"
+            wall, cpu = insert(backend, parquet, table, kind == SHAPED, threads)
+            stores[kind] = ClickHouseStore(backend, table)
+            n = stores[kind].query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
+            spans[days] = n
+            results[days, "insert", kind] = (wall, cpu)
+            print(f"{days} d, {kind}: {n:,} spans inserted in {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+        fns = cases(stores[RAW], days)
+        for key, value in measure(stores, fns, repeat).items():
+            results[(days, *key)] = value
+            print(
+                f"  {days} d {key[0]:12s} {key[1]:6s} cold {value[0]:7.2f} s warm {value[1]:7.2f} s "
+                f"rows read {value[2] / n:7.2%}",
+                flush=True,
+            )
+    report(results, lengths, spans)
+    if small is not None:
+        small_store(backend, small, threads, repeat)
+
+
+def report(results: dict, lengths: list[int], spans: dict) -> None:
+    print(
+        "\n| history | spans | query | raw cold s | raw warm s | raw CPU s/run | raw rows read / spans "
+        "| shaped cold s | shaped warm s | shaped CPU s/run | shaped rows read / spans | answers |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for days in lengths:
+        n = spans[days]
+        for q in ("one day", "one session", "first page"):
+            r, s = results[days, q, RAW], results[days, q, SHAPED]
+            eq = "same" if _equal(r[3], s[3]) else "DIFFERENT"
+            print(
+                f"| {days} d | {n:,} | {q} | {r[0]:.2f} | {r[1]:.3f} | {r[4]:.2f} | {r[2] / n:.4f} | {s[0]:.2f} "
+                f"| {s[1]:.3f} | {s[4]:.2f} | {s[2] / n:.4f} | {eq} |"
+            )
+    lo, hi = lengths[0], lengths[-1]
+    print(
+        f"\n| query | raw warm {hi} d / {lo} d | shaped warm | raw CPU | shaped CPU | raw rows read "
+        "| shaped rows read |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for q in ("one day", "one session", "first page"):
+        ratios = [results[hi, q, k][i] / max(results[lo, q, k][i], 1e-9) for i in (1, 4, 2) for k in (RAW, SHAPED)]
+        print(f"| {q} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    print("\n| history | query | raw: bounds + one scan, rows / spans | shaped: bounds + one scan, rows / spans |")
+    print("|---|---|---:|---:|")
+    for days in lengths:
+        for q in ("one day", "one session"):
+            r, s = results[days, q, RAW][5], results[days, q, SHAPED][5]
+            print(f"| {days} d | {q} | {r / spans[days]:.4f} | {s / spans[days]:.4f} |")
+    print(
+        "\n| history | insert raw: wall s / M spans | CPU s / M spans | shaped: wall s / M spans | CPU s / M spans "
+        "| CPU shaped / raw |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for days in lengths:
+        m = spans[days] / 1e6
+        (rw, rc), (sw, sc) = results[days, "insert", RAW], results[days, "insert", SHAPED]
+        print(f"| {days} d | {rw / m:.1f} | {rc / m:.1f} | {sw / m:.1f} | {sc / m:.1f} | {sc / rc:.2f} |")
+
+
+def small_store(backend, directory: Path, threads: int, repeat: int) -> None:
+    """The small store's two breakdowns, raw and shaped."""
+    from kvtrace.store.clickhouse import load, mviews
+    from kvtrace.store.clickhouse.store import ClickHouseStore
+
+    backend.command("CREATE DATABASE IF NOT EXISTS small")
+    stores = {}
+    for kind in (RAW, SHAPED):
+        table = f"small.{kind}"
+        backend.command(f"DROP TABLE IF EXISTS {table}")
+        for sql in mviews.drop_statements(table):
+            backend.command(sql)
+        load.load(directory, backend, table)
+        if kind == SHAPED:
+            mviews.init(backend, table)
+        stores[kind] = ClickHouseStore(backend, table)
+    n = stores[RAW].query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
+    views = ("session_breakdown", "turn_breakdown")
+    fns = {v: ((lambda c, v=v: c.query(f"SELECT * FROM {v}").to_pylist()), None) for v in views}
+    got = measure(stores, fns, max(repeat, 3))
+    print(f"\nsmall store ({n:,} spans)\n")
+    print(
+        "| view | raw cold s | raw warm s | raw CPU s/run | shaped cold s | shaped warm s | shaped CPU s/run "
+        "| answers |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for v in fns:
+        r, s = got[v, RAW], got[v, SHAPED]
+        eq = "same" if _equal(sorted(r[3], key=repr), sorted(s[3], key=repr)) else "DIFFERENT"
+        print(f"| {v} | {r[0]:.2f} | {r[1]:.3f} | {r[4]:.2f} | {s[0]:.2f} | {s[1]:.3f} | {s[4]:.2f} | {eq} |")
+
+
+def demo_store(root: Path) -> Path:
+    """``kvtrace demo --sessions 2``'s bidir run (made once under ``root``)."""
+    import contextlib
+    import io
+
+    from kvtrace.cli import main
+
+    traces = root / "demo"
+    if not traces.exists():
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["demo", "--traces", str(traces), "--sessions", "2"])
+    return traces / "bidir"

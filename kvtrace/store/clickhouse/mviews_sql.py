@@ -1,0 +1,259 @@
+"""The SQL of kvtrace's materialized tables on an ``otel_traces`` table (:mod:`.mviews` manages
+them): the tables, the materialized views that fill them on every insert, the backfill, and what the
+store reads from them.
+
+Four tables, each fed by a ``MATERIALIZED VIEW ... TO`` it (``<target>_mv``), so every insert
+shapes its own spans and nothing runs on the exporter's request path beyond ClickHouse's insert:
+
+- ``<table>_kvtrace_scan`` (MergeTree, a partition per day, sorted by ``start_ns``): the breakdown's
+  classified rows, the ``kvtrace_scan`` view's (:data:`kvtrace.store.views.agents.SCAN_SQL`) exact
+  columns, computed by the same transpiled SQL: that view is a projection and filter of one span at a
+  time, so its rows over each insert are its rows over the table.  ``TraceId`` / ``SpanId`` are kept
+  (for the backfill, which skips spans the view already shaped, and for a bloom filter on the trace);
+- ``<table>_kvtrace_sessions`` (ReplacingMergeTree, sorted by session): ``(SessionId, TraceId)`` for
+  every span naming a session in any convention's attribute (:data:`kvtrace.semconv.SESSION_ATTRIBUTES`);
+- ``<table>_kvtrace_traces`` (AggregatingMergeTree, by trace): first span start and last span end;
+- ``<table>_kvtrace_windows`` (AggregatingMergeTree, by session and trace): the first start and last
+  end of the spans that delimit a session's window (kvtrace's session and request spans and every
+  trace's root, the session the first present of the conventions' attributes: what
+  :meth:`.store.ClickHouseStore.window_bounds` reads on the raw table).
+
+The three small ones hold partial aggregates (min / max, distinct pairs) that merge across inserts and
+parts, and their readers aggregate again, so a row repeated (a backfill rerun) changes nothing.
+"""
+
+from __future__ import annotations
+
+from kvtrace import semconv as sc
+from kvtrace.store.clickhouse import ddl
+from kvtrace.store.clickhouse.dialect import SETTINGS
+from kvtrace.store.sql import CLICKHOUSE, ident, literal
+from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS
+
+SCAN_T, SESSIONS, TRACES, WINDOWS = "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows"
+MV = "_mv"
+TARGETS = (SCAN_T, SESSIONS, TRACES, WINDOWS)
+
+
+def target(table: str, suffix: str) -> str:
+    return table + suffix
+
+
+def _a(name: str) -> str:
+    return f"SpanAttributes[{literal(name, CLICKHOUSE)}]"
+
+
+# a span's session ids: each convention's attribute, when present and not empty
+_SESSION_IDS = "arrayDistinct(arrayFilter(s -> s != '', [{}]))".format(", ".join(_a(a) for a in sc.SESSION_ATTRIBUTES))
+# the session a span names: the first present of the conventions' attributes ('' for none)
+_OTHER = [a for a in sc.SESSION_ATTRIBUTES if a not in (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID)]
+SESSION_EXPR = "multiIf({first} != '', {first}, {rest}, '')".format(
+    first=ddl.SESSION_ID_EXPR,
+    rest=", ".join(f"mapContains(SpanAttributes, {literal(a, CLICKHOUSE)}), {_a(a)}" for a in _OTHER),
+)
+# the spans that define a session's window (the ``sessions`` view: agent session spans, else requests; and
+# every trace's root, where another convention's agent names its session)
+WINDOW_SPANS = "SpanName IN ({}) OR ParentSpanId = ''".format(
+    ", ".join(literal(n, CLICKHOUSE) for n in (sc.SPAN_AGENT_SESSION, sc.SPAN_PROXY_REQUEST))
+)
+_START = "toUnixTimestamp64Nano(Timestamp)"
+_END = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
+
+# every span, an empty trace id too (invalid, but the raw path reads it: the store must not differ)
+_SESSIONS_SELECT = f"SELECT DISTINCT arrayJoin({_SESSION_IDS}) AS SessionId, TraceId FROM {{src}}"
+_TRACES_SELECT = f"SELECT TraceId, min({_START}) AS Start, max({_END}) AS End FROM {{src}} GROUP BY TraceId"
+# (``s``, not ``SessionId``: with kvtrace's recommended DDL the table has a ``SessionId`` column, which
+# kvtrace's settings would read in place of an alias of that name)
+_WINDOWS_SELECT = (
+    f"SELECT s AS SessionId, TraceId, min({_START}) AS Start, max({_END}) AS End FROM "
+    f"(SELECT {SESSION_EXPR} AS s, TraceId, Timestamp, Duration FROM {{src}} WHERE {WINDOW_SPANS}) "
+    "WHERE s != '' GROUP BY s, TraceId"
+)
+
+
+def _settings(extra: dict | None = None) -> str:
+    """A SELECT's SETTINGS clause: an MV's SELECT runs with the inserting session's settings (the
+    exporter's defaults), so it carries kvtrace's (DuckDB's semantics, :data:`.dialect.SETTINGS`);
+    aggregates into a target keep their non-Nullable types (``aggregate_functions_null_for_empty = 0``)."""
+    merged = {**SETTINGS, **(extra or {})}
+    listed = (f"{k} = {literal(v, CLICKHOUSE) if isinstance(v, str) else v}" for k, v in merged.items())
+    return " SETTINGS " + ", ".join(listed)
+
+
+_AGG = _settings({"aggregate_functions_null_for_empty": 0})
+
+_SCAN_TYPES = {
+    "role": "Nullable(String)",
+    "convention": "LowCardinality(Nullable(String))",
+    "fgn": "UInt8",
+    "nt": "UInt8",
+    "session_id": "Nullable(String)",
+    "turn": "Nullable(Int32)",
+    "start_ns": "Int64",
+    "end_ns": "Int64",
+    "trace_id": "Nullable(String)",
+    "span_id": "Nullable(String)",
+    "request_id": "Nullable(String)",
+    "ttft_ms": "Nullable(Float64)",
+    "kv_byte_s": "Nullable(Float64)",
+}
+assert tuple(_SCAN_TYPES) == tuple(c.strip() for c in SCAN_COLUMNS.split(","))  # the view's columns, in order
+_IDS = ("TraceId", "SpanId")
+
+
+def scan_select(table: str, where: str = "") -> str:
+    """The classified rows of ``table``'s spans (``where``: on its columns), with ``TraceId`` and
+    ``SpanId``: the ``kvtrace_scan`` view as :mod:`.store` transpiles it, the raw relation keeping
+    the two ids."""
+    from kvtrace.store.clickhouse.store import assemble  # store imports this module
+
+    return assemble(f"SELECT * FROM {SCAN}", (), table, False, raw_where=where, keep_ids=True)
+
+
+def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
+    """CREATE statements (targets with comment ``pending``, then views with ``comment``), each
+    ``IF NOT EXISTS``."""
+    src, c, b = ident(table), literal(comment, CLICKHOUSE), literal(pending, CLICKHOUSE)
+    t = {s: ident(target(table, s)) for s in TARGETS}
+    cols = ",\n    ".join(f"{n} {ty} CODEC(ZSTD(1))" for n, ty in _SCAN_TYPES.items())
+    ids = ",\n    ".join(f"{n} String CODEC(ZSTD(1))" for n in _IDS)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {t[SCAN_T]} (\n    {cols},\n    {ids},\n"
+        "    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1\n) ENGINE = MergeTree\n"
+        "PARTITION BY toDate(fromUnixTimestamp64Nano(start_ns))\nORDER BY start_ns\n"
+        f"COMMENT {b}",
+        f"CREATE TABLE IF NOT EXISTS {t[SESSIONS]} (\n    SessionId String CODEC(ZSTD(1)),\n"
+        "    TraceId String CODEC(ZSTD(1))\n) ENGINE = ReplacingMergeTree\nORDER BY (SessionId, TraceId)\n"
+        f"COMMENT {b}",
+        f"CREATE TABLE IF NOT EXISTS {t[TRACES]} (\n    TraceId String CODEC(ZSTD(1)),\n"
+        "    Start SimpleAggregateFunction(min, Int64),\n    End SimpleAggregateFunction(max, Int64)\n"
+        f") ENGINE = AggregatingMergeTree\nORDER BY TraceId\nCOMMENT {b}",
+        f"CREATE TABLE IF NOT EXISTS {t[WINDOWS]} (\n    SessionId String CODEC(ZSTD(1)),\n"
+        "    TraceId String CODEC(ZSTD(1)),\n    Start SimpleAggregateFunction(min, Int64),\n"
+        "    End SimpleAggregateFunction(max, Int64)\n"
+        f") ENGINE = AggregatingMergeTree\nORDER BY (SessionId, TraceId)\nCOMMENT {b}",
+        *(
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {ident(target(table, s) + MV)} TO {t[s]}\nAS {select}\nCOMMENT {c}"
+            for s, select in _mv_selects(src, table).items()
+        ),
+    ]
+
+
+def _mv_selects(src: str, table: str) -> dict[str, str]:
+    return {
+        SCAN_T: scan_select(table) + _settings(),
+        SESSIONS: _SESSIONS_SELECT.format(src=src) + _AGG,
+        TRACES: _TRACES_SELECT.format(src=src) + _AGG,
+        WINDOWS: _WINDOWS_SELECT.format(src=src) + _AGG,
+    }
+
+
+def day_filter(day: str) -> str:
+    """Source spans of UTC day ``day`` (``YYYY-MM-DD``, a constant): one partition of the table."""
+    d = literal(day, CLICKHOUSE)
+    return f"Timestamp >= toDateTime64({d}, 9, 'UTC') AND Timestamp < toDateTime64({d}, 9, 'UTC') + INTERVAL 1 DAY"
+
+
+def backfill_statements(table: str, day: str) -> list[str]:
+    """INSERT ... SELECT of day ``day``'s spans already in ``table``: the classified rows of the spans
+    the scan view has not shaped yet (by trace and span id; the view already sees new inserts), the
+    lookups' rows of all (repeats change nothing)."""
+    where = day_filter(day)
+    scan = ident(target(table, SCAN_T))
+    fresh = f"({where}) AND (TraceId, SpanId) NOT IN (SELECT TraceId, SpanId FROM {scan})"
+    src = f"(SELECT * FROM {ident(table)} WHERE {where})"
+    cols = ", ".join((*_SCAN_TYPES, *_IDS))
+    return [
+        f"INSERT INTO {scan} ({cols}) {scan_select(table, fresh)}{_settings()}",
+        f"INSERT INTO {ident(target(table, SESSIONS))} (SessionId, TraceId) {_SESSIONS_SELECT.format(src=src)}{_AGG}",
+        f"INSERT INTO {ident(target(table, TRACES))} (TraceId, Start, End) {_TRACES_SELECT.format(src=src)}{_AGG}",
+        f"INSERT INTO {ident(target(table, WINDOWS))} (SessionId, TraceId, Start, End) "
+        f"{_WINDOWS_SELECT.format(src=src)}{_AGG}",
+    ]
+
+
+def days_sql(table: str) -> str:
+    """The UTC days (``YYYY-MM-DD``) the table holds spans of: its partitions (``system.parts``)."""
+    db, name = table.rsplit(".", 1) if "." in table else (None, table)
+    where_db = f"database = {literal(db, CLICKHOUSE)}" if db else "database = currentDatabase()"
+    return (
+        "SELECT DISTINCT toString(toDate(min_time)) AS day FROM system.parts "
+        f"WHERE {where_db} AND table = {literal(name, CLICKHOUSE)} AND active ORDER BY day"
+    )
+
+
+def objects(table: str) -> list[str]:
+    """Every object's name (targets, then views)."""
+    return [target(table, s) for s in TARGETS] + [target(table, s) + MV for s in TARGETS]
+
+
+def drop_statements(table: str) -> list[str]:
+    """DROP of every object, views first (nothing else is touched)."""
+    views = [f"DROP VIEW IF EXISTS {ident(target(table, s) + MV)}" for s in TARGETS]
+    return views + [f"DROP TABLE IF EXISTS {ident(target(table, s))}" for s in TARGETS]
+
+
+def mark_statements(table: str, comment: str) -> list[str]:
+    """The targets' comment set to ``comment`` (the tables are complete)."""
+    c = literal(comment, CLICKHOUSE)
+    return [f"ALTER TABLE {ident(target(table, s))} MODIFY COMMENT {c}" for s in TARGETS]
+
+
+# ------------------------------------------------------------------------------------- reads
+
+
+def scope_sql(table: str, param: str) -> str:
+    """The trace ids of the session bound as ``{param:String}`` (a subquery on the lookup)."""
+    return f"SELECT TraceId FROM {ident(target(table, SESSIONS))} WHERE SessionId = {{{param}:String}}"
+
+
+def bounds_sql(table: str, param: str) -> str:
+    """``lo`` / ``hi`` (first start, last end, epoch ns; NULL: no such session) of the session's traces."""
+    return (
+        f"SELECT min(Start) AS lo, max(End) AS hi FROM {ident(target(table, TRACES))} "
+        f"WHERE TraceId IN ({scope_sql(table, param)})"
+    )
+
+
+def window_bounds_sql(table: str, lo: bool, hi: bool) -> str:
+    """``lo`` / ``hi`` of the traces of every session whose window overlaps ``[{lo}, {hi}]`` (each
+    bound optional), from the windows and traces tables."""
+    w = ident(target(table, WINDOWS))
+    conds = ("max(End) >= {lo:Int64}" if lo else "", "min(Start) <= {hi:Int64}" if hi else "")
+    having = " AND ".join(c for c in conds if c)
+    chosen = f"SELECT SessionId FROM {w} GROUP BY SessionId" + (f" HAVING {having}" if having else "")
+    traces = f"SELECT TraceId FROM {w} WHERE SessionId IN ({chosen})"
+    return f"SELECT min(Start) AS lo, max(End) AS hi FROM {ident(target(table, TRACES))} WHERE TraceId IN ({traces})"
+
+
+def scan_read_sql(table: str, bounded: bool, lo: str, hi: str, scope: str | None) -> str:
+    """The ``kvtrace_scan`` relation read from the scan table: rows starting in ``[{lo}, {hi}]``
+    when ``bounded``; ``scope`` (a session parameter): the session's traces' rows and every row
+    carrying a trace id (those that can join a session by time or change a trace's session)."""
+    conds = []
+    if bounded:
+        conds.append(f"start_ns >= {{{lo}:Int64}} AND start_ns <= {{{hi}:Int64}}")
+    if scope is not None:
+        conds.append(f"(TraceId IN ({scope_sql(table, scope)}) OR trace_id IS NOT NULL)")
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    return f"SELECT {', '.join(_SCAN_TYPES)} FROM {ident(target(table, SCAN_T))}{where}"
+
+
+def building(comment: str) -> str:
+    """The targets' comment until the backfill completes (:mod:`.mviews` reads them only after)."""
+    return f"{comment} (building)"
+
+
+def sql_file(table: str, comment: str) -> str:
+    """The DDL as one script (``collectors/clickhouse-kvtrace-views.sql``); the backfill is
+    ``kvtrace clickhouse init`` (it runs per day, skipping spans already shaped)."""
+    head = (
+        f"-- kvtrace's materialized tables on the ClickHouse exporter's {table} table ({comment}).\n"
+        "-- Generated from kvtrace/store/clickhouse/mviews_sql.py; `kvtrace clickhouse init` runs the same\n"
+        "-- statements, then backfills the rows already in the table (a day at a time) and marks the tables\n"
+        "-- complete (their COMMENT): kvtrace reads them only then. After running this script, e.g.\n"
+        "--   clickhouse-client --database otel --multiquery < clickhouse-kvtrace-views.sql\n"
+        "-- run `kvtrace clickhouse init --clickhouse URL` to backfill and mark them.\n"
+    )
+    body = ";\n\n".join(ddl_statements(table, comment, building(comment)))
+    return f"{head}\n{body};\n"
