@@ -211,6 +211,7 @@ def sidebar() -> tuple[str, Filters, dict]:
         if st.button("Refresh", help="Re-read the source (new spans) and recompute"):
             refresh(directory)
         if is_clickhouse(directory):
+            _shaped_note(directory, cfg["clickhouse"][0])
             span = q(sessions.time_span, directory)
             window = _time_widget(span.get("start_ns"), span.get("end_ns"), DEFAULT_WINDOW_NS)
             facets = {**q(sessions.facets, directory, Filters(*window)), "spans": span["spans"]}
@@ -220,6 +221,17 @@ def sidebar() -> tuple[str, Filters, dict]:
         st.caption(f"{facets['spans']:,} spans")
         filters = _filter_widgets(facets, window)
     return directory, filters, facets
+
+
+def _shaped_note(directory: str, url: str) -> None:
+    """One line, when the table lacks kvtrace's current materialized tables: every page then reads
+    the raw table (slower, same answers), and this says how to add them."""
+    from kvtrace.store.clickhouse import mviews
+    from kvtrace.store.clickhouse.backend import redact
+
+    note = q(mviews.note, directory, redact(url))
+    if note:
+        st.caption(note)
 
 
 def _time_widget(t0: int | None, t1: int | None, default_ns: int | None) -> tuple[int | None, int | None]:

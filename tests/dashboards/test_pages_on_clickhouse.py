@@ -78,3 +78,19 @@ def test_opens_on_the_last_day_with_duckdbs_numbers(env, monkeypatch):
     assert sorted(table["session_id"]) == sorted(
         r["session_id"] for r in sessions.breakdown(duck, last_day).to_pylist()
     )
+
+
+def test_says_in_one_line_how_to_add_the_materialized_tables_until_they_are_there(env, monkeypatch):
+    from kvtrace.store.clickhouse import mviews
+
+    traces, url, table = env
+    at = _render(monkeypatch, "app_pages/sessions.py")
+    notes = [c.value for c in at.sidebar.caption if "materialized tables" in c.value]
+    cmd = f"kvtrace clickhouse init --clickhouse {url} --table {table}"
+    assert notes == [f"{table}: no materialized tables (every answer reads the raw table): add them with `{cmd}`"]
+    shaped = clickhouse_check.load_dir(traces, clickhouse_check.chdb_backend(), table + "_shaped")
+    mviews.init(shaped.backend, shaped.table)
+    monkeypatch.setenv("KVTRACE_CLICKHOUSE_TABLE", shaped.table)
+    at = _render(monkeypatch, "app_pages/sessions.py")
+    assert not [c.value for c in at.sidebar.caption if "materialized tables" in c.value]
+    assert {m.label: m.value for m in at.metric}["Sessions"] == "3"  # the same last day, from the shaped tables
