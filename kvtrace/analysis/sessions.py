@@ -173,9 +173,13 @@ def list_sessions(con, filters: Filters | None = None, limit: int = 500) -> list
 
 
 def time_span(con) -> dict:
-    """First span start, last span end (epoch ns) and span count of the whole store (cheap on
-    ClickHouse: ``Timestamp`` is the partition key; on DuckDB read from the files' facets)."""
-    return one(con, TIME_SPAN_SQL if getattr(con, "is_clickhouse", False) else TIME_SPAN_LOOKUP_SQL)
+    """First span start, last span end (epoch ns) and span count of the whole store, from the shaped
+    data where there is some (DuckDB: the files' facets; ClickHouse: kvtrace's materialized tables),
+    else from the spans."""
+    if not getattr(con, "is_clickhouse", False):
+        return one(con, TIME_SPAN_LOOKUP_SQL)
+    shaped = con.time_span()  # from kvtrace's materialized tables where the table has them
+    return shaped if shaped is not None else one(con, TIME_SPAN_SQL)
 
 
 def spans_of_session(con, session_id: str, limit: int = 5000, clip_ns: int | None = None) -> list[dict]:

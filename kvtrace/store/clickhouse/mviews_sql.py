@@ -215,6 +215,17 @@ def bounds_sql(table: str, param: str) -> str:
     )
 
 
+def time_span_sql(table: str) -> str:
+    """``start_ns`` / ``end_ns`` / ``spans`` of the whole table: the traces table's first start and
+    last end (a row per trace) and the table's count (ClickHouse answers it from its parts' metadata),
+    instead of reading every span's ``Timestamp`` and ``Duration``."""
+    traces = ident(target(table, TRACES))
+    return (
+        f"SELECT (SELECT min(Start) FROM {traces}) AS start_ns, (SELECT max(End) FROM {traces}) AS end_ns, "
+        f"(SELECT count() FROM {ident(table)}) AS spans"
+    )
+
+
 def window_bounds_sql(table: str, lo: bool, hi: bool) -> str:
     """``lo`` / ``hi`` of the traces of every session whose window overlaps ``[{lo}, {hi}]`` (each
     bound optional), from the windows and traces tables."""

@@ -326,6 +326,15 @@ class ClickHouseStore:
         traces = f"SELECT TraceId {windows} AND ({sid}) IN ({chosen})"
         return self._bounds(f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN ({traces})", params)
 
+    def time_span(self) -> dict | None:
+        """First span start, last span end (epoch ns) and span count of the whole table from kvtrace's
+        materialized tables (:func:`.mviews_sql.time_span_sql`); None without them (the caller reads
+        the raw table)."""
+        if not self.has_lookup:
+            return None
+        rows = self.backend.query(mviews_sql.time_span_sql(self.table)).to_pylist()
+        return rows[0] if rows else None
+
     def _session_expr(self) -> str:
         """The session a span names, the first present of the conventions' attributes ('' for none)."""
         first = ddl.SESSION_ID_COLUMN if self._has_session_column() else ddl.SESSION_ID_EXPR

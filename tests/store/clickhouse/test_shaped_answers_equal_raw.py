@@ -211,3 +211,11 @@ def test_an_interrupted_init_is_not_read_and_a_rerun_completes_it_once(multi):
     scan = ident(mviews.names(table).scan)
     expected = [tuple(r.values()) for r in multi["raw"].query(f"SELECT {SCAN_COLUMNS} FROM {SCAN}").to_pylist()]
     assert _scan_rows(store, f"SELECT {SCAN_COLUMNS} FROM {scan}") == sorted(expected, key=repr)
+
+
+def test_the_time_span_is_the_raw_tables(multi):
+    expected = sessions.time_span(multi["duck"])
+    assert expected["spans"] > 0 and multi["backfilled"].time_span() == expected  # from the traces table
+    for name in ("raw", "backfilled", "live"):
+        assert sessions.time_span(multi[name]) == expected, name
+    assert multi["raw"].time_span() is None  # no tables: the caller reads the raw table
