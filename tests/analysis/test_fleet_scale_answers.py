@@ -39,18 +39,6 @@ def store(tmp_path_factory):
     }
 
 
-@pytest.fixture
-def whole(monkeypatch):
-    """Run a query without any pushdown: the whole store's answer, from raw spans."""
-
-    def run(query, con, filters):
-        with monkeypatch.context() as m:
-            m.setattr(pushdown.duck_bounds, "bounded", lambda con, lo, hi: con)
-            return session_queries.SESSION_QUERIES[query](con, filters)
-
-    return run
-
-
 def _cases(con) -> dict[str, Filters]:
     cases = {"everything": Filters()}
     for d in range(DAYS):

@@ -30,18 +30,6 @@ def _cases(con) -> list[str]:
     return [*sessions.list_sessions(con), "prefix-aaa", "nobody"]
 
 
-@pytest.fixture
-def whole(monkeypatch):
-    """Run a query without the pushdown: what it answers over the whole store."""
-
-    def run(query, con, filters):
-        with monkeypatch.context() as m:
-            m.setattr(pushdown.duck_bounds, "bounded", lambda con, lo, hi: con)
-            return session_queries.SESSION_QUERIES[query](con, filters)
-
-    return run
-
-
 @pytest.mark.parametrize("query", session_queries.SESSION_QUERIES)
 @pytest.mark.parametrize("store", ["own", "agents"])
 def test_a_bounded_session_gives_the_whole_stores_answer(stores, whole, store, query):
