@@ -31,6 +31,14 @@ from kvtrace import semconv as sc
 from kvtrace.agent.openai_wrap import TracedAsyncStream, begin
 
 _BODY_ORDER = ("model", "stream", "messages", "max_tokens", "stream_options")  # the SDK's order
+def _sdk_http() -> Any:
+    """The HTTP library the installed openai SDK builds its requests and errors with (httpx2 in
+    openai 3, httpx before): the errors raised here carry the same types as the SDK's own."""
+    from openai import _base_client
+
+    return getattr(_base_client, "httpx2", None) or _base_client.httpx
+
+
 _TRANSPORT = {"Accept-Encoding": "gzip, deflate, zstd", "Connection": "keep-alive"}  # what httpx adds
 _OMIT = (type(openai.omit), type(openai.not_given))
 
@@ -128,12 +136,10 @@ class DirectChat:
         return TracedAsyncStream(_Events(resp, lambda: self._sdk._build_request(_options(url))), call)
 
     async def _status_error(self, resp: aiohttp.ClientResponse, url: str) -> openai.APIStatusError:
-        import httpx2
-
         body = await resp.read()
         resp.release()
         request = self._sdk._build_request(_options(url))
-        response = httpx2.Response(resp.status, headers=dict(resp.headers), content=body, request=request)
+        response = _sdk_http().Response(resp.status, headers=dict(resp.headers), content=body, request=request)
         return self._sdk._make_status_error_from_response(response)
 
     async def close(self) -> None:
@@ -184,9 +190,7 @@ class _Events:
             async for _ in resp.content:  # the SDK reads an HTTP/1.1 stream to its end
                 pass
         except TimeoutError:
-            import httpx2
-
-            raise httpx2.ReadTimeout("timed out", request=self._request()) from None
+            raise _sdk_http().ReadTimeout("timed out", request=self._request()) from None
         finally:
             resp.release()
 
