@@ -31,6 +31,8 @@ from kvtrace import semconv as sc
 from kvtrace.agent.openai_wrap import TracedAsyncStream, begin
 
 _BODY_ORDER = ("model", "stream", "messages", "max_tokens", "stream_options")  # the SDK's order
+
+
 def _sdk_http() -> Any:
     """The HTTP library the installed openai SDK builds its requests and errors with (httpx2 in
     openai 3, httpx before): the errors raised here carry the same types as the SDK's own."""
