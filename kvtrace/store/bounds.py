@@ -45,7 +45,7 @@ def _pair(con, sql: str, params: dict) -> tuple[int, int] | None:
 
 def session_bounds(con, session_id: str) -> tuple[int, int] | None:
     """``[first start, last end]`` (epoch ns) of the traces naming ``session_id``; None if none does.
-    Read from the files' lookups (:mod:`kvtrace.store.lookup`: a few row groups per file)."""
+    Read from the files' lookups (:mod:`kvtrace.store.lookup`, loaded in memory when the files were bound)."""
     return _pair(con, lookup.SESSION_BOUNDS_SQL, {"sid": session_id})
 
 

@@ -6,10 +6,9 @@ A trace file's lookups are written with its scan index (:mod:`kvtrace.store.scan
 directory, same key, so they go stale and are swept with it), three small Parquet files:
 
 - ``<file>.<key>.kvsess``: ``(session_id, trace_id)`` for every span naming a session (any
-  convention's attribute, :data:`kvtrace.semconv.SESSION_ATTRIBUTES`, each value a row), distinct,
-  sorted by session id in small row groups, so one session's rows are found by row-group statistics;
+  convention's attribute, :data:`kvtrace.semconv.SESSION_ATTRIBUTES`, each value a row), distinct;
 - ``<file>.<key>.kvtrc``: ``(trace_id, lo, hi)``, the first start and last end (epoch ns) of each
-  trace's spans in that file (a *part*: a trace may span files), sorted by trace id likewise;
+  trace's spans in that file (a *part*: a trace may span files);
 - ``<file>.<key>.kvfacet``: spans, first start and last end per (service, substrate).
 
 They merge at query time because each is a set of rows or a min / max: a session's traces are the
@@ -24,12 +23,10 @@ from __future__ import annotations
 
 from kvtrace import semconv as sc
 from kvtrace.store.sql import str_attr
-from kvtrace.store.views.raw import spans_sql
+from kvtrace.store.views.raw import RAW, spans_sql
 
 SESSIONS, TRACES, FACETS = "kvtrace_lookup_sessions", "kvtrace_lookup_traces", "kvtrace_file_facets"
 """The views over every file's lookups (module doc)."""
-
-ROW_GROUP_ROWS = 2048  # DuckDB's smallest: one session's or trace's rows sit in one or two groups
 
 _NAMED = ", ".join(str_attr(a) for a in sc.SESSION_ATTRIBUTES)
 # what each lookup is over a relation ``{raw}`` with the raw columns (one file's, or several files')
@@ -47,13 +44,13 @@ SELECT service_name, substrate, count(*) AS spans, min(start_ns) AS start_ns, ma
 FROM ({spans}) AS s GROUP BY service_name, substrate
 """
 
-# (view, file suffix, columns, the sort that makes row groups prunable)
+# (view, file suffix, columns)
 KINDS = (
-    (SESSIONS, ".kvsess", "session_id, trace_id", "session_id, trace_id"),
-    (TRACES, ".kvtrc", "trace_id, lo, hi", "trace_id"),
-    (FACETS, ".kvfacet", "service_name, substrate, spans, start_ns, end_ns", ""),
+    (SESSIONS, ".kvsess", "session_id, trace_id"),
+    (TRACES, ".kvtrc", "trace_id, lo, hi"),
+    (FACETS, ".kvfacet", "service_name, substrate, spans, start_ns, end_ns"),
 )
-SUFFIXES = tuple(suffix for _, suffix, _, _ in KINDS)
+SUFFIXES = tuple(suffix for _, suffix, _ in KINDS)
 
 
 def sql(view: str, raw: str) -> str:
@@ -66,13 +63,8 @@ def sql(view: str, raw: str) -> str:
 
 
 def copy_sql(view: str, raw: str, target: str) -> str:
-    """``COPY`` of one file's lookup ``view`` to ``target`` (a quoted path), sorted (module doc)."""
-    _, _, columns, order = next(k for k in KINDS if k[0] == view)
-    ordered = f" ORDER BY {order}" if order else ""
-    return (
-        f"COPY (SELECT {columns} FROM ({sql(view, raw)}) AS x{ordered}) TO {target} "
-        f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
-    )
+    """``COPY`` of one file's lookup ``view`` to ``target`` (a quoted path)."""
+    return f"COPY ({sql(view, raw)}) TO {target} (FORMAT parquet, COMPRESSION zstd)"
 
 
 VERSION_TEXT = SESSIONS_SQL + TRACES_SQL + FACETS_SQL + repr(KINDS)
@@ -105,16 +97,11 @@ FROM {FACETS}
 
 
 _UNLOOKED = "kvtrace_raw_unlooked"  # the raw rows of the files without lookups (no Timestamp bounds)
-_EMPTY = {
-    SESSIONS: "SELECT NULL::VARCHAR AS session_id, NULL::VARCHAR AS trace_id",
-    TRACES: "SELECT NULL::VARCHAR AS trace_id, NULL::BIGINT AS lo, NULL::BIGINT AS hi",
-    FACETS: "SELECT NULL::VARCHAR AS service_name, NULL::VARCHAR AS substrate, NULL::BIGINT AS spans, "
-    "NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns",
-}
 
 
 def loaded(view: str) -> str:
-    """The table :func:`bind` loads the lookup files of ``view`` into (with each row's ``filename``)."""
+    """The table :func:`bind` loads the lookup files of ``view`` into (the facets' with each row's
+    ``filename``: :mod:`kvtrace.store.narrow` takes each file's range from it)."""
     return f"{view}_loaded"
 
 
@@ -129,18 +116,18 @@ def bind(con, found: dict[str, list[str]], rest: list[str]) -> None:
 
     if rest:
         con.sql(READ_FILES, params={"files": [glob_escape(f) for f in rest]}).create_view(_UNLOOKED, replace=True)
-    for view, _, columns, _ in KINDS:
+    for view, _, columns in KINDS:
         parts = []
         if found.get(view):
+            kept = f"{columns}, filename" if view == FACETS else columns
             con.execute(
-                f"CREATE OR REPLACE TABLE {loaded(view)} AS SELECT {columns}, filename "
+                f"CREATE OR REPLACE TABLE {loaded(view)} AS SELECT {kept} "
                 "FROM read_parquet($lookups, hive_partitioning = false, filename = true)",
                 {"lookups": [glob_escape(f) for f in found[view]]},
             )
             parts.append(f"SELECT {columns} FROM {loaded(view)}")
         else:
-            con.execute(f"CREATE OR REPLACE TABLE {loaded(view)} AS {_EMPTY[view]}, NULL::VARCHAR AS filename LIMIT 0")
-        if rest:
-            parts.append(f"SELECT {columns} FROM ({sql(view, _UNLOOKED)}) AS r")
-        body = "\nUNION ALL\n".join(parts) if parts else f"{_EMPTY[view]} WHERE false"
-        con.execute(f"CREATE OR REPLACE VIEW {view} AS {body}")
+            con.execute(f"DROP TABLE IF EXISTS {loaded(view)}")
+        if rest or not parts:  # no file at all: the (empty) raw relation gives the columns
+            parts.append(f"SELECT {columns} FROM ({sql(view, _UNLOOKED if rest else RAW)}) AS r")
+        con.execute(f"CREATE OR REPLACE VIEW {view} AS {' UNION ALL '.join(parts)}")

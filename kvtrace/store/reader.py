@@ -241,12 +241,13 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
     scan indexes and the scan of the others, with the same ``Timestamp`` bounds (:mod:`.bounds`);
     with no index (or the connection opened with ``scan_index=False``), the scan view as registered."""
     ((use,),) = con.execute(f"SELECT scan_index FROM {SOURCE}").fetchall()
-    facets = _bind_lookups(con, files, use)
+    kept = {path: scan_index.sidecars(path) if use else {} for path in files}
+    facets = _bind_lookups(con, kept)
     indexed: list[str] = []
     rest: list[str] = []
     entries = [(narrow.FILES, glob_escape(f), f) for f in files]
     for path in files:
-        found = scan_index.current(path) if use else None
+        found = kept[path].get(scan_index.SUFFIX)
         if found is None:
             rest.append(path)
         else:
@@ -271,19 +272,19 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
     con.sql(sql, params=params).create_view(SCAN, replace=True)
 
 
-def _bind_lookups(con: duckdb.DuckDBPyConnection, files: list[str], use: bool) -> dict[str, str]:
-    """(Re)define the lookup views (:mod:`kvtrace.store.lookup`) over ``files``: the lookups built
-    beside them (``use``), the raw rows of the files without a complete set; returns each file's
-    facets lookup (its range, :mod:`kvtrace.store.narrow`)."""
-    found: dict[str, list[str]] = {view: [] for view, *_ in lookup.KINDS}
+def _bind_lookups(con: duckdb.DuckDBPyConnection, kept: dict[str, dict[str, str]]) -> dict[str, str]:
+    """(Re)define the lookup views (:mod:`kvtrace.store.lookup`) over the files of ``kept`` (each
+    file's current sidecars, :func:`kvtrace.store.scan_index.sidecars`): the lookups of the files that
+    have all of them, the raw rows of the others; returns each file's facets lookup (its range,
+    :mod:`kvtrace.store.narrow`)."""
+    found: dict[str, list[str]] = {view: [] for view, _, _ in lookup.KINDS}
     facets: dict[str, str] = {}
     rest = []
-    for path in files:
-        paths = {view: scan_index.current(path, suffix) for view, suffix, *_ in lookup.KINDS} if use else {}
-        if paths and all(paths.values()):
-            for view, p in paths.items():
-                found[view].append(cast(str, p))
-            facets[path] = cast(str, paths[lookup.FACETS])
+    for path, have in kept.items():
+        if all(suffix in have for suffix in lookup.SUFFIXES):
+            for view, suffix, _ in lookup.KINDS:
+                found[view].append(have[suffix])
+            facets[path] = have[lookup.SUFFIXES[-1]]
         else:
             rest.append(path)
     lookup.bind(con, found, rest)

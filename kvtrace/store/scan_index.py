@@ -65,15 +65,19 @@ def index_path(path: str, st: os.stat_result | None = None) -> str:
     return os.path.join(directory, INDEX_DIR, f"{name}.{key}{SUFFIX}")
 
 
-def current(path: str, suffix: str = SUFFIX) -> str | None:
-    """The current index of ``path`` (``suffix``: or one of its lookups, :data:`SIDECARS`), or None
-    (none built, or only a stale one)."""
+def current(path: str) -> str | None:
+    """The current index of ``path``, or None (none built, or only a stale one)."""
+    return sidecars(path).get(SUFFIX)
+
+
+def sidecars(path: str) -> dict[str, str]:
+    """The current index of ``path`` and its lookups that exist, by suffix (:data:`SIDECARS`; empty:
+    none built, or only stale ones)."""
     try:
-        found = index_path(path)
+        stem = index_path(path)[: -len(SUFFIX)]
     except FileNotFoundError:
-        return None
-    found = found[: -len(SUFFIX)] + suffix
-    return found if os.path.isfile(found) else None
+        return {}
+    return {suffix: stem + suffix for suffix in SIDECARS if os.path.isfile(stem + suffix)}
 
 
 def build_one(path: str, *, threads: int | None = None) -> str | None:
@@ -92,7 +96,7 @@ def build_one(path: str, *, threads: int | None = None) -> str | None:
         con.sql(READ_FILES, params={"files": [glob_escape(path)]}).create_view(RAW)
         con.execute(SPANS.create())
         con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmps[SUFFIX])} (FORMAT parquet, COMPRESSION zstd)")
-        for view, suffix, _, _ in lookup.KINDS:
+        for view, suffix, _ in lookup.KINDS:
             con.execute(lookup.copy_sql(view, RAW, literal(tmps[suffix])))
         after = os.stat(path)
         if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
