@@ -86,10 +86,13 @@ def store(key: str):
 
 
 def refresh(key: str) -> None:
-    """Re-list a directory's files (a ClickHouse table needs nothing) and drop every cached result."""
+    """Re-list a directory's files (a ClickHouse table: check its materialized tables again) and drop
+    every cached result."""
     from kvtrace.store.reader import refresh as relist
 
-    if not is_clickhouse(key):
+    if is_clickhouse(key):
+        store(key).refresh()
+    else:
         relist(store(key))
     st.cache_data.clear()
 

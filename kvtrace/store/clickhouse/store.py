@@ -364,13 +364,19 @@ class ClickHouseStore:
     @property
     def has_lookup(self) -> bool:
         """The table has kvtrace's materialized tables, complete and of the current version
-        (:func:`.mviews.state`; checked once per store and its copies)."""
+        (:func:`.mviews.state`): checked once per store, its copies (:meth:`cursor`, :meth:`bounded`) take
+        its answer, :meth:`refresh` checks again."""
         if self._lookup is None:
             try:
                 self._lookup = mviews.state(self.backend, self.table).current
             except BackendError:  # system.tables not readable: as without the lookup
                 self._lookup = False
         return self._lookup
+
+    def refresh(self) -> None:
+        """Check again whether the table has kvtrace's materialized tables (``kvtrace clickhouse init``
+        run since); the copies made from now on inherit the answer."""
+        self._lookup = None
 
     def session_scope(self, session_id: str) -> ClickHouseStore:
         """The same store reading only what a query about ``session_id`` needs: spans starting
@@ -388,13 +394,13 @@ class ClickHouseStore:
     def bounded(self, lo_ns: int, hi_ns: int) -> ClickHouseStore:
         """The same store reading only spans that start in ``[lo_ns, hi_ns]``."""
         return ClickHouseStore(
-            self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps, self.session, self._lookup
+            self.backend, self.table, (int(lo_ns), int(hi_ns)), self.temps, self.session, self.has_lookup
         )
 
     def cursor(self) -> ClickHouseStore:
         """A store on the same backend with its own temporary tables and views (like a DuckDB
         cursor's)."""
-        return ClickHouseStore(self.backend, self.table, self.bounds, self.temps, self.session, self._lookup)
+        return ClickHouseStore(self.backend, self.table, self.bounds, self.temps, self.session, self.has_lookup)
 
     def close(self) -> None:
         """Forget this store's temporary objects (the backend stays open for other stores)."""
