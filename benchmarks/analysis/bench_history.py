@@ -32,17 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_analysis import PER_SESSION, build_store  # noqa: E402
+from bench_analysis import PER_SESSION, _p, _samples, build_store  # noqa: E402
 
 DAY_NS = 86_400 * 10**9
 TARGETS = {"one day": 1.0, "one session": 0.1, "first page": 1.0}
-
-
-def _p(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q))
 
 
 def make(directory: Path, per_day: int, days: int) -> int:
@@ -114,12 +108,7 @@ def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool)
         fns["before #40: one day"] = lambda: before_40(con, day)
         got, want = fns["one day"](), before_40(con, day)
         assert got == want, f"the bounded day disagrees with the whole store's: {got} != {want}"
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            samples[k].append(time.perf_counter() - t)
+    samples = _samples(fns, repeat)
     print(
         f"\n{days} days: {spans:,} spans ({spans // days:,} a day), {index_rows:,} index rows, "
         f"{len(built)} files indexed in {built_s:.1f} s, {lookup_rows:,} lookup rows; threads {threads}, "
