@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from kvtrace import semconv as sc
-from kvtrace.analysis import continuity, palette, reuse
+from kvtrace.analysis import continuity, instances, palette, reuse
 from kvtrace.dashboards.common import chart, df, fmt_bytes, fmt_ms, no_data, q, ranked, sidebar, source_colours, table
 
 directory, filters, facets = sidebar()
@@ -188,3 +188,14 @@ if not breaks.empty:
     worst = df(q(continuity.breaks, directory, filters, limit=200))
     if not worst.empty:
         table(st, worst)
+
+# a fleet (several P or D): where the proxy's routing sent the turns, and what each instance reused
+fleet = q(instances.per_instance, directory, filters)
+if instances.is_fleet(fleet.to_pylist()):
+    st.subheader("Reuse per instance")
+    st.caption(
+        "The proxy's routing over the fleet (`requests`: each turn's P and D and why: "
+        f"{', '.join(sc.ROUTE_REASONS)}) and each instance's own decisions (P's pulls from D, D's from P; "
+        "local hits in its own prefix cache)."
+    )
+    table(st, df(fleet))

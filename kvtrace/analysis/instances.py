@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import table
+from kvtrace.analysis.filters import ROW_SCOPE, Filters, where
 from kvtrace.store.sql import literal
 
 ROLES = ((sc.ROLE_PREFILL, "prefill", sc.DIRECTION_D2P), (sc.ROLE_DECODE, "decode", sc.DIRECTION_P2D))
@@ -25,11 +26,12 @@ def _one_role(role: str, column: str, direction: str) -> str:
            avg(r.ttft_ms) AS mean_ttft_ms
     FROM requests r
     LEFT JOIN (SELECT * FROM kv_decisions WHERE direction = {literal(direction)}) d USING (request_id)
-    WHERE r.{column}_endpoint IS NOT NULL
+    WHERE r.{column}_endpoint IS NOT NULL {{where}}
     GROUP BY r.{column}_endpoint
     """
 
 
+_SCOPE = {k: f"r.{v}" for k, v in ROW_SCOPE.items()}  # the requests' columns (r), not the decisions'
 PER_INSTANCE_SQL = (
     "SELECT * FROM ("
     + " UNION ALL ".join(_one_role(*r) for r in ROLES)
@@ -37,10 +39,12 @@ PER_INSTANCE_SQL = (
 )
 
 
-def per_instance(con) -> pa.Table:
+def per_instance(con, filters: Filters | None = None) -> pa.Table:
     """Per role and endpoint: requests, how many each route reason sent (``sc.ROUTE_REASONS``
-    columns), pulls, local hit, pulled and recomputed tokens, mean proxy TTFT (ms)."""
-    return table(con, PER_INSTANCE_SQL)
+    columns), pulls, local hit, pulled and recomputed tokens, mean proxy TTFT (ms); of the requests
+    ``filters`` selects (their start, session, service, substrate)."""
+    clause, params = where(filters, _SCOPE, prefix="AND")
+    return table(con, PER_INSTANCE_SQL.format(where=clause), params)
 
 
 def is_fleet(rows: list[dict]) -> bool:

@@ -246,6 +246,22 @@ def test_init_on_a_missing_table_or_an_unreachable_server_is_one_line(tables, ca
     assert err.count("\n") == 1
 
 
+def test_copies_take_the_stores_answer_until_it_checks_again(tables):
+    plain = tables["plain"]
+    later = "kvtrace_lookup.later"
+    plain.backend.command(f"CREATE TABLE {ident(later)} AS {ident(plain.table)}")
+    plain.backend.command(f"INSERT INTO {ident(later)} SELECT * FROM {ident(plain.table)}")
+    store = ClickHouseStore(plain.backend, later)
+    assert not store.has_lookup
+    mviews.init(store.backend, later)  # kvtrace clickhouse init while the store is open
+    assert not store.cursor().has_lookup and not store.bounded(0, 1).has_lookup  # checked once: the store's
+    store.refresh()  # the dashboard's Refresh
+    assert store.cursor().has_lookup and store.bounded(0, 1).has_lookup
+    day = Filters(start_ns=BASE_NS + DAY, end_ns=BASE_NS + 2 * DAY)  # the second copy's day
+    expected = sessions.totals(plain, day)
+    assert expected["sessions"] > 0 and session_queries.same_answer(sessions.totals(store, day), expected)
+
+
 def test_init_without_ddl_rights_is_one_line(tables, capsys):
     """chDB has no users: ``readonly = 1`` on its connection is the closest real thing (what a
     ClickHouse user profile with readonly sets): init fails in one line, reads still answer.  Last in
@@ -269,19 +285,3 @@ def test_init_without_ddl_rights_is_one_line(tables, capsys):
         )
     finally:
         ChdbBackend.shutdown()
-
-
-def test_copies_take_the_stores_answer_until_it_checks_again(tables):
-    plain = tables["plain"]
-    later = "kvtrace_lookup.later"
-    plain.backend.command(f"CREATE TABLE {ident(later)} AS {ident(plain.table)}")
-    plain.backend.command(f"INSERT INTO {ident(later)} SELECT * FROM {ident(plain.table)}")
-    store = ClickHouseStore(plain.backend, later)
-    assert not store.has_lookup
-    mviews.init(store.backend, later)  # kvtrace clickhouse init while the store is open
-    assert not store.cursor().has_lookup and not store.bounded(0, 1).has_lookup  # checked once: the store's
-    store.refresh()  # the dashboard's Refresh
-    assert store.cursor().has_lookup and store.bounded(0, 1).has_lookup
-    day = Filters(start_ns=BASE_NS + DAY, end_ns=BASE_NS + 2 * DAY)  # the second copy's day
-    expected = sessions.totals(plain, day)
-    assert expected["sessions"] > 0 and session_queries.same_answer(sessions.totals(store, day), expected)
