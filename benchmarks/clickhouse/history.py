@@ -16,17 +16,42 @@ clickhouse init`` on the empty table, so the views shape the inserts).  Printed:
 
 ``--small DIR`` (default: a ``kvtrace demo --sessions 2`` run made here) adds ``session_breakdown`` and
 ``turn_breakdown`` of a small store, the cost of analysing the query.
+
+Each shaped question runs a third time as one statement (``shaped 1st``: :mod:`kvtrace.store.clickhouse.staged`
+off, every CTE inlined at each reference, as before staging): the baseline of staging, same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 from pathlib import Path
 
 from bench_clickhouse import DAY_NS, first_page, generate, same, timed
 
-RAW, SHAPED = "raw", "shaped"
+RAW, SHAPED, SINGLE = "raw", "shaped", "shaped 1st"
+
+
+@contextlib.contextmanager
+def one_statement():
+    """Queries run unstaged (the module doc's baseline)."""
+    from kvtrace.store.clickhouse import store
+
+    staged = store.stage
+    store.stage = lambda text: None
+    try:
+        yield
+    finally:
+        store.stage = staged
+
+
+def measure_all(stores: dict, fns: dict, repeat: int) -> dict:
+    """:func:`measure` on ``stores``, then on the shaped store unstaged (key ``SINGLE``)."""
+    out = measure(stores, fns, repeat)
+    with one_statement():
+        single = measure({SINGLE: stores[SHAPED]}, fns, repeat)
+    return {**out, **single}
 
 
 def _cpu() -> float:
@@ -130,7 +155,7 @@ def run_history(root: Path, lengths: list[int], per_day: int, threads: int, repe
             results[days, "insert", kind] = (wall, cpu)
             print(f"{days} d, {kind}: {n:,} spans inserted in {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
         fns = cases(stores[RAW], days)
-        for key, value in measure(stores, fns, repeat).items():
+        for key, value in measure_all(stores, fns, repeat).items():
             results[(days, *key)] = value
             print(
                 f"  {days} d {key[0]:12s} {key[1]:6s} cold {value[0]:7.2f} s warm {value[1]:7.2f} s "
@@ -138,6 +163,7 @@ def run_history(root: Path, lengths: list[int], per_day: int, threads: int, repe
                 flush=True,
             )
     report(results, lengths, spans)
+    staging(results, lengths, ["one day", "one session", "first page"])
     if small is not None:
         small_store(backend, small, threads, repeat)
 
@@ -202,7 +228,7 @@ def small_store(backend, directory: Path, threads: int, repeat: int) -> None:
     n = stores[RAW].query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
     views = ("session_breakdown", "turn_breakdown")
     fns = {v: ((lambda c, v=v: c.query(f"SELECT * FROM {v}").to_pylist()), None) for v in views}
-    got = measure(stores, fns, max(repeat, 3))
+    got = measure_all(stores, fns, max(repeat, 3))
     print(f"\nsmall store ({n:,} spans)\n")
     print(
         "| view | raw cold s | raw warm s | raw CPU s/run | shaped cold s | shaped warm s | shaped CPU s/run "
@@ -213,6 +239,26 @@ def small_store(backend, directory: Path, threads: int, repeat: int) -> None:
         r, s = got[v, RAW], got[v, SHAPED]
         eq = "same" if _equal(sorted(r[3], key=repr), sorted(s[3], key=repr)) else "DIFFERENT"
         print(f"| {v} | {r[0]:.2f} | {r[1]:.3f} | {r[4]:.2f} | {s[0]:.2f} | {s[1]:.3f} | {s[4]:.2f} | {eq} |")
+    staging({(0, *k): v for k, v in got.items()}, [0], list(fns))
+
+
+def staging(results: dict, lengths: list[int], queries: list[str]) -> None:
+    """Shaped, staged against one statement (the baseline, same run)."""
+    print(
+        "\n| history | query | 1 statement warm s | CPU s/run | staged warm s | CPU s/run | warm 1st / staged "
+        "| answers |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for days in lengths:
+        for q in queries:
+            one, st = results[days, q, SINGLE], results[days, q, SHAPED]
+            a, b = (sorted(x[3], key=repr) if isinstance(x[3], list) else x[3] for x in (one, st))
+            eq = "same" if _equal(a, b) else "DIFFERENT"
+            label = f"{days} d" if days else "small"
+            print(
+                f"| {label} | {q} | {one[1]:.3f} | {one[4]:.2f} | {st[1]:.3f} | {st[4]:.2f} "
+                f"| {one[1] / max(st[1], 1e-9):.2f} | {eq} |"
+            )
 
 
 def demo_store(root: Path) -> Path:

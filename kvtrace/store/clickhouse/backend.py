@@ -14,16 +14,19 @@ Both return Arrow tables and run every query with :data:`.dialect.SETTINGS`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import urllib.parse
+import uuid
 from typing import Any
 
 import pyarrow as pa
 
 from kvtrace.store.clickhouse import CHDB_PREFIX, ClickHouseError
 from kvtrace.store.clickhouse.dialect import SETTINGS
+from kvtrace.store.clickhouse.staged import Staged
 
 
 class BackendError(ClickHouseError):
@@ -88,16 +91,41 @@ class ChdbBackend:
     rows_read = bytes_read = 0
     """Rows and bytes chDB read from storage for this backend's queries so far (tests and
     benchmarks check filter push-down with them)."""
+    fallbacks = 0
+    """Staged queries (:mod:`.staged`) that ran as their single statement: a temporary table could
+    not be made (a ``readonly = 1`` user)."""
 
     def query(self, sql: str, params: dict | None = None) -> pa.Table:
+        with ChdbBackend._lock:
+            return self._run(sql, params)
+
+    def query_staged(self, staged: Staged, sql: str, params: dict | None = None) -> pa.Table:
+        """``staged``'s temporary tables, then its statement, in chDB's one session and under its lock
+        (no other query sees or drops them); where a table cannot be made, ``sql`` (:mod:`.staged`)."""
+        with ChdbBackend._lock:
+            made: list[str] = []
+            try:
+                try:
+                    for name, select in staged.temps:
+                        self._run(_create_temp(name, select), _used(select, params))
+                        made.append(name)
+                except BackendError:
+                    self.fallbacks += 1
+                    return self._run(sql, params)
+                return self._run(staged.main, _used(staged.main, params))
+            finally:
+                for name in made:
+                    self._run(f"DROP TEMPORARY TABLE IF EXISTS {name}", None)
+
+    def _run(self, sql: str, params: dict | None) -> pa.Table:
+        """One statement (under ``_lock``)."""
         result = _has_result(sql)
         params = {k: _NULL if v is None else v for k, v in (params or {}).items()}
-        with ChdbBackend._lock:
-            conn = ChdbBackend._connection()
-            try:
-                out = conn.query(sql, "Arrow" if result else "CSV", params=params or None)
-            except Exception as exc:  # noqa: BLE001
-                raise BackendError(_one_line(exc)) from None
+        conn = ChdbBackend._connection()
+        try:
+            out = conn.query(sql, "Arrow" if result else "CSV", params=params or None)
+        except Exception as exc:  # noqa: BLE001
+            raise BackendError(_one_line(exc)) from None
         self.rows_read += out.storage_rows_read()
         self.bytes_read += out.storage_bytes_read()
         if not result:
@@ -135,6 +163,9 @@ class ChdbBackend:
 class ServerBackend:
     """A ClickHouse server through clickhouse-connect (HTTP)."""
 
+    fallbacks = 0
+    """As :attr:`ChdbBackend.fallbacks`."""
+
     def __init__(self, url: str) -> None:
         try:
             import clickhouse_connect
@@ -161,20 +192,56 @@ class ServerBackend:
             raise BackendError(f"cannot connect to ClickHouse at {redact(url)}: {_one_line(exc)}") from None
         self.description = redact(url)
 
-    def query(self, sql: str, params: dict | None = None) -> pa.Table:
+    def query(self, sql: str, params: dict | None = None, session: str | None = None) -> pa.Table:
+        settings = {"session_id": session} if session else None
         try:
             if not _has_result(sql):
-                self.client.command(sql, parameters=params or None)
+                self.client.command(sql, parameters=params or None, settings=settings)
                 return pa.table({})
-            return normalise(self.client.query_arrow(sql, parameters=params or None, use_strings=True))
+            return normalise(
+                self.client.query_arrow(sql, parameters=params or None, settings=settings, use_strings=True)
+            )
         except Exception as exc:  # noqa: BLE001
             raise BackendError(_one_line(exc)) from None
+
+    def query_staged(self, staged: Staged, sql: str, params: dict | None = None) -> pa.Table:
+        """``staged``'s temporary tables, then its statement, in an HTTP session of their own (a
+        server's temporary tables live in one session; concurrent queries each have theirs); where a
+        table cannot be made, ``sql`` (:mod:`.staged`)."""
+        session = uuid.uuid4().hex
+        made: list[str] = []
+        try:
+            try:
+                for name, select in staged.temps:
+                    self.query(_create_temp(name, select), _used(select, params), session)
+                    made.append(name)
+            except BackendError:
+                self.fallbacks += 1
+                return self.query(sql, params)
+            return self.query(staged.main, _used(staged.main, params), session)
+        finally:
+            for name in made:
+                with contextlib.suppress(BackendError):  # the session expires with them anyway
+                    self.query(f"DROP TEMPORARY TABLE IF EXISTS {name}", None, session)
 
     def command(self, sql: str) -> None:
         self.query(sql)
 
     def close(self) -> None:
         self.client.close()
+
+
+def _create_temp(name: str, select: str) -> str:
+    # the table keeps the types the CTE computes: LowCardinality flags too
+    return (
+        f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select} "
+        "SETTINGS allow_suspicious_low_cardinality_types = 1"
+    )
+
+
+def _used(sql: str, params: dict | None) -> dict:
+    """The parameters ``sql`` reads (each statement of a staged query binds its own)."""
+    return {k: v for k, v in (params or {}).items() if "{" + k + ":" in sql}
 
 
 def _has_result(sql: str) -> bool:

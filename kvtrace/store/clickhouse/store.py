@@ -9,8 +9,12 @@ A query (DuckDB SQL, the language of every kvtrace view and named query) runs as
    the table's columns as kvtrace's Parquet files have them (``Duration`` as Int64, the ``date`` /
    ``hour`` partition columns; ``SpanAttributesInt`` / ``SpanAttributesFloat`` rebuilt from the
    string map: the values that read as integers, as other numbers; ClickHouse computes them only
-   when a query selects them).  Nothing is created on the server: a read-only user suffices;
-3. run on the backend (:mod:`.backend`) with its parameters bound.
+   when a query selects them);
+3. where that statement would hold a data-reading CTE more than once, split into stages
+   (:mod:`.staged`): each such CTE made once into a temporary table of the query's own session;
+4. run on the backend (:mod:`.backend`) with its parameters bound.  Nothing lasting is created on
+   the server: a read-only user suffices (with ``readonly = 1``, which forbids even temporary
+   tables, the single statement of step 2 runs).
 
 **Time bounds.**  :meth:`ClickHouseStore.bounded` gives a store whose ``kvtrace_raw`` reads only
 spans starting in ``[lo_ns, hi_ns]`` (a ``WHERE`` on ``Timestamp``, the table's partition key and
@@ -34,6 +38,7 @@ from kvtrace import semconv as sc
 from kvtrace.store.clickhouse import ddl, mviews, mviews_sql
 from kvtrace.store.clickhouse.backend import BackendError, open_backend
 from kvtrace.store.clickhouse.dialect import TranspileError, param_types, to_clickhouse, transpile
+from kvtrace.store.clickhouse.staged import stage
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.agents import SCAN
@@ -286,7 +291,8 @@ class ClickHouseStore:
             shaped=self.has_lookup,
         )
         used = {k: v for k, v in params.items() if "{" + k + ":" in text}
-        return self.backend.query(text, used)
+        plan = stage(text)
+        return self.backend.query(text, used) if plan is None else self.backend.query_staged(plan, text, used)
 
     def session_bounds(self, session_id: str) -> tuple[int, int] | None:
         """``[first start, last end]`` (epoch ns) of every trace holding a span that names

@@ -1,0 +1,213 @@
+"""A query run in stages, so that no CTE that reads data is expanded more than once.
+
+ClickHouse inlines a CTE at every reference and analyses it again each time, ``AS MATERIALIZED``
+included: the breakdown's query tree held the scan 32 times and its analysis, not its data, was
+most of a small question's time.  :func:`stage` finds, in an assembled statement
+(:func:`.store.assemble`), each CTE that reads data and that the statement would expand more than
+once (counting every path from the final SELECT), and turns it into a temporary table made once,
+before the statement, from its own CTE and those it reads (a CTE made earlier is read from its
+table).  The statement then reads the tables.  Anything it cannot prove safe (a name defined twice
+with two bodies, a recursive WITH, SQL it cannot parse) is left as one statement.
+
+The backend runs the stages in one session (:meth:`.backend.ChdbBackend.query_staged`); where
+temporary tables cannot be made (a ``readonly = 1`` user), it runs the single statement, which
+gives the same rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+_WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
+TEMP_PREFIX = "kvtrace_stage_"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """``temps``: (temporary table, its SELECT) in creation order; ``main``: the statement over them."""
+
+    temps: tuple[tuple[str, str], ...]
+    main: str
+
+
+def _owner(node: exp.Expr) -> exp.CTE | None:
+    """The innermost CTE ``node`` is in (None: the final SELECT)."""
+    return node.find_ancestor(exp.CTE)
+
+
+def _resolve(table: exp.Table) -> exp.CTE | None:
+    """The CTE a table reference names, by ClickHouse's scoping (None: a stored table)."""
+    if table.db:
+        return None
+    node: exp.Expr | None = table
+    while node is not None:
+        with_ = node.args.get(_WITH) if isinstance(node, exp.Query) else None
+        if isinstance(with_, exp.With):
+            ctes = with_.expressions
+            up = {id(a) for a in _ancestors(table)}
+            inside = next((i for i, c in enumerate(ctes) if id(c) in up), None)
+            visible = ctes if inside is None else ctes[:inside]
+            found = [c for c in visible if c.alias_or_name == table.name]
+            if found:
+                return found[-1]
+        node = node.parent
+    return None
+
+
+def _ancestors(node: exp.Expr) -> list[exp.Expr]:
+    out, p = [], node.parent
+    while p is not None:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+@dataclass
+class _Graph:
+    ctes: list[exp.CTE]
+    refs: dict[int, list[tuple[exp.CTE | None, exp.CTE]]]  # id(target) -> [(owner, target)] per reference
+    reads_store: set[int]
+
+
+def _graph(tree: exp.Expr) -> _Graph:
+    ctes = list(tree.find_all(exp.CTE))
+    refs: dict[int, list] = {id(c): [] for c in ctes}
+    direct: dict[int, set[int]] = {id(c): set() for c in ctes}
+    stored: set[int] = set()
+    for table in tree.find_all(exp.Table):
+        owner, target = _owner(table), _resolve(table)
+        if target is None:
+            if owner is not None and not table.name.startswith(TEMP_PREFIX):  # a stage's table was read once
+                stored.add(id(owner))
+            continue
+        refs[id(target)].append((owner, target))
+        if owner is not None:
+            direct[id(owner)].add(id(target))
+    by_id = {id(c): c for c in ctes}
+    reads: set[int] = set()
+
+    def reads_store(i: int, seen: frozenset = frozenset()) -> bool:
+        if i in reads:
+            return True
+        nested = {id(c) for c in by_id[i].this.find_all(exp.CTE)}
+        found = i in stored or any(
+            j not in seen and reads_store(j, seen | {i}) for j in direct[i] | {n for n in nested if n != i}
+        )
+        if found:
+            reads.add(i)
+        return found
+
+    for c in ctes:
+        reads_store(id(c))
+    return _Graph(ctes, refs, reads)
+
+
+def _order(graph: _Graph) -> list[exp.CTE]:
+    """CTEs with every CTE that references them (owner) before them."""
+    out, seen = [], set()
+    users: dict[int, list[exp.CTE]] = {id(c): [] for c in graph.ctes}
+    for c in graph.ctes:
+        for owner, _ in graph.refs[id(c)]:
+            if owner is not None:
+                users[id(c)].append(owner)
+
+    def visit(c: exp.CTE) -> None:
+        if id(c) in seen:
+            return
+        seen.add(id(c))
+        for u in users[id(c)]:
+            visit(u)
+        out.append(c)
+
+    for c in graph.ctes:
+        visit(c)
+    return out
+
+
+def expansions(tree: exp.Expr, made: frozenset[int] = frozenset()) -> dict[int, int]:
+    """id(CTE) -> how many times the statement's tree holds it; a CTE in ``made`` (ids) is a table,
+    analysed once wherever it is read."""
+    graph = _graph(tree)
+    count: dict[int, int] = {}
+    for c in _order(graph):
+        count[id(c)] = _count(graph, c, made, count)
+    return count
+
+
+def _count(graph: _Graph, c: exp.CTE, made: set[int] | frozenset[int], count: dict[int, int]) -> int:
+    """How many times ``c`` is held, given its users' counts (a table's user reads it once)."""
+    return sum(1 if owner is None or id(owner) in made else count[id(owner)] for owner, _ in graph.refs[id(c)])
+
+
+def _closure(c: exp.CTE, graph: _Graph) -> list[exp.CTE] | None:
+    """The CTEs outside ``c`` that ``c`` reads, directly or not, dependencies first; None when two of
+    them share a name (hoisted into one WITH they would not resolve as they did)."""
+    inner = {id(x) for x in c.find_all(exp.CTE)}
+    out: list[exp.CTE] = []
+    seen: set[int] = set()
+
+    def visit(node: exp.CTE) -> None:
+        for table in node.this.find_all(exp.Table):
+            dep = _resolve(table)
+            if dep is None or id(dep) in inner or id(dep) in seen or dep is node:
+                continue
+            if any(a is dep for a in _ancestors(node)):  # an enclosing CTE: not a dependency
+                continue
+            seen.add(id(dep))
+            visit(dep)
+            out.append(dep)
+
+    visit(c)
+    names = [d.alias_or_name for d in out]
+    return None if len(names) != len(set(names)) or c.alias_or_name in names else out
+
+
+@functools.lru_cache(maxsize=1024)
+def stage(text: str) -> Staged | None:
+    """``text`` (one ClickHouse statement) in stages (module doc), or None when one statement
+    already holds no data-reading CTE twice, or when staging it is not provably the same."""
+    try:
+        tree = sqlglot.parse_one(text, read="clickhouse")
+    except sqlglot.errors.ParseError:
+        return None
+    if not isinstance(tree, exp.Query) or any(w.args.get("recursive") for w in tree.find_all(exp.With)):
+        return None
+    graph = _graph(tree)
+    made: set[int] = set()
+    count: dict[int, int] = {}
+    for c in _order(graph):
+        count[id(c)] = _count(graph, c, made, count)
+        if count[id(c)] > 1 and id(c) in graph.reads_store:
+            made.add(id(c))
+    if not made:
+        return None
+    chosen = [c for c in reversed(_order(graph)) if id(c) in made]  # dependencies first
+    plans = []
+    for c in chosen:
+        deps = _closure(c, graph)
+        if deps is None:
+            return None
+        plans.append((c, deps))
+    names = [c.alias_or_name for c in chosen]
+    if len(set(names)) != len(names):
+        return None  # two CTEs of one name made into tables: leave it whole
+    temps = []
+    for c, deps in plans:
+        name = TEMP_PREFIX + c.alias_or_name
+        body = c.this.sql("clickhouse")
+        with_ = f"WITH {', '.join(d.sql('clickhouse') for d in deps)} " if deps else ""
+        temps.append((name, f"{with_}SELECT * FROM ({body}) AS {name}"))
+        c.set("this", sqlglot.parse_one(f"SELECT * FROM {name}", read="clickhouse"))
+    return Staged(tuple(temps), tree.sql("clickhouse"))
+
+
+def most_expanded(text: str) -> tuple[int, str]:
+    """(how many times, name) of the CTE reading stored data that ``text``'s tree holds most often (a
+    stage's temporary table is not stored data: its own statement read it); (0, "") when none does."""
+    tree = sqlglot.parse_one(text, read="clickhouse")
+    graph, count = _graph(tree), expansions(tree)
+    return max(((count[id(c)], c.alias_or_name) for c in graph.ctes if id(c) in graph.reads_store), default=(0, ""))

@@ -1,0 +1,139 @@
+"""Staged queries on ClickHouse (:mod:`kvtrace.store.clickhouse.staged`): the breakdown's statement,
+which holds the scan 32 times once every CTE is expanded, runs as temporary tables made once each and
+a statement over them, in which no CTE reading stored data is held more than once (#40, item 3);
+the rows are the single statement's, on the raw table and with the materialized tables; the tables
+are gone after the query; where one cannot be made, the single statement answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("sqlglot")
+pytest.importorskip("chdb")
+clickhouse_check = pytest.importorskip("support.clickhouse_check")
+
+from kvtrace.store.clickhouse import mviews  # noqa: E402
+from kvtrace.store.clickhouse.staged import TEMP_PREFIX, most_expanded, stage  # noqa: E402
+from kvtrace.store.clickhouse.store import assemble  # noqa: E402
+
+from support import multiday  # noqa: E402
+
+BREAKDOWN_VIEWS = ("session_breakdown", "turn_breakdown", "agent_llm_calls", "trace_sessions")
+PLAIN_VIEWS = ("spans", "kv_decisions")
+
+
+def _text(view: str, shaped: bool, table: str = "otel_traces") -> str:
+    return assemble(f"SELECT * FROM {view}", (), table, False, shaped=shaped)
+
+
+@pytest.mark.parametrize("shaped", [False, True], ids=["raw", "shaped"])
+@pytest.mark.parametrize("view", BREAKDOWN_VIEWS)
+def test_no_statement_holds_a_data_cte_twice(view, shaped):
+    text = _text(view, shaped)
+    before, _ = most_expanded(text)
+    plan = stage(text)
+    assert before > 1 and plan is not None
+    assert all(name.startswith(TEMP_PREFIX) for name, _ in plan.temps)
+    assert len({name for name, _ in plan.temps}) == len(plan.temps)
+    for name, select in plan.temps:
+        assert most_expanded(select)[0] <= 1, name
+    assert most_expanded(plan.main)[0] <= 1
+
+
+@pytest.mark.parametrize("view", PLAIN_VIEWS)
+def test_a_view_without_repeated_ctes_stays_one_statement(view):
+    text = _text(view, False)
+    assert most_expanded(text)[0] == 1 and stage(text) is None
+
+
+def test_the_breakdowns_temporary_tables_are_its_shared_joins():
+    plan = stage(_text("session_breakdown", True))
+    assert plan is not None
+    assert [n.removeprefix(TEMP_PREFIX) for n, _ in plan.temps][:4] == ["b0", "bt", "bx", "pr"]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    traces = multiday.build(tmp_path_factory.mktemp("staged"), days=1)  # every convention: the joins have rows
+    raw = clickhouse_check.load_dir(traces)
+    shaped = clickhouse_check.load_dir(traces, raw.backend)
+    mviews.init(shaped.backend, shaped.table)
+    return {"raw": raw, "shaped": shaped}
+
+
+def _temporary_tables(backend) -> list[str]:
+    rows = backend.query("SELECT name FROM system.tables WHERE is_temporary").to_pylist()
+    return sorted(r["name"] for r in rows)
+
+
+def _rows(table) -> list[tuple]:
+    """The rows in a canonical order (by their cells other than floats, which a sum's order may move)."""
+    rows = [tuple(r.values()) for r in table.to_pylist()]
+    return sorted(rows, key=lambda r: tuple(repr(v) for v in r if not isinstance(v, float)))
+
+
+def _same(a, b) -> bool:
+    ra, rb = _rows(a), _rows(b)
+    return len(ra) == len(rb) and all(
+        len(x) == len(y)
+        and all(
+            math.isclose(u, v, rel_tol=1e-12) if isinstance(u, float) and isinstance(v, float) else u == v
+            for u, v in zip(x, y, strict=True)
+        )
+        for x, y in zip(ra, rb, strict=True)
+    )
+
+
+@pytest.mark.parametrize("kind", ["raw", "shaped"])
+@pytest.mark.parametrize("view", BREAKDOWN_VIEWS)
+def test_staged_rows_are_the_single_statements(stores, kind, view):
+    store = stores[kind]
+    text = _text(view, kind == "shaped", store.table)
+    plan = stage(text)
+    assert plan is not None
+    whole = store.backend.query(text)
+    fallbacks = store.backend.fallbacks
+    staged = store.backend.query_staged(plan, text)
+    assert store.backend.fallbacks == fallbacks  # made, not the single statement again
+    assert whole.num_rows > 0 and whole.schema.names == staged.schema.names
+    assert _same(staged, whole)
+    assert _temporary_tables(store.backend) == []
+
+
+def test_a_table_that_cannot_be_made_leaves_the_single_statement(stores):
+    store = stores["shaped"]
+    text = _text("session_breakdown", True, store.table)
+    plan = stage(text)
+    assert plan is not None
+    taken = plan.temps[1][0]  # the second table's name is taken: the first is made, then dropped
+    store.backend.command(f"CREATE TEMPORARY TABLE {taken} (x Int8) ENGINE = Memory")
+    try:
+        fallbacks = store.backend.fallbacks
+        assert _same(store.backend.query_staged(plan, text), store.backend.query(text))
+        assert store.backend.fallbacks == fallbacks + 1
+        assert _temporary_tables(store.backend) == [taken]  # not ours to drop
+    finally:
+        store.backend.command(f"DROP TEMPORARY TABLE {taken}")
+
+
+def test_the_store_runs_the_breakdown_staged(stores):
+    store = stores["shaped"]
+    seen = []
+    backend = store.backend
+    real = backend.query_staged
+
+    def spy(plan, sql, params=None):
+        seen.append([n for n, _ in plan.temps])
+        return real(plan, sql, params)
+
+    backend.query_staged = spy
+    fallbacks = backend.fallbacks
+    try:
+        rows = store.query("SELECT session_id FROM session_breakdown").to_pylist()
+        n = store.query("SELECT count(DISTINCT session_id) AS n FROM session_breakdown").to_pylist()[0]["n"]
+    finally:
+        del backend.query_staged
+    assert len(rows) == n > 0 and len(seen) == 2 and all(TEMP_PREFIX + "b0" in s for s in seen)
+    assert backend.fallbacks == fallbacks
