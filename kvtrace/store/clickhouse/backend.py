@@ -234,8 +234,7 @@ class ServerBackend:
 def _create_temp(name: str, select: str) -> str:
     # the table keeps the types the CTE computes: LowCardinality flags too
     return (
-        f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select} "
-        "SETTINGS allow_suspicious_low_cardinality_types = 1"
+        f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select} SETTINGS allow_suspicious_low_cardinality_types = 1"
     )
 
 
