@@ -92,8 +92,8 @@ class ChdbBackend:
     """Rows and bytes chDB read from storage for this backend's queries so far (tests and
     benchmarks check filter push-down with them)."""
     fallbacks = 0
-    """Staged queries (:mod:`.staged`) that ran as their single statement: a temporary table could
-    not be made (a ``readonly = 1`` user)."""
+    """Staged queries (:mod:`.staged`) that ran as their single statement: a stage failed (a
+    ``readonly = 1`` user cannot make a temporary table)."""
 
     def query(self, sql: str, params: dict | None = None) -> pa.Table:
         with ChdbBackend._lock:
@@ -101,7 +101,7 @@ class ChdbBackend:
 
     def query_staged(self, staged: Staged, sql: str, params: dict | None = None) -> pa.Table:
         """``staged``'s temporary tables, then its statement, in chDB's one session and under its lock
-        (no other query sees or drops them); where a table cannot be made, ``sql`` (:mod:`.staged`)."""
+        (no other query sees or drops them); where a stage fails, ``sql`` (:mod:`.staged`)."""
         with ChdbBackend._lock:
             made: list[str] = []
             try:
@@ -109,10 +109,10 @@ class ChdbBackend:
                     for name, select in staged.temps:
                         self._run(_create_temp(name, select), _used(select, params))
                         made.append(name)
-                except BackendError:
+                    return self._run(staged.main, _used(staged.main, params))
+                except BackendError:  # the single statement: the same rows, or the error it has
                     self.fallbacks += 1
                     return self._run(sql, params)
-                return self._run(staged.main, _used(staged.main, params))
             finally:
                 for name in made:
                     self._run(f"DROP TEMPORARY TABLE IF EXISTS {name}", None)
@@ -207,7 +207,7 @@ class ServerBackend:
     def query_staged(self, staged: Staged, sql: str, params: dict | None = None) -> pa.Table:
         """``staged``'s temporary tables, then its statement, in an HTTP session of their own (a
         server's temporary tables live in one session; concurrent queries each have theirs); where a
-        table cannot be made, ``sql`` (:mod:`.staged`)."""
+        stage fails, ``sql`` (:mod:`.staged`)."""
         session = uuid.uuid4().hex
         made: list[str] = []
         try:
@@ -215,10 +215,10 @@ class ServerBackend:
                 for name, select in staged.temps:
                     self.query(_create_temp(name, select), _used(select, params), session)
                     made.append(name)
-            except BackendError:
+                return self.query(staged.main, _used(staged.main, params), session)
+            except BackendError:  # e.g. a balancer sent a stage to another replica: the single statement
                 self.fallbacks += 1
                 return self.query(sql, params)
-            return self.query(staged.main, _used(staged.main, params), session)
         finally:
             for name in made:
                 with contextlib.suppress(BackendError):  # the session expires with them anyway

@@ -48,3 +48,14 @@ def test_parameters_are_bound_by_the_server(server):
     _, store = server
     rows = store.query("SELECT session_id FROM sessions WHERE session_id = $s", {"s": "session-1"}).to_pylist()
     assert rows == [{"session_id": "session-1"}]
+
+
+def test_the_breakdown_runs_staged_in_a_session_of_its_own(server):
+    """The stages' temporary tables live in one HTTP session per query (staged.py): made, read, and
+    gone afterwards; no fallback to the single statement."""
+    _, store = server
+    before = store.backend.fallbacks
+    rows = store.query("SELECT session_id FROM session_breakdown ORDER BY session_id").to_pylist()
+    assert len(rows) == 3 and store.backend.fallbacks == before
+    left = store.backend.query("SELECT name FROM system.tables WHERE is_temporary").to_pylist()
+    assert left == []

@@ -15,7 +15,7 @@ pytest.importorskip("chdb")
 clickhouse_check = pytest.importorskip("support.clickhouse_check")
 
 from kvtrace.store.clickhouse import mviews  # noqa: E402
-from kvtrace.store.clickhouse.staged import TEMP_PREFIX, most_expanded, stage  # noqa: E402
+from kvtrace.store.clickhouse.staged import TEMP_PREFIX, Staged, most_expanded, stage  # noqa: E402
 from kvtrace.store.clickhouse.store import assemble  # noqa: E402
 
 from support import multiday  # noqa: E402
@@ -116,6 +116,18 @@ def test_a_table_that_cannot_be_made_leaves_the_single_statement(stores):
         assert _temporary_tables(store.backend) == [taken]  # not ours to drop
     finally:
         store.backend.command(f"DROP TEMPORARY TABLE {taken}")
+
+
+def test_a_statement_that_fails_over_its_tables_leaves_the_single_statement(stores):
+    """As when a balancer sends the statement to a replica without the session's tables."""
+    store = stores["raw"]
+    text = _text("session_breakdown", False, store.table)
+    plan = stage(text)
+    assert plan is not None
+    broken = Staged(plan.temps, plan.main.replace(plan.temps[-1][0], "kvtrace_stage_missing"))
+    fallbacks = store.backend.fallbacks
+    assert _same(store.backend.query_staged(broken, text), store.backend.query(text))
+    assert store.backend.fallbacks == fallbacks + 1 and _temporary_tables(store.backend) == []
 
 
 def test_the_store_runs_the_breakdown_staged(stores):
