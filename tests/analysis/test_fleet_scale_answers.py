@@ -106,6 +106,29 @@ def test_lookups_equal_the_raw_spans_and_are_what_is_read(store):
     )
 
 
+def test_a_days_facets_are_its_spans(store):
+    """The facets of a time range (the sessions page's day) from one grouped pass: the values the
+    spans starting in it have; an empty range has none and no span."""
+    raw = store["raw"]
+    lo, hi = multiday.day_range(1)
+    got = sessions.facets(store["partials"], Filters(start_ns=lo, end_ns=hi))
+    assert got == sessions.facets(raw, Filters(start_ns=lo, end_ns=hi))
+    rows = raw.sql(
+        "SELECT service_name, substrate, start_ns, end_ns FROM spans WHERE start_ns BETWEEN $lo AND $hi",
+        params={"lo": lo, "hi": hi},
+    ).fetchall()
+    assert got == {
+        "services": sorted({r[0] for r in rows if r[0]}),
+        "substrates": sorted({r[1] for r in rows if r[1] is not None}),
+        "start_ns": min(r[2] for r in rows),
+        "end_ns": max(r[3] for r in rows),
+        "spans": len(rows),
+    }
+    assert len(got["services"]) > 1 and got["spans"] < sessions.facets(raw)["spans"]
+    none = sessions.facets(raw, Filters(start_ns=1, end_ns=2))
+    assert none == {"services": [], "substrates": [], "start_ns": None, "end_ns": None, "spans": 0}
+
+
 def test_a_days_bounds_cover_its_sessions_whole(store):
     con = store["partials"]
     lo, hi = multiday.day_range(0)
