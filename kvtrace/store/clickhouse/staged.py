@@ -186,23 +186,36 @@ def stage(text: str) -> Staged | None:
     if not made:
         return None
     chosen = [c for c in reversed(_order(graph)) if id(c) in made]  # dependencies first
-    plans = []
-    for c in chosen:
-        deps = _closure(c, graph)
-        if deps is None:
-            return None
-        plans.append((c, deps))
+    if any(_closure(c, graph) is None for c in chosen):
+        return None
     names = [c.alias_or_name for c in chosen]
     if len(set(names)) != len(names):
         return None  # two CTEs of one name made into tables: leave it whole
     temps = []
-    for c, deps in plans:
+    for c in chosen:
+        # what it reads now: a CTE made before it is its table, so what that one read is left out
+        deps = _closure(c, graph) or []
         name = TEMP_PREFIX + c.alias_or_name
         body = c.this.sql("clickhouse")
         with_ = f"WITH {', '.join(d.sql('clickhouse') for d in deps)} " if deps else ""
         temps.append((name, f"{with_}SELECT * FROM ({body}) AS {name}"))
         c.set("this", sqlglot.parse_one(f"SELECT * FROM {name}", read="clickhouse"))
+    _prune(tree)
     return Staged(tuple(temps), tree.sql("clickhouse"))
+
+
+def _prune(tree: exp.Expr) -> None:
+    """Drop the CTEs nothing reads any more (what the stages' tables replaced): less to parse."""
+    while True:
+        used = {id(_resolve(t)) for t in tree.find_all(exp.Table)}
+        dead = [c for c in tree.find_all(exp.CTE) if id(c) not in used]
+        if not dead:
+            return
+        for c in dead:
+            with_ = c.parent
+            c.pop()
+            if isinstance(with_, exp.With) and not with_.expressions:
+                with_.pop()
 
 
 def most_expanded(text: str) -> tuple[int, str]:

@@ -10,9 +10,11 @@ import math
 
 import pytest
 
-pytest.importorskip("sqlglot")
+sqlglot = pytest.importorskip("sqlglot")
 pytest.importorskip("chdb")
 clickhouse_check = pytest.importorskip("support.clickhouse_check")
+
+from sqlglot import exp  # noqa: E402
 
 from kvtrace.store.clickhouse import mviews  # noqa: E402
 from kvtrace.store.clickhouse.staged import TEMP_PREFIX, Staged, most_expanded, stage  # noqa: E402
@@ -39,7 +41,15 @@ def test_no_statement_holds_a_data_cte_twice(view, shaped):
     assert len({name for name, _ in plan.temps}) == len(plan.temps)
     for name, select in plan.temps:
         assert most_expanded(select)[0] <= 1, name
+        assert _unread_ctes(select) == set(), name  # a stage carries only what it reads
     assert most_expanded(plan.main)[0] <= 1
+    assert _unread_ctes(plan.main) == set()
+
+
+def _unread_ctes(sql: str) -> set[str]:
+    tree = sqlglot.parse_one(sql, read="clickhouse")
+    read = {t.name for t in tree.find_all(exp.Table)}
+    return {c.alias_or_name for c in tree.find_all(exp.CTE)} - read
 
 
 @pytest.mark.parametrize("view", PLAIN_VIEWS)
