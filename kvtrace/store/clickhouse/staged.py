@@ -69,13 +69,13 @@ def _ancestors(node: exp.Expr) -> list[exp.Expr]:
 @dataclass
 class _Graph:
     ctes: list[exp.CTE]
-    refs: dict[int, list[tuple[exp.CTE | None, exp.CTE]]]  # id(target) -> [(owner, target)] per reference
+    owners: dict[int, list[exp.CTE | None]]  # id(CTE) -> the CTE each reference to it is in (None: the final SELECT)
     reads_store: set[int]
 
 
 def _graph(tree: exp.Expr) -> _Graph:
     ctes = list(tree.find_all(exp.CTE))
-    refs: dict[int, list] = {id(c): [] for c in ctes}
+    owners: dict[int, list] = {id(c): [] for c in ctes}
     direct: dict[int, set[int]] = {id(c): set() for c in ctes}
     stored: set[int] = set()
     for table in tree.find_all(exp.Table):
@@ -84,7 +84,7 @@ def _graph(tree: exp.Expr) -> _Graph:
             if owner is not None and not table.name.startswith(TEMP_PREFIX):  # a stage's table was read once
                 stored.add(id(owner))
             continue
-        refs[id(target)].append((owner, target))
+        owners[id(target)].append(owner)
         if owner is not None:
             direct[id(owner)].add(id(target))
     by_id = {id(c): c for c in ctes}
@@ -103,24 +103,21 @@ def _graph(tree: exp.Expr) -> _Graph:
 
     for c in ctes:
         reads_store(id(c))
-    return _Graph(ctes, refs, reads)
+    return _Graph(ctes, owners, reads)
 
 
 def _order(graph: _Graph) -> list[exp.CTE]:
     """CTEs with every CTE that references them (owner) before them."""
-    out, seen = [], set()
-    users: dict[int, list[exp.CTE]] = {id(c): [] for c in graph.ctes}
-    for c in graph.ctes:
-        for owner, _ in graph.refs[id(c)]:
-            if owner is not None:
-                users[id(c)].append(owner)
+    out: list[exp.CTE] = []
+    seen: set[int] = set()
 
     def visit(c: exp.CTE) -> None:
         if id(c) in seen:
             return
         seen.add(id(c))
-        for u in users[id(c)]:
-            visit(u)
+        for owner in graph.owners[id(c)]:
+            if owner is not None:
+                visit(owner)
         out.append(c)
 
     for c in graph.ctes:
@@ -140,7 +137,7 @@ def expansions(tree: exp.Expr, made: frozenset[int] = frozenset()) -> dict[int, 
 
 def _count(graph: _Graph, c: exp.CTE, made: set[int] | frozenset[int], count: dict[int, int]) -> int:
     """How many times ``c`` is held, given its users' counts (a table's user reads it once)."""
-    return sum(1 if owner is None or id(owner) in made else count[id(owner)] for owner, _ in graph.refs[id(c)])
+    return sum(1 if owner is None or id(owner) in made else count[id(owner)] for owner in graph.owners[id(c)])
 
 
 def _closure(c: exp.CTE, graph: _Graph) -> list[exp.CTE] | None:
