@@ -224,7 +224,17 @@ def main() -> int:
     p.add_argument("--history", type=int, nargs="+", metavar="DAYS", help="history lengths (e.g. 7 14): history.py")
     p.add_argument("--spans-per-day", type=int, default=143_000, help="with --history (default 143000)")
     p.add_argument("--small", help="with --history: a small trace directory (default: a kvtrace demo run)")
+    p.add_argument(
+        "--tile",
+        type=int,
+        default=0,
+        metavar="DAYS",
+        help="with --history: longer histories repeat this one's Parquet, shifted and with distinct ids, "
+        "instead of generating their own (generating takes about 17 min per 10M spans)",
+    )
     args = p.parse_args()
+    if args.tile and any(d % args.tile for d in args.history or ()):
+        p.error(f"--tile {args.tile}: every --history length must be a multiple of it")
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-ch-"))
     parquet, db = root / "parquet", root / "chdb"
     try:
@@ -232,7 +242,8 @@ def main() -> int:
             from history import demo_store, run_history
 
             small = Path(args.small) if args.small else demo_store(root)
-            run_history(root, sorted(args.history), args.spans_per_day, args.threads, max(2, args.repeat), small)
+            lengths, repeat = sorted(args.history), max(2, args.repeat)
+            run_history(root, lengths, args.spans_per_day, args.threads, repeat, small, args.tile)
         else:
             if not parquet.exists():
                 t = time.perf_counter()

@@ -17,6 +17,10 @@ clickhouse init`` on the empty table, so the views shape the inserts).  Printed:
 ``--small DIR`` (default: a ``kvtrace demo --sessions 2`` run made here) adds ``session_breakdown`` and
 ``turn_breakdown`` of a small store, the cost of analysing the query.
 
+``--tile DAYS``: a longer history is that history's Parquet inserted again and again
+(:func:`_copy`: shifted by ``DAYS`` days per copy, ids made distinct) instead of generated, so 100 M
+spans load in minutes (``--history 7 70 --tile 7``).
+
 Each shaped question runs a third time as one statement (``shaped 1st``: :mod:`kvtrace.store.clickhouse.staged`
 off, every CTE inlined at each reference, as before staging): the baseline of staging, same run.
 """
@@ -59,9 +63,34 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def insert(backend, parquet: Path, table: str, shaped: bool, threads: int) -> tuple[float, float]:
+def _copy(k: int, days: int) -> str:
+    """The select list of copy ``k`` of a ``days``-day Parquet set (``k`` > 0: ``k * days`` days later,
+    trace ids' first two hex digits ``k``, the tiled session / request ids suffixed ``-t<k>``)."""
+    from kvtrace.store.sql import CLICKHOUSE, literal
+    from kvtrace.testing.stores import TILED_IDS
+
+    if k == 0:
+        return "* EXCEPT (SpanAttributesInt, SpanAttributesFloat)"
+    shift, prefix = f"toIntervalDay({k * days})", literal(f"{k:02x}", CLICKHOUSE)
+    ids = ", ".join(literal(a, CLICKHOUSE) for a in TILED_IDS)
+
+    def trace(col: str) -> str:
+        return f"if({col} = '', {col}, concat({prefix}, substring({col}, 3)))"
+
+    return (
+        "* EXCEPT (SpanAttributesInt, SpanAttributesFloat) REPLACE ("
+        f"Timestamp + {shift} AS Timestamp, {trace('TraceId')} AS TraceId, "
+        f"arrayMap(t -> t + {shift}, `Events.Timestamp`) AS `Events.Timestamp`, "
+        f"arrayMap(x -> {trace('x')}, `Links.TraceId`) AS `Links.TraceId`, "
+        f"mapApply((a, v) -> (a, if(a IN ({ids}), concat(v, '-t{k}'), v)), SpanAttributes) AS SpanAttributes)"
+    )
+
+
+def insert(
+    backend, parquet: Path, table: str, shaped: bool, threads: int, copies: tuple[int, int] = (1, 0)
+) -> tuple[float, float]:
     """``parquet`` into a new exporter table (``shaped``: with the materialized tables first), as the
-    exporter inserts; (wall s, CPU s)."""
+    exporter inserts; ``copies``: (n, days) inserts it ``n`` times (:func:`_copy`); (wall s, CPU s)."""
     from kvtrace.store.clickhouse import ddl, load, mviews
     from kvtrace.store.sql import CLICKHOUSE, literal
 
@@ -74,13 +103,12 @@ def insert(backend, parquet: Path, table: str, shaped: bool, threads: int) -> tu
     settings = {**load.exporter_settings(backend), "max_insert_threads": str(threads), "max_threads": str(threads)}
     listed = ", ".join(f"{k} = {literal(v, CLICKHOUSE)}" for k, v in settings.items())
     glob = literal(str(parquet / "**" / "*.parquet"), CLICKHOUSE)
-    sql = ddl.render(
-        f"INSERT INTO {{table}} SELECT * EXCEPT (SpanAttributesInt, SpanAttributesFloat) FROM file({glob}, Parquet) "
-        f"SETTINGS {listed}",
-        table,
-    )
     w, c = time.perf_counter(), _cpu()
-    backend.command(sql)
+    for k in range(copies[0]):
+        select = _copy(k, copies[1]).replace("{", "{{").replace("}", "}}")
+        backend.command(
+            ddl.render(f"INSERT INTO {{table}} SELECT {select} FROM file({glob}, Parquet) SETTINGS {listed}", table)
+        )
     return time.perf_counter() - w, _cpu() - c
 
 
@@ -133,7 +161,11 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-def run_history(root: Path, lengths: list[int], per_day: int, threads: int, repeat: int, small: Path | None) -> None:
+def run_history(
+    root: Path, lengths: list[int], per_day: int, threads: int, repeat: int, small: Path | None, tile: int = 0
+) -> None:
+    """The module doc's runs; ``tile``: a history length whose Parquet longer ones repeat (:func:`_copy`)
+    instead of generating their own."""
     from kvtrace.store.clickhouse.backend import ChdbBackend
     from kvtrace.store.clickhouse.store import ClickHouseStore
 
@@ -141,14 +173,15 @@ def run_history(root: Path, lengths: list[int], per_day: int, threads: int, repe
     backend.command(f"SET max_threads = {threads}")
     results, spans = {}, {}
     for days in lengths:
-        parquet = root / f"parquet-{days}d"
+        copies = (days // tile, tile) if tile and days > tile else (1, 0)
+        parquet = root / f"parquet-{copies[1] or days}d"
         if not parquet.exists():
-            generate(parquet, per_day * days, days, root / f"work-{days}d")
+            generate(parquet, per_day * (copies[1] or days), copies[1] or days, root / f"work-{days}d")
         backend.command(f"CREATE DATABASE IF NOT EXISTS h{days}")
         stores = {}
         for kind in (RAW, SHAPED):
             table = f"h{days}.{kind}"
-            wall, cpu = insert(backend, parquet, table, kind == SHAPED, threads)
+            wall, cpu = insert(backend, parquet, table, kind == SHAPED, threads, copies)
             stores[kind] = ClickHouseStore(backend, table)
             n = stores[kind].query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
             spans[days] = n

@@ -64,6 +64,25 @@ def test_bench_history_answers_each_question_at_both_history_lengths(tmp_path):
     assert len(_lines_starting(got.stdout, "| before #40: one day |")) == 1, got.stdout  # equal answers checked
 
 
+def test_bench_clickhouse_tiles_a_longer_history_and_answers_alike_on_every_table(tmp_path):
+    """``--tile``: the two-day history is the one-day Parquet inserted twice (new ids, a day later):
+    twice the spans, and every question's answer the same raw, shaped, staged and as one statement."""
+    pytest.importorskip("chdb")
+    scale = ("--history", "1", "2", "--tile", "1", "--spans-per-day", "3000", "--repeat", "2")
+    got = _run("clickhouse/bench_clickhouse.py", *scale, "--dir", str(tmp_path))
+    assert got.returncode == 0, got.stderr[-3000:]
+    inserted = {}
+    for line in _lines_starting(got.stdout, "1 d, ") + _lines_starting(got.stdout, "2 d, "):
+        head, _, rest = line.partition(": ")
+        inserted[head] = int(rest.split()[0].replace(",", ""))
+    assert set(inserted) == {"1 d, raw", "1 d, shaped", "2 d, raw", "2 d, shaped"}, got.stdout
+    assert inserted["2 d, raw"] == inserted["2 d, shaped"] == 2 * inserted["1 d, raw"] > 0
+    heads = ("| 1 d |", "| 2 d |", "| small |", "| session_breakdown |", "| turn_breakdown |")
+    rows = [line for line in got.stdout.splitlines() if line.startswith(heads)]
+    answers = [line.rstrip(" |").rsplit("| ", 1)[1] for line in rows if line.endswith(("same |", "DIFFERENT |"))]
+    assert len(answers) == 3 * 2 * 2 + 2 + 2 and set(answers) == {"same"}, got.stdout
+
+
 def test_bench_proxy_drives_every_mode_and_prints_the_targets():
     got = _run("proxy/bench_proxy.py", "--requests", "8", "--rounds", "1", "--concurrency", "1", "--lag-requests", "0")
     assert got.returncode == 0, got.stderr[-3000:] + got.stdout[-3000:]

@@ -20,7 +20,7 @@ import re
 import threading
 import urllib.parse
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -99,6 +99,11 @@ class ChdbBackend:
         with ChdbBackend._lock:
             return self._run(sql, params)
 
+    elided = _written = 0
+    """Stage tables made empty from their known columns (:meth:`_make`), their SELECT not run."""
+    _columns: ClassVar[dict[str, str]] = {}  # a stage's SELECT -> its table's columns, once made (this directory's)
+    _aggregates: ClassVar[frozenset[str] | None] = None  # the aggregate functions' names, lower case
+
     def query_staged(self, staged: Staged, sql: str, params: dict | None = None) -> pa.Table:
         """``staged``'s temporary tables, then its statement, in chDB's one session and under its lock
         (no other query sees or drops them); where a stage fails, ``sql`` (:mod:`.staged`)."""
@@ -106,21 +111,48 @@ class ChdbBackend:
             made: list[str] = []
             try:
                 try:
-                    for name, select in staged.temps:
-                        self._run(_create_temp(name, select), _used(select, params))
+                    empty: set[str] = set()
+                    for i, (name, _) in enumerate(staged.temps):
+                        if self._make(staged, i, params, empty):
+                            empty.add(name)
                         made.append(name)
                     return self._run(staged.main, _used(staged.main, params))
                 except BackendError:  # the single statement: the same rows, or the error it has
                     self.fallbacks += 1
                     return self._run(sql, params)
             finally:
-                for name in made:
-                    self._run(f"DROP TEMPORARY TABLE IF EXISTS {name}", None)
+                if made:
+                    self._run(f"DROP TEMPORARY TABLE IF EXISTS {', '.join(made)}", None)
+
+    def _make(self, staged: Staged, i: int, params: dict | None, empty: set[str]) -> bool:
+        """Stage ``i``'s table (under ``_lock``); True when it has no rows.  A stage strict in a table
+        already empty (:func:`.staged.strict_in`), whose columns a run has seen, is made empty from them:
+        no analysis, no plan."""
+        name, select = staged.temps[i]
+        strict = staged.strict[i] if staged.strict else frozenset()
+        columns = ChdbBackend._columns.get(select)
+        assumed = {f.lower() for f in staged.assumed[i]} if strict & empty else set()
+        if strict & empty and columns is not None and not assumed & self._aggregate_names():
+            self._run(f"CREATE TEMPORARY TABLE {name} ({columns}) ENGINE = Memory{_LOW_CARD}", None)
+            self.elided += 1
+            return True
+        self._run(_create_temp(name, select), _used(select, params))
+        written = self._written
+        if strict and columns is None:  # it may be made empty later: keep its columns
+            described = self._run(f"DESCRIBE TABLE {name}", None).to_pylist()
+            ChdbBackend._columns[select] = ", ".join(f"{_quote(r['name'])} {r['type']}" for r in described)
+        return written == 0
+
+    def _aggregate_names(self) -> frozenset[str]:
+        if ChdbBackend._aggregates is None:
+            rows = self._run("SELECT name FROM system.functions WHERE is_aggregate", None).column("name")
+            ChdbBackend._aggregates = frozenset(n.lower() for n in rows.to_pylist())
+        return ChdbBackend._aggregates
 
     def _run(self, sql: str, params: dict | None) -> pa.Table:
         """One statement (under ``_lock``)."""
         result = _has_result(sql)
-        params = {k: _NULL if v is None else v for k, v in (params or {}).items()}
+        params = _bound(params)
         conn = ChdbBackend._connection()
         try:
             out = conn.query(sql, "Arrow" if result else "CSV", params=params or None)
@@ -128,6 +160,7 @@ class ChdbBackend:
             raise BackendError(_one_line(exc)) from None
         self.rows_read += out.storage_rows_read()
         self.bytes_read += out.storage_bytes_read()
+        self._written = out.rows_written()
         if not result:
             return pa.table({})
         return normalise(pa.ipc.open_file(pa.py_buffer(out.bytes())).read_all())
@@ -158,6 +191,7 @@ class ChdbBackend:
             if cls._conn is not None:
                 cls._conn.close()
             cls._conn, cls._path = None, None
+            cls._columns, cls._aggregates = {}, None
 
 
 class ServerBackend:
@@ -231,11 +265,20 @@ class ServerBackend:
         self.client.close()
 
 
+_LOW_CARD = " SETTINGS allow_suspicious_low_cardinality_types = 1"
+
+
 def _create_temp(name: str, select: str) -> str:
     # the table keeps the types the CTE computes: LowCardinality flags too
-    return (
-        f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select} SETTINGS allow_suspicious_low_cardinality_types = 1"
-    )
+    return f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select}{_LOW_CARD}"
+
+
+def _bound(params: dict | None) -> dict:
+    return {k: _NULL if v is None else v for k, v in (params or {}).items()}
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
 def _used(sql: str, params: dict | None) -> dict:

@@ -12,6 +12,12 @@ with two bodies, a recursive WITH, SQL it cannot parse) is left as one statement
 The backend runs the stages in one session (:meth:`.backend.ChdbBackend.query_staged`); where
 temporary tables cannot be made (a ``readonly = 1`` user), it runs the single statement, which
 gives the same rows.
+
+Each stage also names the earlier tables it is *strict* in (:func:`strict_in`): any one of them empty,
+the stage is empty whatever else it reads (it reads it through FROM, inner joins, or every branch of a
+UNION, with no aggregate that answers a row on no input).  A session of one convention leaves the other
+conventions' joins empty; chDB then makes those tables empty from their known columns instead of
+analysing and planning their SELECTs, which is most of a small question's time.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ class Staged:
 
     temps: tuple[tuple[str, str], ...]
     main: str
+    strict: tuple[frozenset[str], ...] = ()
+    """Per table of ``temps``: the earlier tables it is strict in (module doc)."""
+    assumed: tuple[frozenset[str], ...] = ()
+    """Per table of ``temps``: the functions SQLGlot does not know that its strictness takes for plain
+    functions (the backend checks them against the server's aggregates before it relies on it)."""
 
 
 def _owner(node: exp.Expr) -> exp.CTE | None:
@@ -198,7 +209,73 @@ def stage(text: str) -> Staged | None:
         temps.append((name, f"{with_}SELECT * FROM ({body}) AS {name}"))
         c.set("this", sqlglot.parse_one(f"SELECT * FROM {name}", read="clickhouse"))
     _prune(tree)
-    return Staged(tuple(temps), tree.sql("clickhouse"))
+    strict = [strict_in(select) for _, select in temps]
+    return Staged(tuple(temps), tree.sql("clickhouse"), tuple(t for t, _ in strict), tuple(f for _, f in strict))
+
+
+# ------------------------------------------------------------------------- strictness
+
+_SETOPS = (exp.Union, exp.Intersect, exp.Except)
+
+
+def strict_in(select: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The stage tables (:data:`TEMP_PREFIX`) that ``select`` is strict in (with any one of them empty,
+    it has no rows), provided none of the functions returned second, which SQLGlot does not know, is an
+    aggregate.  Sound, not complete: anything it cannot prove adds no table."""
+    tree = sqlglot.parse_one(select, read="clickhouse")
+    tables = _strict(tree, {})
+    return tables, frozenset(f.name for f in tree.find_all(exp.Anonymous)) if tables else frozenset()
+
+
+def _strict(q: exp.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    if isinstance(q, exp.Subquery):
+        return _strict(q.this, memo)
+    if isinstance(q, exp.Except):
+        return _strict(q.this, memo)
+    if isinstance(q, exp.Intersect):
+        return _strict(q.this, memo) | _strict(q.expression, memo)
+    if isinstance(q, exp.Union):
+        return _strict(q.this, memo) & _strict(q.expression, memo)
+    if not isinstance(q, exp.Select) or _answers_on_no_input(q):
+        return frozenset()
+    from_ = q.args.get("from_") or q.args.get("from")
+    joins = q.args.get("joins") or []
+    if from_ is None or any((j.side or "").upper() in ("RIGHT", "FULL") for j in joins):
+        return frozenset()
+    out = _source(from_.this, memo)
+    for j in joins:
+        if not j.side and (j.kind or "").upper() in ("", "INNER", "CROSS"):
+            out |= _source(j.this, memo)
+    return out
+
+
+def _source(src: exp.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    if isinstance(src, exp.Subquery):
+        return _strict(src.this, memo)
+    if not isinstance(src, exp.Table) or not isinstance(src.this, exp.Identifier):  # a table function
+        return frozenset()
+    cte = _resolve(src)
+    if cte is None:
+        return frozenset({src.name}) if src.name.startswith(TEMP_PREFIX) and not src.db else frozenset()
+    if id(cte) not in memo:
+        memo[id(cte)] = frozenset()  # (a cycle proves nothing)
+        memo[id(cte)] = _strict(cte.this, memo)
+    return memo[id(cte)]
+
+
+def _answers_on_no_input(q: exp.Select) -> bool:
+    """A row from no input: an aggregate over the whole input (no GROUP BY), or a GROUP BY with totals,
+    rollup, cube, grouping sets or no expression.  (A function SQLGlot does not know is taken for a
+    plain one here: :func:`strict_in` returns their names.)"""
+    group = q.args.get("group")
+    if group is not None:
+        return any(group.args.get(k) for k in ("totals", "rollup", "cube", "grouping_sets")) or not group.expressions
+    own = (*q.expressions, q.args.get("having"), q.args.get("qualify"))
+    for part in own:
+        for f in part.find_all(exp.AggFunc) if part is not None else ():
+            if f.find_ancestor(exp.Select) is q and f.find_ancestor(exp.Window) is None:
+                return True
+    return False
 
 
 def _prune(tree: exp.Expr) -> None:
