@@ -102,7 +102,7 @@ class ChdbBackend:
     elided = _written = 0
     """Stage tables made empty from their known columns (:meth:`_make`), their SELECT not run."""
     _columns: ClassVar[dict[str, str]] = {}  # a stage's SELECT -> its table's columns, once made (this directory's)
-    _aggregates: ClassVar[frozenset[str] | None] = None  # the aggregate functions' names, lower case
+    _aggregates: ClassVar[tuple[frozenset[str], tuple[str, ...]] | None] = None  # aggregates, combinators
 
     def query_staged(self, staged: Staged, sql: str, params: dict | None = None) -> pa.Table:
         """``staged``'s temporary tables, then its statement, in chDB's one session and under its lock
@@ -131,8 +131,7 @@ class ChdbBackend:
         name, select = staged.temps[i]
         strict = staged.strict[i] if staged.strict else frozenset()
         columns = ChdbBackend._columns.get(select)
-        assumed = {f.lower() for f in staged.assumed[i]} if strict & empty else set()
-        if strict & empty and columns is not None and not assumed & self._aggregate_names():
+        if strict & empty and columns is not None and not any(map(self._is_aggregate, staged.assumed[i])):
             self._run(f"CREATE TEMPORARY TABLE {name} ({columns}) ENGINE = Memory{_LOW_CARD}", None)
             self.elided += 1
             return True
@@ -143,11 +142,24 @@ class ChdbBackend:
             ChdbBackend._columns[select] = ", ".join(f"{_quote(r['name'])} {r['type']}" for r in described)
         return written == 0
 
-    def _aggregate_names(self) -> frozenset[str]:
+    def _is_aggregate(self, name: str) -> bool:
+        """Whether ``name`` is an aggregate here: one of ``system.functions``' or one with combinators
+        (``uniqExactIf``: ``system.aggregate_function_combinators``' suffixes)."""
         if ChdbBackend._aggregates is None:
-            rows = self._run("SELECT name FROM system.functions WHERE is_aggregate", None).column("name")
-            ChdbBackend._aggregates = frozenset(n.lower() for n in rows.to_pylist())
-        return ChdbBackend._aggregates
+            names = self._run("SELECT name FROM system.functions WHERE is_aggregate", None).column("name")
+            suffixes = self._run("SELECT name FROM system.aggregate_function_combinators", None).column("name")
+            ChdbBackend._aggregates = (
+                frozenset(n.lower() for n in names.to_pylist()),
+                tuple(n.lower() for n in suffixes.to_pylist()),
+            )
+        aggregates, combinators = ChdbBackend._aggregates
+        name = name.lower()
+        while name not in aggregates:
+            base = next((name[: -len(c)] for c in combinators if name.endswith(c) and len(name) > len(c)), None)
+            if base is None:
+                return False
+            name = base
+        return True
 
     def _run(self, sql: str, params: dict | None) -> pa.Table:
         """One statement (under ``_lock``)."""

@@ -215,16 +215,24 @@ def stage(text: str) -> Staged | None:
 
 # ------------------------------------------------------------------------- strictness
 
-_SETOPS = (exp.Union, exp.Intersect, exp.Except)
-
 
 def strict_in(select: str) -> tuple[frozenset[str], frozenset[str]]:
     """The stage tables (:data:`TEMP_PREFIX`) that ``select`` is strict in (with any one of them empty,
-    it has no rows), provided none of the functions returned second, which SQLGlot does not know, is an
-    aggregate.  Sound, not complete: anything it cannot prove adds no table."""
+    it has no rows), provided none of the functions it calls, returned second, is an aggregate that
+    SQLGlot does not know for one (the backend checks them against the server's).  Sound, not complete:
+    anything it cannot prove adds no table."""
     tree = sqlglot.parse_one(select, read="clickhouse")
     tables = _strict(tree, {})
-    return tables, frozenset(f.name for f in tree.find_all(exp.Anonymous)) if tables else frozenset()
+    if not tables:
+        return tables, frozenset()
+    calls = (f for f in tree.find_all(exp.Func) if not isinstance(f, exp.AggFunc) and not _windowed(f))
+    names = (f.name if isinstance(f, exp.Anonymous) else _called(f) for f in calls)
+    return tables, frozenset(n for n in names if n.isidentifier())  # (operators are Funcs too)
+
+
+def _called(f: exp.Func) -> str:
+    """The name ClickHouse calls ``f`` by (its SQL up to the parenthesis)."""
+    return f.sql("clickhouse").split("(", 1)[0].strip()
 
 
 def _strict(q: exp.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
@@ -264,18 +272,28 @@ def _source(src: exp.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
 
 
 def _answers_on_no_input(q: exp.Select) -> bool:
-    """A row from no input: an aggregate over the whole input (no GROUP BY), or a GROUP BY with totals,
-    rollup, cube, grouping sets or no expression.  (A function SQLGlot does not know is taken for a
-    plain one here: :func:`strict_in` returns their names.)"""
+    """A row from no input: ``ORDER BY ... WITH FILL`` (it makes rows between bounds), an aggregate
+    over the whole input (no GROUP BY), or a GROUP BY with totals, rollup, cube, grouping sets or no
+    expression.  (A function SQLGlot does not know for an aggregate is taken for a plain one here:
+    :func:`strict_in` returns the names.)"""
+    order = q.args.get("order")
+    if order is not None and any(o.args.get("with_fill") for o in order.expressions):
+        return True
     group = q.args.get("group")
     if group is not None:
         return any(group.args.get(k) for k in ("totals", "rollup", "cube", "grouping_sets")) or not group.expressions
-    own = (*q.expressions, q.args.get("having"), q.args.get("qualify"))
+    own = (*q.expressions, q.args.get("having"), q.args.get("qualify"), order)
     for part in own:
         for f in part.find_all(exp.AggFunc) if part is not None else ():
-            if f.find_ancestor(exp.Select) is q and f.find_ancestor(exp.Window) is None:
+            if f.find_ancestor(exp.Select) is q and not _windowed(f):
                 return True
     return False
+
+
+def _windowed(f: exp.Func) -> bool:
+    """``f`` is a window's function (``... OVER``), a value per row, not an aggregate of the input (an
+    aggregate inside its arguments still is one)."""
+    return isinstance(f.parent, exp.Window)
 
 
 def _prune(tree: exp.Expr) -> None:

@@ -182,10 +182,14 @@ STRICTNESS = [  # (select, the tables it is strict in)
     (f"SELECT a, count() AS n FROM {X} GROUP BY a", {X}),
     (f"SELECT a, count() AS n FROM {X} GROUP BY a WITH TOTALS", set()),
     (f"SELECT a, max(a) OVER () AS m FROM {X}", {X}),
+    (f"SELECT a, ROW_NUMBER() OVER (ORDER BY a) AS n FROM {X}", {X}),
+    (f"SELECT sum(count()) OVER () AS m FROM {X}", set()),
     (f"SELECT a FROM {X} UNION ALL SELECT a FROM {Y}", set()),
     (f"SELECT a FROM {X} UNION ALL SELECT x.a FROM {X} AS x JOIN {Y} AS y ON x.a = y.a", {X}),
     (f"WITH c AS (SELECT a FROM {X}) SELECT * FROM (SELECT a FROM c) AS s", {X}),
     (f"SELECT a FROM {X} WHERE a NOT IN (SELECT a FROM {Y})", {X}),
+    (f"SELECT a FROM {X} ORDER BY a WITH FILL FROM 0 TO 3", set()),
+    (f"SELECT 1 AS a FROM {X} ORDER BY count()", set()),
     ("SELECT 1 AS a", set()),
     ("SELECT number AS a FROM numbers(3)", set()),
 ]
@@ -195,8 +199,8 @@ STRICTNESS = [  # (select, the tables it is strict in)
 def test_a_stage_is_strict_in_the_tables_that_empty_it(stores, select, expected):
     """The analysis (what :func:`strict_in` returns) and chDB agree: each table it names, empty with
     the other holding a row, leaves no row; each it does not name leaves one (but :data:`UNPROVED`)."""
-    tables, assumed = strict_in(select)
-    assert tables == expected and assumed == frozenset()
+    tables, _ = strict_in(select)
+    assert tables == expected
     backend = stores["raw"].backend
     for empty in (X, Y):
         backend.command(f"CREATE TEMPORARY TABLE {X} (a Int64) ENGINE = Memory")
@@ -211,9 +215,21 @@ def test_a_stage_is_strict_in_the_tables_that_empty_it(stores, select, expected)
         assert (rows == 0) == (empty in tables or UNPROVED.get(select) == empty), (empty, rows)
 
 
-def test_a_function_sqlglot_does_not_know_is_returned_for_the_backend_to_check():
-    tables, assumed = strict_in(f"SELECT kvtraceNoSuchFn(a) AS b FROM {X}")
-    assert tables == {X} and assumed == {"kvtraceNoSuchFn"}
+def test_the_functions_a_strict_stage_calls_are_returned_for_the_backend_to_check(stores):
+    tables, assumed = strict_in(f"SELECT kvtraceNoSuchFn(a) AS b, COALESCE(a, 0) AS c FROM {X}")
+    assert tables == {X} and assumed == {"kvtraceNoSuchFn", "COALESCE"}
+    backend = stores["raw"].backend
+    names = (
+        "groupArray",
+        "GROUPARRAY",
+        "uniqExactIf",
+        "sumArrayIf",
+        "COALESCE",
+        "intDivOrNull",
+        "If",
+        "kvtraceNoSuchFn",
+    )
+    assert [backend._is_aggregate(n) for n in names] == [True, True, True, True, False, False, False, False]
     assert strict_in(f"SELECT kvtraceNoSuchFn(a) AS b FROM {X} LEFT JOIN {Y} ON 1 RIGHT JOIN {Y} ON 1") == (
         frozenset(),
         frozenset(),
