@@ -112,11 +112,15 @@ class ChdbBackend:
             try:
                 try:
                     empty: set[str] = set()
+                    largest = 0  # rows of the largest table made so far
                     for i, (name, _) in enumerate(staged.temps):
-                        if self._make(staged, i, params, empty):
+                        rows = self._make(staged, i, params, empty, self._plain(staged, i, largest))
+                        if not rows:
                             empty.add(name)
+                        largest = max(largest, rows)
                         made.append(name)
-                    return self._run(staged.main, _used(staged.main, params))
+                    plain = self._plain(staged, len(staged.temps), largest)
+                    return self._run(staged.main + (f" SETTINGS {_PLAIN}" if plain else ""), _used(staged.main, params))
                 except BackendError:  # the single statement: the same rows, or the error it has
                     self.fallbacks += 1
                     return self._run(sql, params)
@@ -124,23 +128,31 @@ class ChdbBackend:
                 if made:
                     self._run(f"DROP TEMPORARY TABLE IF EXISTS {', '.join(made)}", None)
 
-    def _make(self, staged: Staged, i: int, params: dict | None, empty: set[str]) -> bool:
-        """Stage ``i``'s table (under ``_lock``); True when it has no rows.  A stage strict in a table
-        already empty (:func:`.staged.strict_in`), whose columns a run has seen, is made empty from them:
-        no analysis, no plan."""
+    small_rows = 100_000
+    """Statements over stage tables of at most this many rows run with ``query_plan_enable_optimizations
+    = 0``: planning them takes longer than the plan saves (docs/benchmarks.md, "100 M spans")."""
+
+    def _plain(self, staged: Staged, i: int, largest: int) -> bool:
+        """Statement ``i`` (``len(temps)``: the final one) reads small stage tables only."""
+        return bool(staged.local) and staged.local[i] and largest <= self.small_rows
+
+    def _make(self, staged: Staged, i: int, params: dict | None, empty: set[str], plain: bool) -> int:
+        """Stage ``i``'s table (under ``_lock``); its rows.  A stage strict in a table already empty
+        (:func:`.staged.strict_in`), whose columns a run has seen, is made empty from them: no analysis,
+        no plan.  ``plain``: without plan optimizations (:attr:`small_rows`)."""
         name, select = staged.temps[i]
         strict = staged.strict[i] if staged.strict else frozenset()
         columns = ChdbBackend._columns.get(select)
         if strict & empty and columns is not None and not any(map(self._is_aggregate, staged.assumed[i])):
             self._run(f"CREATE TEMPORARY TABLE {name} ({columns}) ENGINE = Memory{_LOW_CARD}", None)
             self.elided += 1
-            return True
-        self._run(_create_temp(name, select), _used(select, params))
+            return 0
+        self._run(_create_temp(name, select) + (f", {_PLAIN}" if plain else ""), _used(select, params))
         written = self._written
         if strict and columns is None:  # it may be made empty later: keep its columns
             described = self._run(f"DESCRIBE TABLE {name}", None).to_pylist()
             ChdbBackend._columns[select] = ", ".join(f"{_quote(r['name'])} {r['type']}" for r in described)
-        return written == 0
+        return written
 
     def _is_aggregate(self, name: str) -> bool:
         """Whether ``name`` is an aggregate here: one of ``system.functions``' or one with combinators
@@ -278,6 +290,7 @@ class ServerBackend:
 
 
 _LOW_CARD = " SETTINGS allow_suspicious_low_cardinality_types = 1"
+_PLAIN = "query_plan_enable_optimizations = 0"
 
 
 def _create_temp(name: str, select: str) -> str:

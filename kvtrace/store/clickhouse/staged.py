@@ -41,8 +41,11 @@ class Staged:
     strict: tuple[frozenset[str], ...] = ()
     """Per table of ``temps``: the earlier tables it is strict in (module doc)."""
     assumed: tuple[frozenset[str], ...] = ()
-    """Per table of ``temps``: the functions SQLGlot does not know that its strictness takes for plain
-    functions (the backend checks them against the server's aggregates before it relies on it)."""
+    """Per table of ``temps``: the functions it calls, which its strictness takes for plain functions
+    unless SQLGlot knows them for aggregates (the backend checks them against the server's)."""
+    local: tuple[bool, ...] = ()
+    """Per table of ``temps``, then for ``main``: whether it reads stage tables only (no stored data)
+    and has no SETTINGS clause of its own (the backend may add one)."""
 
 
 def _owner(node: exp.Expr) -> exp.CTE | None:
@@ -210,7 +213,18 @@ def stage(text: str) -> Staged | None:
         c.set("this", sqlglot.parse_one(f"SELECT * FROM {name}", read="clickhouse"))
     _prune(tree)
     strict = [strict_in(select) for _, select in temps]
-    return Staged(tuple(temps), tree.sql("clickhouse"), tuple(t for t, _ in strict), tuple(f for _, f in strict))
+    main = tree.sql("clickhouse")
+    local = tuple(_local(sqlglot.parse_one(sql, read="clickhouse")) for sql in (*(t for _, t in temps), main))
+    return Staged(tuple(temps), main, tuple(t for t, _ in strict), tuple(f for _, f in strict), local)
+
+
+def _local(tree: exp.Expr) -> bool:
+    """``tree`` reads stage tables only (every table it names is a CTE or a stage's table) and has no
+    SETTINGS clause."""
+    if tree.args.get("settings"):
+        return False
+    tables = tree.find_all(exp.Table)
+    return all(_resolve(t) is not None or (t.name.startswith(TEMP_PREFIX) and not t.db) for t in tables)
 
 
 # ------------------------------------------------------------------------- strictness

@@ -308,3 +308,41 @@ def test_stale_columns_leave_the_single_statements_rows(native):
         ChdbBackend._columns.clear()
     assert backend.elided > before and backend.fallbacks == fallbacks + 1
     assert _temporary_tables(backend) == []
+
+
+def test_statements_over_small_stage_tables_run_without_plan_optimizations(native, monkeypatch):
+    """Every statement that reads stage tables only, all of them small, carries the setting; the one
+    reading stored data does not, and nothing does once a table passes ``small_rows``."""
+    backend, text = native.backend, _text("session_breakdown", False, native.table)
+    plan = stage(text)
+    assert plan is not None and plan.local == (False, True, True, True, True, True, True)
+    seen: list[str] = []
+    real = type(backend)._run
+
+    def spy(self, sql, params):
+        if not sql.startswith(("DROP", "DESCRIBE")):
+            seen.append(sql)
+        return real(self, sql, params)
+
+    monkeypatch.setattr(type(backend), "_run", spy)
+    backend.query_staged(plan, text)
+    plain = ["query_plan_enable_optimizations = 0" in sql for sql in seen[-7:]]
+    assert plain == [False, True, True, True, True, True, True], seen
+    monkeypatch.setattr(backend, "small_rows", -1)
+    seen.clear()
+    backend.query_staged(plan, text)
+    assert not any("query_plan_enable_optimizations" in sql for sql in seen)
+
+
+@pytest.mark.parametrize("view", BREAKDOWN_VIEWS)
+def test_the_rows_are_the_same_with_plan_optimizations_and_without(stores, view, monkeypatch):
+    store = stores["shaped"]
+    text = _text(view, True, store.table)
+    plan = stage(text)
+    assert plan is not None
+    fallbacks = store.backend.fallbacks
+    plain = store.backend.query_staged(plan, text)
+    monkeypatch.setattr(store.backend, "small_rows", -1)
+    optimised = store.backend.query_staged(plan, text)
+    assert plain.num_rows > 0 and _same(plain, optimised) and plain.schema == optimised.schema
+    assert store.backend.fallbacks == fallbacks
