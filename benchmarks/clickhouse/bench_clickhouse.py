@@ -230,7 +230,7 @@ def main() -> int:
         default=0,
         metavar="DAYS",
         help="with --history: longer histories repeat this one's Parquet, shifted and with distinct ids, "
-        "instead of generating their own (generating takes about 17 min per 10M spans)",
+        "instead of generating their own (far slower: docs/clickhouse.md, Scale)",
     )
     args = p.parse_args()
     if args.tile and any(d % args.tile for d in args.history or ()):

@@ -65,7 +65,9 @@ def _cpu() -> float:
 
 def _copy(k: int, days: int) -> str:
     """The select list of copy ``k`` of a ``days``-day Parquet set (``k`` > 0: ``k * days`` days later,
-    trace ids' first two hex digits ``k``, the tiled session / request ids suffixed ``-t<k>``)."""
+    trace ids' first two hex digits ``k``, the tiled session / request ids suffixed ``-t<k>``).  The
+    generator's trace ids start with their template copy's number in eight hex digits, below 16**6
+    (16.7 M copies), so those two digits are ``00`` in the set and ``k`` makes them distinct."""
     from kvtrace.store.sql import CLICKHOUSE, literal
     from kvtrace.testing.stores import TILED_IDS
 

@@ -147,7 +147,7 @@ class ChdbBackend:
             self._run(f"CREATE TEMPORARY TABLE {name} ({columns}) ENGINE = Memory{_LOW_CARD}", None)
             self.elided += 1
             return 0
-        self._run(_create_temp(name, select) + (f", {_PLAIN}" if plain else ""), _used(select, params))
+        self._run(_create_temp(name, select, plain), _used(select, params))
         written = self._written
         if strict and columns is None:  # it may be made empty later: keep its columns
             described = self._run(f"DESCRIBE TABLE {name}", None).to_pylist()
@@ -293,9 +293,9 @@ _LOW_CARD = " SETTINGS allow_suspicious_low_cardinality_types = 1"
 _PLAIN = "query_plan_enable_optimizations = 0"
 
 
-def _create_temp(name: str, select: str) -> str:
+def _create_temp(name: str, select: str, plain: bool = False) -> str:
     # the table keeps the types the CTE computes: LowCardinality flags too
-    return f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select}{_LOW_CARD}"
+    return f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {select}{_LOW_CARD}" + (f", {_PLAIN}" if plain else "")
 
 
 def _bound(params: dict | None) -> dict:
