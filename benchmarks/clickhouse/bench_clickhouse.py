@@ -5,8 +5,12 @@ as Parquet, in one run.
                                                      [--dir DIR] [--keep]
     python benchmarks/clickhouse/bench_clickhouse.py --history 7 14 [--spans-per-day 143000] [--small DIR]
 
+    python benchmarks/clickhouse/bench_clickhouse.py --insert-batches 10000 100000 [--insert-spans 200000]
+
 ``--history``: chDB alone, raw table against kvtrace's materialized tables, at each history length
 with the same per-day volume, and the insert cost of both (``history.py`` says what it prints).
+``--insert-batches``: what the materialized views cost per span when the exporter inserts that many
+spans at a time (``insert_cost.py``).
 
 Spans: :func:`kvtrace.testing.stores.sample_store` makes a template of agent sessions with the real
 OTel SDK (agent -> proxy -> P/D engines -> KV decisions, transfers, retention; every attribute
@@ -232,13 +236,27 @@ def main() -> int:
         help="with --history: longer histories repeat this one's Parquet, shifted and with distinct ids, "
         "instead of generating their own (far slower: docs/clickhouse.md, Scale)",
     )
+    p.add_argument(
+        "--insert-batches",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="spans per insert (insert_cost.py)",
+    )
+    p.add_argument("--insert-spans", type=int, default=200_000, help="with --insert-batches (default 200000)")
+    p.add_argument("--per-view", action="store_true", help="with --insert-batches: each view alone too")
     args = p.parse_args()
     if args.tile and any(d % args.tile for d in args.history or ()):
         p.error(f"--tile {args.tile}: every --history length must be a multiple of it")
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtrace-bench-ch-"))
     parquet, db = root / "parquet", root / "chdb"
     try:
-        if args.history:
+        if args.insert_batches:
+            from insert_cost import run_insert_cost
+
+            batches = sorted(set(args.insert_batches))
+            run_insert_cost(root, args.insert_spans, batches, args.threads, max(1, args.repeat), args.per_view)
+        elif args.history:
             from history import demo_store, run_history
 
             small = Path(args.small) if args.small else demo_store(root)

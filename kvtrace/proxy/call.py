@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import hdrs, web
 
+from kvtrace import jsoncodec as codec
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec, identity, metadata, prefix_table
+from kvtrace.proxy import identity, metadata, prefix_table
 from kvtrace.proxy.parse import ClientRequest, error_body
 from kvtrace.proxy.spans import RequestTrace, end_leg
 from kvtrace.proxy.stream import InvalidChunk, sse_event

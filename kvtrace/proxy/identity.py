@@ -31,7 +31,7 @@ outside.
 
 from __future__ import annotations
 
-from kvtrace.proxy import codec
+from kvtrace import jsoncodec as codec
 
 KIND_CHAT = "chat"
 KIND_TEXT = "text"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from kvtrace import semconv as sc
-from kvtrace.proxy.codec import dumps
+from kvtrace.jsoncodec import dumps
 
 P_LEG_DROPPED = ("max_completion_tokens", "min_tokens", "stream_options")
 

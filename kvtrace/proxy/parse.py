@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtrace import jsoncodec as codec
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec
 from kvtrace.semconv.ids import MAX_ID_BYTES, id_problem
 
 CHAT_PATH = "/v1/chat/completions"

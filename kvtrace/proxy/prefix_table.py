@@ -43,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from kvtrace import jsoncodec as codec
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec, identity
+from kvtrace.proxy import identity
 from kvtrace.proxy.identity import Prompt, chain, message_hash
 
 __all__ = ["PrefixTable", "Reply", "chain", "message_hash", "new_session_id"]

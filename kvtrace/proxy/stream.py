@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 
 from kvtrace import semconv as sc
-from kvtrace.proxy.codec import dumps, loads
+from kvtrace.jsoncodec import dumps, loads
 
 # a line that may need handling: a non-null finish_reason / usage value, or an error object
 _CANDIDATE = re.compile(rb'"(?:finish_reason|usage)"\s*:\s*(?!null)|"error"')

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from kvtrace import jsoncodec as codec
 from kvtrace import semconv as sc
-from kvtrace.proxy import codec
 
 # tracemalloc on CPython 3.11 measured 114 B per conversation and 187 B per entry (plus the key's
 # sys.getsizeof and the JSON); rounded up to leave room for the dicts' spare slots

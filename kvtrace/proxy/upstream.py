@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvtrace import semconv as sc
-from kvtrace.proxy.codec import loads
+from kvtrace.jsoncodec import loads
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.routing import Router
 

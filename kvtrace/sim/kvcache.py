@@ -14,6 +14,10 @@ Modelled on vLLM's v1 KV cache manager (one KV-cache group):
 Allocation takes never-used/free blocks first, then evicts cached unreferenced blocks in LRU
 order; it raises :class:`NoSpace` when referenced blocks leave too few.
 
+:class:`PyKVCache` and :func:`py_block_hashes` are the reference; :class:`KVCache` and
+:func:`block_hashes` are the same in C (``kvtrace/sim/_ckv.c``, the same ids, order and errors)
+where the extension was built, else these (:data:`IMPLEMENTATION` says which).
+
 :class:`BlockQueue` is the scheduler's waiting queue in front of the pool (vLLM 0.32/0.33
 ``v1/core/sched/scheduler.py``): requests are admitted in arrival order, and when the head's
 ``allocate_slots`` returns None the scheduler stops admitting (``break``), so the head waits and
@@ -24,6 +28,7 @@ peer's read or notification, or the TTL reaped by the worker's ``_reap_expired_s
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -35,7 +40,7 @@ class NoSpace(Exception):
     """Not enough free or evictable blocks."""
 
 
-def block_hashes(tokens: list[int], block_size: int, parent: int = 0) -> list[int]:
+def py_block_hashes(tokens: Iterable[int], block_size: int, parent: int = 0) -> list[int]:
     """Chained content hashes of the full blocks of ``tokens`` (``parent``: the hash of the block
     before them, to go on from a prefix whose hashes are known)."""
     out: list[int] = []
@@ -46,7 +51,7 @@ def block_hashes(tokens: list[int], block_size: int, parent: int = 0) -> list[in
     return out
 
 
-class KVCache:
+class PyKVCache:
     """Block pool + prefix cache of one worker.  Not thread-safe (one asyncio loop)."""
 
     def __init__(self, capacity: int, block_size: int) -> None:
@@ -154,6 +159,22 @@ class KVCache:
         self._hash[bid] = None
 
 
+try:  # the same pool and hashes in C (kvtrace/sim/_ckv.c), where the extension was built
+    from kvtrace.sim import _ckv
+except ImportError:  # pragma: no cover - a build without a compiler
+    _ckv = None  # type: ignore[assignment]
+
+if _ckv is not None:
+    _ckv.set_errors(NoSpace)
+    KVCache: type[PyKVCache] = _ckv.KVCache  # type: ignore[assignment]
+    block_hashes = _ckv.block_hashes
+else:  # pragma: no cover
+    KVCache = PyKVCache
+    block_hashes = py_block_hashes
+#: which implementation :class:`KVCache` and :func:`block_hashes` are: "c" or "python"
+IMPLEMENTATION = "python" if _ckv is None else "c"
+
+
 @dataclass
 class Wait:
     """How one request waited for blocks (times on the engine's clock)."""
@@ -225,7 +246,7 @@ class BlockQueue:
         """(the prefix hit, new blocks needed, blocks free or evictable besides the hit's own): it
         fits when needed <= free."""
         hit = self.cache.lookup(hashes, n_tokens) if lookup else []
-        evictable_hit = sum(1 for b in hit if self.cache.refcount(b) == 0)
+        evictable_hit = operator.countOf(self.cache.refcounts(hit), 0)
         return hit, total - len(hit), self.cache.num_free - evictable_hit
 
     def _allocate(self, hit: list[int], total: int) -> tuple[list[int], list[int]]:

@@ -18,17 +18,14 @@ with 1 (:func:`kvtrace.bench.inproc.run_arm`); and a write goes out at least eve
 from __future__ import annotations
 
 import asyncio
-import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvtrace import jsoncodec as codec
 from kvtrace.sim import tokenizer, wire
 
 MAX_SILENCE_S = 30.0  # at most this long (model s, the engine's clock) between two writes of one stream
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"))
 
 
 class Pacing:
@@ -40,17 +37,21 @@ class Pacing:
         self.texted = False  # the first token with text has been delivered
         self.since = 0  # tokens since the last delivered one
         self.last_t = -math.inf
+        self._time: Callable[[], float] | None = None  # the running loop's clock, from the first token on
 
     def deliver(self, i: int, piece: str) -> bool:
         if not self.timed:  # zero cost: no time passes between tokens, one write at the end
             return False
         if self.interval <= 1:
             return True
-        now = asyncio.get_running_loop().time()
-        self.since += 1
+        clock = self._time
+        if clock is None:  # called per token: look the loop up once
+            clock = self._time = asyncio.get_running_loop().time
+        now = clock()
+        self.since = since = self.since + 1
         if not self.texted:
             self.texted = self._has_text(i, piece)
-        elif self.since < self.interval and now - self.last_t < MAX_SILENCE_S:
+        elif since < self.interval and now - self.last_t < MAX_SILENCE_S:
             return False
         self.since, self.last_t = 0, now
         return True
@@ -95,4 +96,4 @@ def encode(run: Run, chat: bool, rid: str, created: int, model: str) -> bytes:
             chunk = wire.chat_chunk(rid, created, model, text, run.finish, run.kvp, run.usage, run.field)
         else:
             chunk = wire.completion_chunk(rid, created, model, text, run.finish, run.kvp, run.usage)
-    return f"data: {_dumps(chunk)}\n\n".encode()
+    return b"data: " + codec.dumps(chunk) + b"\n\n"

@@ -57,13 +57,26 @@ def piece_id(piece: str) -> int:
     return tid
 
 
-def encode(text: str) -> list[int]:
-    """Token ids of ``text``."""
+def _py_encode(text: str) -> list[int]:
     pieces = _PIECE.findall(text)
     try:
         return list(map(_ids.__getitem__, pieces))  # every piece seen before (nearly always)
     except KeyError:
         return [piece_id(p) for p in pieces]
+
+
+try:  # the same ids in one C pass (kvtrace/sim/_ctok.c), where the extension was built
+    from kvtrace.sim._ctok import encode as _c_encode
+except ImportError:  # pragma: no cover - a build without a compiler
+    _c_encode = None
+
+#: which implementation :func:`encode` runs: "c" or "python"
+IMPLEMENTATION = "python" if _c_encode is None else "c"
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text``."""
+    return _py_encode(text) if _c_encode is None else _c_encode(text)
 
 
 class _Memo:

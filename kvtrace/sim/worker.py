@@ -14,13 +14,13 @@ process, each on its own port.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 
 from aiohttp import web
 
+from kvtrace import jsoncodec as codec
 from kvtrace import semconv as sc
 from kvtrace import telemetry
 from kvtrace.sim import streaming, tokenizer, wire
@@ -32,12 +32,12 @@ LISTEN_BACKLOG = 2048  # vLLM's API server listens with uvicorn's default backlo
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
-def _dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+def _sse(obj) -> bytes:
+    return b"data: " + codec.dumps(obj) + b"\n\n"
 
 
 def _json(obj, status: int = 200) -> web.Response:
-    return web.Response(body=_dumps(obj).encode(), status=status, content_type="application/json")
+    return web.Response(body=codec.dumps(obj), status=status, content_type="application/json")
 
 
 def _error(message: str, status: int, err_type: str, param: str | None = None) -> web.Response:
@@ -118,8 +118,8 @@ class SimWorker:
     # ------------------------------------------------------------------ serving
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            body = await request.json(loads=json.loads)
-        except (ValueError, UnicodeDecodeError):
+            body = codec.loads(await request.read())  # as vLLM's server reads it: json.loads of the bytes
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return _error("request body is not valid JSON", 400, "BadRequestError")
         try:
             req = wire.parse_request(body, chat, self.model if self.strict_model else None, self.tool_calls)
@@ -176,16 +176,16 @@ class SimWorker:
             try:
                 await gen.prefill()
             except EngineError as exc:
-                await resp.write(f"data: {_dumps(wire.error_body(str(exc), exc.status, exc.err_type))}\n\n".encode())
+                await resp.write(_sse(wire.error_body(str(exc), exc.status, exc.err_type)))
                 await resp.write(wire.DONE)
                 return resp
             if req.chat:
                 first = wire.chat_role_chunk(rid, created, model, wire.usage(n_prompt, 0, False) if cont else None)
-                await resp.write(f"data: {_dumps(first)}\n\n".encode())
+                await resp.write(_sse(first))
             await self._write_tokens(resp, req, gen, rid, model, created)
             if req.include_usage:
                 chunk = wire.usage_chunk(rid, created, model, req.chat, n_prompt, len(gen.output))
-                await resp.write(f"data: {_dumps(chunk)}\n\n".encode())
+                await resp.write(_sse(chunk))
             await resp.write(wire.DONE)
             await resp.write_eof()
         except BaseException:

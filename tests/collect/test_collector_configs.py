@@ -132,7 +132,14 @@ def test_fans_out_to_kvtrace_collect_on_loopback(path):
     exporters = config["exporters"]
     kvtrace = [cid for cid in exporters if cid.endswith("/kvtrace")]
     assert len(kvtrace) == 1 and _type(kvtrace[0]) in ("otlp", "otlphttp")
-    assert len(config["service"]["pipelines"]["traces"]["exporters"]) >= 2
+    pipelines = config["service"]["pipelines"]
+    fed = {
+        e
+        for name, p in pipelines.items()
+        if _type(name) == "traces" and "otlp" in p["receivers"]
+        for e in p["exporters"]
+    }
+    assert kvtrace[0] in fed and len(fed) >= 2  # the same spans to kvtrace collect and another backend
     endpoint = exporters[kvtrace[0]]["endpoint"]
     default = _ENV.sub(lambda m: m.group(2) or "", endpoint)
     assert "127.0.0.1:" in default
@@ -147,3 +154,17 @@ def test_clickhouse_variant_writes_otel_traces():
     exporter = config["exporters"]["clickhouse"]
     assert exporter["traces_table_name"] == clickhouse.TABLE
     assert exporter["create_schema"] is True
+    # its own pipeline, large batches (the materialized views cost a fixed CPU per insert), while
+    # kvtrace collect keeps the 5 s batches (docs/clickhouse.md, "Cost to writers")
+    [(name, pipeline)] = [(n, p) for n, p in config["service"]["pipelines"].items() if "clickhouse" in p["exporters"]]
+    assert pipeline["exporters"] == ["clickhouse"] and pipeline["receivers"] == ["otlp"]
+    batches = [config["processors"][x] for x in pipeline["processors"] if _type(x) == "batch"]
+    assert batches == [{"send_batch_size": 100000, "timeout": "30s"}]
+    others = [
+        config["processors"][x]
+        for p in config["service"]["pipelines"].values()
+        if p is not pipeline
+        for x in p["processors"]
+        if _type(x) == "batch"
+    ]
+    assert others == [{"send_batch_size": 100000, "timeout": "5s"}]

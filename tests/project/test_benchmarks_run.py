@@ -83,6 +83,21 @@ def test_bench_clickhouse_tiles_a_longer_history_and_answers_alike_on_every_tabl
     assert len(answers) == 3 * 2 * 2 + 2 + 2 and set(answers) == {"same"}, got.stdout
 
 
+def test_bench_clickhouse_prices_each_insert_size_with_and_without_the_views(tmp_path):
+    """``--insert-batches``: a row per batch size and variant (raw, shaped, each view alone), and the
+    spans each variant's table then holds are the spans staged."""
+    pytest.importorskip("chdb")
+    args = ("--insert-batches", "1000", "3000", "--insert-spans", "6000", "--repeat", "1", "--per-view")
+    got = _run("clickhouse/bench_clickhouse.py", *args, "--dir", str(tmp_path))
+    assert got.returncode == 0, got.stderr[-3000:]
+    rows = [line.strip("| ").split(" | ") for line in _lines_starting(got.stdout, "| ") if line[2:3].isdigit()]
+    variants = ["raw", "shaped", "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows"]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (size, inserts, v) for size, inserts in (("1,000", "6"), ("3,000", "2")) for v in variants
+    ], got.stdout
+    assert all(r[4] == "1.00" for r in rows if r[2] == "raw")
+
+
 def test_bench_proxy_drives_every_mode_and_prints_the_targets():
     got = _run("proxy/bench_proxy.py", "--requests", "8", "--rounds", "1", "--concurrency", "1", "--lag-requests", "0")
     assert got.returncode == 0, got.stderr[-3000:] + got.stdout[-3000:]

@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # extra (None: the core alone) -> (command whose --help runs, modules that command imports)
 CASES: dict[str | None, tuple[str | None, tuple[str, ...]]] = {
     None: ("query", ("kvtrace.store.reader", "kvtrace.analysis.whatif.replay", "kvtrace.telemetry")),
-    "proxy": ("proxy", ("kvtrace.proxy.server", "kvtrace.proxy.metrics", "kvtrace.proxy.codec")),
+    "proxy": ("proxy", ("kvtrace.proxy.server", "kvtrace.proxy.metrics", "kvtrace.jsoncodec")),
     "sim": ("sim", ("kvtrace.sim.cluster", "kvtrace.sim.worker", "kvtrace.sim.metrics")),
     "agent": (None, ("kvtrace.agent", "kvtrace.agent.openai_wrap")),
     "bench": ("bench", ("kvtrace.bench.api", "kvtrace.bench.arms", "kvtrace.proxy.server", "kvtrace.sim.cluster")),

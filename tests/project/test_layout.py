@@ -26,8 +26,10 @@ ALLOWED: dict[str, set[str]] = {
     "emit": BASE | {"telemetry"},
     "agent": BASE | {"telemetry"},
     "routing": {"semconv"},  # a fleet's routing policies: the proxy's, whoever runs it (kvtrace.routing)
-    "proxy": BASE | {"telemetry", "routing"},
-    "sim": BASE | {"telemetry", "emit", "kvrules", "kvdigest"},
+    "_cjson": set(),  # kvtrace/_cjson.c, the C extension of jsoncodec
+    "jsoncodec": {"_cjson"},  # JSON of the serving hot paths (orjson when installed), its C pre-check
+    "proxy": BASE | {"telemetry", "routing", "jsoncodec"},
+    "sim": BASE | {"telemetry", "emit", "kvrules", "kvdigest", "jsoncodec"},
     "vllm": BASE | {"telemetry", "emit", "kvdigest"},
     "collect": BASE | {"telemetry", "store"},
     "analysis": BASE | {"store", "kvrules"},

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):
     """One way of shipping the app: setup.py finds the packages; the wheel, built here, holds every
     kvtrace package, the Streamlit app and its pages as ``kvtrace.dashboards``, the Grafana
-    dashboards, the bench's shipped traces, ``py.typed`` and the digest's C extension."""
+    dashboards, the bench's shipped traces, ``py.typed`` and the C extensions."""
     import shutil
     import subprocess
     import sys
@@ -54,11 +54,13 @@ def test_the_wheel_holds_every_package_and_the_dashboard_app(tmp_path):
     data = {"kvtrace/bench/data/" + p.name for p in (ROOT / "kvtrace" / "bench" / "data").iterdir()}
     assert {"kvtrace/bench/data/mooncake_conversation_every20.jsonl", "kvtrace/bench/data/README.md"} <= data <= names
     assert not {n for n in names if n.startswith(("tests/", "dashboards/", "benchmarks/"))}
-    # the digest's tags in C, built wherever the interpreter's C compiler is (CI's machines have it)
+    # the C extensions (the digest's tags, the simulator's tokenizer and block pool, the JSON codec's
+    # pre-check), built wherever the interpreter's C compiler is (CI's machines have it)
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler):
-        assert {n for n in names if n.startswith("kvtrace/kvdigest/_ctags.") and n.endswith((".so", ".pyd"))}
-        assert "kvtrace/kvdigest/_ctags.pyi" in names
+        for ext in ("kvtrace/kvdigest/_ctags", "kvtrace/sim/_ctok", "kvtrace/sim/_ckv", "kvtrace/_cjson"):
+            assert {n for n in names if n.startswith(ext + ".") and n.endswith((".so", ".pyd"))}, ext
+            assert ext + ".pyi" in names, ext
     from kvtrace import __version__
 
     assert wheel.name.startswith(f"kvtrace-{__version__}-")

@@ -276,7 +276,7 @@ def test_table_memory_stays_within_its_byte_bound(monkeypatch):
     """What the table really holds (tracemalloc) stays within --max-table-bytes (+5 %: the dicts'
     spare slots after evictions are not counted) while 4000 conversations with D params of
     0-800 block ids pass through it."""
-    from kvtrace.proxy import codec
+    from kvtrace import jsoncodec as codec
 
     monkeypatch.setattr(codec, "_nonfinite_seen", False)  # orjson, whatever earlier tests decoded
     bound = 512 << 10

@@ -1,4 +1,5 @@
-"""The proxy's JSON codec gives the standard library's results, with or without orjson."""
+"""The serving paths' JSON codec (the proxy's and the simulated workers') gives the standard
+library's results, with or without orjson."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtrace.proxy import codec
+from kvtrace import jsoncodec as codec
 
 _scalars = (
     st.none()
@@ -135,3 +136,24 @@ def test_pack_is_exact_size(backend):
     finally:
         tracemalloc.stop()
     assert held < len(kept[0]) + 100, held  # not orjson's 4 KiB buffer
+
+
+@given(st.lists(st.sampled_from([b"0", b"9", b"1", b"[", b"{", b"]", b"a", b" ", b"-", b".", b"\xff"]), max_size=80))
+@settings(max_examples=400, deadline=None)
+def test_the_c_pre_check_answers_as_the_python_one(parts):
+    """kvtrace._cjson.orjson_safe (what an install with a compiler runs) = _py_orjson_safe."""
+    from support.require import require_vllm
+
+    # the README's test command (KVTRACE_REQUIRE_VLLM=1) builds the extension: fail there, skip elsewhere
+    c = require_vllm("kvtrace._cjson").orjson_safe
+    data = b"".join(parts)
+    for run, limit in ((19, 800), (3, 4), (1, 1), (2, 0)):
+        assert c(data, run, limit) == codec._py_orjson_safe(data, run, limit), (data, run, limit)
+    assert c(bytearray(data), 19, 800) == c(data, 19, 800)
+
+
+def test_the_installed_codec_runs_the_c_pre_check():
+    from support.require import require_vllm
+
+    assert codec._safe is require_vllm("kvtrace._cjson").orjson_safe
+    assert not codec._orjson_safe(b'{"n": 1234567890123456789}') and codec._orjson_safe(b'{"n": 123456789012345678}')

@@ -1,10 +1,11 @@
-"""JSON of the proxy's hot path: ``orjson`` when it is installed, else the standard library.
+"""JSON of the serving hot paths: ``orjson`` when it is installed, else the standard library.
 
 Every body the proxy reads (the client request, P's response, D's final/usage chunks, aggregated
-streams) goes through :func:`loads`, and every body it writes through :func:`dumps`.  ``orjson`` is
-optional (not a kvtrace dependency) and several times faster on these bodies (docs/benchmarks.md);
-it is used only where its result equals the standard library's, so the proxy behaves the same with
-or without it:
+streams) goes through :func:`loads`, and every body it writes through :func:`dumps`; so do the
+simulated workers' requests, responses and stream chunks.  ``orjson`` is optional (not a kvtrace
+dependency; the ``proxy`` and ``sim`` extras install it) and several times faster on these bodies
+(docs/benchmarks.md); it is used only where its result equals the standard library's, so the proxy
+and the simulator behave the same with or without it:
 
 - :func:`loads`: orjson rejects what it cannot represent as ``json`` does (NaN/Infinity literals,
   numbers that overflow a double, lone surrogates, non-UTF-8, BOMs), and those bodies fall back to
@@ -137,11 +138,22 @@ def has_lone_surrogate(data: bytes, obj: object) -> bool:
     return False
 
 
-def _orjson_safe(data: bytes) -> bool:
-    if _LONG_RUN in data.translate(_DIGITS_AS_ZERO):
+def _py_orjson_safe(data: bytes, run: int, limit: int) -> bool:
+    """No run of ``run`` digits (an integer orjson may read as a float) and fewer than ``limit``
+    brackets (nesting json may not follow)."""
+    if b"0" * run in data.translate(_DIGITS_AS_ZERO):
         return False
-    limit = sys.getrecursionlimit() - _NESTING_MARGIN
     return data.count(b"[") + data.count(b"{") < limit
+
+
+try:  # the same answer in one pass (kvtrace/_cjson.c), where the extension was built
+    from kvtrace._cjson import orjson_safe as _safe
+except ImportError:  # pragma: no cover - a build without a compiler
+    _safe = _py_orjson_safe
+
+
+def _orjson_safe(data: bytes) -> bool:
+    return _safe(data, len(_LONG_RUN), sys.getrecursionlimit() - _NESTING_MARGIN)
 
 
 def _has_nonfinite(obj: object) -> bool:

@@ -1,0 +1,3 @@
+"""Types of the C extension kvtrace/_cjson.c (kvtrace.jsoncodec's pre-check of a body)."""
+
+def orjson_safe(data: bytes, run: int, limit: int, /) -> bool: ...

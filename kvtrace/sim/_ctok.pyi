@@ -1,0 +1,3 @@
+"""Types of the C extension kvtrace/sim/_ctok.c (kvtrace.sim.tokenizer.encode's ids)."""
+
+def encode(text: str, /) -> list[int]: ...
