@@ -32,7 +32,7 @@ from kvtrace.agent.openai_wrap import TracedAsyncStream, begin
 
 try:
     import orjson as _orjson
-except ImportError:  # optional: the bench's extras install it
+except ImportError:  # the agent extra installs it; without it the standard library writes the same bytes
     _orjson = None  # type: ignore[assignment]
 
 _BODY_ORDER = ("model", "stream", "messages", "max_tokens", "stream_options")  # the SDK's order

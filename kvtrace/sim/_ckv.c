@@ -45,16 +45,11 @@ static void lru_append(Pool *p, int32_t b) {
     p->nlru++;
 }
 
-/* 1 if block b's hash maps to b in the prefix cache, 0 if not, -1 on error. */
-static int cached_here(Pool *p, int32_t b) {
-    PyObject *h = p->hash[b];
-    if (h == NULL) return 0;
-    PyObject *got = PyDict_GetItemWithError(p->cached, h);
-    if (got == NULL) return PyErr_Occurred() ? -1 : 0;
-    long v = PyLong_AsLong(got);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    return v == b;
-}
+/* 1 if block b's hash maps to b in the prefix cache, 0 if not.  A block has a hash only while the
+ * prefix cache maps that hash to it: commit() gives one only with the mapping, and only uncache()
+ * removes a mapping, with its block's hash.  So no dict lookup (PyKVCache's is_cached asks the dict:
+ * tests/sim/test_kvcache.py compares both on random operations). */
+static int cached_here(Pool *p, int32_t b) { return p->hash[b] != NULL; }
 
 static int uncache(Pool *p, int32_t b) {
     int here = cached_here(p, b);
@@ -147,21 +142,30 @@ static PyObject *Pool_lookup(Pool *p, PyObject *args) {
     return out;
 }
 
-static PyObject *Pool_touch(Pool *p, PyObject *ids) {
+/* step(p, b) for each block id of ids, in order: 0, or -1 with an exception set (then it stops). */
+typedef int (*block_step)(Pool *p, int32_t b);
+
+static PyObject *each_block(Pool *p, PyObject *ids, block_step step) {
     PyObject *seq = PySequence_Fast(ids, "block ids must be a sequence");
     if (seq == NULL) return NULL;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         int32_t b;
-        if (block_of(p, PySequence_Fast_GET_ITEM(seq, i), &b) < 0) {
+        if (block_of(p, PySequence_Fast_GET_ITEM(seq, i), &b) < 0 || step(p, b) < 0) {
             Py_DECREF(seq);
             return NULL;
         }
-        if (p->ref[b] == 0 && p->in_lru[b]) lru_remove(p, b);
-        p->ref[b]++;
     }
     Py_DECREF(seq);
     Py_RETURN_NONE;
 }
+
+static int touch_one(Pool *p, int32_t b) {
+    if (p->ref[b] == 0 && p->in_lru[b]) lru_remove(p, b);
+    p->ref[b]++;
+    return 0;
+}
+
+static PyObject *Pool_touch(Pool *p, PyObject *ids) { return each_block(p, ids, touch_one); }
 
 static PyObject *Pool_allocate(Pool *p, PyObject *arg) {
     Py_ssize_t n = PyLong_AsSsize_t(arg);
@@ -239,37 +243,28 @@ fail:
     return NULL;
 }
 
-static PyObject *Pool_free(Pool *p, PyObject *ids) {
-    PyObject *seq = PySequence_Fast(ids, "block ids must be a sequence");
-    if (seq == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        int32_t b;
-        if (block_of(p, PySequence_Fast_GET_ITEM(seq, i), &b) < 0) goto fail;
-        if (p->ref[b] - 1 < 0) {
-            PyErr_Format(PyExc_ValueError, "block %d freed more often than referenced", (int)b);
-            goto fail;
-        }
-        if (--p->ref[b] == 0) {
-            int here = cached_here(p, b);
-            if (here < 0) goto fail;
-            if (here) {
-                if (!p->in_lru[b]) lru_append(p, b); /* PyKVCache: setting an OrderedDict key keeps its place */
-            } else {
-                if (p->nfree >= p->capacity) { /* only a touch() of a free block leads here */
-                    PyErr_SetString(PyExc_RuntimeError, "block pool corrupted: more free blocks than blocks");
-                    goto fail;
-                }
-                Py_CLEAR(p->hash[b]);
-                p->free_stack[p->nfree++] = b;
-            }
-        }
+static int free_one(Pool *p, int32_t b) {
+    if (p->ref[b] - 1 < 0) {
+        PyErr_Format(PyExc_ValueError, "block %d freed more often than referenced", (int)b);
+        return -1;
     }
-    Py_DECREF(seq);
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(seq);
-    return NULL;
+    if (--p->ref[b] > 0) return 0;
+    int here = cached_here(p, b);
+    if (here < 0) return -1;
+    if (here) {
+        if (!p->in_lru[b]) lru_append(p, b); /* PyKVCache: setting an OrderedDict key keeps its place */
+        return 0;
+    }
+    if (p->nfree >= p->capacity) { /* only a touch() of a free block leads here */
+        PyErr_SetString(PyExc_RuntimeError, "block pool corrupted: more free blocks than blocks");
+        return -1;
+    }
+    Py_CLEAR(p->hash[b]);
+    p->free_stack[p->nfree++] = b;
+    return 0;
 }
+
+static PyObject *Pool_free(Pool *p, PyObject *ids) { return each_block(p, ids, free_one); }
 
 static PyObject *Pool_is_cached(Pool *p, PyObject *arg) {
     int32_t b;
