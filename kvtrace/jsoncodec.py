@@ -39,7 +39,7 @@ except ImportError:  # optional accelerator
 # bytes.translate maps every digit to "0" and anything else to " "; a run of 19 zeros then marks a
 # 19+ digit number (faster than a regex search: docs/benchmarks.md)
 _DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
-_LONG_RUN = b"0" * 19
+_LONG_RUN = 19  # digits: a run this long may be an integer beyond 64 bits
 # what a non-finite float can be decoded from: NaN/Infinity literals, or a literal that overflows
 _MAYBE_NONFINITE = re.compile(rb"NaN|Infinity|\d[eE]\+?\d{3}|\d{19}")
 _NESTING_MARGIN = 200  # stack frames the proxy itself may use below the recursion limit
@@ -153,7 +153,7 @@ except ImportError:  # pragma: no cover - a build without a compiler
 
 
 def _orjson_safe(data: bytes) -> bool:
-    return _safe(data, len(_LONG_RUN), sys.getrecursionlimit() - _NESTING_MARGIN)
+    return _safe(data, _LONG_RUN, sys.getrecursionlimit() - _NESTING_MARGIN)
 
 
 def _has_nonfinite(obj: object) -> bool:

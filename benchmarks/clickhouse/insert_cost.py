@@ -29,7 +29,6 @@ from bench_clickhouse import generate
 RAW, SHAPED = "raw", "shaped"
 DB = "insert_cost"
 SOURCE = f"{DB}.source"
-COLUMNS = "*"  # the exporter's insertable columns, set by stage()
 
 
 def _cpu() -> float:
@@ -37,9 +36,9 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def stage(backend, parquet: Path, spans: int) -> int:
+def stage(backend, parquet: Path, spans: int) -> tuple[int, str]:
     """The first ``spans`` spans of ``parquet`` in :data:`SOURCE`, numbered ``r`` (its sort key), so a
-    batch is a range read; returns how many there are."""
+    batch is a range read; (how many there are, the exporter table's insertable columns, listed)."""
     from kvtrace.store.clickhouse import load
     from kvtrace.store.sql import CLICKHOUSE, literal
 
@@ -58,9 +57,7 @@ def stage(backend, parquet: Path, spans: int) -> int:
         f"INSERT INTO {SOURCE} (r, {names}) SELECT rowNumberInAllBlocks(), {names} "
         f"FROM (SELECT {names} FROM file({glob}, Parquet) ORDER BY Timestamp LIMIT {int(spans)})"
     )
-    global COLUMNS
-    COLUMNS = names
-    return backend.query(f"SELECT count() AS n FROM {SOURCE}").column("n")[0].as_py()
+    return backend.query(f"SELECT count() AS n FROM {SOURCE}").column("n")[0].as_py(), names
 
 
 def variant_statements(table: str, name: str) -> list[str]:
@@ -87,8 +84,9 @@ def _quiet(backend, limit_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def insert_batches(backend, table: str, name: str, n: int, batch: int, settings: str) -> float:
-    """A fresh ``table`` made variant ``name``, then ``n`` staged spans ``batch`` an insert; CPU s."""
+def insert_batches(backend, table: str, name: str, n: int, columns: str, batch: int, settings: str) -> float:
+    """A fresh ``table`` made variant ``name``, then ``n`` staged spans (``columns``) ``batch`` an insert;
+    CPU s."""
     from kvtrace.store.clickhouse import load, mviews
 
     backend.command(f"DROP TABLE IF EXISTS {table}")
@@ -101,7 +99,7 @@ def insert_batches(backend, table: str, name: str, n: int, batch: int, settings:
     cpu = _cpu()
     for lo in range(0, n, batch):
         backend.command(
-            f"INSERT INTO {table} ({COLUMNS}) SELECT {COLUMNS} FROM {SOURCE} WHERE r >= {lo} AND r < {lo + batch} "
+            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {SOURCE} WHERE r >= {lo} AND r < {lo + batch} "
             f"SETTINGS {settings}"
         )
     _quiet(backend)
@@ -124,7 +122,7 @@ def run_insert_cost(
     if not parquet.exists():
         generate(parquet, spans, 1, root / "work-insert")
     backend = ChdbBackend(str(root / "chdb"))
-    n = stage(backend, parquet, spans)
+    n, columns = stage(backend, parquet, spans)
     exporter = {**load.exporter_settings(backend), "max_insert_threads": str(threads), "max_threads": str(threads)}
     settings = ", ".join(f"{k} = {literal(v, CLICKHOUSE)}" for k, v in exporter.items())
     names = [RAW, SHAPED, *(mviews_sql.TARGETS if per_view else ())]
@@ -132,7 +130,7 @@ def run_insert_cost(
     for _ in range(repeat):
         for batch in batches:
             for name in names:
-                cpu = insert_batches(backend, f"{DB}.t", name, n, batch, settings)
+                cpu = insert_batches(backend, f"{DB}.t", name, n, columns, batch, settings)
                 runs.setdefault((batch, name), []).append(cpu)
     got = {k: statistics.median(v) for k, v in runs.items()}
     report(got, n, batches, names)

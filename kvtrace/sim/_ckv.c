@@ -52,9 +52,7 @@ static void lru_append(Pool *p, int32_t b) {
 static int cached_here(Pool *p, int32_t b) { return p->hash[b] != NULL; }
 
 static int uncache(Pool *p, int32_t b) {
-    int here = cached_here(p, b);
-    if (here < 0) return -1;
-    if (here && PyDict_DelItem(p->cached, p->hash[b]) < 0) return -1;
+    if (cached_here(p, b) && PyDict_DelItem(p->cached, p->hash[b]) < 0) return -1;
     Py_CLEAR(p->hash[b]);
     return 0;
 }
@@ -217,16 +215,12 @@ static PyObject *Pool_commit(Pool *p, PyObject *args) {
         int32_t b;
         if (block_of(p, PySequence_Fast_GET_ITEM(a, i), &b) < 0) goto fail;
         if (p->hash[b] != NULL) continue;
-        PyObject *hv = PySequence_Fast_GET_ITEM(h, i);
-        int has = PyDict_Contains(p->cached, hv);
-        if (has < 0) goto fail;
-        if (has) continue;
-        PyObject *bid = PyLong_FromLong(b);
-        if (bid == NULL || PyDict_SetItem(p->cached, hv, bid) < 0) {
-            Py_XDECREF(bid);
-            goto fail;
-        }
-        Py_DECREF(bid);
+        PyObject *hv = PySequence_Fast_GET_ITEM(h, i), *bid = PyLong_FromLong(b);
+        /* one lookup: the hash's block if it has one (then b stays unpublished), else b, inserted */
+        PyObject *owner = bid == NULL ? NULL : PyDict_SetDefault(p->cached, hv, bid);
+        Py_XDECREF(bid);
+        if (owner == NULL) goto fail;
+        if (owner != bid) continue;
         Py_INCREF(hv);
         p->hash[b] = hv;
     }
@@ -249,9 +243,7 @@ static int free_one(Pool *p, int32_t b) {
         return -1;
     }
     if (--p->ref[b] > 0) return 0;
-    int here = cached_here(p, b);
-    if (here < 0) return -1;
-    if (here) {
+    if (cached_here(p, b)) {
         if (!p->in_lru[b]) lru_append(p, b); /* PyKVCache: setting an OrderedDict key keeps its place */
         return 0;
     }
@@ -269,9 +261,7 @@ static PyObject *Pool_free(Pool *p, PyObject *ids) { return each_block(p, ids, f
 static PyObject *Pool_is_cached(Pool *p, PyObject *arg) {
     int32_t b;
     if (block_of(p, arg, &b) < 0) return NULL;
-    int here = cached_here(p, b);
-    if (here < 0) return NULL;
-    return PyBool_FromLong(here);
+    return PyBool_FromLong(cached_here(p, b));
 }
 
 static PyObject *Pool_refcount(Pool *p, PyObject *arg) {

@@ -96,4 +96,9 @@ def encode(run: Run, chat: bool, rid: str, created: int, model: str) -> bytes:
             chunk = wire.chat_chunk(rid, created, model, text, run.finish, run.kvp, run.usage, run.field)
         else:
             chunk = wire.completion_chunk(rid, created, model, text, run.finish, run.kvp, run.usage)
-    return b"data: " + codec.dumps(chunk) + b"\n\n"
+    return sse(chunk)
+
+
+def sse(obj) -> bytes:
+    """One server-sent event carrying ``obj`` as JSON."""
+    return b"data: " + codec.dumps(obj) + b"\n\n"

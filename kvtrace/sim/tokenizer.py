@@ -58,6 +58,7 @@ def piece_id(piece: str) -> int:
 
 
 def _py_encode(text: str) -> list[int]:
+    """Token ids of ``text``."""
     pieces = _PIECE.findall(text)
     try:
         return list(map(_ids.__getitem__, pieces))  # every piece seen before (nearly always)
@@ -70,13 +71,10 @@ try:  # the same ids in one C pass (kvtrace/sim/_ctok.c), where the extension wa
 except ImportError:  # pragma: no cover - a build without a compiler
     _c_encode = None
 
-#: which implementation :func:`encode` runs: "c" or "python"
+#: which implementation :func:`encode` is: "c" or "python"
 IMPLEMENTATION = "python" if _c_encode is None else "c"
-
-
-def encode(text: str) -> list[int]:
-    """Token ids of ``text``."""
-    return _py_encode(text) if _c_encode is None else _c_encode(text)
+#: token ids of a text
+encode = _py_encode if _c_encode is None else _c_encode
 
 
 class _Memo:

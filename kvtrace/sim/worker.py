@@ -32,10 +32,6 @@ LISTEN_BACKLOG = 2048  # vLLM's API server listens with uvicorn's default backlo
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
-def _sse(obj) -> bytes:
-    return b"data: " + codec.dumps(obj) + b"\n\n"
-
-
 def _json(obj, status: int = 200) -> web.Response:
     return web.Response(body=codec.dumps(obj), status=status, content_type="application/json")
 
@@ -176,16 +172,16 @@ class SimWorker:
             try:
                 await gen.prefill()
             except EngineError as exc:
-                await resp.write(_sse(wire.error_body(str(exc), exc.status, exc.err_type)))
+                await resp.write(streaming.sse(wire.error_body(str(exc), exc.status, exc.err_type)))
                 await resp.write(wire.DONE)
                 return resp
             if req.chat:
                 first = wire.chat_role_chunk(rid, created, model, wire.usage(n_prompt, 0, False) if cont else None)
-                await resp.write(_sse(first))
+                await resp.write(streaming.sse(first))
             await self._write_tokens(resp, req, gen, rid, model, created)
             if req.include_usage:
                 chunk = wire.usage_chunk(rid, created, model, req.chat, n_prompt, len(gen.output))
-                await resp.write(_sse(chunk))
+                await resp.write(streaming.sse(chunk))
             await resp.write(wire.DONE)
             await resp.write_eof()
         except BaseException:

@@ -64,4 +64,4 @@ def test_only_str_is_accepted(c_encode):
 
 def test_the_installed_package_uses_the_c_tokenizer(c_encode):
     """Where the extension was built (the README's test command requires it), encode runs it."""
-    assert tokenizer.IMPLEMENTATION == "c" and tokenizer._c_encode is c_encode
+    assert tokenizer.IMPLEMENTATION == "c" and tokenizer.encode is c_encode
