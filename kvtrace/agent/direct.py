@@ -27,6 +27,7 @@ import aiohttp
 import openai
 from opentelemetry import context as otel_context
 
+from kvtrace import jsoncodec as codec
 from kvtrace import semconv as sc
 from kvtrace.agent.openai_wrap import TracedAsyncStream, begin
 
@@ -91,12 +92,21 @@ _OMIT = (type(openai.omit), type(openai.not_given))
 
 
 class _Fields:
-    """One JSON object of a chunk: its keys as attributes; absent ones read as None via getattr."""
+    """One JSON object of a chunk: its keys as attributes (absent ones raise AttributeError, so
+    ``getattr(chunk, key, None)`` reads None), each made on first read: the stream wrapper reads a
+    few fields, and the rest (the proxy's ``kv_transfer`` with its block ids) only through
+    ``model_extra``, the whole mapping."""
 
     def __init__(self, d: dict) -> None:
         self.model_extra = d
-        for k, v in d.items():
-            setattr(self, k, _fields(v))
+
+    def __getattr__(self, name: str) -> Any:  # only for what __init__ and earlier reads did not set
+        d = self.__dict__.get("model_extra")
+        if d is None or name not in d:
+            raise AttributeError(name)
+        value = _fields(d[name])
+        setattr(self, name, value)
+        return value
 
 
 def _fields(v: Any) -> Any:
@@ -226,7 +236,7 @@ class _Events:
                 text, data = "\n".join(data), []
                 if text.startswith("[DONE]"):
                     break
-                event = json.loads(text)
+                event = codec.loads(text.encode())  # json.loads's value (orjson where they agree)
                 if isinstance(event, dict) and event.get("error"):
                     error = event["error"]
                     message = error.get("message") if isinstance(error, dict) else None

@@ -48,6 +48,7 @@ MIN_MATCH_BLOCKS = 2
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 SOURCE = "mooncake"
 BLOCK_CACHE = 16_384  # blocks whose words are kept (joined, ~2.8 KB each)
+GROWN_CACHE = 4_096  # later turns' texts kept (a tiled copy sends each again: ``tile``)
 
 
 class TraceError(ValueError):
@@ -178,8 +179,8 @@ class _Blocks:
         full, rest = divmod(n, BLOCK_TOKENS)
         parts = [head] if head else []
         parts += [self._joined(h) for h in hash_ids[:full]]
-        if rest and full < len(hash_ids):
-            parts += self._words(hash_ids[full])[:rest]
+        if rest and full < len(hash_ids):  # the block's first words: its joined text up to a space
+            parts += self._joined(hash_ids[full]).split(" ", rest)[:rest]
         return " ".join(parts)
 
 
@@ -232,6 +233,7 @@ def tile(groups: list[list[Row]], copies: int, period_s: float) -> list[tuple[fl
     return sorted(tiled, key=lambda x: (x[2][0].timestamp_ms / 1000 + x[0], x[1]))  # stable within a copy
 
 
+@functools.lru_cache(maxsize=GROWN_CACHE)  # the tiled copies of a session send the same turns
 def _grown(line: int, n: int) -> str:
     return " ".join(random.Random(f"mooncake-turn:{line}").choices(_VOCAB, k=n))
 

@@ -78,18 +78,21 @@ encode = _py_encode if _c_encode is None else _c_encode
 
 
 class _Memo:
-    """The ids of recently encoded texts, least recently used out first past ``max_tokens`` in all."""
+    """The ids of recently encoded texts, least recently used out first past ``max_tokens`` in all.
+
+    Kept as tuples: the garbage collector stops tracking a tuple of ints once it has survived one
+    collection, where every full collection would walk a list's millions of ids (docs/benchmarks.md)."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens, self.tokens = max_tokens, 0
-        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> tuple[int, ...]:
         ids = self._ids.get(text)
         if ids is not None:
             self._ids.move_to_end(text)
             return ids
-        ids = self._ids[text] = encode(text)
+        ids = self._ids[text] = tuple(encode(text))
         self.tokens += len(ids)
         while self.tokens > self.max_tokens and len(self._ids) > 1:
             self.tokens -= len(self._ids.popitem(last=False)[1])

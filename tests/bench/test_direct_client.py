@@ -40,14 +40,22 @@ EVENTS = [
 ]
 
 
-def _app(seen: list, status: int) -> web.Application:
+# what orjson reads otherwise than json (or not at all): the client's parse falls back to json for them
+ODD_KVT = {"remote_block_ids": [2**70, 12], "ratio": float("inf"), "note": "\ud800 lone"}
+ODD_EVENTS = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "\ud83d"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "length"}], "kv_transfer": ODD_KVT},
+]
+
+
+def _app(seen: list, status: int, events: list = EVENTS) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         seen.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
         if status != 200:
             return web.json_response({"error": {"message": "pool full", "type": "pool_full"}}, status=status)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for event in EVENTS:
+        for event in events:
             await resp.write(f"data: {json.dumps(event)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -58,9 +66,11 @@ def _app(seen: list, status: int) -> web.Application:
     return app
 
 
-async def _call(direct: bool, status: int, exporter: InMemorySpanExporter) -> tuple[list, object]:
+async def _call(
+    direct: bool, status: int, exporter: InMemorySpanExporter, events: list = EVENTS
+) -> tuple[list, object]:
     seen: list = []
-    runner = web.AppRunner(_app(seen, status))
+    runner = web.AppRunner(_app(seen, status, events))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -129,6 +139,17 @@ def test_the_direct_client_sends_and_records_what_the_sdk_does(status):
         assert vars(result) == vars(sdk_result) and result.kv_transfer == KVT and result.ttft_ms is not None
     else:
         assert out == sdk_out == (openai.InternalServerError, "Error code: 503 - pool full", 503)
+
+
+def test_events_orjson_would_read_otherwise_reach_the_result_as_the_sdk_reads_them():
+    runs = {}
+    for direct in (False, True):
+        exporter = InMemorySpanExporter()
+        runs[direct] = virtual.run(_call(direct, 200, exporter, ODD_EVENTS), seed=7)[1]
+    (text, result), (sdk_text, sdk_result) = runs[True], runs[False]
+    assert text == sdk_text == ("\ud83ddone", "")
+    assert result.kv_transfer == sdk_result.kv_transfer
+    assert result.kv_transfer == ODD_KVT and type(result.kv_transfer["remote_block_ids"][0]) is int
 
 
 def _rows(run_dir: str) -> dict:

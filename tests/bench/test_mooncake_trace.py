@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from kvtrace import semconv as sc
 from kvtrace.bench import api as bench
 from kvtrace.bench import mooncake, vllm_inputs
+from kvtrace.bench.workload import _VOCAB
 from kvtrace.proxy import server
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.sim.cluster import SimCluster
@@ -75,6 +77,23 @@ def test_the_workload_replays_the_trace_timing_and_lengths(tmp_path):
     assert branch.turns[0].user_text.split()[:1024] == a.turns[0].user_text.split()[:1024]
     assert branch.turns[0].user_text.split()[1024:] != a.turns[0].user_text.split()[1024:1300]
     assert wl.sessions[1].turns[0].user_text.split()[:512] == a.turns[0].user_text.split()[:512]
+
+
+def _seeded_words(seed: str, n: int) -> list[str]:
+    return random.Random(seed).choices(_VOCAB, k=n)
+
+
+def test_the_text_is_the_seeded_words_of_the_blocks_and_of_the_growth(tmp_path):
+    # the module doc's rule, drawn here without the workload's caches; each text is read twice
+    # (the second time from the caches, as a tiled copy reads it)
+    wl = vllm_inputs.load(write(tmp_path / "t.jsonl", TRACE))
+    first = _seeded_words("mooncake-block:0", 512) + _seeded_words("mooncake-block:1", 512)
+    first += _seeded_words("mooncake-block:2", 512)[: 1300 - 1024]
+    grown = _seeded_words("mooncake-turn:3", 1600 - 1300 - 100)
+    for _ in range(2):
+        turns = vllm_inputs.load(write(tmp_path / "t.jsonl", TRACE)).sessions[0].turns
+        assert [t.user_text for t in turns[:2]] == [" ".join(first), " ".join(grown)]
+    assert wl.sessions[0].turns[0].user_text == " ".join(first)
 
 
 @pytest.mark.parametrize(

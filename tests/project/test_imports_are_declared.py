@@ -33,7 +33,7 @@ UNIT_EXTRAS: dict[str, tuple[str, ...]] = {
     "kvrules": (),
     "kvdigest": (),
     "routing": (),
-    "jsoncodec": ("proxy", "sim"),  # orjson, when installed
+    "jsoncodec": ("proxy", "sim", "agent"),  # orjson, when installed
     "proxy": ("proxy", "proxy-fast"),  # uvloop, when installed
     "semconv": (),
     "settings": (),

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": BASE,
     "telemetry": BASE | {"store"},  # OTel providers and exporters, fast spans, Prometheus exposition
     "emit": BASE | {"telemetry"},
-    "agent": BASE | {"telemetry"},
+    "agent": BASE | {"telemetry", "jsoncodec"},
     "routing": {"semconv"},  # a fleet's routing policies: the proxy's, whoever runs it (kvtrace.routing)
     "_cjson": set(),  # kvtrace/_cjson.c, the C extension of jsoncodec
     "jsoncodec": {"_cjson"},  # JSON of the serving hot paths (orjson when installed), its C pre-check

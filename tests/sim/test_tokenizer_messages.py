@@ -3,6 +3,7 @@ leg and the next turn): exactly the ids of the whole rendered prompt, whatever t
 
 from __future__ import annotations
 
+import gc
 import random
 
 from kvtrace.sim import tokenizer
@@ -44,3 +45,11 @@ def test_kept_ids_are_bounded_and_never_handed_out_to_be_changed():
     ids = tokenizer.encode_chat([{"role": "user", "content": "one two"}])
     ids.append(0)  # the caller's list is its own
     assert tokenizer.encode_chat([{"role": "user", "content": "one two"}]) == ids[:-1]
+
+
+def test_kept_ids_are_not_walked_by_the_garbage_collector():
+    memo = tokenizer._Memo(max_tokens=1000)
+    ids = memo.encode("a long message the memo keeps for the next turn ")
+    gc.collect()  # a collection it survives: from then on the collector no longer follows it
+    assert memo.encode("a long message the memo keeps for the next turn ") is ids and not gc.is_tracked(ids)
+    assert list(ids) == tokenizer.encode("a long message the memo keeps for the next turn ")

@@ -3,6 +3,7 @@ process, no sockets, no sleeps; one seed, the same results."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -41,6 +42,23 @@ def test_clocks_are_restored_after_a_run():
     before = time.time()
     virtual.run(_noop(), seed=0)
     assert abs(time.time() - before) < 60  # the real clock again, not the virtual epoch
+
+
+async def _thresholds():
+    return gc.get_threshold()
+
+
+async def _fails():
+    raise KeyError("the run's own error")
+
+
+def test_the_collector_runs_less_often_during_a_run_and_as_before_after_it():
+    before = gc.get_threshold()
+    assert virtual.run(_thresholds()) == virtual.GC_THRESHOLDS != before
+    assert gc.get_threshold() == before
+    with pytest.raises(KeyError, match="the run's own error"):
+        virtual.run(_fails())
+    assert gc.get_threshold() == before
 
 
 async def _noop():
