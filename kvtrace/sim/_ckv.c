@@ -7,15 +7,22 @@
  * the same block ids in the same order, the same evictions, the same errors (tests/sim/test_kvcache.py
  * runs every test on both, and random operation sequences compare them).
  *
- * KVCache(capacity, block_size): blocks 0..capacity-1, a reference count each, a content hash (any
- * hashable; None for none), the prefix cache (a dict hash -> block id), a free stack (pops 0, 1, 2,
- * ... first), and the unreferenced cached blocks in least-recently-freed order (a linked list).
+ * KVCache(capacity, block_size): blocks 0..capacity-1, a reference count each, a content hash (a
+ * 64-bit int, as block_hashes makes them; PyKVCache takes any hashable), the prefix cache (hash ->
+ * block id), a free stack (pops 0, 1, 2, ... first), and the unreferenced cached blocks in
+ * least-recently-freed order (a linked list).
+ *
+ * The prefix cache is an open-addressing table in C arrays (linear probing, at most half full,
+ * backward-shift deletion), not a dict: a dict of Python ints cost a lookup two cache misses (the key
+ * object compared, the block id object returned) on tables of a D's whole pool, and lookup, commit and
+ * eviction together were 7 % of a fleet replay's CPU (docs/benchmarks.md).
  * block_hashes(tokens, block_size, parent=0) -> list: hash((parent, block)) chained over the full
  * blocks of ``tokens`` (any iterable), Python's own tuple hash of the same tuples.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 static PyObject *NoSpace; /* kvtrace.sim.kvcache.NoSpace, given by set_errors() */
 
@@ -23,10 +30,51 @@ typedef struct {
     PyObject_HEAD Py_ssize_t capacity, block_size, nfree, nlru, evictions;
     int32_t *ref, *free_stack, *prev, *next; /* prev/next: the LRU list; -1 ends it */
     char *in_lru;
-    PyObject **hash; /* owned, or NULL for none */
-    PyObject *cached; /* dict: hash -> int block id */
+    char *hashed; /* 1: the block has a hash, hkey[b] (then the table maps it to the block) */
+    int64_t *hkey;
+    int64_t *keys; /* the table: keys[i] -> blocks[i], or blocks[i] == -1 for an empty slot */
+    int32_t *blocks;
+    Py_ssize_t ncached;
+    uint64_t mask;
+    int shift; /* a key's home slot: the top bits of key * a 64-bit odd constant */
     int32_t head, tail; /* oldest, newest of the LRU list */
 } Pool;
+
+static uint64_t home(const Pool *p, int64_t key) {
+    return ((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> p->shift;
+}
+
+/* The slot holding key, or the empty slot where it would go. */
+static uint64_t probe(const Pool *p, int64_t key) {
+    uint64_t i = home(p, key);
+    while (p->blocks[i] >= 0 && p->keys[i] != key) i = (i + 1) & p->mask;
+    return i;
+}
+
+/* Empty slot i, moving back the entries after it that probed past it (no tombstones). */
+static void table_delete(Pool *p, uint64_t i) {
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & p->mask;
+        if (p->blocks[j] < 0) break;
+        uint64_t k = home(p, p->keys[j]);
+        /* the entry at j may move to i unless its home lies cyclically in (i, j] */
+        if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
+            p->keys[i] = p->keys[j];
+            p->blocks[i] = p->blocks[j];
+            i = j;
+        }
+    }
+    p->blocks[i] = -1;
+}
+
+/* A hash from an int object (-1 with an exception set, or a value with none). */
+static int key_of(PyObject *o, int64_t *out) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = (int64_t)v;
+    return 0;
+}
 
 static void lru_remove(Pool *p, int32_t b) {
     int32_t a = p->prev[b], c = p->next[b];
@@ -47,14 +95,15 @@ static void lru_append(Pool *p, int32_t b) {
 
 /* 1 if block b's hash maps to b in the prefix cache, 0 if not.  A block has a hash only while the
  * prefix cache maps that hash to it: commit() gives one only with the mapping, and only uncache()
- * removes a mapping, with its block's hash.  So no dict lookup (PyKVCache's is_cached asks the dict:
+ * removes a mapping, with its block's hash.  So no table lookup (PyKVCache's is_cached asks its dict:
  * tests/sim/test_kvcache.py compares both on random operations). */
-static int cached_here(Pool *p, int32_t b) { return p->hash[b] != NULL; }
+static int cached_here(Pool *p, int32_t b) { return p->hashed[b]; }
 
-static int uncache(Pool *p, int32_t b) {
-    if (cached_here(p, b) && PyDict_DelItem(p->cached, p->hash[b]) < 0) return -1;
-    Py_CLEAR(p->hash[b]);
-    return 0;
+static void uncache(Pool *p, int32_t b) {
+    if (!cached_here(p, b)) return;
+    table_delete(p, probe(p, p->hkey[b]));
+    p->hashed[b] = 0;
+    p->ncached--;
 }
 
 /* A block id from an int object, checked against the pool. */
@@ -93,12 +142,20 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
     p->prev = PyMem_Calloc(cap, sizeof(int32_t));
     p->next = PyMem_Calloc(cap, sizeof(int32_t));
     p->in_lru = PyMem_Calloc(cap, 1);
-    p->hash = PyMem_Calloc(cap, sizeof(PyObject *));
-    p->cached = PyDict_New();
-    if (!p->ref || !p->free_stack || !p->prev || !p->next || !p->in_lru || !p->hash || !p->cached) {
+    p->hashed = PyMem_Calloc(cap, 1);
+    p->hkey = PyMem_Calloc(cap, sizeof(int64_t));
+    int bits = 1;
+    while (((Py_ssize_t)1 << bits) < 2 * cap) bits++; /* at most half full: every block hashed */
+    p->mask = ((uint64_t)1 << bits) - 1;
+    p->shift = 64 - bits;
+    p->keys = PyMem_Calloc(p->mask + 1, sizeof(int64_t));
+    p->blocks = PyMem_Malloc((p->mask + 1) * sizeof(int32_t));
+    if (!p->ref || !p->free_stack || !p->prev || !p->next || !p->in_lru || !p->hashed || !p->hkey || !p->keys ||
+        !p->blocks) {
         PyErr_NoMemory();
         return -1;
     }
+    memset(p->blocks, 0xff, (p->mask + 1) * sizeof(int32_t)); /* every slot empty (-1) */
     for (Py_ssize_t i = 0; i < cap; i++) p->free_stack[i] = (int32_t)(cap - 1 - i);
     p->nfree = cap;
     p->head = p->tail = -1;
@@ -106,15 +163,15 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
 }
 
 static void Pool_dealloc(Pool *p) {
-    if (p->hash != NULL)
-        for (Py_ssize_t i = 0; i < p->capacity; i++) Py_XDECREF(p->hash[i]);
     PyMem_Free(p->ref);
     PyMem_Free(p->free_stack);
     PyMem_Free(p->prev);
     PyMem_Free(p->next);
     PyMem_Free(p->in_lru);
-    PyMem_Free(p->hash);
-    Py_XDECREF(p->cached);
+    PyMem_Free(p->hashed);
+    PyMem_Free(p->hkey);
+    PyMem_Free(p->keys);
+    PyMem_Free(p->blocks);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -129,12 +186,16 @@ static PyObject *Pool_lookup(Pool *p, PyObject *args) {
     Py_ssize_t limit = n < cap ? n : cap;
     PyObject *out = PyList_New(0);
     for (Py_ssize_t i = 0; out != NULL && i < limit; i++) {
-        PyObject *bid = PyDict_GetItemWithError(p->cached, PySequence_Fast_GET_ITEM(seq, i));
-        if (bid == NULL) {
-            if (PyErr_Occurred()) Py_CLEAR(out);
+        int64_t key;
+        if (key_of(PySequence_Fast_GET_ITEM(seq, i), &key) < 0) {
+            Py_CLEAR(out);
             break;
         }
-        if (PyList_Append(out, bid) < 0) Py_CLEAR(out);
+        int32_t b = p->blocks[probe(p, key)];
+        if (b < 0) break;
+        PyObject *bid = PyLong_FromLong(b);
+        if (bid == NULL || PyList_Append(out, bid) < 0) Py_CLEAR(out);
+        Py_XDECREF(bid);
     }
     Py_DECREF(seq);
     return out;
@@ -182,11 +243,7 @@ static PyObject *Pool_allocate(Pool *p, PyObject *arg) {
         } else {
             b = p->head;
             lru_remove(p, b);
-            if (uncache(p, b) < 0) {
-                Py_DECREF(out); /* the pool stays consistent: b is free of its hash, unreferenced */
-                p->free_stack[p->nfree++] = b;
-                return NULL;
-            }
+            uncache(p, b);
             p->evictions++;
         }
         p->ref[b] = 1;
@@ -214,15 +271,16 @@ static PyObject *Pool_commit(Pool *p, PyObject *args) {
     for (i = 0; i < n && i < m; i++) {
         int32_t b;
         if (block_of(p, PySequence_Fast_GET_ITEM(a, i), &b) < 0) goto fail;
-        if (p->hash[b] != NULL) continue;
-        PyObject *hv = PySequence_Fast_GET_ITEM(h, i), *bid = PyLong_FromLong(b);
-        /* one lookup: the hash's block if it has one (then b stays unpublished), else b, inserted */
-        PyObject *owner = bid == NULL ? NULL : PyDict_SetDefault(p->cached, hv, bid);
-        Py_XDECREF(bid);
-        if (owner == NULL) goto fail;
-        if (owner != bid) continue;
-        Py_INCREF(hv);
-        p->hash[b] = hv;
+        if (cached_here(p, b)) continue;
+        int64_t key;
+        if (key_of(PySequence_Fast_GET_ITEM(h, i), &key) < 0) goto fail;
+        uint64_t slot = probe(p, key);
+        if (p->blocks[slot] >= 0) continue; /* the hash has its block already: b stays unpublished */
+        p->keys[slot] = key;
+        p->blocks[slot] = b;
+        p->hkey[b] = key;
+        p->hashed[b] = 1;
+        p->ncached++;
     }
     if (n != m) { /* zip(strict=True) raises after the pairs it could make */
         PyErr_Format(PyExc_ValueError, "zip() argument 2 is %s than argument 1", m < n ? "shorter" : "longer");
@@ -251,7 +309,6 @@ static int free_one(Pool *p, int32_t b) {
         PyErr_SetString(PyExc_RuntimeError, "block pool corrupted: more free blocks than blocks");
         return -1;
     }
-    Py_CLEAR(p->hash[b]);
     p->free_stack[p->nfree++] = b;
     return 0;
 }
@@ -288,7 +345,7 @@ static PyObject *Pool_refcounts(Pool *p, PyObject *ids) {
 
 static PyObject *Pool_num_free(Pool *p, void *c) { return PyLong_FromSsize_t(p->nfree + p->nlru); }
 static PyObject *Pool_num_used(Pool *p, void *c) { return PyLong_FromSsize_t(p->capacity - p->nfree - p->nlru); }
-static PyObject *Pool_num_cached(Pool *p, void *c) { return PyLong_FromSsize_t(PyDict_GET_SIZE(p->cached)); }
+static PyObject *Pool_num_cached(Pool *p, void *c) { return PyLong_FromSsize_t(p->ncached); }
 static PyObject *Pool_capacity(Pool *p, void *c) { return PyLong_FromSsize_t(p->capacity); }
 static PyObject *Pool_block_size(Pool *p, void *c) { return PyLong_FromSsize_t(p->block_size); }
 static PyObject *Pool_get_evictions(Pool *p, void *c) { return PyLong_FromSsize_t(p->evictions); }

@@ -16,7 +16,9 @@ order; it raises :class:`NoSpace` when referenced blocks leave too few.
 
 :class:`PyKVCache` and :func:`py_block_hashes` are the reference; :class:`KVCache` and
 :func:`block_hashes` are the same in C (``kvtrace/sim/_ckv.c``, the same ids, order and errors)
-where the extension was built, else these (:data:`IMPLEMENTATION` says which).
+where the extension was built, else these (:data:`IMPLEMENTATION` says which).  The C pool takes
+hashes that are 64-bit ints (what :func:`block_hashes` makes; its prefix cache is a table of them in C
+arrays), and refuses others with ``TypeError`` / ``OverflowError``.
 
 :class:`BlockQueue` is the scheduler's waiting queue in front of the pool (vLLM 0.32/0.33
 ``v1/core/sched/scheduler.py``): requests are admitted in arrival order, and when the head's

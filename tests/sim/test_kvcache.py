@@ -106,8 +106,9 @@ def test_errors_name_what_is_wrong(impl):
     assert list(cache.refcounts([0, 1, 2])) == [1, 1, 0]
 
 
-def _step(rng: random.Random, cache, held: list[list[int]], log: list):
-    """One random operation on ``cache``; what it returned (or raised) goes to ``log``."""
+def _step(rng: random.Random, cache, held: list[list[int]], log: list, keys: list[int]):
+    """One random operation on ``cache`` (hashes drawn from ``keys``); what it returned (or raised)
+    goes to ``log``."""
     op = rng.choice(["alloc", "alloc", "commit", "free", "touch", "lookup", "free_twice"])
     try:
         if op == "alloc":
@@ -116,7 +117,7 @@ def _step(rng: random.Random, cache, held: list[list[int]], log: list):
             log.append(("alloc", ids))
         elif op == "commit" and held:
             ids = rng.choice(held)
-            cache.commit(ids, [rng.randrange(12) for _ in ids])
+            cache.commit(ids, [rng.choice(keys) for _ in ids])
             log.append(("commit",))
         elif op in ("free", "free_twice") and held:
             ids = held.pop(rng.randrange(len(held)))
@@ -128,7 +129,7 @@ def _step(rng: random.Random, cache, held: list[list[int]], log: list):
             held.append(list(ids))
             log.append(("touch",))
         elif op == "lookup":
-            log.append(("lookup", cache.lookup([rng.randrange(12) for _ in range(4)], rng.randint(0, 80))))
+            log.append(("lookup", cache.lookup([rng.choice(keys) for _ in range(4)], rng.randint(0, 80))))
     except (NoSpace, ValueError) as exc:
         log.append((type(exc).__name__, str(exc)))
     log.append((cache.num_free, cache.num_used, cache.num_cached, cache.evictions))
@@ -136,16 +137,36 @@ def _step(rng: random.Random, cache, held: list[list[int]], log: list):
     log.append(list(cache.refcounts(range(cache.capacity))))
 
 
-def test_random_operations_give_the_same_results_in_c_and_python():
+@pytest.mark.parametrize("wide", [False, True], ids=["small-hashes", "64-bit-hashes"])
+def test_random_operations_give_the_same_results_in_c_and_python(wide):
+    # 64-bit: any value a hash can take, the extremes included, in a pool small enough to repeat
+    # (the C table's probe chains, their wrap past its end and deletions inside them)
     ckv = _c()
     for seed in range(40):
+        draw = random.Random(f"keys-{seed}")
+        extremes = [-(2**63), 2**63 - 1, -1, 0]
+        keys = extremes + [draw.getrandbits(64) - 2**63 for _ in range(20)] if wide else list(range(12))
         logs = []
         for cls in (ckv.KVCache, PyKVCache):
             rng, cache, held, log = random.Random(seed), cls(16, 4), [], []
             for _ in range(300):
-                _step(rng, cache, held, log)
+                _step(rng, cache, held, log, keys)
             logs.append(log)
         assert logs[0] == logs[1], seed
+
+
+def test_the_c_pool_takes_64_bit_int_hashes_only():
+    """block_hashes makes nothing else; anything else is refused, and the pairs before it are kept."""
+    cache = _c().KVCache(4, 2)
+    ids = cache.allocate(3)
+    with pytest.raises(TypeError):
+        cache.commit(ids, [5, "a", 6])
+    with pytest.raises(OverflowError):
+        cache.commit(ids, [5, 2**64, 6])
+    assert [cache.is_cached(b) for b in ids] == [True, False, False] and cache.num_cached == 1
+    assert cache.lookup([5, 6], 8) == ids[:1]
+    with pytest.raises(OverflowError):
+        cache.lookup([2**63], 8)
 
 
 def test_the_installed_package_uses_the_c_pool():
