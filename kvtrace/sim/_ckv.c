@@ -32,8 +32,10 @@ typedef struct {
     char *in_lru;
     char *hashed; /* 1: the block has a hash, hkey[b] (then the table maps it to the block) */
     int64_t *hkey;
-    int64_t *keys; /* the table: keys[i] -> blocks[i], or blocks[i] == -1 for an empty slot */
-    int32_t *blocks;
+    struct slot {
+        int64_t key;
+        int32_t block; /* -1: an empty slot */
+    } *slots; /* the table; a probe reads one slot's key and block from one cache line */
     Py_ssize_t ncached;
     uint64_t mask;
     int shift; /* a key's home slot: the top bits of key * a 64-bit odd constant */
@@ -47,7 +49,7 @@ static uint64_t home(const Pool *p, int64_t key) {
 /* The slot holding key, or the empty slot where it would go. */
 static uint64_t probe(const Pool *p, int64_t key) {
     uint64_t i = home(p, key);
-    while (p->blocks[i] >= 0 && p->keys[i] != key) i = (i + 1) & p->mask;
+    while (p->slots[i].block >= 0 && p->slots[i].key != key) i = (i + 1) & p->mask;
     return i;
 }
 
@@ -56,16 +58,15 @@ static void table_delete(Pool *p, uint64_t i) {
     uint64_t j = i;
     for (;;) {
         j = (j + 1) & p->mask;
-        if (p->blocks[j] < 0) break;
-        uint64_t k = home(p, p->keys[j]);
+        if (p->slots[j].block < 0) break;
+        uint64_t k = home(p, p->slots[j].key);
         /* the entry at j may move to i unless its home lies cyclically in (i, j] */
         if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
-            p->keys[i] = p->keys[j];
-            p->blocks[i] = p->blocks[j];
+            p->slots[i] = p->slots[j];
             i = j;
         }
     }
-    p->blocks[i] = -1;
+    p->slots[i].block = -1;
 }
 
 /* A hash from an int object (-1 with an exception set, or a value with none). */
@@ -74,6 +75,34 @@ static int key_of(PyObject *o, int64_t *out) {
     if (v == -1 && PyErr_Occurred()) return -1;
     *out = (int64_t)v;
     return 0;
+}
+
+/* A table of a D's whole pool outgrows the CPU's caches, and a request's hashes are known before
+ * they are probed: the slot AHEAD hashes on is asked for while this one is probed. */
+#define AHEAD 8
+
+static void prefetch(const Pool *p, PyObject *o) {
+#if defined(__GNUC__) || defined(__clang__)
+    int64_t key;
+    if (key_of(o, &key) < 0) {
+        PyErr_Clear(); /* raised when its own turn comes */
+        return;
+    }
+    __builtin_prefetch(&p->slots[home(p, key)]);
+#else
+    (void)p;
+    (void)o;
+#endif
+}
+
+/* The slot of block b's hash, asked for (an eviction AHEAD blocks on in the LRU list). */
+static void prefetch_block(const Pool *p, int32_t b) {
+#if defined(__GNUC__) || defined(__clang__)
+    if (p->hashed[b]) __builtin_prefetch(&p->slots[home(p, p->hkey[b])]);
+#else
+    (void)p;
+    (void)b;
+#endif
 }
 
 static void lru_remove(Pool *p, int32_t b) {
@@ -148,14 +177,12 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
     while (((Py_ssize_t)1 << bits) < 2 * cap) bits++; /* at most half full: every block hashed */
     p->mask = ((uint64_t)1 << bits) - 1;
     p->shift = 64 - bits;
-    p->keys = PyMem_Calloc(p->mask + 1, sizeof(int64_t));
-    p->blocks = PyMem_Malloc((p->mask + 1) * sizeof(int32_t));
-    if (!p->ref || !p->free_stack || !p->prev || !p->next || !p->in_lru || !p->hashed || !p->hkey || !p->keys ||
-        !p->blocks) {
+    p->slots = PyMem_Malloc((p->mask + 1) * sizeof(struct slot));
+    if (!p->ref || !p->free_stack || !p->prev || !p->next || !p->in_lru || !p->hashed || !p->hkey || !p->slots) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(p->blocks, 0xff, (p->mask + 1) * sizeof(int32_t)); /* every slot empty (-1) */
+    for (uint64_t i = 0; i <= p->mask; i++) p->slots[i].block = -1;
     for (Py_ssize_t i = 0; i < cap; i++) p->free_stack[i] = (int32_t)(cap - 1 - i);
     p->nfree = cap;
     p->head = p->tail = -1;
@@ -170,8 +197,7 @@ static void Pool_dealloc(Pool *p) {
     PyMem_Free(p->in_lru);
     PyMem_Free(p->hashed);
     PyMem_Free(p->hkey);
-    PyMem_Free(p->keys);
-    PyMem_Free(p->blocks);
+    PyMem_Free(p->slots);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -185,13 +211,15 @@ static PyObject *Pool_lookup(Pool *p, PyObject *args) {
     /* Python's floor division: (ntok - 1) // bs for ntok == 0 is -1, capped at 0 by max() */
     Py_ssize_t limit = n < cap ? n : cap;
     PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; i < AHEAD && i < limit; i++) prefetch(p, PySequence_Fast_GET_ITEM(seq, i));
     for (Py_ssize_t i = 0; out != NULL && i < limit; i++) {
         int64_t key;
+        if (i + AHEAD < limit) prefetch(p, PySequence_Fast_GET_ITEM(seq, i + AHEAD));
         if (key_of(PySequence_Fast_GET_ITEM(seq, i), &key) < 0) {
             Py_CLEAR(out);
             break;
         }
-        int32_t b = p->blocks[probe(p, key)];
+        int32_t b = p->slots[probe(p, key)].block;
         if (b < 0) break;
         PyObject *bid = PyLong_FromLong(b);
         if (bid == NULL || PyList_Append(out, bid) < 0) Py_CLEAR(out);
@@ -236,11 +264,19 @@ static PyObject *Pool_allocate(Pool *p, PyObject *arg) {
     }
     PyObject *out = PyList_New(n < 0 ? 0 : n);
     if (out == NULL) return NULL;
+    int32_t ahead = -2; /* the LRU block AHEAD evictions on (-2: no eviction yet, -1: the list's end) */
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t b;
         if (p->nfree > 0) {
             b = p->free_stack[--p->nfree];
         } else {
+            if (ahead == -2) {
+                ahead = p->head;
+                for (int k = 0; k < AHEAD && ahead >= 0; k++, ahead = p->next[ahead]) prefetch_block(p, ahead);
+            } else if (ahead >= 0) {
+                prefetch_block(p, ahead);
+                ahead = p->next[ahead];
+            }
             b = p->head;
             lru_remove(p, b);
             uncache(p, b);
@@ -268,16 +304,18 @@ static PyObject *Pool_commit(Pool *p, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(a), m = PySequence_Fast_GET_SIZE(h), i;
+    for (i = 0; i < AHEAD && i < m; i++) prefetch(p, PySequence_Fast_GET_ITEM(h, i));
     for (i = 0; i < n && i < m; i++) {
         int32_t b;
+        if (i + AHEAD < m) prefetch(p, PySequence_Fast_GET_ITEM(h, i + AHEAD));
         if (block_of(p, PySequence_Fast_GET_ITEM(a, i), &b) < 0) goto fail;
         if (cached_here(p, b)) continue;
         int64_t key;
         if (key_of(PySequence_Fast_GET_ITEM(h, i), &key) < 0) goto fail;
         uint64_t slot = probe(p, key);
-        if (p->blocks[slot] >= 0) continue; /* the hash has its block already: b stays unpublished */
-        p->keys[slot] = key;
-        p->blocks[slot] = b;
+        if (p->slots[slot].block >= 0) continue; /* the hash has its block already: b stays unpublished */
+        p->slots[slot].key = key;
+        p->slots[slot].block = b;
         p->hkey[b] = key;
         p->hashed[b] = 1;
         p->ncached++;
