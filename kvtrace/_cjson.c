@@ -11,8 +11,35 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
-static unsigned char kind[256]; /* 1: a digit, 2: '[' or '{' */
+static int is_digit(unsigned char c) { return (unsigned)(c - '0') < 10; }
+
+/* 1 if p[0:n] holds a run of at least `run` (> 0) digits.  Any such run covers one of the bytes
+ * run - 1, 2 run - 1, ...: only those are looked at, and the run around one that is a digit measured
+ * (a chat body is mostly text: about one byte in `run` is read). */
+static int has_digit_run(const unsigned char *p, Py_ssize_t n, Py_ssize_t run) {
+    if (run > n) return 0; /* (and i += run cannot overflow) */
+    for (Py_ssize_t i = run - 1; i < n; i += run) {
+        if (!is_digit(p[i])) continue;
+        Py_ssize_t a = i, b = i + 1;
+        while (a > 0 && b - a < run && is_digit(p[a - 1])) a--;
+        while (b < n && b - a < run && is_digit(p[b])) b++;
+        if (b - a >= run) return 1;
+    }
+    return 0;
+}
+
+/* How many bytes c p[0:n] holds, counting no further than cap (memchr: the C library's vector search). */
+static Py_ssize_t count_upto(const unsigned char *p, Py_ssize_t n, unsigned char c, Py_ssize_t cap) {
+    const unsigned char *end = p + n;
+    Py_ssize_t k = 0;
+    while (k < cap && p < end && (p = memchr(p, c, (size_t)(end - p))) != NULL) {
+        k++;
+        p++;
+    }
+    return k;
+}
 
 static PyObject *orjson_safe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -27,22 +54,12 @@ static PyObject *orjson_safe(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     const unsigned char *p = view.buf;
-    Py_ssize_t digits = 0, brackets = 0, n = view.len;
+    Py_ssize_t n = view.len;
     int safe = run > 0 && limit > 0; /* an empty run is in any data; no count is below 0 */
-    for (Py_ssize_t i = 0; safe && i < n; i++) {
-        unsigned char k = kind[p[i]];
-        if (k == 1) {
-            if (++digits >= run) {
-                safe = 0;
-                break;
-            }
-        } else {
-            digits = 0;
-            if (k == 2 && ++brackets >= limit) {
-                safe = 0;
-                break;
-            }
-        }
+    if (safe) {
+        Py_ssize_t brackets = count_upto(p, n, '[', limit);
+        brackets += count_upto(p, n, '{', limit - brackets);
+        safe = brackets < limit && !has_digit_run(p, n, run);
     }
     PyBuffer_Release(&view);
     return PyBool_FromLong(safe);
@@ -58,8 +75,4 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kvtrace._cjson", "kvtrace.jsoncodec's pre-check of a body, in C.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__cjson(void) {
-    for (int c = '0'; c <= '9'; c++) kind[c] = 1;
-    kind['['] = kind['{'] = 2;
-    return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__cjson(void) { return PyModule_Create(&module); }

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 import sys
 import textwrap
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtrace import semconv as sc
 from kvtrace.proxy import prefix_table
@@ -226,3 +230,18 @@ def test_table_stays_within_bounds_under_100k_sessions_rss_measured():
 def test_new_session_ids_are_prefixed_and_distinct():
     ids = {prefix_table.new_session_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(i.startswith(sc.PREFIX_SESSION_PREFIX) for i in ids)
+
+
+# what the reply's pattern was before it took a run of plain bytes at a time (a byte at a time,
+# backtracking): the two must find the same strings in any bytes
+_BYTE_AT_A_TIME = re.compile(rb'"(content|reasoning_content|reasoning)"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+_PARTS = [b'"content"', b'"reasoning":', b":", b" ", b'"', b"\\", b'\\"', b"ab", b"\n", b"\xc3\xa9"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PARTS)))
+def test_the_reply_pattern_finds_what_the_byte_at_a_time_one_did(parts):
+    data = b"".join(parts)
+    assert prefix_table._DELTA.findall(data) == _BYTE_AT_A_TIME.findall(data)
