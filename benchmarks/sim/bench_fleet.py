@@ -62,9 +62,9 @@ def run_one(args, wl, arm: tuple[bool, bool], run_dir: str, fast: bool) -> dict:
 
     fleet = Fleet(args.prefillers, args.decoders, args.routing)
     cfg = {"workload": wl, "nonce": "arms"}
-    available = decoding.available
+    fast_loop = decoding.fast_loop
     if not fast:
-        decoding.available = lambda engine: False  # the served path's per-token sleeps
+        decoding.fast_loop = lambda engine: None  # the served path's per-token sleeps
     cpu0, main0, wall0 = _cpu(), time.thread_time(), time.perf_counter()
     try:
         main = inproc.run_arm(
@@ -72,7 +72,7 @@ def run_one(args, wl, arm: tuple[bool, bool], run_dir: str, fast: bool) -> dict:
         )
         result = virtual.run(main, seed=0)
     finally:
-        decoding.available = available
+        decoding.fast_loop = fast_loop
     cpu, main_cpu, wall = _cpu() - cpu0, time.thread_time() - main0, time.perf_counter() - wall0
     kinds = Counter(r.error for r in result.requests if r.error is not None)
     return {

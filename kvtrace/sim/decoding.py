@@ -50,14 +50,19 @@ class _Run:
         self.finished = self.dead = False
 
 
-def available(engine: Engine) -> bool:
-    """The fast path applies: costs on, and a loop with fast events (the virtual one)."""
-    return engine.cost.enabled and hasattr(asyncio.get_running_loop(), "call_fast")
+def fast_loop(engine: Engine) -> Any:
+    """The running loop where the fast path applies (costs on, and a loop with fast events: the
+    virtual one), else None.  Looked up once per request: on Python 3.11 a loop lookup is a
+    ``getpid`` system call."""
+    if not engine.cost.enabled:
+        return None
+    loop = asyncio.get_running_loop()
+    return loop if hasattr(loop, "call_fast") else None
 
 
-async def batches(engine: Engine, gen: Generation, deliver: Deliver) -> AsyncIterator[list[Token]]:
-    """Yield ``gen``'s tokens in lists, each ending with a delivered token, at its time."""
-    loop: Any = asyncio.get_running_loop()
+async def batches(engine: Engine, gen: Generation, deliver: Deliver, loop: Any) -> AsyncIterator[list[Token]]:
+    """Yield ``gen``'s tokens in lists, each ending with a delivered token, at its time, on ``loop``
+    (:func:`fast_loop`'s)."""
     run = _Run(loop, gen, deliver)
     if not run.ids:
         return

@@ -107,8 +107,9 @@ class Generation:
         """Yield the generated tokens in lists, each at the time of its last token, which
         ``deliver(i, piece)`` asked to see then (None: only the last); on the virtual loop by
         :mod:`~kvtrace.sim.decoding`'s fast events, else token by token."""
-        if decoding.available(self.engine):
-            async for batch in decoding.batches(self.engine, self, deliver):
+        loop = decoding.fast_loop(self.engine)
+        if loop is not None:
+            async for batch in decoding.batches(self.engine, self, deliver, loop):
                 yield batch
             return
         batch: list[decoding.Token] = []

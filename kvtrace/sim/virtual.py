@@ -47,7 +47,7 @@ from kvtrace.sim.memnet import MemNet
 
 EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: the wall time a virtual run starts at
 IDLE_LIMIT_S = 30.0  # real seconds to wait for another thread when nothing is scheduled
-GC_THRESHOLDS = (50_000, 20, 100)  # the collector's during a run (:func:`collector`)
+GC_THRESHOLDS = (200_000, 20, 100)  # the collector's during a run (:func:`collector`)
 
 
 class VirtualDeadlock(RuntimeError):

@@ -42,7 +42,7 @@ def _run(run_dir: str, cfg: dict, fleet: Fleet, fast: bool, monkeypatch, preset:
 
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(decoding, "available", lambda engine: False)
+            m.setattr(decoding, "fast_loop", lambda engine: None)
         main = inproc.run_arm(
             run_dir, preset, True, True, "efa-3200", cfg, "A", 450.0, None, fleet, None if fast else 1
         )
