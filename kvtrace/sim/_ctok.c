@@ -84,6 +84,22 @@ static inline Py_ssize_t special_end(const unsigned char *s, Py_ssize_t n, Py_ss
     return j + 2;
 }
 
+/* One int object per id, made on first use and kept: a prompt's ids are references to these rather
+ * than an allocation each (the tokenizer's memo holds millions of ids, freed as it evicts). */
+static PyObject *id_objects[VOCAB_SIZE];
+
+static PyObject *id_object(unsigned long id) {
+    PyObject *o = id_objects[id];
+    if (o == NULL) {
+        o = PyLong_FromUnsignedLong(id);
+        if (o == NULL)
+            return NULL;
+        id_objects[id] = o; /* the table's reference, for the process's life */
+    }
+    Py_INCREF(o);
+    return o;
+}
+
 static PyObject *encode(PyObject *self, PyObject *text) {
     if (!PyUnicode_Check(text)) {
         PyErr_SetString(PyExc_TypeError, "encode() needs a str");
@@ -118,7 +134,7 @@ static PyObject *encode(PyObject *self, PyObject *text) {
                 end = skip_space(s, n, j);
             }
         }
-        PyObject *id = PyLong_FromUnsignedLong(crc32_of(s + start, end - start) % VOCAB_SIZE);
+        PyObject *id = id_object(crc32_of(s + start, end - start) % VOCAB_SIZE);
         if (id == NULL || PyList_Append(out, id) < 0) {
             Py_XDECREF(id);
             Py_DECREF(out);

@@ -65,3 +65,10 @@ def test_only_str_is_accepted(c_encode):
 def test_the_installed_package_uses_the_c_tokenizer(c_encode):
     """Where the extension was built (the README's test command requires it), encode runs it."""
     assert tokenizer.IMPLEMENTATION == "c" and tokenizer.encode is c_encode
+
+
+def test_an_id_is_one_object_however_often_it_is_made(c_encode):
+    """The memo keeps millions of ids: each is a reference to one int per id, not an int each."""
+    first, again = c_encode("cache block "), c_encode("block cache again ")
+    assert first == [tokenizer.piece_id("cache "), tokenizer.piece_id("block ")] and min(first) > 256
+    assert first[0] is again[1] and first[1] is again[0]
