@@ -37,7 +37,7 @@ def run(args) -> int:
     contexts (a ~2k-token system prompt, files, pages and logs of thousands of tokens): coding-agent,
     research-assistant, pause-resume (pauses past D's retention, which the demo shortens to 45 model
     seconds), short-followups (below the recompute threshold).  Both runs execute at once, each in
-    its own local process, on 127.0.0.1; about 45 s on 2 cores with the defaults (more when other work
+    its own local process, on 127.0.0.1; about 20 s on 2 cores with the defaults (more when other work
     shares them).  Ctrl-C or SIGTERM stops both runs.
     """
     from kvtrace.analysis.report.text import wrap
