@@ -2,13 +2,14 @@
 ``--prefillers`` P and ``--decoders`` D behind the proxy's ``--routing``, one arm of ``kvtrace bench
 --arms`` per run (``kvtrace.bench.inproc.run_arm`` on the virtual loop, spans to Parquet as always).
 
-Issue 41's target: 10,000 sessions on 8P8D in at most 60 s of CPU.  The whole trace (8,099
-sessions an hour) cannot be fetched here, so the shipped subset (every 20th session, 405) is tiled
-(``kvtrace.bench.mooncake.tile``): copy k starts ``--period`` s after copy k-1 and shares no KV with
-the others.  The default, 600 s, keeps 6 copies at once (30 % of the whole trace's rate), a load
-8P8D sustains: at 180 s (20 copies, the whole trace's rate) D's KV pools fill with blocks held for
-P's reverse pulls (``kvtrace.engine.queue.reason`` ``kv_held``) from about 9 copies at once, queues
-grow past the bench's 600 s request timeout, and about one request in nine fails (docs/benchmarks.md).
+Issue 41's target: 10,000 sessions on 8P8D in at most 60 s of CPU.  By default the shipped subset
+(every 20th session of the trace, 405) is tiled (``kvtrace.bench.mooncake.tile``): copy k starts
+``--period`` s after copy k-1 (default 600 s: 6 copies at once, 30 % of the whole trace's rate) and
+shares no KV with the others.  ``--trace FILE`` replays another Mooncake trace instead, the whole
+conversation trace for one (8,099 sessions in an hour: ``python scripts/mooncake_subset.py fetch
+FILE``), its copies past its own sessions following each other (``--period`` its span).  At the whole
+trace's rate 8P8D's KV pools fill with blocks held for reverse pulls and requests time out: what
+that costs and what serves it is in docs/benchmarks.md.
 
 Prints, per arm: requests planned, recorded and failed (by kind), CPU s (user + system, this
 process and its threads; the loop's thread apart), wall s, peak RSS, requests per CPU s, and the
@@ -18,8 +19,9 @@ and the served one (a chunk per token, a timer per decode step: ``stream_interva
 ``--baseline 40``.
 
     python benchmarks/sim/bench_fleet.py --quick
+    python benchmarks/sim/bench_fleet.py --trace conversation_trace.jsonl --sessions 8099
     python benchmarks/sim/bench_fleet.py --sessions 10000 [--arm pcache-on_bidir-on | --all-arms]
-        [--prefillers 8 --decoders 8 --routing kv-aware --preset qwen3-32b --period 600] [--traces DIR]
+        [--prefillers 8 --decoders 8 --routing kv-aware --preset qwen3-32b --period S] [--traces DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections import Counter
 
 TARGET_CPU_S = 60.0  # for 10,000 sessions, one arm
 SUBSET_SESSIONS = 405
+SUBSET_PERIOD_S = 600.0  # the subset's copies: 6 at once, 30 % of the whole trace's rate
 
 
 def _cpu() -> float:
@@ -43,11 +46,16 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _workload(sessions: int, period_s: float):
+def _workload(sessions: int, period_s: float | None, trace: str | None = None):
+    """``sessions`` of the trace (default: the shipped subset), tiled ``period_s`` apart (default: 600 s
+    for the subset, a trace's own span for another: its copies follow each other)."""
     from kvtrace.bench import mooncake
 
-    rows = mooncake.read_rows(mooncake.shipped("mooncake-conversation"))
-    copies = max(1, math.ceil(sessions / SUBSET_SESSIONS))
+    rows = mooncake.read_rows(trace or mooncake.shipped("mooncake-conversation"))
+    n = len(mooncake.sessions(rows)) if trace else SUBSET_SESSIONS
+    if period_s is None:
+        period_s = math.ceil((rows[-1].timestamp_ms - rows[0].timestamp_ms) / 1000) if trace else SUBSET_PERIOD_S
+    copies = max(1, math.ceil(sessions / n))
     wl = mooncake.workload(rows, name=f"mooncake-x{copies}", nonce="arms", copies=copies, period_s=period_s)
     wl.sessions = wl.sessions[:sessions]
     return wl
@@ -104,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decoders", type=int, default=8)
     p.add_argument("--routing", default="kv-aware")
     p.add_argument("--preset", default="qwen3-32b")
-    p.add_argument("--period", type=float, default=600.0, help="s between the starts of two copies of the subset")
+    p.add_argument("--period", type=float, help="s between two copies' starts (default: 600; a --trace: its span)")
     p.add_argument("--arm", default="pcache-on_bidir-on", help="pcache-{on,off}_bidir-{on,off}")
     p.add_argument("--all-arms", action="store_true")
     p.add_argument("--baseline", type=int, default=0, metavar="N", help="first N sessions both ways: the CPU ratio")
     p.add_argument("--quick", action="store_true", help="--sessions 400 --baseline 40")
+    p.add_argument("--trace", metavar="FILE", help="a Mooncake trace to replay (default: the shipped subset, tiled)")
     p.add_argument("--traces", metavar="DIR", help="keep the runs' spans here (default: a temporary directory)")
     args = p.parse_args(argv)
     if args.quick:
@@ -122,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.prefillers}P{args.decoders}D, routing {args.routing}, {args.preset}, traces in {root}")
     try:
         if args.baseline:
-            wl = _workload(args.baseline, args.period)
+            wl = _workload(args.baseline, args.period, args.trace)
             fast = run_one(args, wl, arms[-1], os.path.join(root, "baseline-fast"), True)
             served = run_one(args, wl, arms[-1], os.path.join(root, "baseline-served"), False)
             print(_line(f"{args.baseline} sessions, fast path", fast))
             print(_line(f"{args.baseline} sessions, served path", served))
             print(f"CPU served / fast: x{served['cpu'] / fast['cpu']:.1f}")
         t0 = time.perf_counter()
-        wl = _workload(args.sessions, args.period)
+        wl = _workload(args.sessions, args.period, args.trace)
         print(f"workload: {len(wl.sessions)} sessions, {wl.n_llm_calls} requests, {time.perf_counter() - t0:.1f} s")
         total = 0.0
         for c, b in arms:

@@ -79,7 +79,7 @@ def sdk_json(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _sdk_http() -> Any:
+def sdk_http() -> Any:
     """The HTTP library the installed openai SDK builds its requests and errors with (httpx2 in
     openai 3, httpx before): the errors raised here carry the same types as the SDK's own."""
     from openai import _base_client
@@ -196,7 +196,7 @@ class DirectChat:
         body = await resp.read()
         resp.release()
         request = self._sdk._build_request(_options(url))
-        response = _sdk_http().Response(resp.status, headers=dict(resp.headers), content=body, request=request)
+        response = sdk_http().Response(resp.status, headers=dict(resp.headers), content=body, request=request)
         return self._sdk._make_status_error_from_response(response)
 
     async def close(self) -> None:
@@ -247,7 +247,7 @@ class _Events:
             async for _ in resp.content:  # the SDK reads an HTTP/1.1 stream to its end
                 pass
         except TimeoutError:
-            raise _sdk_http().ReadTimeout("timed out", request=self._request()) from None
+            raise sdk_http().ReadTimeout("timed out", request=self._request()) from None
         finally:
             resp.release()
 

@@ -22,6 +22,7 @@ import openai
 
 from kvtrace import semconv as sc
 from kvtrace.agent.api import Agent
+from kvtrace.agent.direct import sdk_http
 from kvtrace.bench.workload import LLMAction, SessionPlan, ToolAction, TurnPlan, WorkAction
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -249,7 +250,9 @@ class SessionRunner:
                     timeout=self.opts.request_timeout_s,
                 )
                 answer = await _read(stream, action.interrupt_after)
-            except (TimeoutError, openai.APIError, OSError) as exc:
+            except (TimeoutError, openai.APIError, OSError, sdk_http().TransportError) as exc:
+                # the SDK wraps its request's errors, not its stream's: a read that times out or
+                # breaks mid-answer raises the HTTP library's own (httpx's ReadTimeout, ...)
                 rec.error = type(exc).__name__
                 raise _Abort(f"llm call {rec.call} failed: {rec.error}") from None
             finally:

@@ -381,6 +381,49 @@ static PyObject *Pool_refcounts(Pool *p, PyObject *ids) {
     return out;
 }
 
+/* held_only(lists): how many distinct blocks are referenced exactly as often as they appear in lists
+ * (each a hold's block ids): the blocks that ending every hold would free.  Scratch counts per block
+ * live in a zeroed array only during the call. */
+static PyObject *Pool_held_only(Pool *p, PyObject *lists) {
+    PyObject *outer = PySequence_Fast(lists, "held_only takes a sequence of block id lists");
+    if (outer == NULL) return NULL;
+    Py_ssize_t nl = PySequence_Fast_GET_SIZE(outer), total = 0, k = 0, count = 0;
+    PyObject **inner = PyMem_Calloc(nl ? nl : 1, sizeof(PyObject *));
+    int32_t *ids = NULL, *seen = NULL;
+    if (inner == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nl; i++) {
+        inner[i] = PySequence_Fast(PySequence_Fast_GET_ITEM(outer, i), "block ids must be a sequence");
+        if (inner[i] == NULL) goto done;
+        total += PySequence_Fast_GET_SIZE(inner[i]);
+    }
+    ids = PyMem_Malloc((total ? total : 1) * sizeof(int32_t));
+    seen = PyMem_Calloc(p->capacity, sizeof(int32_t));
+    if (ids == NULL || seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nl; i++)
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(inner[i]); j++, k++)
+            if (block_of(p, PySequence_Fast_GET_ITEM(inner[i], j), &ids[k]) < 0) goto done;
+    for (k = 0; k < total; k++) seen[ids[k]]++;
+    for (k = 0; k < total; k++) {
+        int32_t b = ids[k];
+        if (seen[b] == 0) continue; /* counted at its first appearance */
+        count += seen[b] == p->ref[b];
+        seen[b] = 0;
+    }
+done:
+    for (Py_ssize_t i = 0; inner != NULL && i < nl; i++) Py_XDECREF(inner[i]);
+    PyMem_Free(inner);
+    PyMem_Free(ids);
+    PyMem_Free(seen);
+    Py_DECREF(outer);
+    return PyErr_Occurred() ? NULL : PyLong_FromSsize_t(count);
+}
+
 static PyObject *Pool_num_free(Pool *p, void *c) { return PyLong_FromSsize_t(p->nfree + p->nlru); }
 static PyObject *Pool_num_used(Pool *p, void *c) { return PyLong_FromSsize_t(p->capacity - p->nfree - p->nlru); }
 static PyObject *Pool_num_cached(Pool *p, void *c) { return PyLong_FromSsize_t(p->ncached); }
@@ -407,6 +450,8 @@ static PyMethodDef Pool_methods[] = {
     {"is_cached", (PyCFunction)Pool_is_cached, METH_O, "is_cached(block_id) -> bool"},
     {"refcount", (PyCFunction)Pool_refcount, METH_O, "refcount(block_id) -> int"},
     {"refcounts", (PyCFunction)Pool_refcounts, METH_O, "refcounts(block_ids) -> list of int"},
+    {"held_only", (PyCFunction)Pool_held_only, METH_O,
+     "held_only(lists) -> int: distinct blocks referenced exactly as often as they appear in lists"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import operator
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -163,6 +161,7 @@ class Engine(Connector):
         self.holds = Holds(self.clock, scale, self._on_release)
         self._prefill_lock = asyncio.Lock()
         self.queue = BlockQueue(cache, self.clock, self._held_blocks)
+        self._held_key, self._held_count = (-1, -1), 0  # _held_blocks's last answer, and when
         self._decode_ctx = 0  # sum of context lengths of running decodes (batch KV reads)
         #: called with the wall-clock seconds from arrival to each request's first token
         self.on_first_token: Callable[[float], None] | None = None
@@ -275,10 +274,14 @@ class Engine(Connector):
 
     def _held_blocks(self) -> int:
         """Blocks that only holds for remote readers keep referenced (what ending them all frees)."""
-        # every request that must wait asks, and a full D holds tens of thousands of blocks: count in C
-        counts = Counter(itertools.chain.from_iterable(hold.block_ids for hold in self.holds.values()))
-        refs = self.cache.refcounts(counts.keys())
-        return sum(map(operator.eq, refs, counts.values()))
+        # every request that must wait asks, and a full D holds tens of thousands of blocks: the C
+        # pool counts them in one pass, again only once references or holds changed (the queue and
+        # the holds count their changes; an overloaded fleet spent half its CPU here)
+        key = (self.queue.changes, self.holds.changes)
+        if key != self._held_key:
+            self._held_key = key
+            self._held_count = self.cache.held_only([hold.block_ids for hold in self.holds.values()])
+        return self._held_count
 
     def _load_failed(self, gen: Generation, error: str) -> None:
         if self.kv.kv_load_failure_policy == "recompute":

@@ -42,6 +42,7 @@ class Holds:
         self._scale = time_scale
         self._on_release = on_release
         self._holds: dict[str, Hold] = {}
+        self.changes = 0  # holds added and released
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -60,6 +61,7 @@ class Holds:
         if old is not None:
             self._release(old, sc.RETENTION_RELEASED)
         self._holds[hold.internal_id] = hold
+        self.changes += 1
         self._arm(hold)
 
     def pop(self, internal_id: str, reason: str) -> Hold | None:
@@ -117,6 +119,7 @@ class Holds:
             self._arm(hold)
 
     def _release(self, hold: Hold, reason: str) -> None:
+        self.changes += 1
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None

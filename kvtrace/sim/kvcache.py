@@ -30,9 +30,10 @@ peer's read or notification, or the TTL reaped by the worker's ``_reap_expired_s
 from __future__ import annotations
 
 import asyncio
+import itertools
 import operator
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
@@ -104,6 +105,12 @@ class PyKVCache:
     def refcounts(self, block_ids: Iterable[int]) -> Iterator[int]:
         """:meth:`refcount` of each block, lazily (no Python call per block)."""
         return map(self._ref.__getitem__, block_ids)
+
+    def held_only(self, lists: Sequence[Sequence[int]]) -> int:
+        """How many distinct blocks are referenced exactly as often as they appear in ``lists`` (each a
+        hold's block ids): the blocks that ending every hold would free."""
+        counts = Counter(itertools.chain.from_iterable(lists))
+        return sum(map(operator.eq, self.refcounts(counts.keys()), counts.values()))
 
     # ------------------------------------------------------------------ mutation
     def touch(self, block_ids: list[int]) -> None:
@@ -202,6 +209,7 @@ class BlockQueue:
         self._clock = clock
         self._held = held
         self._waiters: deque[tuple[asyncio.Event, Wait]] = deque()
+        self.changes = 0  # references taken (admissions) and given back (released): the pool's counts moved
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -236,6 +244,7 @@ class BlockQueue:
 
     def released(self, reason: str) -> None:
         """Blocks went back to the pool (``reason``: sc.QUEUE_FREED_BY): the head tries again."""
+        self.changes += 1
         for _, wait in self._waiters:
             wait.freed_by = reason
         self._wake()
@@ -252,5 +261,6 @@ class BlockQueue:
         return hit, total - len(hit), self.cache.num_free - evictable_hit
 
     def _allocate(self, hit: list[int], total: int) -> tuple[list[int], list[int]]:
+        self.changes += 1
         self.cache.touch(hit)
         return hit, hit + self.cache.allocate(total - len(hit))

@@ -81,7 +81,9 @@ class SimWorker:
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # a client that hangs up cancels its handler, which aborts its request: vLLM's routes do the
+        # same (with_cancellation, and Starlette's streaming response), so its blocks free at once
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
@@ -146,7 +148,7 @@ class SimWorker:
         except EngineError as exc:
             return _error(str(exc), exc.status, exc.err_type)
         except BaseException:
-            gen.abort("client_disconnect")
+            gen.abort(sc.ERROR_CLIENT_DISCONNECT)
             raise
         finish = wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH
         kvp = gen.finish(finish)
@@ -184,8 +186,10 @@ class SimWorker:
                 await resp.write(streaming.sse(chunk))
             await resp.write(wire.DONE)
             await resp.write_eof()
+        except ConnectionResetError:  # the proxy hung up (its client left, a timeout): vLLM aborts, quietly
+            gen.abort(sc.ERROR_CLIENT_DISCONNECT)
         except BaseException:
-            gen.abort("client_disconnect")
+            gen.abort(sc.ERROR_CLIENT_DISCONNECT)
             raise
         return resp
 

@@ -107,6 +107,23 @@ def test_bench_proxy_drives_every_mode_and_prints_the_targets():
         assert len(_lines_starting(got.stdout, target)) == 1, (target, got.stdout)
 
 
+def test_bench_fleet_replays_a_given_mooncake_trace_and_tiles_it_past_its_sessions(tmp_path):
+    from kvtrace.bench import mooncake
+
+    lines = mooncake.shipped("mooncake-conversation").read_text().splitlines()
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines[:30]) + "\n")
+    n = len(mooncake.sessions(mooncake.read_rows(trace)))
+    fleet = ("--prefillers", "2", "--decoders", "2")
+    got = _run("sim/bench_fleet.py", "--trace", str(trace), "--sessions", str(n + 3), *fleet, timeout=120)
+    assert got.returncode == 0, got.stderr[-3000:]
+    (workload,) = _lines_starting(got.stdout, "workload:")
+    assert workload.startswith(f"workload: {n + 3} sessions,"), workload  # a second copy for the last 3
+    (arm,) = _lines_starting(got.stdout, "pcache-on_bidir-on:")
+    assert " 0 failed " in arm, arm
+    assert len(_lines_starting(got.stdout, "CPU per arm")) == 1, got.stdout
+
+
 @pytest.mark.vllm
 def test_bench_connector_times_every_hook_and_each_verify_arm():
     require_vllm()

@@ -104,6 +104,10 @@ def test_errors_name_what_is_wrong(impl):
         cache.commit(cache.allocate(2), [7])
     assert cache.is_cached(0) and not cache.is_cached(1)  # the pair before the mismatch is published
     assert list(cache.refcounts([0, 1, 2])) == [1, 1, 0]
+    with pytest.raises(IndexError):
+        cache.held_only([[0], [4]])
+    with pytest.raises(TypeError):
+        cache.held_only([0])
 
 
 def _step(rng: random.Random, cache, held: list[list[int]], log: list, keys: list[int]):
@@ -135,6 +139,8 @@ def _step(rng: random.Random, cache, held: list[list[int]], log: list, keys: lis
     log.append((cache.num_free, cache.num_used, cache.num_cached, cache.evictions))
     log.append([cache.is_cached(b) for b in range(cache.capacity)])
     log.append(list(cache.refcounts(range(cache.capacity))))
+    # the blocks only some of the references keep (every other list; a list twice)
+    log.append((cache.held_only(held[::2]), cache.held_only(held[1::2] + held[:1]), cache.held_only(held)))
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["small-hashes", "64-bit-hashes"])
