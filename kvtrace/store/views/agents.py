@@ -166,8 +166,12 @@ BUCKET_NS = 1_000_000_000
 # ``bt`` the spans carrying trace ids with their trace's session (window functions over the trace:
 # the agent's, else the proxy's; ``tf`` = the trace holds another convention's spans); ``pr`` every
 # (LLM call, request) pair that overlaps in time, ranked (same trace first, then a request of the
-# call's session, then one with none or a prefix session; longest overlap first; kvtrace's own calls
-# without a TTFT: their request, by ``request_id``, ``lf`` false); ``lk_call`` each
+# call's session, then one with none or a prefix session; longest overlap first); another convention's
+# calls meet requests in the time buckets of ``bx`` (``bk``; requests are listed there only when such a
+# call exists: ``fll``), kvtrace's own calls (``lf`` false) only their request, by ``request_id``: one
+# more row each in ``bx``, keyed by the id (``rk``, ``bk`` -1), so the one join of ``bx`` with itself
+# finds both kinds of pairs (listed per second, calls queued for minutes met every call of the fleet in
+# each second of theirs); ``lk_call`` each
 # call's request, ``lk_trace`` the session of each request trace a broken context left without agent
 # spans (``join = session_time``).  The gate: when no span carrying a trace id needs the joins (none of
 # another convention, no kvtrace call without a TTFT: ``need``, one maximum over those rows only, after
@@ -179,13 +183,25 @@ bt AS (
     SELECT *, COALESCE(min(CASE WHEN fgn THEN session_id END) OVER t,
                        min(CASE WHEN role = {K_REQUEST} THEN session_id END) OVER t) AS tsid,
            max(CASE WHEN fgn THEN 1 ELSE 0 END) OVER t AS tf
-    FROM (SELECT *, max(fgn OR nt) OVER () AS need FROM b0 WHERE trace_id IS NOT NULL) AS g
+    FROM (SELECT *, max(fgn OR nt) OVER () AS need, max(fgn AND role = {LLM}) OVER () AS fll
+          FROM b0 WHERE trace_id IS NOT NULL) AS g
     WHERE need WINDOW t AS (PARTITION BY trace_id)
 ),
 bx AS (
     SELECT trace_id, span_id, fgn, role, session_id, tsid, tf, start_ns, end_ns, ttft_ms, request_id,
-           unnest(range(start_ns // {BUCKET_NS}, greatest(end_ns - 1, start_ns) // {BUCKET_NS} + 1)) AS bk
-    FROM bt WHERE role IN ({LLM}, {K_REQUEST})
+           CASE WHEN u > hi THEN -1 ELSE u END AS bk, CASE WHEN u > hi THEN request_id ELSE '' END AS rk
+    FROM (
+        SELECT *, unnest(range(lo, hi + CASE WHEN byid THEN 2 ELSE 1 END)) AS u FROM (
+            SELECT *, CASE WHEN timed THEN start_ns // {BUCKET_NS} ELSE 0 END AS lo,
+                   CASE WHEN timed THEN greatest(end_ns - 1, start_ns) // {BUCKET_NS} ELSE -1 END AS hi
+            FROM (
+                SELECT trace_id, span_id, fgn, role, session_id, tsid, tf, start_ns, end_ns, ttft_ms, request_id,
+                       (role = {LLM} AND fgn) OR (role = {K_REQUEST} AND fll) AS timed,
+                       NOT fgn AND request_id IS NOT NULL AS byid
+                FROM bt WHERE role IN ({LLM}, {K_REQUEST})
+            ) AS k
+        ) AS w
+    ) AS x
 ),
 pr AS (
     SELECT *, row_number() OVER (PARTITION BY llm_span_id ORDER BY jk, overlap DESC, rs) AS by_llm,
@@ -195,12 +211,11 @@ pr AS (
                r.trace_id AS req_trace_id, r.start_ns AS rs, r.ttft_ms AS r_ttft,
                CASE WHEN r.trace_id = l.trace_id THEN 0 WHEN r.session_id = l.tsid THEN 1 ELSE 2 END AS jk,
                least(l.end_ns, r.end_ns) - greatest(l.start_ns, r.start_ns) AS overlap
-        FROM bx l JOIN bx r ON r.bk = l.bk
-        WHERE l.role = {LLM} AND r.role = {K_REQUEST} AND l.bk = greatest(l.start_ns, r.start_ns) // {BUCKET_NS}
-          AND r.start_ns < l.end_ns AND r.end_ns > l.start_ns
-          AND CASE WHEN l.fgn THEN r.trace_id = l.trace_id OR (r.tf = 0 AND (r.session_id IS NULL OR r.session_id
-                                     LIKE {_PREFIX} OR r.session_id = l.tsid))
-                   ELSE r.request_id = l.request_id END
+        FROM bx l JOIN bx r ON r.bk = l.bk AND r.rk = l.rk
+        WHERE l.role = {LLM} AND r.role = {K_REQUEST} AND r.start_ns < l.end_ns AND r.end_ns > l.start_ns
+          AND (l.bk = -1 OR (l.bk = greatest(l.start_ns, r.start_ns) // {BUCKET_NS}
+                             AND (r.trace_id = l.trace_id OR (r.tf = 0 AND (r.session_id IS NULL
+                                  OR r.session_id LIKE {_PREFIX} OR r.session_id = l.tsid)))))
     ) AS c
 ),
 lk_call AS (SELECT llm_span_id, rs, r_ttft FROM pr WHERE by_llm = 1),
