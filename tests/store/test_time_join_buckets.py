@@ -32,7 +32,7 @@ def _unnested_rows(con, sql: str, path) -> int:
             for child in node:
                 walk(child)
             return
-        if node["name"] == "UNNEST":
+        if node.get("type") == "UNNEST":  # DuckDB 2.0.0 names an operator only by its type
             rows += node["intermediate_rows"]
         walk(node.get("children", []))
 
