@@ -23,9 +23,9 @@ ready (that callback runs at the fast event's time).
 
 :func:`run` routes every clock the code reads through the loop for the run's duration:
 ``time.time``/``time_ns``/``perf_counter``/``monotonic`` (and their ``_ns``), the SDK's and the fast
-spans' ``time_ns``; wall time starts at :data:`EPOCH`.  It seeds the span-id generator and
-``uuid.uuid4`` from ``seed``: one seed, the same spans, ids included.  It collects cyclic garbage
-less often (:func:`collector`).  Everything is restored on exit.
+spans' ``time_ns``, aiohttp's client pools' ``monotonic``; wall time starts at :data:`EPOCH`.  It
+seeds the span-id generator and ``uuid.uuid4`` from ``seed``: one seed, the same spans, ids
+included.  It collects cyclic garbage less often (:func:`collector`).  Everything is restored on exit.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def clocks(loop: VirtualLoop, seed: int = 0):
     """Every clock the code reads on this thread follows ``loop``; ids are drawn from ``seed``.
     Other threads (the span processors' exporters) keep the real clocks and ids: their timers and
     file names are real, and their draws do not move this thread's seeded ones."""
+    import aiohttp.connector
     import opentelemetry.sdk.trace as sdk_trace
 
     from kvtrace.telemetry import fastspans, ids
@@ -175,6 +176,9 @@ def clocks(loop: VirtualLoop, seed: int = 0):
         (time, "monotonic_ns", ns),
         (sdk_trace, "time_ns", wall_ns),
         (fastspans, "time_ns", wall_ns),
+        # the client pools' keep-alive expiry: on the real clock they reused connections idle for
+        # virtual minutes, which servers on the loop's clock were closing at that instant
+        (aiohttp.connector, "monotonic", now),
         (uuid, "uuid4", _seeded_uuid4(random.Random(f"kvtrace-virtual:uuid:{seed}"))),
     ]
     patches = [(obj, name, here_only(value, getattr(obj, name))) for obj, name, value in virtual]

@@ -96,3 +96,41 @@ def test_fast_events_run_in_time_order_with_the_timers_each_at_its_own_time():
     at, seen = virtual.run(main(), seed=0)
     assert at == 2.5
     assert seen == [("f1", 1.0), ("f1b", 1.0), ("t2", 2.0), ("wake", 2.5), ("woken", 2.5), ("f3", 3.0), ("t4", 4.0)]
+
+
+async def _requests_with_pauses():
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    peers = []
+
+    async def hello(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername"))
+        return web.Response(text="hi")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    runner = web.AppRunner(app, keepalive_timeout=75.0)  # the server would keep it longer
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    try:
+        async with aiohttp.ClientSession() as http:  # keeps an idle connection 15 s
+            for pause in (1.0, 20.0, 0.0):
+                async with http.get(url) as resp:
+                    assert await resp.text() == "hi"
+                await asyncio.sleep(pause)
+    finally:
+        await runner.cleanup()
+    return peers
+
+
+def test_client_pools_expire_idle_connections_on_the_virtual_clock():
+    """aiohttp's pool bound ``time.monotonic`` at import: on the real clock a connection idle for
+    virtual minutes looked fresh, and was reused even as a server on the loop's clock closed it (the
+    proxy's 60 s idle timeout: a connection error)."""
+    first, second, third = virtual.run(_requests_with_pauses(), seed=0)
+    assert first == second != third  # reused after 1 s, not after 20 s (the pool keeps one 15 s)
