@@ -6,6 +6,7 @@ in its log (vLLM's own handling of a client that hung up)."""
 from __future__ import annotations
 
 import glob
+import json
 import logging
 
 import pyarrow.parquet as pq
@@ -37,8 +38,6 @@ async def _arm(run_dir: str, scenario: str):
 
 
 def test_a_stream_silent_past_the_timeout_fails_its_request_and_the_run_goes_on(tmp_path, caplog):
-    import json
-
     scenario = tmp_path / "s.json"
     scenario.write_text(json.dumps(SCENARIO))
     with caplog.at_level(logging.ERROR):
