@@ -1,4 +1,4 @@
--- kvtrace's materialized tables on the ClickHouse exporter's otel_traces table (kvtrace materialized tables v2).
+-- kvtrace's materialized tables on the ClickHouse exporter's otel_traces table (kvtrace materialized tables v3).
 -- Generated from kvtrace/store/clickhouse/mviews_sql.py; `kvtrace clickhouse init` runs the same
 -- statements, then backfills the rows already in the table (a day at a time) and marks the tables
 -- complete (their COMMENT): kvtrace reads them only then. After running this script, e.g.
@@ -6,33 +6,31 @@
 -- run `kvtrace clickhouse init --clickhouse URL` to backfill and mark them.
 
 CREATE TABLE IF NOT EXISTS "otel_traces_kvtrace_scan" (
-    role Nullable(String) CODEC(ZSTD(1)),
-    convention LowCardinality(Nullable(String)) CODEC(ZSTD(1)),
-    fgn UInt8 CODEC(ZSTD(1)),
-    nt UInt8 CODEC(ZSTD(1)),
-    session_id Nullable(String) CODEC(ZSTD(1)),
-    turn Nullable(Int32) CODEC(ZSTD(1)),
-    start_ns Int64 CODEC(ZSTD(1)),
-    end_ns Int64 CODEC(ZSTD(1)),
-    trace_id Nullable(String) CODEC(ZSTD(1)),
-    span_id Nullable(String) CODEC(ZSTD(1)),
-    request_id Nullable(String) CODEC(ZSTD(1)),
-    ttft_ms Nullable(Float64) CODEC(ZSTD(1)),
-    kv_byte_s Nullable(Float64) CODEC(ZSTD(1)),
-    TraceId String CODEC(ZSTD(1)),
-    SpanId String CODEC(ZSTD(1)),
+    role Nullable(String),
+    convention LowCardinality(Nullable(String)),
+    fgn UInt8,
+    nt UInt8,
+    session_id Nullable(String),
+    turn Nullable(Int32),
+    start_ns Int64,
+    end_ns Int64,
+    request_id Nullable(String),
+    ttft_ms Nullable(Float64),
+    kv_byte_s Nullable(Float64),
+    TraceId String,
+    SpanId String,
     INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1
 ) ENGINE = MergeTree
 PARTITION BY toDate(fromUnixTimestamp64Nano(start_ns))
 ORDER BY start_ns
-COMMENT 'kvtrace materialized tables v2 (building)';
+COMMENT 'kvtrace materialized tables v3 (building)';
 
 CREATE TABLE IF NOT EXISTS "otel_traces_kvtrace_sessions" (
     SessionId String CODEC(ZSTD(1)),
     TraceId String CODEC(ZSTD(1))
 ) ENGINE = ReplacingMergeTree
 ORDER BY (SessionId, TraceId)
-COMMENT 'kvtrace materialized tables v2 (building)';
+COMMENT 'kvtrace materialized tables v3 (building)';
 
 CREATE TABLE IF NOT EXISTS "otel_traces_kvtrace_traces" (
     TraceId String CODEC(ZSTD(1)),
@@ -40,7 +38,7 @@ CREATE TABLE IF NOT EXISTS "otel_traces_kvtrace_traces" (
     End SimpleAggregateFunction(max, Int64)
 ) ENGINE = AggregatingMergeTree
 ORDER BY TraceId
-COMMENT 'kvtrace materialized tables v2 (building)';
+COMMENT 'kvtrace materialized tables v3 (building)';
 
 CREATE TABLE IF NOT EXISTS "otel_traces_kvtrace_windows" (
     SessionId String CODEC(ZSTD(1)),
@@ -49,21 +47,21 @@ CREATE TABLE IF NOT EXISTS "otel_traces_kvtrace_windows" (
     End SimpleAggregateFunction(max, Int64)
 ) ENGINE = AggregatingMergeTree
 ORDER BY (SessionId, TraceId)
-COMMENT 'kvtrace materialized tables v2 (building)';
+COMMENT 'kvtrace materialized tables v3 (building)';
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel_traces_kvtrace_scan_mv" TO "otel_traces_kvtrace_scan"
 AS WITH kvtrace_raw AS (SELECT Timestamp, TraceId, SpanId, ParentSpanId, TraceState, SpanName, SpanKind, ServiceName, ResourceAttributes, ScopeName, ScopeVersion, SpanAttributes, toInt64(Duration) AS Duration, StatusCode, StatusMessage, "Events"."Timestamp", "Events"."Name", "Events"."Attributes", "Links"."TraceId", "Links"."SpanId", "Links"."TraceState", "Links"."Attributes", CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, toInt64OrNull(v)), SpanAttributes)) AS Map(String, Int64)) AS SpanAttributesInt, CAST(mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, if(toInt64OrNull(v) IS NULL, toFloat64OrNull(v), NULL)), SpanAttributes)) AS Map(String, Float64)) AS SpanAttributesFloat, toDate(Timestamp) AS date, toInt32(toHour(Timestamp)) AS hour FROM "otel_traces"), spans AS (SELECT r.*, TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_span_id, SpanName AS name, SpanKind AS kind, ServiceName AS service_name, CAST(Timestamp AS DateTime64(6, 'UTC')) AS start_time, CAST(Timestamp AS DateTime64(6, 'UTC')) + toIntervalMicrosecond(intDivOrNull(Duration, 1000)) AS end_time, toUnixTimestamp64Nano(Timestamp) AS start_ns, toUnixTimestamp64Nano(Timestamp) + Duration AS end_ns, Duration / 1e6 AS duration_ms, StatusCode AS status_code, COALESCE(CASE WHEN mapContains(SpanAttributes, 'session.id') THEN SpanAttributes['session.id'] ELSE NULL END, CASE WHEN mapContains(SpanAttributes, 'gen_ai.conversation.id') THEN SpanAttributes['gen_ai.conversation.id'] ELSE NULL END) AS session_id, CASE WHEN mapContains(SpanAttributes, 'gen_ai.request.id') THEN SpanAttributes['gen_ai.request.id'] ELSE NULL END AS request_id, CAST(toInt64OrNull(SpanAttributes['kvtrace.turn.index']) AS Nullable(Int32)) AS turn, COALESCE(CASE WHEN mapContains(SpanAttributes, 'kvtrace.engine.id') THEN SpanAttributes['kvtrace.engine.id'] ELSE NULL END, CASE WHEN mapContains(ResourceAttributes, 'kvtrace.engine.id') THEN ResourceAttributes['kvtrace.engine.id'] ELSE NULL END) AS engine_id, COALESCE(CASE WHEN mapContains(SpanAttributes, 'kvtrace.engine.role') THEN SpanAttributes['kvtrace.engine.role'] ELSE NULL END, CASE WHEN mapContains(ResourceAttributes, 'kvtrace.engine.role') THEN ResourceAttributes['kvtrace.engine.role'] ELSE NULL END) AS engine_role, COALESCE(CASE WHEN mapContains(SpanAttributes, 'kvtrace.substrate') THEN SpanAttributes['kvtrace.substrate'] ELSE NULL END, CASE WHEN mapContains(ResourceAttributes, 'kvtrace.substrate') THEN ResourceAttributes['kvtrace.substrate'] ELSE NULL END) AS substrate FROM kvtrace_raw AS r), kvtrace_scan AS (SELECT role, convention, fgn, nt, session_id, turn, start_ns, end_ns, CASE WHEN role IN ('request', 'retention') OR fgn OR nt THEN trace_id END AS trace_id, CASE WHEN fgn OR nt THEN span_id END AS span_id, CASE WHEN role = 'request' OR nt THEN rid END AS request_id, ttft_ms, kv_byte_s, n.trace_id AS TraceId, n.span_id AS SpanId FROM (SELECT *, COALESCE(llm AND ttft_ms IS NULL, FALSE) AS nt FROM (SELECT CASE WHEN startsWith(SpanName, 'kvtrace.') THEN CASE name WHEN 'kvtrace.agent.session' THEN 'session' WHEN 'kvtrace.agent.turn' THEN 'turn' WHEN 'kvtrace.agent.llm_call' THEN 'llm_call' WHEN 'kvtrace.agent.tool_call' THEN 'tool_wait' WHEN 'kvtrace.agent.app_work' THEN 'app_work' WHEN 'kvtrace.agent.user_pause' THEN 'user_pause' WHEN 'kvtrace.proxy.request' THEN 'request' WHEN 'kvtrace.kv.retention' THEN 'retention' END ELSE CASE WHEN CASE WHEN mapContains(SpanAttributes, 'gen_ai.operation.name') THEN SpanAttributes['gen_ai.operation.name'] ELSE NULL END IN ('chat', 'text_completion', 'generate_content') THEN 'llm_call' WHEN CASE WHEN mapContains(SpanAttributes, 'gen_ai.operation.name') THEN SpanAttributes['gen_ai.operation.name'] ELSE NULL END IN ('execute_tool') THEN 'tool_wait' WHEN CASE WHEN mapContains(SpanAttributes, 'gen_ai.operation.name') THEN SpanAttributes['gen_ai.operation.name'] ELSE NULL END IN ('invoke_agent', 'invoke_workflow') THEN 'agent' WHEN CASE WHEN mapContains(SpanAttributes, 'gen_ai.operation.name') THEN SpanAttributes['gen_ai.operation.name'] ELSE NULL END IN ('create_agent', 'embeddings', 'retrieval', 'execute_task') THEN 'app_work' WHEN CASE WHEN mapContains(SpanAttributes, 'openinference.span.kind') THEN SpanAttributes['openinference.span.kind'] ELSE NULL END IN ('LLM') THEN 'llm_call' WHEN CASE WHEN mapContains(SpanAttributes, 'openinference.span.kind') THEN SpanAttributes['openinference.span.kind'] ELSE NULL END IN ('TOOL') THEN 'tool_wait' WHEN CASE WHEN mapContains(SpanAttributes, 'openinference.span.kind') THEN SpanAttributes['openinference.span.kind'] ELSE NULL END IN ('AGENT', 'CHAIN') THEN 'agent' WHEN CASE WHEN mapContains(SpanAttributes, 'openinference.span.kind') THEN SpanAttributes['openinference.span.kind'] ELSE NULL END IN ('RETRIEVER', 'EMBEDDING', 'RERANKER', 'GUARDRAIL', 'EVALUATOR', 'PROMPT', 'DECISION') THEN 'app_work' WHEN CASE WHEN mapContains(SpanAttributes, 'traceloop.span.kind') THEN SpanAttributes['traceloop.span.kind'] ELSE NULL END IN ('workflow', 'agent') THEN 'agent' WHEN CASE WHEN mapContains(SpanAttributes, 'traceloop.span.kind') THEN SpanAttributes['traceloop.span.kind'] ELSE NULL END IN ('tool') THEN 'tool_wait' WHEN CASE WHEN mapContains(SpanAttributes, 'traceloop.span.kind') THEN SpanAttributes['traceloop.span.kind'] ELSE NULL END IN ('task') THEN 'app_work' WHEN CASE WHEN mapContains(SpanAttributes, 'llm.request.type') THEN SpanAttributes['llm.request.type'] ELSE NULL END IN ('chat', 'completion') THEN 'llm_call' WHEN CASE WHEN mapContains(SpanAttributes, 'llm.request.type') THEN SpanAttributes['llm.request.type'] ELSE NULL END IN ('embedding', 'rerank') THEN 'app_work' END END AS role, CASE WHEN startsWith(SpanName, 'kvtrace.') THEN 'kvtrace' ELSE CASE WHEN name = 'llm_request' THEN NULL WHEN NOT (CASE WHEN mapContains(SpanAttributes, 'gen_ai.operation.name') THEN SpanAttributes['gen_ai.operation.name'] ELSE NULL END IS NULL) THEN 'genai' WHEN NOT (CASE WHEN mapContains(SpanAttributes, 'openinference.span.kind') THEN SpanAttributes['openinference.span.kind'] ELSE NULL END IS NULL) THEN 'openinference' WHEN NOT (CASE WHEN mapContains(SpanAttributes, 'traceloop.span.kind') THEN SpanAttributes['traceloop.span.kind'] ELSE NULL END IS NULL) THEN 'openllmetry' WHEN NOT (CASE WHEN mapContains(SpanAttributes, 'llm.request.type') THEN SpanAttributes['llm.request.type'] ELSE NULL END IS NULL) THEN 'openllmetry' END END AS convention, NOT startsWith(SpanName, 'kvtrace.') AS fgn, name = 'kvtrace.agent.llm_call' AS llm, CASE WHEN startsWith(SpanName, 'kvtrace.') THEN session_id ELSE COALESCE(CASE WHEN mapContains(SpanAttributes, 'session.id') THEN SpanAttributes['session.id'] ELSE NULL END, CASE WHEN mapContains(SpanAttributes, 'gen_ai.conversation.id') THEN SpanAttributes['gen_ai.conversation.id'] ELSE NULL END, CASE WHEN mapContains(SpanAttributes, 'langfuse.session.id') THEN SpanAttributes['langfuse.session.id'] ELSE NULL END, CASE WHEN mapContains(SpanAttributes, 'traceloop.association.properties.session_id') THEN SpanAttributes['traceloop.association.properties.session_id'] ELSE NULL END) END AS session_id, CASE WHEN startsWith(SpanName, 'kvtrace.') THEN turn END AS turn, start_ns, end_ns, trace_id, span_id, CASE WHEN name IN ('kvtrace.proxy.request', 'kvtrace.agent.llm_call') THEN CASE WHEN mapContains(SpanAttributes, 'gen_ai.request.id') THEN SpanAttributes['gen_ai.request.id'] ELSE NULL END END AS rid, CASE WHEN NOT startsWith(SpanName, 'kvtrace.') THEN COALESCE(COALESCE(toFloat64OrNull(SpanAttributes['kvtrace.llm.ttft_ms']), CAST(toInt64OrNull(SpanAttributes['kvtrace.llm.ttft_ms']) AS Nullable(Float64))), COALESCE(toFloat64OrNull(SpanAttributes['gen_ai.response.time_to_first_chunk']), CAST(toInt64OrNull(SpanAttributes['gen_ai.response.time_to_first_chunk']) AS Nullable(Float64))) * 1e3) WHEN name = 'kvtrace.agent.llm_call' THEN COALESCE(toFloat64OrNull(SpanAttributes['kvtrace.llm.ttft_ms']), CAST(toInt64OrNull(SpanAttributes['kvtrace.llm.ttft_ms']) AS Nullable(Float64))) WHEN name = 'kvtrace.proxy.request' THEN COALESCE(toFloat64OrNull(SpanAttributes['kvtrace.request.ttft_ms']), CAST(toInt64OrNull(SpanAttributes['kvtrace.request.ttft_ms']) AS Nullable(Float64))) END AS ttft_ms, CASE name WHEN 'kvtrace.kv.retention' THEN toInt64OrNull(SpanAttributes['kvtrace.kv.retention.bytes']) * ((end_ns - start_ns) / 1e9) END AS kv_byte_s FROM spans WHERE SpanName IN ('kvtrace.agent.session', 'kvtrace.agent.turn', 'kvtrace.agent.llm_call', 'kvtrace.agent.tool_call', 'kvtrace.agent.app_work', 'kvtrace.agent.user_pause', 'kvtrace.proxy.request', 'kvtrace.kv.retention') OR NOT startsWith(SpanName, 'kvtrace.')) AS s WHERE NOT (convention IS NULL)) AS n)
-SELECT * FROM kvtrace_scan SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 1, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
-COMMENT 'kvtrace materialized tables v2';
+SELECT role, convention, fgn, nt, session_id, turn, start_ns, end_ns, request_id, ttft_ms, kv_byte_s, TraceId, SpanId FROM kvtrace_scan SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 1, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
+COMMENT 'kvtrace materialized tables v3';
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel_traces_kvtrace_sessions_mv" TO "otel_traces_kvtrace_sessions"
 AS SELECT DISTINCT arrayJoin(arrayDistinct(arrayFilter(s -> s != '', [SpanAttributes['session.id'], SpanAttributes['gen_ai.conversation.id'], SpanAttributes['langfuse.session.id'], SpanAttributes['traceloop.association.properties.session_id']]))) AS SessionId, TraceId FROM "otel_traces" SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 0, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
-COMMENT 'kvtrace materialized tables v2';
+COMMENT 'kvtrace materialized tables v3';
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel_traces_kvtrace_traces_mv" TO "otel_traces_kvtrace_traces"
 AS SELECT TraceId, min(toUnixTimestamp64Nano(Timestamp)) AS Start, max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS End FROM "otel_traces" GROUP BY TraceId SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 0, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
-COMMENT 'kvtrace materialized tables v2';
+COMMENT 'kvtrace materialized tables v3';
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel_traces_kvtrace_windows_mv" TO "otel_traces_kvtrace_windows"
 AS SELECT s AS SessionId, TraceId, min(toUnixTimestamp64Nano(Timestamp)) AS Start, max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS End FROM (SELECT multiIf(if(mapContains(SpanAttributes, 'session.id'), SpanAttributes['session.id'], SpanAttributes['gen_ai.conversation.id']) != '', if(mapContains(SpanAttributes, 'session.id'), SpanAttributes['session.id'], SpanAttributes['gen_ai.conversation.id']), mapContains(SpanAttributes, 'langfuse.session.id'), SpanAttributes['langfuse.session.id'], mapContains(SpanAttributes, 'traceloop.association.properties.session_id'), SpanAttributes['traceloop.association.properties.session_id'], '') AS s, TraceId, Timestamp, Duration FROM "otel_traces" WHERE SpanName IN ('kvtrace.agent.session', 'kvtrace.proxy.request') OR ParentSpanId = '') WHERE s != '' GROUP BY s, TraceId SETTINGS join_use_nulls = 1, aggregate_functions_null_for_empty = 0, enable_materialized_cte = 1, session_timezone = 'UTC', union_default_mode = 'DISTINCT', cast_keep_nullable = 1, prefer_column_name_to_alias = 1, max_expanded_ast_elements = 5000000
-COMMENT 'kvtrace materialized tables v2';
+COMMENT 'kvtrace materialized tables v3';

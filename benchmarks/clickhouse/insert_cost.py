@@ -11,7 +11,11 @@ views cost is fixed per insert, and the bulk load of ``--history`` (a million sp
 staged in chDB once, then, per batch size, inserted ``N`` spans an ``INSERT`` (the exporter's
 default settings, :func:`kvtrace.store.clickhouse.load.exporter_settings`) into a fresh exporter
 table: plain (``raw``), with kvtrace's materialized tables (``shaped``, ``kvtrace clickhouse init``
-on the empty table), and with ``--per-view`` each view alone.  The CPU counted (``getrusage``: chDB
+on the empty table), and with ``--per-view`` each view alone, and ``floor``: the scan's table fed by a
+view that writes the same spans' rows (kvtrace's agent, request and retention spans and every other
+convention's, by name) without classifying them (times and ids, the other columns constants), so
+``_kvtrace_scan`` less ``floor`` is what classifying costs and ``floor`` less ``raw`` what a second
+table of those rows does.  The CPU counted (``getrusage``: chDB
 runs in this process) runs until chDB has no merge left of the database, so the background merges
 of the small parts are in it.  ``--repeat`` rounds alternate the variants; the median is printed:
 CPU seconds per million spans, the ratio to ``raw``, and the CPU each insert adds over ``raw``.
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from bench_clickhouse import generate
 
-RAW, SHAPED = "raw", "shaped"
+RAW, SHAPED, FLOOR = "raw", "shaped", "floor"
 DB = "insert_cost"
 SOURCE = f"{DB}.source"
 
@@ -60,9 +64,32 @@ def stage(backend, parquet: Path, spans: int) -> tuple[int, str]:
     return backend.query(f"SELECT count() AS n FROM {SOURCE}").column("n")[0].as_py(), names
 
 
+def floor_view(table: str) -> str:
+    """A view into the scan's table writing a row per span the scan keeps by name (a superset: the
+    scan also drops other conventions' spans without a classifying attribute), with no attribute read."""
+    from kvtrace import semconv as sc
+    from kvtrace.store.clickhouse import mviews_sql
+    from kvtrace.store.sql import CLICKHOUSE, ident, literal
+    from kvtrace.store.views.agents import OWN_NAMES
+
+    names = ", ".join(literal(n, CLICKHOUSE) for n in OWN_NAMES)
+    start, own = "toUnixTimestamp64Nano(Timestamp)", literal(sc.KVTRACE_SPAN_PREFIX, CLICKHOUSE)
+    return (
+        f"CREATE MATERIALIZED VIEW {ident(mviews_sql.target(table, mviews_sql.SCAN_T) + mviews_sql.MV)} "
+        f"TO {ident(mviews_sql.target(table, mviews_sql.SCAN_T))} AS SELECT CAST(NULL AS Nullable(String)) AS role, "
+        "CAST(NULL AS Nullable(String)) AS convention, 0 AS fgn, 0 AS nt, "
+        "CAST(NULL AS Nullable(String)) AS session_id, "
+        f"CAST(NULL AS Nullable(Int32)) AS turn, {start} AS start_ns, {start} + toInt64(Duration) AS end_ns, "
+        "CAST(NULL AS Nullable(String)) AS request_id, "
+        "CAST(NULL AS Nullable(Float64)) AS ttft_ms, CAST(NULL AS Nullable(Float64)) AS kv_byte_s, TraceId, SpanId "
+        f"FROM {ident(table)} WHERE SpanName IN ({names}) OR NOT startsWith(SpanName, {own})"
+    )
+
+
 def variant_statements(table: str, name: str) -> list[str]:
     """What makes ``table`` the variant ``name``: nothing (``raw``), ``kvtrace clickhouse init``'s
-    statements (``shaped``), or the four tables and one view (a view's target suffix)."""
+    statements (``shaped``), the four tables and one view (a view's target suffix), or the four
+    tables and :func:`floor_view` (``floor``)."""
     from kvtrace.store.clickhouse import mviews_sql
 
     if name == RAW:
@@ -71,6 +98,8 @@ def variant_statements(table: str, name: str) -> list[str]:
     if name == SHAPED:
         return statements
     n = len(mviews_sql.TARGETS)
+    if name == FLOOR:
+        return statements[:n] + [floor_view(table)]
     return statements[:n] + [statements[n + mviews_sql.TARGETS.index(name)]]
 
 
@@ -125,7 +154,7 @@ def run_insert_cost(
     n, columns = stage(backend, parquet, spans)
     exporter = {**load.exporter_settings(backend), "max_insert_threads": str(threads), "max_threads": str(threads)}
     settings = ", ".join(f"{k} = {literal(v, CLICKHOUSE)}" for k, v in exporter.items())
-    names = [RAW, SHAPED, *(mviews_sql.TARGETS if per_view else ())]
+    names = [RAW, SHAPED, *((*mviews_sql.TARGETS, FLOOR) if per_view else ())]
     runs: dict[tuple[int, str], list[float]] = {}
     for _ in range(repeat):
         for batch in batches:

@@ -84,14 +84,14 @@ def test_bench_clickhouse_tiles_a_longer_history_and_answers_alike_on_every_tabl
 
 
 def test_bench_clickhouse_prices_each_insert_size_with_and_without_the_views(tmp_path):
-    """``--insert-batches``: a row per batch size and variant (raw, shaped, each view alone), and the
-    spans each variant's table then holds are the spans staged."""
+    """``--insert-batches``: a row per batch size and variant (raw, shaped, each view alone, the scan's
+    table unclassified), and the spans each variant's table then holds are the spans staged."""
     pytest.importorskip("chdb")
     args = ("--insert-batches", "1000", "3000", "--insert-spans", "6000", "--repeat", "1", "--per-view")
     got = _run("clickhouse/bench_clickhouse.py", *args, "--dir", str(tmp_path))
     assert got.returncode == 0, got.stderr[-3000:]
     rows = [line.strip("| ").split(" | ") for line in _lines_starting(got.stdout, "| ") if line[2:3].isdigit()]
-    variants = ["raw", "shaped", "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows"]
+    variants = ["raw", "shaped", "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows", "floor"]
     assert [(r[0], r[1], r[2]) for r in rows] == [
         (size, inserts, v) for size, inserts in (("1,000", "6"), ("3,000", "2")) for v in variants
     ], got.stdout
@@ -122,6 +122,16 @@ def test_bench_fleet_replays_a_given_mooncake_trace_and_tiles_it_past_its_sessio
     (arm,) = _lines_starting(got.stdout, "pcache-on_bidir-on:")
     assert " 0 failed " in arm, arm
     assert len(_lines_starting(got.stdout, "CPU per arm")) == 1, got.stdout
+
+
+def test_bench_hop_prices_one_exchange_on_the_virtual_loop_and_over_tcp():
+    got = _run("sim/bench_hop.py", "--exchanges", "30", "--body-kb", "1", "16", "--per-request-ms", "5")
+    assert got.returncode == 0, got.stderr[-3000:]
+    rows = [line.strip("| ").split(" | ") for line in _lines_starting(got.stdout, "| ") if line[2:3].isdigit()]
+    assert [r[0] for r in rows] == ["1", "16"], got.stdout
+    assert all(float(c) > 0 for r in rows for c in r[1:]), got.stdout
+    shares = _lines_starting(got.stdout, "1 KB bodies:") + _lines_starting(got.stdout, "16 KB bodies:")
+    assert len(shares) == 2 and all(line.endswith("of 5.0 ms") for line in shares), got.stdout
 
 
 @pytest.mark.vllm

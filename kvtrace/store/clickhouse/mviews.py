@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from kvtrace.store.clickhouse import ddl, mviews_sql
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 
-VERSION = 2
+VERSION = 3
 """Bump when the DDL of :mod:`.mviews_sql` changes: older tables are then ignored until
-``kvtrace clickhouse init --replace`` rebuilds them.  1: the session lookup alone."""
+``kvtrace clickhouse init --replace`` rebuilds them.  1: the session lookup alone; 2: the four
+tables; 3: the scan table derives ``trace_id`` / ``span_id`` on read and keeps the default codec."""
 
 _MARK = "kvtrace materialized tables v"
 

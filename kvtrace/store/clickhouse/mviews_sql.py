@@ -6,10 +6,14 @@ Four tables, each fed by a ``MATERIALIZED VIEW ... TO`` it (``<target>_mv``), so
 shapes its own spans and nothing runs on the exporter's request path beyond ClickHouse's insert:
 
 - ``<table>_kvtrace_scan`` (MergeTree, a partition per day, sorted by ``start_ns``): the breakdown's
-  classified rows, the ``kvtrace_scan`` view's (:data:`kvtrace.store.views.agents.SCAN_SQL`) exact
-  columns, computed by the same transpiled SQL: that view is a projection and filter of one span at a
-  time, so its rows over each insert are its rows over the table.  ``TraceId`` / ``SpanId`` are kept
-  (for the backfill, which skips spans the view already shaped, and for a bloom filter on the trace);
+  classified rows, the ``kvtrace_scan`` view's (:data:`kvtrace.store.views.agents.SCAN_SQL`) columns,
+  computed by the same transpiled SQL: that view is a projection and filter of one span at a time, so
+  its rows over each insert are its rows over the table.  Every row keeps its span's ``TraceId`` /
+  ``SpanId`` (for the backfill, which skips spans the view already shaped, and for a bloom filter on
+  the trace), so the view's ``trace_id`` / ``span_id`` (the same ids, on the rows that need them) are
+  not stored but derived on read (:func:`scan_read_sql`), and the table keeps ClickHouse's default
+  codec (LZ4): both for the writer, whose every insert computes and compresses these rows
+  (docs/benchmarks.md, "Where the scan view's cost goes");
 - ``<table>_kvtrace_sessions`` (ReplacingMergeTree, sorted by session): ``(SessionId, TraceId)`` for
   every span naming a session in any convention's attribute (:data:`kvtrace.semconv.SESSION_ATTRIBUTES`);
 - ``<table>_kvtrace_traces`` (AggregatingMergeTree, by trace): first span start and last span end;
@@ -28,7 +32,7 @@ from kvtrace import semconv as sc
 from kvtrace.store.clickhouse import ddl
 from kvtrace.store.clickhouse.dialect import SETTINGS
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
-from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS
+from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, SCAN_KEEPS_SPAN, SCAN_KEEPS_TRACE
 
 SCAN_T, SESSIONS, TRACES, WINDOWS = "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows"
 MV = "_mv"
@@ -99,15 +103,22 @@ _SCAN_TYPES = {
 }
 assert tuple(_SCAN_TYPES) == tuple(c.strip() for c in SCAN_COLUMNS.split(","))  # the view's columns, in order
 _IDS = ("TraceId", "SpanId")
+# the view's columns read off the span's ids instead of stored (each a CASE that is standard SQL)
+_DERIVED = {
+    "trace_id": f"CASE WHEN {SCAN_KEEPS_TRACE} THEN TraceId END",
+    "span_id": f"CASE WHEN {SCAN_KEEPS_SPAN} THEN SpanId END",
+}
+_STORED = {n: ty for n, ty in _SCAN_TYPES.items() if n not in _DERIVED}
 
 
 def scan_select(table: str, where: str = "") -> str:
-    """The classified rows of ``table``'s spans (``where``: on its columns), with ``TraceId`` and
-    ``SpanId``: the ``kvtrace_scan`` view as :mod:`.store` transpiles it, the raw relation keeping
-    the two ids."""
+    """The classified rows of ``table``'s spans (``where``: on its columns) as the scan table stores
+    them, with ``TraceId`` and ``SpanId``: the ``kvtrace_scan`` view as :mod:`.store` transpiles it,
+    the raw relation keeping the two ids, less the columns derived from them."""
     from kvtrace.store.clickhouse.store import assemble  # store imports this module
 
-    return assemble(f"SELECT * FROM {SCAN}", (), table, False, raw_where=where, keep_ids=True)
+    cols = ", ".join((*_STORED, *_IDS))
+    return assemble(f"SELECT {cols} FROM {SCAN}", (), table, False, raw_where=where, keep_ids=True)
 
 
 def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
@@ -115,8 +126,8 @@ def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
     ``IF NOT EXISTS``."""
     src, c, b = ident(table), literal(comment, CLICKHOUSE), literal(pending, CLICKHOUSE)
     t = {s: ident(target(table, s)) for s in TARGETS}
-    cols = ",\n    ".join(f"{n} {ty} CODEC(ZSTD(1))" for n, ty in _SCAN_TYPES.items())
-    ids = ",\n    ".join(f"{n} String CODEC(ZSTD(1))" for n in _IDS)
+    cols = ",\n    ".join(f"{n} {ty}" for n, ty in _STORED.items())
+    ids = ",\n    ".join(f"{n} String" for n in _IDS)
     return [
         f"CREATE TABLE IF NOT EXISTS {t[SCAN_T]} (\n    {cols},\n    {ids},\n"
         "    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1\n) ENGINE = MergeTree\n"
@@ -162,7 +173,7 @@ def backfill_statements(table: str, day: str) -> list[str]:
     scan = ident(target(table, SCAN_T))
     fresh = f"({where}) AND (TraceId, SpanId) NOT IN (SELECT TraceId, SpanId FROM {scan})"
     src = f"(SELECT * FROM {ident(table)} WHERE {where})"
-    cols = ", ".join((*_SCAN_TYPES, *_IDS))
+    cols = ", ".join((*_STORED, *_IDS))
     return [
         f"INSERT INTO {scan} ({cols}) {scan_select(table, fresh)}{_settings()}",
         f"INSERT INTO {ident(target(table, SESSIONS))} (SessionId, TraceId) {_SESSIONS_SELECT.format(src=src)}{_AGG}",
@@ -245,9 +256,10 @@ def scan_read_sql(table: str, bounded: bool, lo: str, hi: str, scope: str | None
     if bounded:
         conds.append(f"start_ns >= {{{lo}:Int64}} AND start_ns <= {{{hi}:Int64}}")
     if scope is not None:
-        conds.append(f"(TraceId IN ({scope_sql(table, scope)}) OR trace_id IS NOT NULL)")
+        conds.append(f"(TraceId IN ({scope_sql(table, scope)}) OR ({SCAN_KEEPS_TRACE}))")
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
-    return f"SELECT {', '.join(_SCAN_TYPES)} FROM {ident(target(table, SCAN_T))}{where}"
+    cols = ", ".join(f"{_DERIVED[n]} AS {n}" if n in _DERIVED else n for n in _SCAN_TYPES)
+    return f"SELECT {cols} FROM {ident(target(table, SCAN_T))}{where}"
 
 
 def building(comment: str) -> str:

@@ -118,10 +118,16 @@ SELECT * FROM (
 # materialised here and in ``base`` hold no heap strings.
 _OWN = f"starts_with(SpanName, {literal(sc.KVTRACE_SPAN_PREFIX)})"
 _LLM_NAME = literal(sc.SPAN_AGENT_LLM_CALL)
+# which of the scan's rows keep their span's trace id, and which its span id (over the scan's own
+# columns): ClickHouse's materialized scan table stores neither id column and derives them on read
+# from these and the span's ids (:mod:`kvtrace.store.clickhouse.mviews_sql`)
+SCAN_KEEPS_TRACE = f"role IN ({K_REQUEST}, {K_RETENTION}) OR fgn OR nt"
+SCAN_KEEPS_SPAN = "fgn OR nt"
+_SPAN_ID = f"CASE WHEN {SCAN_KEEPS_SPAN} THEN span_id END AS span_id"
 _SCAN_TEMPLATE = f"""
 SELECT role, convention, fgn, nt, session_id, turn, start_ns, end_ns,
-       CASE WHEN role IN ({K_REQUEST}, {K_RETENTION}) OR fgn OR nt THEN trace_id END AS trace_id,
-       CASE WHEN fgn OR nt THEN span_id END AS span_id, CASE WHEN role = {K_REQUEST} OR nt THEN rid END AS request_id,
+       CASE WHEN {SCAN_KEEPS_TRACE} THEN trace_id END AS trace_id,
+       {_SPAN_ID}, CASE WHEN role = {K_REQUEST} OR nt THEN rid END AS request_id,
        ttft_ms, kv_byte_s
 FROM (
     SELECT *, COALESCE(llm AND ttft_ms IS NULL, false) AS nt FROM (
