@@ -74,14 +74,14 @@ def floor_view(table: str) -> str:
 
     names = ", ".join(literal(n, CLICKHOUSE) for n in OWN_NAMES)
     start, own = "toUnixTimestamp64Nano(Timestamp)", literal(sc.KVTRACE_SPAN_PREFIX, CLICKHOUSE)
+    times = {"start_ns": start, "end_ns": f"{start} + toInt64(Duration)"}
+    cols = ", ".join(
+        f"{times.get(n, f'defaultValueOfTypeName({literal(ty, CLICKHOUSE)})')} AS {n}"
+        for n, ty in mviews_sql.SCAN_STORED.items()
+    )
+    scan = mviews_sql.target(table, mviews_sql.SCAN_T)
     return (
-        f"CREATE MATERIALIZED VIEW {ident(mviews_sql.target(table, mviews_sql.SCAN_T) + mviews_sql.MV)} "
-        f"TO {ident(mviews_sql.target(table, mviews_sql.SCAN_T))} AS SELECT CAST(NULL AS Nullable(String)) AS role, "
-        "CAST(NULL AS Nullable(String)) AS convention, 0 AS fgn, 0 AS nt, "
-        "CAST(NULL AS Nullable(String)) AS session_id, "
-        f"CAST(NULL AS Nullable(Int32)) AS turn, {start} AS start_ns, {start} + toInt64(Duration) AS end_ns, "
-        "CAST(NULL AS Nullable(String)) AS request_id, "
-        "CAST(NULL AS Nullable(Float64)) AS ttft_ms, CAST(NULL AS Nullable(Float64)) AS kv_byte_s, TraceId, SpanId "
+        f"CREATE MATERIALIZED VIEW {ident(scan + mviews_sql.MV)} TO {ident(scan)} AS SELECT {cols}, TraceId, SpanId "
         f"FROM {ident(table)} WHERE SpanName IN ({names}) OR NOT startsWith(SpanName, {own})"
     )
 

@@ -32,7 +32,7 @@ from kvtrace import semconv as sc
 from kvtrace.store.clickhouse import ddl
 from kvtrace.store.clickhouse.dialect import SETTINGS
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
-from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, SCAN_KEEPS_SPAN, SCAN_KEEPS_TRACE
+from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, SCAN_KEEPS_TRACE, scan_ids
 
 SCAN_T, SESSIONS, TRACES, WINDOWS = "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows"
 MV = "_mv"
@@ -104,11 +104,9 @@ _SCAN_TYPES = {
 assert tuple(_SCAN_TYPES) == tuple(c.strip() for c in SCAN_COLUMNS.split(","))  # the view's columns, in order
 _IDS = ("TraceId", "SpanId")
 # the view's columns read off the span's ids instead of stored (each a CASE that is standard SQL)
-_DERIVED = {
-    "trace_id": f"CASE WHEN {SCAN_KEEPS_TRACE} THEN TraceId END",
-    "span_id": f"CASE WHEN {SCAN_KEEPS_SPAN} THEN SpanId END",
-}
-_STORED = {n: ty for n, ty in _SCAN_TYPES.items() if n not in _DERIVED}
+_DERIVED = dict(zip(("trace_id", "span_id"), scan_ids(*_IDS), strict=True))
+SCAN_STORED = {n: ty for n, ty in _SCAN_TYPES.items() if n not in _DERIVED}
+"""The scan table's columns besides the ids, and their ClickHouse types."""
 
 
 def scan_select(table: str, where: str = "") -> str:
@@ -117,7 +115,7 @@ def scan_select(table: str, where: str = "") -> str:
     the raw relation keeping the two ids, less the columns derived from them."""
     from kvtrace.store.clickhouse.store import assemble  # store imports this module
 
-    cols = ", ".join((*_STORED, *_IDS))
+    cols = ", ".join((*SCAN_STORED, *_IDS))
     return assemble(f"SELECT {cols} FROM {SCAN}", (), table, False, raw_where=where, keep_ids=True)
 
 
@@ -126,7 +124,7 @@ def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
     ``IF NOT EXISTS``."""
     src, c, b = ident(table), literal(comment, CLICKHOUSE), literal(pending, CLICKHOUSE)
     t = {s: ident(target(table, s)) for s in TARGETS}
-    cols = ",\n    ".join(f"{n} {ty}" for n, ty in _STORED.items())
+    cols = ",\n    ".join(f"{n} {ty}" for n, ty in SCAN_STORED.items())
     ids = ",\n    ".join(f"{n} String" for n in _IDS)
     return [
         f"CREATE TABLE IF NOT EXISTS {t[SCAN_T]} (\n    {cols},\n    {ids},\n"
@@ -173,7 +171,7 @@ def backfill_statements(table: str, day: str) -> list[str]:
     scan = ident(target(table, SCAN_T))
     fresh = f"({where}) AND (TraceId, SpanId) NOT IN (SELECT TraceId, SpanId FROM {scan})"
     src = f"(SELECT * FROM {ident(table)} WHERE {where})"
-    cols = ", ".join((*_STORED, *_IDS))
+    cols = ", ".join((*SCAN_STORED, *_IDS))
     return [
         f"INSERT INTO {scan} ({cols}) {scan_select(table, fresh)}{_settings()}",
         f"INSERT INTO {ident(target(table, SESSIONS))} (SessionId, TraceId) {_SESSIONS_SELECT.format(src=src)}{_AGG}",

@@ -118,16 +118,22 @@ SELECT * FROM (
 # materialised here and in ``base`` hold no heap strings.
 _OWN = f"starts_with(SpanName, {literal(sc.KVTRACE_SPAN_PREFIX)})"
 _LLM_NAME = literal(sc.SPAN_AGENT_LLM_CALL)
-# which of the scan's rows keep their span's trace id, and which its span id (over the scan's own
-# columns): ClickHouse's materialized scan table stores neither id column and derives them on read
-# from these and the span's ids (:mod:`kvtrace.store.clickhouse.mviews_sql`)
+# which of the scan's rows keep their span's trace id (over the scan's own columns)
 SCAN_KEEPS_TRACE = f"role IN ({K_REQUEST}, {K_RETENTION}) OR fgn OR nt"
-SCAN_KEEPS_SPAN = "fgn OR nt"
-_SPAN_ID = f"CASE WHEN {SCAN_KEEPS_SPAN} THEN span_id END AS span_id"
+
+
+def scan_ids(trace_id: str, span_id: str) -> tuple[str, str]:
+    """The scan's ``trace_id`` and ``span_id`` columns over a span's two ids (``trace_id`` /
+    ``span_id`` here; ``TraceId`` / ``SpanId`` in ClickHouse's materialized scan table, which stores
+    only those and derives the two columns on read): each kept only on the rows that need it."""
+    return f"CASE WHEN {SCAN_KEEPS_TRACE} THEN {trace_id} END", f"CASE WHEN fgn OR nt THEN {span_id} END"
+
+
+_TRACE_ID, _SPAN_ID = scan_ids("trace_id", "span_id")
 _SCAN_TEMPLATE = f"""
 SELECT role, convention, fgn, nt, session_id, turn, start_ns, end_ns,
-       CASE WHEN {SCAN_KEEPS_TRACE} THEN trace_id END AS trace_id,
-       {_SPAN_ID}, CASE WHEN role = {K_REQUEST} OR nt THEN rid END AS request_id,
+       {_TRACE_ID} AS trace_id,
+       {_SPAN_ID} AS span_id, CASE WHEN role = {K_REQUEST} OR nt THEN rid END AS request_id,
        ttft_ms, kv_byte_s
 FROM (
     SELECT *, COALESCE(llm AND ttft_ms IS NULL, false) AS nt FROM (
