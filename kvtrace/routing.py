@@ -19,12 +19,17 @@ that prefilled its last turn (remembered here).
 Every choice comes with its reason (``semconv.ROUTE_REASONS``), which the proxy records on the request
 span, so a trace shows why a turn went where it went.  Session memory is bounded
 (``max_sessions``, least recently used first), like the conversation table.
+
+Workers the proxy cannot reach are ``avoid``-ed: each policy chooses among the others as it would
+among all (round-robin's turn passes over them).  When the session's own worker (its D holding the
+blocks, or kv-aware's last P) is avoided, the choice among the others says ``failover``; the proxy
+also says so when it sends a turn's leg again to another worker after the first could not be reached.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from kvtrace import semconv as sc
@@ -66,40 +71,54 @@ class Router:
         self._last_p: OrderedDict[str, int] = OrderedDict()
         self._next = {"p": 0, "d": 0}  # round-robin positions, also the tie-break start
 
-    def prefill(self, session: str | None, loads: Sequence[int]) -> Choice:
-        """The P for the next turn of ``session`` (None: unknown) given each P's ``loads``."""
+    def prefill(self, session: str | None, loads: Sequence[int], avoid: Collection[int] = ()) -> Choice:
+        """The P for the next turn of ``session`` (None: unknown) given each P's ``loads``, never
+        one of ``avoid`` (indices; it must leave at least one)."""
         if self.policy == ROUND_ROBIN:
-            choice = Choice(self._rotate("p", len(self.prefill_ids)), sc.ROUTE_ROTATION)
+            choice = Choice(self._rotate("p", len(self.prefill_ids), avoid), sc.ROUTE_ROTATION)
         else:
-            choice = Choice(self._least("p", loads), sc.ROUTE_LEAST_LOADED)
+            choice = Choice(self._least("p", loads, avoid), sc.ROUTE_LEAST_LOADED)
             last = self._last_p.get(session) if session is not None and self.policy == KV_AWARE else None
-            if last is not None and loads[last] <= loads[choice.index] + KV_AWARE_SLACK:
+            if last is not None and last in avoid:
+                choice = Choice(choice.index, sc.ROUTE_FAILOVER)
+            elif last is not None and loads[last] <= loads[choice.index] + KV_AWARE_SLACK:
                 choice = Choice(last, sc.ROUTE_LAST_PREFILL)
         if session is not None:
             self._remember(session, choice.index)
         return choice
 
-    def decode(self, session: str | None, holder: str | None, loads: Sequence[int]) -> Choice:
-        """The D for the next turn; ``holder``: the D (id) that holds the session's blocks, if known."""
+    def decode(
+        self, session: str | None, holder: str | None, loads: Sequence[int], avoid: Collection[int] = ()
+    ) -> Choice:
+        """The D for the next turn; ``holder``: the D (id) that holds the session's blocks, if known;
+        never one of ``avoid``."""
         if self.policy == ROUND_ROBIN:
-            return Choice(self._rotate("d", len(self.decode_ids)), sc.ROUTE_ROTATION)
+            return Choice(self._rotate("d", len(self.decode_ids), avoid), sc.ROUTE_ROTATION)
+        reason = sc.ROUTE_LEAST_LOADED
         if self.policy in (SESSION_AFFINE, KV_AWARE) and holder is not None:
             i = self._decode_index.get(holder)
-            if i is not None:
+            if i is not None and i not in avoid:
                 return Choice(i, sc.ROUTE_HOLDER)
-        return Choice(self._least("d", loads), sc.ROUTE_LEAST_LOADED)
+            if i is not None:
+                reason = sc.ROUTE_FAILOVER
+        return Choice(self._least("d", loads, avoid), reason)
 
-    def _rotate(self, role: str, n: int) -> int:
+    def _rotate(self, role: str, n: int, avoid: Collection[int]) -> int:
         i = self._next[role] % n
+        for _ in range(n - 1):  # the turn passes over the avoided
+            if i not in avoid:
+                break
+            i = (i + 1) % n
         self._next[role] = i + 1
         return i
 
-    def _least(self, role: str, loads: Sequence[int]) -> int:
-        """The least-loaded worker; among equals the first at or after the rotation point, which
-        then moves past it (so an idle pool spreads new sessions instead of piling on worker 0)."""
+    def _least(self, role: str, loads: Sequence[int], avoid: Collection[int]) -> int:
+        """The least-loaded worker not avoided; among equals the first at or after the rotation
+        point, which then moves past it (so an idle pool spreads new sessions instead of piling on
+        worker 0)."""
         n = len(loads)
         start = self._next[role] % n
-        best = min(range(n), key=lambda i: (loads[i], (i - start) % n))
+        best = min((i for i in range(n) if i not in avoid), key=lambda i: (loads[i], (i - start) % n))
         self._next[role] = best + 1
         return best
 

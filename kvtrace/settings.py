@@ -252,6 +252,14 @@ PROXY_MAX_WORKER_QUEUE = Setting(
     "A wait is also bounded by --request-timeout (504).",
     int,
 )
+PROXY_WORKER_COOLDOWN = Setting(
+    "KVTRACE_PROXY_WORKER_COOLDOWN",
+    5.0,
+    "Proxy (--worker-cooldown): seconds a P or D worker that could not be reached (its connection "
+    "failed) gets no new turns; doubled at each failure in a row, up to 16 times. The turn goes to "
+    "another worker of the role at once. 0: no cooldown (a turn still goes on to another worker).",
+    float,
+)
 PROXY_ROUTING = Setting(
     "KVTRACE_PROXY_ROUTING",
     "round-robin",

@@ -72,3 +72,22 @@ def test_bad_configuration_is_one_line(policy, prefill, decode, message):
     with pytest.raises(RoutingError) as e:
         Router(policy, prefill, decode)
     assert str(e.value) == message
+
+
+def test_avoided_workers_are_passed_over_by_every_policy():
+    r = Router(sc.ROUTING_ROUND_ROBIN, P, D)
+    assert [r.prefill("s", [0, 0, 0], avoid={1}).index for _ in range(4)] == [0, 2, 0, 2]
+    assert r.decode("s", None, [0, 0], avoid={0}) == Choice(1, sc.ROUTE_ROTATION)
+    r = Router(sc.ROUTING_LEAST_LOADED, P, D)
+    assert r.prefill(None, [0, 5, 3], avoid={0}) == Choice(2, sc.ROUTE_LEAST_LOADED)  # the idlest is out
+
+
+def test_the_sessions_own_worker_out_is_a_failover():
+    r = Router(sc.ROUTING_KV_AWARE, P, D)
+    assert r.prefill("s", [1, 0, 1]) == Choice(1, sc.ROUTE_LEAST_LOADED)
+    assert r.prefill("s", [0, 0, 1], avoid={1}) == Choice(0, sc.ROUTE_FAILOVER)
+    assert r.prefill("s", [0, 0, 1]) == Choice(0, sc.ROUTE_LAST_PREFILL)  # the failover's P is now the session's
+    for policy in (sc.ROUTING_SESSION_AFFINE, sc.ROUTING_KV_AWARE):
+        r = Router(policy, P, D)
+        assert r.decode("s", "http://d0", [0, 4], avoid={0}) == Choice(1, sc.ROUTE_FAILOVER)
+        assert r.decode("s", "http://d1", [0, 4], avoid={0}) == Choice(1, sc.ROUTE_HOLDER)

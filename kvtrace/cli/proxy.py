@@ -20,6 +20,7 @@ _LIMITS = (
     ("--max-chain-bytes", "max_chain_bytes", int, "N", settings.PROXY_MAX_CHAIN_BYTES),
     ("--max-worker-connections", "max_worker_connections", int, "N", settings.PROXY_MAX_WORKER_CONNECTIONS),
     ("--max-worker-queue", "max_worker_queue", int, "N", settings.PROXY_MAX_WORKER_QUEUE),
+    ("--worker-cooldown", "worker_cooldown_s", float, "S", settings.PROXY_WORKER_COOLDOWN),
 )
 
 

@@ -57,6 +57,7 @@ from kvtrace.proxy.upstream import (
     PoolFull,
     TooLarge,
     json_object,
+    loop_time,
     never_reached,
     read_body,
 )
@@ -107,7 +108,15 @@ class Proxy(DecodeLeg):
     def health_body(self) -> dict:
         prefix = self.chains.health() if self.chains is not None else {}
         # spans this process lost (e.g. write_failed: a full trace disk); serving goes on regardless
-        return {"status": "ok", **self.table.health(), **prefix, "dropped_spans": telemetry.dropped_spans()}
+        t, pool = loop_time(), self.pool
+        return {
+            "status": "ok",
+            **self.table.health(),
+            **prefix,
+            "prefill_workers_down": pool.down_count(sc.ROLE_PREFILL, t),
+            "decode_workers_down": pool.down_count(sc.ROLE_DECODE, t),
+            "dropped_spans": telemetry.dropped_spans(),
+        }
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(self.health_body())
@@ -118,15 +127,22 @@ class Proxy(DecodeLeg):
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
-        client = self.pool.next_decode()
-        try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                async with client.session.get("/v1/models", headers=self._auth_headers(request)) as r:
-                    data = await read_body(r, self.config.max_upstream_bytes)
-                    return web.Response(status=r.status, body=data, content_type=r.content_type)
-        except (*UPSTREAM_ERRORS, TooLarge) as exc:
-            msg = f"decode worker {client.base} failed: {type(exc).__name__}"
-            return web.json_response(error_body(msg, "upstream_error", 502), status=502)
+        """D's model list: the D workers in turn, those in the routing first; one that cannot be
+        reached passes the question to the next."""
+        clients = self.pool.decode_order()
+        for i, client in enumerate(clients):
+            try:
+                async with asyncio.timeout(self.config.request_timeout_s):
+                    async with client.session.get("/v1/models", headers=self._auth_headers(request)) as r:
+                        data = await read_body(r, self.config.max_upstream_bytes)
+                        return web.Response(status=r.status, body=data, content_type=r.content_type)
+            except (*UPSTREAM_ERRORS, TooLarge) as exc:
+                if never_reached(exc) and i + 1 < len(clients):
+                    client.unreachable(exc)
+                    continue
+                msg = f"decode worker {client.base} failed: {type(exc).__name__}"
+                return web.json_response(error_body(msg, "upstream_error", 502), status=502)
+        raise AssertionError("unreachable: the pool has at least one D")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         rt = RequestTrace(self.tracer, request.headers, request.method, request.path, self.metrics)
@@ -216,7 +232,7 @@ class Proxy(DecodeLeg):
             if self.metrics is not None:
                 self.metrics.continuity(continuity)
         attrs[sc.SESSION_SOURCE] = source
-        turn = self.table.begin(session, refuse, checked=prompt is not None, history=history)
+        turn = self.table.begin(session, refuse, checked=prompt is not None, history=history, down=self.pool.down)
         attrs[sc.PROXY_OFFER] = turn.offered
         attrs[sc.PROXY_OFFER_REASON] = turn.reason
         if req.model:
@@ -234,20 +250,24 @@ class Proxy(DecodeLeg):
 
     # ------------------------------------------------------------------ P leg
     async def _prefill(self, call: Call) -> None:
-        client, call.p_route = self.pool.choose_prefill(call.session_id)
+        choice = self.pool.choose_prefill(call.session_id)
+        assert choice is not None  # nothing tried yet
+        client, call.p_route = choice
         call.p_client = client
         if self.pool.fleet:
             call.route_policy = self.config.routing
         turn = call.turn
         p = await self._prefill_leg(call, client, turn.params)
+        p, client = await self._prefill_failover(call, client, p, turn.params)
         if turn.offered and p.error is None and p.status >= 500:
             # P could not read the offered blocks (expired or failed): once more, without them
             call.rt.upstream_error(str(p.status), client.host, client.port)
-            call.prefill_attempts = 2
+            call.prefill_attempts += 1
             entry, age = turn.entry, turn.entry_age_s
             assert entry is not None and age is not None  # an offered turn holds the entry it offered
             call.read_failure = self.retention.read_failure(entry.decode_endpoint, age)
             p = await self._prefill_leg(call, client, None, retry=True)
+            p, client = await self._prefill_failover(call, client, p, None, retry=True)
         if p.error == sc.ERROR_DEADLINE_EXCEEDED:
             turn.restore()
             msg = f"no answer from prefill worker {client.base} within {self.config.request_timeout_s:g} s"
@@ -273,9 +293,30 @@ class Proxy(DecodeLeg):
             call.p_params = params
         call.p_usage = p.obj.get("usage") if isinstance(p.obj.get("usage"), dict) else None
 
-    async def _prefill_leg(self, call: Call, client: Client, offered: dict | None, retry: bool = False) -> _PResult:
+    async def _prefill_failover(
+        self, call: Call, client: Client, p: _PResult, offered: dict | None, retry: bool = False
+    ) -> tuple[_PResult, Client]:
+        """While P's leg could not reach its worker, the same leg to another P (the worker never
+        got it); the last result and its P."""
+        tried: tuple[Client, ...] = (client,)
+        while p.error is not None and not p.reached and p.error != sc.ERROR_DEADLINE_EXCEEDED:
+            choice = self.pool.choose_prefill(call.session_id, tried)
+            if choice is None:
+                break
+            call.rt.upstream_error(p.error, client.host, client.port)
+            client, call.p_route = choice
+            call.p_client, tried = client, (*tried, client)
+            call.prefill_attempts += 1
+            p = await self._prefill_leg(call, client, offered, retry, failover=True)
+        return p, client
+
+    async def _prefill_leg(
+        self, call: Call, client: Client, offered: dict | None, retry: bool = False, failover: bool = False
+    ) -> _PResult:
         """Send one P leg (``offered``: D's params to offer) and end its span."""
         attrs = {sc.PROXY_OFFER: offered is not None, **({sc.PROXY_RETRY: True} if retry else {})}
+        if failover:
+            attrs[sc.PROXY_FAILOVER] = True
         span, tp = call.rt.leg(sc.SPAN_PROXY_PREFILL, client.host, client.port, **attrs)
         call.legs.append(span)
         body = legs.prefill_body(call.req.body, offered, legs.context(tp, call.session_id, call.turn.index))

@@ -59,6 +59,7 @@ class Call:
     kv: dict | None = None
     legs: list = field(default_factory=list)
     prefill_attempts: int = 1
+    decode_attempts: int = 1
     read_failure: str | None = None  # sc.OUTCOME_EXPIRED / OUTCOME_FAILED: P failed to read the offer
     decoder_ttl_s: float | None = None
     prompt: identity.Prompt | None = None  # the request's identity (prefix matching on, a session's turn)
@@ -120,6 +121,7 @@ class Call:
                 sc.ROUTE_PREFILL_REASON: self.p_route if self.route_policy else None,
                 sc.ROUTE_DECODE_REASON: self.d_route if self.route_policy else None,
                 sc.PROXY_PREFILL_ATTEMPTS: self.prefill_attempts if self.prefill_attempts > 1 else None,
+                sc.PROXY_DECODE_ATTEMPTS: self.decode_attempts if self.decode_attempts > 1 else None,
                 sc.PROXY_DECODER_KV_TTL_S: self.decoder_ttl_s,
                 sc.GEN_AI_USAGE_INPUT_TOKENS: usage.get("prompt_tokens"),
                 sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: local + pulled

@@ -4,7 +4,8 @@ Built by :mod:`kvtrace.cli.proxy` from flags (or by tests directly) and read by
 :mod:`kvtrace.proxy.app`.  Defaults follow vLLM's upstream ``disagg_proxy_multiturn.py``
 (conversation TTL 450 s = ``decoder_kv_blocks_ttl`` 480 s minus a 30 s margin), except that the
 proxy binds 127.0.0.1 unless told otherwise.  The hardening limits (request deadline, upstream
-size cap, client read timeouts, table bytes, id length, D's TTL, connections and queue per worker)
+size cap, client read timeouts, table bytes, id length, D's TTL, connections and queue per worker,
+the cooldown of a worker that could not be reached)
 and prefix matching (on, and the prefix table's bytes) default to their ``KVTRACE_PROXY_*`` settings
 (:mod:`kvtrace.settings`); explicit values beat them.  ``connect_timeout_s`` bounds each connection
 attempt to a worker, from the attempt: a request's wait for a free connection (:class:`~kvtrace.proxy.
@@ -65,6 +66,7 @@ class ProxyConfig:
     max_worker_queue: int = field(default_factory=lambda: int(settings.PROXY_MAX_WORKER_QUEUE.get()))
     patch_responses: bool = field(default_factory=lambda: bool(settings.PATCH_RESPONSES.get()))
     routing: str = field(default_factory=lambda: str(settings.PROXY_ROUTING.get()))
+    worker_cooldown_s: float = field(default_factory=lambda: float(settings.PROXY_WORKER_COOLDOWN.get()))
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY") or None)
 
     def __post_init__(self) -> None:
@@ -102,6 +104,8 @@ class ProxyConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_worker_queue < 0:
             raise ValueError("max_worker_queue must be >= 0")
+        if not self.worker_cooldown_s >= 0:
+            raise ValueError("worker_cooldown_s must be >= 0")
 
     def offer_outlives(self, decoder_ttl_s: float | None) -> bool:
         """An entry may still be offered when D has dropped (or P declines to read) its blocks."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 from aiohttp import web
 
 from kvtrace import semconv as sc
@@ -22,7 +23,7 @@ from kvtrace.proxy.prefix_table import PrefixTable
 from kvtrace.proxy.spans import end_leg
 from kvtrace.proxy.stream import Aggregator, InvalidChunk, StreamPatcher
 from kvtrace.proxy.table import ConversationTable
-from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Pool, TooLarge, pump, read_body
+from kvtrace.proxy.upstream import UPSTREAM_ERRORS, Client, Pool, TooLarge, never_reached, pump, read_body
 
 
 class DecodeLeg:
@@ -42,39 +43,57 @@ class DecodeLeg:
             self.chains.served(call.session_id, call.prompt, reply, call.turn.index)
 
     async def _open_decode(self, call: Call):
+        """D's leg, up to its response head; a D that cannot be reached passes the leg to another."""
         holder = call.turn.entry.decode_endpoint if call.turn.entry is not None else None
-        client, call.d_route = self.pool.choose_decode(call.session_id, holder)
-        call.d_client = client
         if self.pool.fleet:
             call.route_policy = self.config.routing
-        call.decoder_ttl_s = self.retention.ttl(client.base)
-        span, tp = call.rt.leg(sc.SPAN_PROXY_DECODE, client.host, client.port)
-        call.legs.append(span)
-        p_params = None if call.fallback == sc.FALLBACK_DECODE_ONLY else call.p_params
-        body = legs.decode_body(call.req.body, p_params, legs.context(tp, call.session_id, call.turn.index))
-        hdrs = legs.headers(call.request_id, tp, call.auth)
-        try:
-            async with asyncio.timeout_at(call.deadline):
-                try:
-                    r = await client.post(call.req.path, span, body, hdrs)
-                    if r.status != 200:
-                        try:
-                            data = await read_body(r, self.config.max_upstream_bytes)
-                        finally:
-                            r.release()
-                except (*UPSTREAM_ERRORS, TooLarge) as exc:
-                    etype = sc.ERROR_RESPONSE_TOO_LARGE if isinstance(exc, TooLarge) else type(exc).__name__
-                    end_leg(span, None, etype)
-                    msg = f"decode worker {client.base} failed: {etype}"
-                    raise Done(self._decode_failed(call, etype, msg)) from None
-        except TimeoutError:
-            raise Done(self._deadline(call)) from None
+        tried: tuple[Client, ...] = ()
+        while True:
+            choice = self.pool.choose_decode(call.session_id, holder, tried)
+            assert choice is not None  # the loop ends before every D was tried
+            client, call.d_route = choice
+            call.d_client, tried = client, (*tried, client)
+            call.decode_attempts = len(tried)
+            call.decoder_ttl_s = self.retention.ttl(client.base)
+            attrs = {sc.PROXY_FAILOVER: True} if len(tried) > 1 else {}
+            span, tp = call.rt.leg(sc.SPAN_PROXY_DECODE, client.host, client.port, **attrs)
+            call.legs.append(span)
+            failed: Exception | None = None
+            try:
+                async with asyncio.timeout_at(call.deadline):
+                    try:
+                        r, data = await self._post_decode(call, client, span, tp)
+                    except (*UPSTREAM_ERRORS, TooLarge) as exc:
+                        failed = exc
+            except TimeoutError:
+                raise Done(self._deadline(call)) from None
+            if failed is None:
+                break
+            etype = sc.ERROR_RESPONSE_TOO_LARGE if isinstance(failed, TooLarge) else type(failed).__name__
+            end_leg(span, None, etype)
+            if not never_reached(failed) or len(tried) == len(self.pool.decode):
+                raise Done(self._decode_failed(call, etype, f"decode worker {client.base} failed: {etype}"))
+            call.rt.upstream_error(etype, client.host, client.port)
         if r.status != 200:
             end_leg(span, r.status, str(r.status))
             if r.status < 500:
                 raise Done(call.passthrough(r.status, data))
             raise Done(self._decode_failed(call, str(r.status), f"decode worker {client.base} failed: {r.status}"))
         return r, span
+
+    async def _post_decode(self, call: Call, client: Client, span, tp) -> tuple[aiohttp.ClientResponse, bytes]:
+        """POST D's leg; its response, and its body when D did not answer 200."""
+        p_params = None if call.fallback == sc.FALLBACK_DECODE_ONLY else call.p_params
+        body = legs.decode_body(call.req.body, p_params, legs.context(tp, call.session_id, call.turn.index))
+        hdrs = legs.headers(call.request_id, tp, call.auth)
+        data = b""
+        r = await client.post(call.req.path, span, body, hdrs)
+        if r.status != 200:
+            try:
+                data = await read_body(r, self.config.max_upstream_bytes)
+            finally:
+                r.release()
+        return r, data
 
     def _decode_failed(self, call: Call, etype: str, msg: str) -> web.Response:
         call.rt.upstream_error(etype, call.decoder.host, call.decoder.port)

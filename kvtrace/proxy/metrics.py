@@ -195,7 +195,12 @@ class _PoolCollector:
         queued = GaugeMetricFamily(sc.METRIC_PROXY_POOL_QUEUED, doc(sc.METRIC_PROXY_POOL_QUEUED), labels=label)
         rejected = CounterMetricFamily(sc.METRIC_PROXY_POOL_REJECTED, doc(sc.METRIC_PROXY_POOL_REJECTED), labels=label)
         waits = HistogramMetricFamily(sc.METRIC_PROXY_POOL_WAIT, doc(sc.METRIC_PROXY_POOL_WAIT), labels=label)
+        down = GaugeMetricFamily(sc.METRIC_PROXY_WORKERS_DOWN, doc(sc.METRIC_PROXY_WORKERS_DOWN), labels=label)
+        ejected = CounterMetricFamily(sc.METRIC_PROXY_EJECTIONS, doc(sc.METRIC_PROXY_EJECTIONS), labels=label)
         for role in (sc.ROLE_PREFILL, sc.ROLE_DECODE):
+            clients = self.pool.clients(role)
+            down.add_metric([role], self.pool.down_count(role))
+            ejected.add_metric([role], sum(c.health.ejections for c in clients))
             gates = self.pool.gates(role)
             in_use.add_metric([role], sum(g.in_use for g in gates))
             queued.add_metric([role], sum(g.queued for g in gates))
@@ -205,7 +210,7 @@ class _PoolCollector:
             cumulative = list(itertools.accumulate(counts))
             buckets = [(_le(b), n) for b, n in zip(WAIT_BUCKETS, cumulative, strict=True)] + [("+Inf", total)]
             waits.add_metric([role], buckets, sum_value=sum(g.wait_sum for g in gates))
-        yield from (in_use, queued, rejected, waits)
+        yield from (in_use, queued, rejected, waits, down, ejected)
 
 
 def _le(bound: float) -> str:

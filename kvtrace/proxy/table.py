@@ -136,13 +136,19 @@ class ConversationTable:
         }
 
     def begin(
-        self, key: str | None, refuse: str | None = None, checked: bool = False, history: int | None = None
+        self,
+        key: str | None,
+        refuse: str | None = None,
+        checked: bool = False,
+        history: int | None = None,
+        down: Callable[[str], bool] | None = None,
     ) -> Turn:
         """A turn of conversation ``key`` arrived: assign its index, take the entry if usable.
         ``refuse``: why the turn's prompt does not extend what D holds (sc.OFFER_DIVERGED,
         OFFER_REUSED_ID, OFFER_HISTORY_UNKNOWN); a usable entry is dropped, not offered (P would
         read KV of other tokens).  ``checked``: the prompt was checked against the record of turn
-        ``history`` (None: no record); an entry of any other turn is not offered either."""
+        ``history`` (None: no record); an entry of any other turn is not offered either.  ``down``:
+        whether a D (base URL) is out of the routing; its blocks are not offered (OFFER_HOLDER_DOWN)."""
         if not key:
             return Turn(self, None, None, False, sc.OFFER_NO_CONVERSATION_ID)
         conv = self._touch(key)
@@ -156,6 +162,8 @@ class ConversationTable:
             return Turn(self, key, index, False, sc.OFFER_ENTRY_TOO_OLD, entry_age_s=age)
         if refuse is None and checked and entry.turn != history:
             refuse = sc.OFFER_HISTORY_UNKNOWN  # D's blocks are not of the turn the prompt was checked against
+        if refuse is None and down is not None and down(entry.decode_endpoint):
+            refuse = sc.OFFER_HOLDER_DOWN  # P's pull would wait on a worker that does not answer
         if refuse == sc.OFFER_DIVERGED:
             held = entry.params.get("remote_num_tokens")
             held = held if isinstance(held, int) and not isinstance(held, bool) else None

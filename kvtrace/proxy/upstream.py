@@ -13,6 +13,12 @@ bound, one connection per in-flight request meant thousands of simultaneous conn
 a worker's accept backlog and failed as ``ConnectionTimeoutError`` (502).  The queue wait is outside
 aiohttp's timers: ``ClientTimeout.sock_connect`` (``connect_timeout_s``) bounds each connection
 attempt from its start, while aiohttp's ``connect`` (unset) would also count aiohttp's own pool wait.
+
+A worker that cannot be reached (the connection failed: :func:`never_reached`) is out of the routing
+for ``worker_cooldown_s`` (:class:`Health`; doubled at each failure in a row, up to
+:data:`MAX_COOLDOWN_FACTOR` times), so a dead worker, which fails fast and so always looks least
+loaded, does not draw the fleet's turns; after the cooldown the next turn routed to it probes it, and
+the first answer puts it back.  While every worker of a role is out, they are all tried.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import logging
 import math
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +40,7 @@ from kvtrace.jsoncodec import loads
 from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.routing import Router
 
+log = logging.getLogger(__name__)
 # what a failed upstream call can raise before or while reading a response
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 
@@ -76,6 +85,32 @@ async def pump(
 
 WAIT_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _EWMA = 0.2  # weight of the newest wait in Gate.recent_wait_s
+
+
+MAX_COOLDOWN_FACTOR = 16  # a worker down for long is probed every 16 cooldowns (80 s by default)
+
+
+class Health:
+    """Whether one worker is in the routing: out for a cooldown after it could not be reached.
+    Times are the event loop's (the virtual clock's in a simulated fleet)."""
+
+    def __init__(self, cooldown_s: float) -> None:
+        self.cooldown_s = cooldown_s
+        self.failures = 0  # connection failures in a row
+        self.ejections = 0  # for /metrics
+        self.down_until = 0.0
+
+    def up(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def failed(self, now: float) -> None:
+        self.failures += 1
+        if self.cooldown_s > 0:
+            self.ejections += 1
+            self.down_until = now + self.cooldown_s * min(2 ** (self.failures - 1), MAX_COOLDOWN_FACTOR)
+
+    def reached(self) -> None:
+        self.failures, self.down_until = 0, 0.0
 
 
 class PoolFull(Exception):
@@ -154,12 +189,13 @@ class Gate:
         self.in_use -= 1
 
 
-@dataclass
+@dataclass(eq=False)  # a worker's client is itself: compared by identity
 class Client:
     worker: Worker
     session: aiohttp.ClientSession
     gate: Gate
     role: str
+    health: Health
 
     @property
     def host(self) -> str:
@@ -181,9 +217,14 @@ class Client:
             span.set_attribute(sc.PROXY_POOL_WAIT_MS, round(waited * 1000.0, 3))
         try:
             r = await self.session.post(path, data=data, headers=headers)
-        except BaseException:
+        except BaseException as exc:
             self.gate.release()
+            if never_reached(exc):
+                self.unreachable(exc)
             raise
+        if self.health.ejections and self.health.failures:  # it was out of the routing
+            log.warning("kvtrace proxy: %s worker %s answers again: back in the routing", self.role, self.base)
+        self.health.reached()
         conn = r.connection
         if conn is None:  # the whole body came with the head: aiohttp has the connection back already
             self.gate.release()
@@ -191,17 +232,35 @@ class Client:
             conn.add_callback(self.gate.release)  # called once, when aiohttp releases or closes it
         return r
 
+    def unreachable(self, exc: BaseException) -> None:
+        """A connection to the worker failed: out of the routing (unless it already is)."""
+        now = asyncio.get_running_loop().time()
+        health = self.health
+        if not health.up(now):
+            return  # a leg that was sent before the worker went out: already counted
+        health.failed(now)
+        if not health.up(now):
+            log.warning(
+                "kvtrace proxy: %s worker %s could not be reached (%s): out of the routing for %g s",
+                self.role,
+                self.base,
+                type(exc).__name__,
+                health.down_until - now,
+            )
+
 
 class Pool:
     """Clients of all P and D workers; :meth:`choose_prefill` / :meth:`choose_decode` route a turn
-    by the configured policy (:mod:`kvtrace.routing`; load = requests in flight or queued),
-    ``next_decode`` round-robins requests that are no turn (``GET /v1/models``)."""
+    by the configured policy (:mod:`kvtrace.routing`; load = requests in flight or queued) among
+    the workers in the routing (:class:`Health`) and not yet ``tried`` by the turn,
+    :meth:`decode_order` round-robins requests that are no turn (``GET /v1/models``)."""
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.prefill: list[Client] = []
         self.decode: list[Client] = []
         self._d: Iterator[Client] = iter(())  # start() makes the round robin
+        self._by_base: dict[str, Client] = {}
         self.router = Router(
             config.routing,
             [w.base for w in config.prefill],
@@ -220,31 +279,77 @@ class Pool:
             # aiohttp's own per-host limit only backs the gate up (GET /v1/models does not pass the gate)
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=cfg.max_worker_connections, keepalive_timeout=60)
             session = aiohttp.ClientSession(base_url=w.base, connector=connector, timeout=timeout)
-            return Client(w, session, Gate(cfg.max_worker_connections, cfg.max_worker_queue), role)
+            gate = Gate(cfg.max_worker_connections, cfg.max_worker_queue)
+            return Client(w, session, gate, role, Health(cfg.worker_cooldown_s))
 
         self.prefill = [make(w, sc.ROLE_PREFILL) for w in cfg.prefill]
         self.decode = [make(w, sc.ROLE_DECODE) for w in cfg.decode]
+        self._by_base = {c.base: c for c in self.prefill + self.decode}
         self._d = itertools.cycle(self.decode)
 
     async def close(self) -> None:
         for c in self.prefill + self.decode:
             await c.session.close()
 
-    def next_decode(self) -> Client:
-        return next(self._d)
+    def decode_order(self) -> list[Client]:
+        """Every D from the next in turn on, those out of the routing last (requests that are no turn)."""
+        first = self.decode.index(next(self._d))
+        order = self.decode[first:] + self.decode[:first]
+        t = loop_time()
+        return sorted(order, key=lambda c: not c.health.up(t))  # stable: the turn among equals
 
-    def choose_prefill(self, session: str | None) -> tuple[Client, str]:
-        """The P for a turn of ``session``, and why (``sc.ROUTE_REASONS``)."""
-        c = self.router.prefill(session, [_load(x) for x in self.prefill])
-        return self.prefill[c.index], c.reason
+    def choose_prefill(self, session: str | None, tried: tuple[Client, ...] = ()) -> tuple[Client, str] | None:
+        """The P for a turn of ``session``, and why (``sc.ROUTE_REASONS``); None once every P was tried."""
+        avoid = _avoid(self.prefill, tried)
+        if avoid is None:
+            return None
+        c = self.router.prefill(session, [_load(x) for x in self.prefill], avoid)
+        return self.prefill[c.index], sc.ROUTE_FAILOVER if tried else c.reason
 
-    def choose_decode(self, session: str | None, holder: str | None) -> tuple[Client, str]:
+    def choose_decode(
+        self, session: str | None, holder: str | None, tried: tuple[Client, ...] = ()
+    ) -> tuple[Client, str] | None:
         """The D for a turn; ``holder``: base URL of the D holding the session's blocks, if known."""
-        c = self.router.decode(session, holder, [_load(x) for x in self.decode])
-        return self.decode[c.index], c.reason
+        avoid = _avoid(self.decode, tried)
+        if avoid is None:
+            return None
+        c = self.router.decode(session, holder, [_load(x) for x in self.decode], avoid)
+        return self.decode[c.index], sc.ROUTE_FAILOVER if tried else c.reason
+
+    def down(self, base: str) -> bool:
+        """Worker ``base`` is out of the routing now (it could not be reached)."""
+        c = self._by_base.get(base)
+        return c is not None and not c.health.up(asyncio.get_running_loop().time())
+
+    def down_count(self, role: str, now: float | None = None) -> int:
+        """Workers of ``role`` out of the routing at ``now`` (default: now; /metrics, /health)."""
+        t = loop_time() if now is None else now
+        return sum(c.health.down_until > t for c in self.clients(role))
 
     def gates(self, role: str) -> list[Gate]:
         return [c.gate for c in (self.prefill if role == sc.ROLE_PREFILL else self.decode)]
+
+    def clients(self, role: str) -> list[Client]:
+        return self.prefill if role == sc.ROLE_PREFILL else self.decode
+
+
+def loop_time() -> float:
+    """The running loop's time (a virtual fleet's own), else the monotonic clock asyncio's loop uses."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+def _avoid(clients: list[Client], tried: tuple[Client, ...]) -> set[int] | None:
+    """Indices of the workers a choice skips: those ``tried`` and, while another is up, those out of
+    the routing; None when every worker was tried."""
+    skip = {i for i, c in enumerate(clients) if c in tried}
+    if len(skip) == len(clients):
+        return None
+    now = asyncio.get_running_loop().time()
+    out = skip | {i for i, c in enumerate(clients) if not c.health.up(now)}
+    return out if len(out) < len(clients) else skip
 
 
 def _load(c: Client) -> int:

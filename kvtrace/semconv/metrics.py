@@ -35,6 +35,8 @@ METRIC_PROXY_POOL_WAIT = "kvtrace_proxy_upstream_pool_wait_seconds"
 METRIC_PROXY_POOL_IN_USE = "kvtrace_proxy_upstream_connections"
 METRIC_PROXY_POOL_QUEUED = "kvtrace_proxy_upstream_queued"
 METRIC_PROXY_POOL_REJECTED = "kvtrace_proxy_upstream_rejected"
+METRIC_PROXY_WORKERS_DOWN = "kvtrace_proxy_upstream_down"
+METRIC_PROXY_EJECTIONS = "kvtrace_proxy_upstream_ejected"
 METRIC_DROPPED_SPANS = "kvtrace_dropped_spans"
 # vLLM's own families (names and buckets of vLLM 0.32/0.33): the simulator emits them too, so a
 # simulated cluster fills the same dashboard panels as a real one
@@ -245,6 +247,22 @@ METRICS: dict[str, dict] = {
         "labels": (LABEL_ROLE,),
         "span": None,
         "doc": f"Requests answered 503 ({ERROR_POOL_FULL}) because a worker's connection queue was full.",
+    },
+    METRIC_PROXY_WORKERS_DOWN: {
+        "type": "gauge",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE,),
+        "span": None,
+        "doc": "Workers of a role out of the routing now: their last connection failed, and their "
+        "--worker-cooldown has not run out.",
+    },
+    METRIC_PROXY_EJECTIONS: {
+        "type": "counter",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE,),
+        "span": None,
+        "doc": "Times a worker of a role was taken out of the routing because a connection to it failed "
+        "(each time its turns went on to another worker).",
     },
     METRIC_DROPPED_SPANS: {
         "type": "counter",

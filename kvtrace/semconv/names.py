@@ -108,8 +108,10 @@ PROXY_CONVERSATION_TTL_S = "kvtrace.proxy.conversation_ttl_s"
 PROXY_FALLBACK = "kvtrace.proxy.fallback"
 PROXY_PREFILL_ENDPOINT = "kvtrace.proxy.prefill_endpoint"
 PROXY_DECODE_ENDPOINT = "kvtrace.proxy.decode_endpoint"
-PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: 2 when P was asked again without the offer
+PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: P legs, when more than one
+PROXY_DECODE_ATTEMPTS = "kvtrace.proxy.decode_attempts"  # int: D legs, when more than one (failover)
 PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
+PROXY_FAILOVER = "kvtrace.proxy.failover"  # bool on a leg: sent to another worker, the last one unreachable
 PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 PROXY_POOL_WAIT_MS = "kvtrace.proxy.pool_wait_ms"  # float on a leg: time queued for a connection to the worker
 
@@ -126,7 +128,8 @@ ROUTE_ROTATION = "rotation"  # round-robin's turn
 ROUTE_LEAST_LOADED = "least_loaded"  # the fewest requests in flight (ties in rotation)
 ROUTE_HOLDER = "holder"  # D: it holds the session's blocks
 ROUTE_LAST_PREFILL = "last_prefill"  # P: it prefilled the session's last turn
-ROUTE_REASONS = (ROUTE_ROTATION, ROUTE_LEAST_LOADED, ROUTE_HOLDER, ROUTE_LAST_PREFILL)
+ROUTE_FAILOVER = "failover"  # the worker chosen first (or the session's own) could not be reached
+ROUTE_REASONS = (ROUTE_ROTATION, ROUTE_LEAST_LOADED, ROUTE_HOLDER, ROUTE_LAST_PREFILL, ROUTE_FAILOVER)
 
 # session identification and continuity (proxy request span, chat requests)
 SESSION_SOURCE = "kvtrace.session.source"  # how the request's session was found
@@ -267,6 +270,7 @@ OFFER_DISABLED = "disabled"
 OFFER_DIVERGED = "diverged"  # the prompt no longer extends what D holds: its blocks would be wrong KV
 OFFER_REUSED_ID = "reused_id"  # the session id now names another conversation: D's blocks are not its KV
 OFFER_HISTORY_UNKNOWN = "history_unknown"  # the proxy cannot check D's blocks against the prompt
+OFFER_HOLDER_DOWN = "holder_down"  # the D holding the blocks could not be reached lately: P could not pull them
 OFFER_REASONS = (
     OFFER_OFFERED,
     OFFER_NO_CONVERSATION_ID,
@@ -276,6 +280,7 @@ OFFER_REASONS = (
     OFFER_DIVERGED,
     OFFER_REUSED_ID,
     OFFER_HISTORY_UNKNOWN,
+    OFFER_HOLDER_DOWN,
 )
 
 SOURCE_CONVERSATION_ID = "conversation_id"  # body field (vLLM's multi-turn proxy / benchmark)

@@ -60,6 +60,10 @@ _QUEUE = {
     f"`{RETENTION_RELEASED}` (a hold ended so) or `{FREED_FINISHED}` (a request finished).",
 }
 
+_FAILOVER = (
+    "This leg went to another worker of its role because the last one it was sent to could not be reached "
+    "(its connection failed: that worker never got the request) (bool)."
+)
 _POOL_WAIT = (
     "Time the leg waited for one of the worker's --max-worker-connections, ms (float); absent when one was "
     "free. The leg's span includes it; the connect timeout does not."
@@ -105,7 +109,9 @@ SPANS: dict[str, dict] = {
             PROXY_OFFER: "D's retained blocks were offered to P (bool).",
             PROXY_OFFER_REASON: f"Why: {', '.join(OFFER_REASONS)}. `{OFFER_HISTORY_UNKNOWN}`: D's blocks are of "
             "another turn than the session's record (the record was evicted, or a turn finished out of order), "
-            "or the continuity is unknown: the proxy cannot check them against the prompt.",
+            "or the continuity is unknown: the proxy cannot check them against the prompt. "
+            f"`{OFFER_HOLDER_DOWN}`: the D holding them could not be reached lately (--worker-cooldown), "
+            "so P could not pull them.",
             PROXY_DECODE_PARAMS_INVALID: "D's final kv_transfer_params were not kept for the next turn (not offered): "
             "what was wrong (a field of the wrong type or out of bounds, a non-finite number, a block list longer "
             "than D's tokens).",
@@ -119,8 +125,11 @@ SPANS: dict[str, dict] = {
             "one P or D to choose from.",
             ROUTE_PREFILL_REASON: f"Why this P ({', '.join(ROUTE_REASONS)}); with the policy.",
             ROUTE_DECODE_REASON: f"Why this D ({', '.join(ROUTE_REASONS)}); with the policy.",
-            PROXY_PREFILL_ATTEMPTS: "P legs sent (int): 2 when P failed (5xx) to read the offered blocks and "
-            "the proxy asked again without them; absent when 1.",
+            PROXY_PREFILL_ATTEMPTS: "P legs sent (int), absent when 1: one more when P failed (5xx) to read the "
+            "offered blocks and the proxy asked again without them, and one more for each P that could not be "
+            "reached (the leg went on to another P).",
+            PROXY_DECODE_ATTEMPTS: "D legs sent (int), absent when 1: one more for each D that could not be "
+            "reached (the leg went on to another D).",
             PROXY_DECODER_KV_TTL_S: "D's block retention (decoder_kv_blocks_ttl) as the proxy knows it: "
             "reported by an instrumented D, else --decoder-kv-ttl; absent when unknown, s (float). An offer "
             "window + 5 s (vLLM's read margin) at or past it means offers can name blocks D has dropped.",
@@ -141,6 +150,7 @@ SPANS: dict[str, dict] = {
             HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
             PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
             PROXY_RETRY: "This leg is the fresh prefill (no offer) after P failed to read the offered blocks (bool).",
+            PROXY_FAILOVER: _FAILOVER,
             PROXY_POOL_WAIT_MS: _POOL_WAIT,
             ERROR_TYPE: f"Error class when the leg failed; `{ERROR_POOL_FULL}` when P's connection queue was full.",
         },
@@ -155,6 +165,7 @@ SPANS: dict[str, dict] = {
             SERVER_PORT: "D port (int).",
             HTTP_RESPONSE_STATUS_CODE: "D's status (int).",
             REQUEST_TTFT_MS: "First streamed token after the leg started, ms (float).",
+            PROXY_FAILOVER: _FAILOVER,
             PROXY_POOL_WAIT_MS: _POOL_WAIT,
             ERROR_TYPE: f"Error class when the leg failed; `{ERROR_POOL_FULL}` when D's connection queue was full.",
         },

@@ -39,14 +39,15 @@ class FakeWorker:
     url: str = ""
     kv_params: list | None = None  # P: ``[value]``: answer ``kv_transfer_params: value`` (any JSON value)
 
-    async def start(self) -> FakeWorker:
+    async def start(self, port: int = 0) -> FakeWorker:
+        """Listen on 127.0.0.1:``port`` (0: any free port)."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_get("/v1/models", self._models)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", port, reuse_address=True)
         await site.start()
         host, port = self.runner.addresses[0][:2]
         self.url = f"http://{host}:{port}"

@@ -359,7 +359,7 @@ def test_health_cost_does_not_grow_with_the_table(n):
         cost = [min(_opcodes(lambda px=px: px.health_body()) for _ in range(3)) for px in (small, big)]
     finally:
         gc.enable()
-    assert cost[0] == cost[1] and cost[0] < 200, cost
+    assert cost[0] == cost[1] and cost[0] < 300, cost  # constant: the table, the prefix chains, the workers down
 
 
 # ---------------------------------------------------------------------------- 5. deadlines and sizes
