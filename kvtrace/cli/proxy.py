@@ -183,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     `kv_transfer` object (streaming: on the final chunk) and an x-kvtrace-trace-id header unless
     --no-patch (or KVTRACE_PATCH_RESPONSES=0).
     When P fails to read the blocks offered from D (expired), P is asked again without them.
+    With several workers of a role (--routing), a leg whose worker cannot be reached goes on to
+    another, and that worker gets no turns for --worker-cooldown (GET /health: *_workers_down).
 
     What the proxy's spans survive: SIGINT/SIGTERM flush every span of every answered request.
     A SIGKILL (or OOM kill) loses the spans still waiting in memory: those of the requests that

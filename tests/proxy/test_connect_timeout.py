@@ -41,14 +41,19 @@ def _servers(span_exporter) -> list:
     return [s for s in span_exporter.get_finished_spans() if s.name == sc.SPAN_PROXY_REQUEST]
 
 
-def _legs(span_exporter, server) -> list[tuple]:
+def _leg_spans(span_exporter, server) -> list:
+    """The P legs of request span ``server``, in the order they started."""
     legs = [
         s
         for s in span_exporter.get_finished_spans()
         if s.name == sc.SPAN_PROXY_PREFILL and s.parent.span_id == server.context.span_id
     ]
+    return sorted(legs, key=lambda s: s.start_time)
+
+
+def _legs(span_exporter, server) -> list[tuple]:
     keep = (sc.SERVER_PORT, sc.PROXY_OFFER, sc.PROXY_FAILOVER, sc.ERROR_TYPE)
-    return [tuple(s.attributes.get(k) for k in keep) for s in sorted(legs, key=lambda s: s.start_time)]
+    return [tuple(s.attributes.get(k) for k in keep) for s in _leg_spans(span_exporter, server)]
 
 
 async def test_a_prefill_connect_timeout_goes_on_to_another_prefiller(tracer_provider, span_exporter):
@@ -90,6 +95,28 @@ async def test_a_prefill_connect_timeout_goes_on_to_another_prefiller(tracer_pro
         (silent, True, None, "ConnectionTimeoutError"),
         (p.port, True, True, None),
     ]
+    ident = {
+        sc.SESSION_ID: "c1",
+        sc.GEN_AI_CONVERSATION_ID: "c1",
+        sc.TURN_INDEX: 1,
+        sc.GEN_AI_REQUEST_ID: servers[1].attributes[sc.GEN_AI_REQUEST_ID],
+    }
+    failed, failover = _leg_spans(span_exporter, servers[1])
+    assert dict(failed.attributes) == {
+        **ident,
+        sc.SERVER_ADDRESS: "127.0.0.1",
+        sc.SERVER_PORT: silent,
+        sc.PROXY_OFFER: True,
+        sc.ERROR_TYPE: "ConnectionTimeoutError",
+    }
+    assert dict(failover.attributes) == {
+        **ident,
+        sc.SERVER_ADDRESS: "127.0.0.1",
+        sc.SERVER_PORT: p.port,
+        sc.PROXY_OFFER: True,
+        sc.PROXY_FAILOVER: True,
+        sc.HTTP_RESPONSE_STATUS_CODE: 200,
+    }
     assert _legs(span_exporter, servers[3]) == [(p.port, True, None, None)]
     upstream = [e for e in servers[1].events if e.name == sc.EVENT_UPSTREAM_ERROR]
     assert [dict(e.attributes) for e in upstream] == [

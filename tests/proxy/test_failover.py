@@ -5,6 +5,7 @@ how many are out."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import aiohttp
@@ -191,3 +192,36 @@ async def test_the_model_list_comes_from_a_d_that_answers(tracer_provider):
     failed = {"message": msg, "type": "upstream_error"}
     assert got == [(200, listed)] * 3 + [(502, {"error": {**failed, "code": 502}})]
     assert down == 1
+
+
+async def test_a_burst_at_a_dead_worker_fails_over_once_and_counts_one_ejection(tracer_provider, span_exporter):
+    """32 concurrent turns, least-loaded over a dead P and a live one: the legs already sent to the dead
+    P when it went out fail over too, and are not counted again (one ejection, one cooldown)."""
+    p, d = await FakeWorker("p0").start(), await FakeWorker("d0").start()
+    dead = closed_port()
+    config = ProxyConfig(
+        prefill=[Worker("127.0.0.1", dead), Worker("127.0.0.1", p.port)],
+        decode=[Worker("127.0.0.1", d.port)],
+        routing=sc.ROUTING_LEAST_LOADED,
+        prefix_match=False,
+    )
+    proxy = await start(config, tracer_provider, port=0)
+    async with aiohttp.ClientSession() as http:
+
+        async def turn(i: int) -> int:
+            async with http.post(proxy.url + CHAT, json={**BODY, sc.BODY_CONVERSATION_ID: f"c{i}"}) as r:
+                await r.read()
+                return r.status
+
+        statuses = await asyncio.gather(*(turn(i) for i in range(32)))
+        async with http.get(proxy.url + "/metrics") as r:
+            metrics = await r.text()
+    await proxy.close()
+    await p.close()
+    await d.close()
+    assert statuses == [200] * 32
+    assert len(p.received) == 32
+    await wait_for(lambda: len(_servers(span_exporter)) == 32)
+    tried_dead = [s for s in _servers(span_exporter) if s.attributes.get(sc.PROXY_PREFILL_ATTEMPTS) == 2]
+    assert tried_dead and all(s.attributes[sc.ROUTE_PREFILL_REASON] == sc.ROUTE_FAILOVER for s in tried_dead)
+    assert f'{sc.METRIC_PROXY_EJECTIONS}_total{{role="prefill"}} 1.0' in metrics
