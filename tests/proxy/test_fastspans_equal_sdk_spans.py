@@ -8,6 +8,8 @@ the three measured times (compared by type)."""
 
 from __future__ import annotations
 
+import socket
+
 import aiohttp
 import pyarrow.parquet as pq
 import pytest
@@ -32,7 +34,8 @@ TRACEPARENT = f"00-{REMOTE_TRACE:032x}-{REMOTE_SPAN:016x}-01"
 def _requests():
     """(worker pair, body, headers) of every request, in order: multi-turn streaming (a miss then
     an offer), non-streaming with a client's traceparent and baggage, the completions route
-    (path), P failing (502; decode-only fallback) and D dying mid-stream (upstream error event)."""
+    (path), P failing (502; decode-only fallback), D dying mid-stream (upstream error event) and, in a
+    fleet of two P, the first unreachable (failover)."""
     chat = dict(BODY)
     ids = iter(range(100))
 
@@ -52,6 +55,7 @@ def _requests():
         ("p_down", CHAT, {**chat, "conversation_id": "c3"}, rid()),
         ("p_down_fallback", CHAT, {**chat, "conversation_id": "c4"}, rid()),
         ("d_dies", CHAT, {**chat, "conversation_id": "c5"}, rid()),
+        ("p_failover", CHAT, {**chat, "conversation_id": "c6"}, rid()),
     ]
 
 
@@ -63,6 +67,7 @@ async def _workers() -> dict:
         "p_down": (p_bad, d, {}),
         "p_down_fallback": (p_bad, d, {"prefill_failure": PREFILL_FAILURE_DECODE_ONLY}),
         "d_dies": (p, d_dying, {}),
+        "p_failover": (p, d, {"routing": sc.ROUTING_ROUND_ROBIN, "dead_prefill_first": _closed_port()}),
         "_all": (p, p_bad, d, d_dying),
     }
 
@@ -81,7 +86,11 @@ async def _run(workers: dict, traces, monkeypatch, fast: bool) -> tuple[list[Rea
             if name.startswith("_"):
                 continue
             p, d, cfg = pair
-            config = ProxyConfig(prefill=[Worker("127.0.0.1", p.port)], decode=[Worker("127.0.0.1", d.port)], **cfg)
+            prefill = [Worker("127.0.0.1", p.port)]
+            if cfg.get("dead_prefill_first"):  # a port nothing listens on, first in the rotation
+                prefill.insert(0, Worker("127.0.0.1", cfg["dead_prefill_first"]))
+            cfg = {k: v for k, v in cfg.items() if k != "dead_prefill_first"}
+            config = ProxyConfig(prefill=prefill, decode=[Worker("127.0.0.1", d.port)], **cfg)
             proxies[name] = await start(config, provider, port=0)
             assert isinstance(proxies[name].proxy.tracer, fastspans.FastTracer) == fast
         async with aiohttp.ClientSession() as http:
@@ -98,6 +107,14 @@ async def _run(workers: dict, traces, monkeypatch, fast: bool) -> tuple[list[Rea
     for path in files.list_files(traces):
         rows += table_to_rows(pq.read_table(path, partitioning=None).select(SCHEMA.names).cast(SCHEMA))
     return sorted(memory.get_finished_spans(), key=lambda s: s.start_time), rows, statuses
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def _mask(attrs) -> dict:
@@ -177,13 +194,14 @@ async def workers():
 async def test_fast_spans_are_the_sdk_tracers_spans_for_the_same_proxy_requests(workers, tmp_path, monkeypatch):
     fast_spans, fast_rows, fast_status = await _run(workers, tmp_path / "fast", monkeypatch, fast=True)
     sdk_spans, sdk_rows, sdk_status = await _run(workers, tmp_path / "sdk", monkeypatch, fast=False)
-    assert fast_status == sdk_status == [200, 200, 200, 200, 502, 200, 200]
+    assert fast_status == sdk_status == [200, 200, 200, 200, 502, 200, 200, 200]
     assert len(sdk_spans) >= 3 * len(sdk_status) - 1  # SERVER span + P and D legs (none to D after a 502)
     assert _spans(fast_spans) == _spans(sdk_spans)
     names = {s.name for s in sdk_spans}
     assert {sc.SPAN_PROXY_REQUEST, sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE} <= names
     assert any(s.events for s in sdk_spans) and any(s.parent and s.parent.is_remote for s in sdk_spans)
     assert {s.status.status_code.name for s in sdk_spans} >= {"ERROR"}
+    assert sum(1 for s in sdk_spans if s.attributes.get(sc.PROXY_FAILOVER)) == 1
     assert _row_view(fast_rows, fast_spans) == _row_view(sdk_rows, sdk_spans)
 
 
