@@ -344,12 +344,12 @@ def loop_time() -> float:
 def _avoid(clients: list[Client], tried: tuple[Client, ...]) -> set[int] | None:
     """Indices of the workers a choice skips: those ``tried`` and, while another is up, those out of
     the routing; None when every worker was tried."""
+    now = loop_time()
+    out = {i for i, c in enumerate(clients) if c.health.down_until > now or c in tried}
+    if len(out) < len(clients):
+        return out
     skip = {i for i, c in enumerate(clients) if c in tried}
-    if len(skip) == len(clients):
-        return None
-    now = asyncio.get_running_loop().time()
-    out = skip | {i for i, c in enumerate(clients) if not c.health.up(now)}
-    return out if len(out) < len(clients) else skip
+    return skip if len(skip) < len(clients) else None
 
 
 def _load(c: Client) -> int:
