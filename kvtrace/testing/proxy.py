@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from kvtrace import semconv as sc
 from kvtrace.testing.wait import wait_for_async
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (connections to it are refused): a dead worker."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 @dataclass

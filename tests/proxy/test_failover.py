@@ -6,7 +6,6 @@ how many are out."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import pytest
@@ -16,18 +15,9 @@ from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
 from kvtrace.proxy.upstream import MAX_COOLDOWN_FACTOR, Health
 from kvtrace.sim.cluster import SimCluster
-from kvtrace.testing.proxy import BODY, CHAT, FakeWorker, wait_for
+from kvtrace.testing.proxy import BODY, CHAT, FakeWorker, closed_port, wait_for
 
 from support.sim_stack import Clock, worker
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (connections are refused)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _servers(span_exporter) -> list:

@@ -8,8 +8,6 @@ the three measured times (compared by type)."""
 
 from __future__ import annotations
 
-import socket
-
 import aiohttp
 import pyarrow.parquet as pq
 import pytest
@@ -24,7 +22,7 @@ from kvtrace.store import files
 from kvtrace.store.convert import table_to_rows
 from kvtrace.store.schema import SCHEMA
 from kvtrace.telemetry import fastspans
-from kvtrace.testing.proxy import BODY, CHAT, FakeWorker
+from kvtrace.testing.proxy import BODY, CHAT, FakeWorker, closed_port
 
 MEASURED = {sc.REQUEST_TTFT_MS, sc.REQUEST_LATENCY_MS, sc.PROXY_ENTRY_AGE_S}  # measured times: differ between runs
 REMOTE_TRACE, REMOTE_SPAN = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
@@ -67,7 +65,7 @@ async def _workers() -> dict:
         "p_down": (p_bad, d, {}),
         "p_down_fallback": (p_bad, d, {"prefill_failure": PREFILL_FAILURE_DECODE_ONLY}),
         "d_dies": (p, d_dying, {}),
-        "p_failover": (p, d, {"routing": sc.ROUTING_ROUND_ROBIN, "dead_prefill_first": _closed_port()}),
+        "p_failover": (p, d, {"routing": sc.ROUTING_ROUND_ROBIN, "dead_prefill_first": closed_port()}),
         "_all": (p, p_bad, d, d_dying),
     }
 
@@ -107,14 +105,6 @@ async def _run(workers: dict, traces, monkeypatch, fast: bool) -> tuple[list[Rea
     for path in files.list_files(traces):
         rows += table_to_rows(pq.read_table(path, partitioning=None).select(SCHEMA.names).cast(SCHEMA))
     return sorted(memory.get_finished_spans(), key=lambda s: s.start_time), rows, statuses
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _mask(attrs) -> dict:
