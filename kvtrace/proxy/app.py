@@ -137,9 +137,10 @@ class Proxy(DecodeLeg):
                         data = await read_body(r, self.config.max_upstream_bytes)
                         return web.Response(status=r.status, body=data, content_type=r.content_type)
             except (*UPSTREAM_ERRORS, TooLarge) as exc:
-                if never_reached(exc) and i + 1 < len(clients):
-                    client.unreachable(exc)
-                    continue
+                if never_reached(exc):
+                    client.unreachable(exc)  # as a chat leg's failed connection would
+                    if i + 1 < len(clients):
+                        continue
                 msg = f"decode worker {client.base} failed: {type(exc).__name__}"
                 return web.json_response(error_body(msg, "upstream_error", 502), status=502)
         raise AssertionError("unreachable: the pool has at least one D")
@@ -299,7 +300,7 @@ class Proxy(DecodeLeg):
         """While P's leg could not reach its worker, the same leg to another P (the worker never
         got it); the last result and its P."""
         tried: tuple[Client, ...] = (client,)
-        while p.error is not None and not p.reached and p.error != sc.ERROR_DEADLINE_EXCEEDED:
+        while p.error is not None and not p.reached:  # a deadline leaves reached True: P may have it
             choice = self.pool.choose_prefill(call.session_id, tried)
             if choice is None:
                 break

@@ -319,12 +319,12 @@ class Pool:
     def down(self, base: str) -> bool:
         """Worker ``base`` is out of the routing now (it could not be reached)."""
         c = self._by_base.get(base)
-        return c is not None and not c.health.up(asyncio.get_running_loop().time())
+        return c is not None and not c.health.up(loop_time())
 
     def down_count(self, role: str, now: float | None = None) -> int:
         """Workers of ``role`` out of the routing at ``now`` (default: now; /metrics, /health)."""
         t = loop_time() if now is None else now
-        return sum(c.health.down_until > t for c in self.clients(role))
+        return sum(not c.health.up(t) for c in self.clients(role))
 
     def gates(self, role: str) -> list[Gate]:
         return [c.gate for c in (self.prefill if role == sc.ROLE_PREFILL else self.decode)]
@@ -345,7 +345,7 @@ def _avoid(clients: list[Client], tried: tuple[Client, ...]) -> set[int] | None:
     """Indices of the workers a choice skips: those ``tried`` and, while another is up, those out of
     the routing; None when every worker was tried."""
     now = loop_time()
-    out = {i for i, c in enumerate(clients) if c.health.down_until > now or c in tried}
+    out = {i for i, c in enumerate(clients) if c in tried or not c.health.up(now)}
     if len(out) < len(clients):
         return out
     skip = {i for i, c in enumerate(clients) if c in tried}
