@@ -195,7 +195,9 @@ if instances.is_fleet(fleet.to_pylist()):
     st.subheader("Reuse per instance")
     st.caption(
         "The proxy's routing over the fleet (`requests`: each turn's P and D and why: "
-        f"{', '.join(sc.ROUTE_REASONS)}) and each instance's own decisions (P's pulls from D, D's from P; "
-        "local hits in its own prefix cache)."
+        f"{', '.join(sc.ROUTE_REASONS)}), each instance's own decisions (P's pulls from D, D's from P; "
+        "local hits in its own prefix cache) and the proxy's legs to it (`proxy_legs`): sent, failed, "
+        "unreachable (the worker never got the request; the leg went on to another worker) and the ms "
+        "the failed ones took."
     )
     table(st, df(fleet))

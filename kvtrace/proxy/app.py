@@ -315,7 +315,9 @@ class Proxy(DecodeLeg):
         self, call: Call, client: Client, offered: dict | None, retry: bool = False, failover: bool = False
     ) -> _PResult:
         """Send one P leg (``offered``: D's params to offer) and end its span."""
-        attrs = {sc.PROXY_OFFER: offered is not None, **({sc.PROXY_RETRY: True} if retry else {})}
+        attrs = {sc.PROXY_PREFILL_ENDPOINT: client.base, sc.PROXY_OFFER: offered is not None}
+        if retry:
+            attrs[sc.PROXY_RETRY] = True
         if failover:
             attrs[sc.PROXY_FAILOVER] = True
         span, tp = call.rt.leg(sc.SPAN_PROXY_PREFILL, client.host, client.port, **attrs)
@@ -341,7 +343,10 @@ class Proxy(DecodeLeg):
             if out.obj is None:
                 out.error_leg = sc.ERROR_INVALID_RESPONSE
         end_leg(
-            span, out.status or None, out.error or out.error_leg or (str(out.status) if out.status >= 400 else None)
+            span,
+            out.status or None,
+            out.error or out.error_leg or (str(out.status) if out.status >= 400 else None),
+            **({sc.PROXY_UNREACHABLE: True} if not out.reached else {}),
         )
         return out
 

@@ -55,7 +55,7 @@ class DecodeLeg:
             call.d_client, tried = client, (*tried, client)
             call.decode_attempts = len(tried)
             call.decoder_ttl_s = self.retention.ttl(client.base)
-            attrs = {sc.PROXY_FAILOVER: True} if len(tried) > 1 else {}
+            attrs = {sc.PROXY_DECODE_ENDPOINT: client.base, **({sc.PROXY_FAILOVER: True} if len(tried) > 1 else {})}
             span, tp = call.rt.leg(sc.SPAN_PROXY_DECODE, client.host, client.port, **attrs)
             call.legs.append(span)
             failed: Exception | None = None
@@ -70,8 +70,9 @@ class DecodeLeg:
             if failed is None:
                 break
             etype = sc.ERROR_RESPONSE_TOO_LARGE if isinstance(failed, TooLarge) else type(failed).__name__
-            end_leg(span, None, etype)
-            if not never_reached(failed) or len(tried) == len(self.pool.decode):
+            unreached = never_reached(failed)
+            end_leg(span, None, etype, **({sc.PROXY_UNREACHABLE: True} if unreached else {}))
+            if not unreached or len(tried) == len(self.pool.decode):
                 raise Done(self._decode_failed(call, etype, f"decode worker {client.base} failed: {etype}"))
             call.rt.upstream_error(etype, client.host, client.port)
         if r.status != 200:

@@ -9,7 +9,8 @@ kept, ``kvtrace_proxy_decode_params_rejected_total{field}``.  Children are
 cached per label set: a request costs a dict lookup and a counter increment or two, no
 per-chunk work.  The conversation table is read at scrape time (sizes, evictions), like
 ``/health``, and so are the workers' connection gates (:class:`~kvtrace.proxy.upstream.Gate`: in
-use, queued, refused, and the histogram of waits they keep), by role;
+use, queued, refused, and the histogram of waits they keep), by role, and whether each worker is in
+the routing (``kvtrace_proxy_upstream_up{role,endpoint}``);
 ``kvtrace_dropped_spans_total`` comes from :mod:`kvtrace.telemetry`.
 """
 
@@ -187,7 +188,7 @@ class _PoolCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        from kvtrace.proxy.upstream import WAIT_BUCKETS
+        from kvtrace.proxy.upstream import WAIT_BUCKETS, loop_time
 
         doc = lambda name: sc.METRICS[name]["doc"]  # noqa: E731
         label = [sc.LABEL_ROLE]
@@ -197,9 +198,15 @@ class _PoolCollector:
         waits = HistogramMetricFamily(sc.METRIC_PROXY_POOL_WAIT, doc(sc.METRIC_PROXY_POOL_WAIT), labels=label)
         down = GaugeMetricFamily(sc.METRIC_PROXY_WORKERS_DOWN, doc(sc.METRIC_PROXY_WORKERS_DOWN), labels=label)
         ejected = CounterMetricFamily(sc.METRIC_PROXY_EJECTIONS, doc(sc.METRIC_PROXY_EJECTIONS), labels=label)
+        up = GaugeMetricFamily(
+            sc.METRIC_PROXY_WORKER_UP, doc(sc.METRIC_PROXY_WORKER_UP), labels=[sc.LABEL_ROLE, sc.LABEL_ENDPOINT]
+        )
+        now = loop_time()
         for role in (sc.ROLE_PREFILL, sc.ROLE_DECODE):
             clients = self.pool.clients(role)
-            down.add_metric([role], self.pool.down_count(role))
+            down.add_metric([role], self.pool.down_count(role, now))
+            for c in clients:
+                up.add_metric([role, c.base], 1 if c.health.up(now) else 0)
             ejected.add_metric([role], sum(c.health.ejections for c in clients))
             gates = self.pool.gates(role)
             in_use.add_metric([role], sum(g.in_use for g in gates))
@@ -210,7 +217,7 @@ class _PoolCollector:
             cumulative = list(itertools.accumulate(counts))
             buckets = [(_le(b), n) for b, n in zip(WAIT_BUCKETS, cumulative, strict=True)] + [("+Inf", total)]
             waits.add_metric([role], buckets, sum_value=sum(g.wait_sum for g in gates))
-        yield from (in_use, queued, rejected, waits, down, ejected)
+        yield from (in_use, queued, rejected, waits, down, ejected, up)
 
 
 def _le(bound: float) -> str:

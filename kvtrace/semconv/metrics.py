@@ -37,6 +37,7 @@ METRIC_PROXY_POOL_QUEUED = "kvtrace_proxy_upstream_queued"
 METRIC_PROXY_POOL_REJECTED = "kvtrace_proxy_upstream_rejected"
 METRIC_PROXY_WORKERS_DOWN = "kvtrace_proxy_upstream_down"
 METRIC_PROXY_EJECTIONS = "kvtrace_proxy_upstream_ejected"
+METRIC_PROXY_WORKER_UP = "kvtrace_proxy_upstream_up"
 METRIC_DROPPED_SPANS = "kvtrace_dropped_spans"
 # vLLM's own families (names and buckets of vLLM 0.32/0.33): the simulator emits them too, so a
 # simulated cluster fills the same dashboard panels as a real one
@@ -58,6 +59,7 @@ LABEL_CONTINUITY = "continuity"
 LABEL_FIELD = "field"  # proxy: the kv_transfer_params key D got wrong
 LABEL_REASON = "reason"
 LABEL_ROLE = "role"  # proxy: the worker's role, prefill or decode
+LABEL_ENDPOINT = "endpoint"  # proxy: a configured worker's base URL (a fleet's size: bounded)
 LABEL_VERIFIED = "verified"
 
 # label values not enumerated above
@@ -264,6 +266,14 @@ METRICS: dict[str, dict] = {
         "doc": "Times a worker of a role was taken out of the routing because a connection to it failed "
         "(each time its turns went on to another worker).",
     },
+    METRIC_PROXY_WORKER_UP: {
+        "type": "gauge",
+        "emitter": "proxy",
+        "labels": (LABEL_ROLE, LABEL_ENDPOINT),
+        "span": None,
+        "doc": "1 while the worker is in the routing, 0 while it is out (its last connection failed and its "
+        "--worker-cooldown has not run out); one series per configured worker.",
+    },
     METRIC_DROPPED_SPANS: {
         "type": "counter",
         "emitter": "proxy / simulator worker",
@@ -321,6 +331,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     LABEL_FIELD: ("a kv_transfer_params key", DECODE_PARAMS_OBJECT, DECODE_PARAMS_NON_FINITE),
     LABEL_REASON: EVICTION_REASONS + DROP_REASONS,
     LABEL_ROLE: (ROLE_PREFILL, ROLE_DECODE),
+    LABEL_ENDPOINT: ("a configured worker's base URL",),
     LABEL_MODEL_NAME: ("served model name",),
     LABEL_ENGINE: ("engine index in the server (0 unless data parallel)",),
 }

@@ -112,6 +112,7 @@ PROXY_PREFILL_ATTEMPTS = "kvtrace.proxy.prefill_attempts"  # int: P legs, when m
 PROXY_DECODE_ATTEMPTS = "kvtrace.proxy.decode_attempts"  # int: D legs, when more than one (failover)
 PROXY_RETRY = "kvtrace.proxy.retry"  # bool on a P leg: the fresh prefill after a failed read of the offer
 PROXY_FAILOVER = "kvtrace.proxy.failover"  # bool on a leg: sent to another worker, the last one unreachable
+PROXY_UNREACHABLE = "kvtrace.proxy.unreachable"  # bool on a failed leg: its worker never got the request
 PROXY_DECODER_KV_TTL_S = "kvtrace.proxy.decoder_kv_ttl_s"  # float: D's retention as the proxy knows it
 PROXY_POOL_WAIT_MS = "kvtrace.proxy.pool_wait_ms"  # float on a leg: time queued for a connection to the worker
 

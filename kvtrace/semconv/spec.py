@@ -64,6 +64,10 @@ _FAILOVER = (
     "This leg went to another worker of its role because the last one it was sent to could not be reached "
     "(its connection failed: that worker never got the request) (bool)."
 )
+_UNREACHABLE = (
+    "The leg failed before its worker got the request: the connection was refused, timed out or closed "
+    "before the request went out (bool); the proxy took the worker out of the routing for --worker-cooldown."
+)
 _POOL_WAIT = (
     "Time the leg waited for one of the worker's --max-worker-connections, ms (float); absent when one was "
     "free. The leg's span includes it; the connect timeout does not."
@@ -147,10 +151,12 @@ SPANS: dict[str, dict] = {
             **_ID,
             SERVER_ADDRESS: "P host.",
             SERVER_PORT: "P port (int).",
+            PROXY_PREFILL_ENDPOINT: "Base URL of this leg's P worker (the request span names its last leg's).",
             HTTP_RESPONSE_STATUS_CODE: "P's status (int).",
             PROXY_OFFER: "kv_transfer_params with D's blocks were sent (bool).",
             PROXY_RETRY: "This leg is the fresh prefill (no offer) after P failed to read the offered blocks (bool).",
             PROXY_FAILOVER: _FAILOVER,
+            PROXY_UNREACHABLE: _UNREACHABLE,
             PROXY_POOL_WAIT_MS: _POOL_WAIT,
             ERROR_TYPE: f"Error class when the leg failed; `{ERROR_POOL_FULL}` when P's connection queue was full.",
         },
@@ -163,9 +169,11 @@ SPANS: dict[str, dict] = {
             **_ID,
             SERVER_ADDRESS: "D host.",
             SERVER_PORT: "D port (int).",
+            PROXY_DECODE_ENDPOINT: "Base URL of this leg's D worker (the request span names its last leg's).",
             HTTP_RESPONSE_STATUS_CODE: "D's status (int).",
             REQUEST_TTFT_MS: "First streamed token after the leg started, ms (float).",
             PROXY_FAILOVER: _FAILOVER,
+            PROXY_UNREACHABLE: _UNREACHABLE,
             PROXY_POOL_WAIT_MS: _POOL_WAIT,
             ERROR_TYPE: f"Error class when the leg failed; `{ERROR_POOL_FULL}` when D's connection queue was full.",
         },

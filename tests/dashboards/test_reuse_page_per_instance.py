@@ -22,11 +22,13 @@ P0, P1, D0 = "http://127.0.0.1:8100", "http://127.0.0.1:8101", "http://127.0.0.1
 TURNS = [("r0", P0, sc.ROUTE_ROTATION, 0), ("r1", P1, sc.ROUTE_ROTATION, 300), ("r2", P0, sc.ROUTE_LEAST_LOADED, 500)]
 
 
-def _store(root, turns) -> None:
+def _store(root, turns, dead: str | None = None) -> None:
+    """The turns' request and decision spans; with ``dead``, each turn's first P leg went to that worker
+    and never reached it."""
     b = SpanBuilder()
     for i, (rid, p, why, pulled) in enumerate(turns):
         at = 1000.0 * i
-        b.span(
+        request = b.span(
             sc.SPAN_PROXY_REQUEST,
             at,
             at + 500,
@@ -52,6 +54,10 @@ def _store(root, turns) -> None:
             sc.KV_RECOMPUTED_TOKENS: 600 - pulled,
         }
         b.span(sc.SPAN_KV_DECISION, at + 10, at + 20, service=SIM_P, attrs=attrs)
+        if dead is not None:
+            leg = {sc.GEN_AI_REQUEST_ID: rid, sc.SESSION_ID: "s", sc.PROXY_PREFILL_ENDPOINT: dead}
+            leg |= {sc.PROXY_UNREACHABLE: True, sc.ERROR_TYPE: "ClientConnectorError"}
+            b.span(sc.SPAN_PROXY_PREFILL, at + 1, at + 4, parent=request, service="kvtrace-proxy", attrs=leg)
     b.write(root)
 
 
@@ -63,6 +69,25 @@ def test_the_reuse_page_shows_each_prefillers_routing_and_pulls(monkeypatch, tmp
     rows = list(zip(shown["role"], shown["endpoint"], shown["requests"], shown["pulled_tokens"], strict=True))
     assert rows == [(sc.ROLE_PREFILL, P0, 2, 500), (sc.ROLE_PREFILL, P1, 1, 300), (sc.ROLE_DECODE, D0, 3, 0)]
     assert list(shown[sc.ROUTE_LEAST_LOADED]) == [1, 0, 0]
+
+
+def test_a_dead_prefiller_is_a_row_of_its_own(monkeypatch, tmp_path):
+    """No request ends at a worker that cannot be reached: its row comes from the proxy's legs."""
+    dead = "http://127.0.0.1:8199"
+    _store(tmp_path, TURNS, dead=dead)
+    at = render_app(monkeypatch, tmp_path, page=PAGE)
+    shown = at.dataframe[-1].value
+    legs = shown[["failed_legs", "unreachable_legs"]].fillna(-1).astype(int)  # -1: no leg names the worker
+    rows = list(zip(shown["endpoint"], shown["requests"], legs["failed_legs"], legs["unreachable_legs"], strict=True))
+    assert rows == [(P0, 2, -1, -1), (P1, 1, -1, -1), (dead, 0, 3, 3), (D0, 3, -1, -1)]
+    assert list(shown["failed_leg_ms"])[2] == 9.0  # three legs of 3 ms
+    later = instances.per_instance(connect(tmp_path), Filters(start_ns=SpanBuilder().ns(1000))).to_pylist()
+    assert [(r["endpoint"], r["requests"], r["legs"]) for r in later] == [
+        (P0, 1, None),
+        (P1, 1, None),
+        (dead, 0, 2),
+        (D0, 2, None),
+    ]
 
 
 def test_filters_select_the_requests(tmp_path):

@@ -106,13 +106,16 @@ async def test_a_prefill_connect_timeout_goes_on_to_another_prefiller(tracer_pro
         **ident,
         sc.SERVER_ADDRESS: "127.0.0.1",
         sc.SERVER_PORT: silent,
+        sc.PROXY_PREFILL_ENDPOINT: f"http://127.0.0.1:{silent}",
         sc.PROXY_OFFER: True,
+        sc.PROXY_UNREACHABLE: True,
         sc.ERROR_TYPE: "ConnectionTimeoutError",
     }
     assert dict(failover.attributes) == {
         **ident,
         sc.SERVER_ADDRESS: "127.0.0.1",
         sc.SERVER_PORT: p.port,
+        sc.PROXY_PREFILL_ENDPOINT: p.url,
         sc.PROXY_OFFER: True,
         sc.PROXY_FAILOVER: True,
         sc.HTTP_RESPONSE_STATUS_CODE: 200,

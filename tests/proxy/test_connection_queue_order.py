@@ -174,6 +174,7 @@ async def test_d_legs_beyond_two_connections_queue_in_order_with_their_waits_and
         **ident,
         sc.SERVER_ADDRESS: "127.0.0.1",
         sc.SERVER_PORT: d.port,
+        sc.PROXY_DECODE_ENDPOINT: d.url,
         sc.ERROR_TYPE: sc.ERROR_POOL_FULL,
     }
     assert legs["r7"].status.status_code == StatusCode.ERROR

@@ -104,6 +104,10 @@ async def test_a_dead_prefiller_does_not_draw_the_turns(tracer_provider, span_ex
     assert f'{sc.METRIC_PROXY_WORKERS_DOWN}{{role="prefill"}} 1.0' in metrics
     assert f'{sc.METRIC_PROXY_EJECTIONS}_total{{role="prefill"}} 1.0' in metrics
     assert f'{sc.METRIC_PROXY_EJECTIONS}_total{{role="decode"}} 0.0' in metrics
+    up = sorted(line for line in metrics.splitlines() if line.startswith(sc.METRIC_PROXY_WORKER_UP + "{"))
+    expected = [(sc.ROLE_PREFILL, f"http://127.0.0.1:{dead}", 0), (sc.ROLE_PREFILL, live, 1)]
+    expected += [(sc.ROLE_DECODE, u, 1) for u in cluster.decode_urls]
+    assert up == sorted(f'{sc.METRIC_PROXY_WORKER_UP}{{endpoint="{e}",role="{r}"}} {v}.0' for r, e, v in expected)
 
 
 async def test_a_dead_holder_is_passed_over_and_its_blocks_not_offered(tracer_provider, span_exporter):

@@ -62,6 +62,7 @@ async def test_prefill_5xx_gives_502_and_proxy_keeps_serving(rig_factory):
         sc.GEN_AI_REQUEST_ID: "r1",
         sc.SERVER_ADDRESS: "127.0.0.1",
         sc.SERVER_PORT: rig.p.port,
+        sc.PROXY_PREFILL_ENDPOINT: rig.p.url,
         sc.PROXY_OFFER: False,
         sc.HTTP_RESPONSE_STATUS_CODE: 500,
         sc.ERROR_TYPE: "500",

@@ -158,6 +158,8 @@ async def test_label_values_stay_bounded_over_1000_sessions(stack):
                     allowed = set(sc.LABEL_VALUES.get(label, ()))
                     if label == sc.LABEL_STATUS:
                         assert value in allowed or value.isdigit(), (name, label, value)
+                    elif label == sc.LABEL_ENDPOINT:  # the configured workers' URLs, whatever the traffic
+                        assert value.startswith("http://127.0.0.1:"), (name, label, value)
                     elif label not in (sc.LABEL_MODEL_NAME, sc.LABEL_ENGINE):
                         assert value in allowed, (name, label, value)
     proxy_requests = late[0][sc.METRIC_PROXY_REQUESTS]

@@ -23,6 +23,9 @@ EXPECTED_COLUMNS = {
     "requests": "trace_id span_id request_id session_id turn service_name start_time end_time start_ns end_ns ttft_ms "
     "latency_ms input_tokens output_tokens status_code http_status stream offered offer_reason fallback outcome "
     "pulled_tokens prefill_endpoint decode_endpoint routing prefill_route decode_route substrate",
+    "proxy_legs": "trace_id span_id parent_span_id request_id session_id turn role endpoint http_status error_type "
+    "unreachable failover retry offered ttft_ms pool_wait_ms service_name start_time end_time start_ns end_ns "
+    "duration_ms status_code",
     "kv_decisions": "trace_id span_id request_id session_id turn engine_id engine_role direction outcome prompt_tokens "
     "local_hit_tokens remote_tokens pulled_tokens recomputed_tokens threshold expiry_remaining_s peer_engine_id "
     "verified verify_mode verified_tokens first_mismatch_token wrong_tokens "

@@ -44,6 +44,7 @@ def test_docs_query_md_is_generated_from_the_registry():
 SPAN_OF_VIEW = {
     "spans": sc.SPAN_AGENT_TURN,
     "requests": sc.SPAN_PROXY_REQUEST,
+    "proxy_legs": sc.SPAN_PROXY_PREFILL,
     "kv_decisions": sc.SPAN_KV_DECISION,
     "kv_transfers": sc.SPAN_KV_TRANSFER,
     "kv_retention": sc.SPAN_KV_RETENTION,
@@ -93,6 +94,8 @@ def _one_span_per_value(b: SpanBuilder) -> None:
                     kw["error"], kw["ok"] = value.endswith("ERROR"), value.endswith("_OK")
                 elif column.name == "phase":
                     span_name = sc.SPAN_ENGINE_PREFILL if value == sc.ROLE_PREFILL else sc.SPAN_ENGINE_DECODE
+                elif column.name == "role":  # proxy_legs: which leg's span
+                    span_name = sc.SPAN_PROXY_PREFILL if value == sc.ROLE_PREFILL else sc.SPAN_PROXY_DECODE
                 elif column.name == "outcome":
                     key = sc.KV_RETENTION_OUTCOME if view.name == "kv_retention" else sc.KV_OUTCOME
                     kw["attrs"][key] = value

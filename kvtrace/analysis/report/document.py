@@ -288,20 +288,31 @@ def _instances(con) -> list[tuple[str, str]]:
     if not instances.is_fleet(found):
         return []
     head = ["role", "endpoint", "requests", "routed by", "pulls", "local hit tokens", "pulled tokens"]
-    head += ["recomputed tokens", "mean TTFT (ms)"]
+    head += ["recomputed tokens", "mean TTFT (ms)", "legs failed / sent", "ms in failed legs"]
     body = []
     for r in found:
         why = ", ".join(f"{x} {r[x]:,}" for x in sc.ROUTE_REASONS if r[x]) or "–"
         body.append(
             [r["role"], text.md_escape(r["endpoint"]), text.num(r["requests"]), why, text.num(r["pulled"])]
             + [text.num(r["local_hit_tokens"]), text.num(r["pulled_tokens"]), text.num(r["recomputed_tokens"])]
-            + [text.ms(r["mean_ttft_ms"])]
+            + [text.ms(r["mean_ttft_ms"]), _failed_legs(r), text.ms(r["failed_leg_ms"] if r["failed_legs"] else None)]
         )
     return [
         (
             "md",
             "## Reuse per instance\n\nThe proxy's routing over the fleet (`requests`: each turn's P and D and "
-            "why) and each instance's own decisions (P's pulls from D, D's from P; local hits in its own "
-            "prefix cache):\n\n" + text.md_table(head, body),
+            "why), each instance's own decisions (P's pulls from D, D's from P; local hits in its own "
+            "prefix cache) and the proxy's legs to it that failed (`proxy_legs`; unreachable: the worker "
+            "never got the request, and the leg went on to another worker of its role):\n\n"
+            + text.md_table(head, body),
         )
     ]
+
+
+def _failed_legs(r: dict) -> str:
+    """``failed / sent`` legs, with how many never reached the worker; – where the traces do not name
+    the legs' workers."""
+    if r["legs"] is None:
+        return "–"
+    cell = f"{r['failed_legs']:,} / {r['legs']:,}"
+    return cell + (f" ({r['unreachable_legs']:,} unreachable)" if r["unreachable_legs"] else "")

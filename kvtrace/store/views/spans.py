@@ -115,6 +115,38 @@ WHERE name = {_q(sc.SPAN_PROXY_REQUEST)}
 """,
 )
 
+PROXY_LEGS = View(
+    "proxy_legs",
+    f"The proxy's `{sc.SPAN_PROXY_PREFILL}` / `{sc.SPAN_PROXY_DECODE}` spans: one row per leg sent to a worker, "
+    "a failed one and its failover included.",
+    (
+        *common("trace_id", "span_id", "parent_span_id", "request_id", "session_id", "turn"),
+        col(
+            "role",
+            VARCHAR,
+            "which leg",
+            (sc.ROLE_PREFILL, sc.ROLE_DECODE),
+            sql=f"CASE name WHEN {_q(sc.SPAN_PROXY_PREFILL)} THEN {_q(sc.ROLE_PREFILL)} ELSE {_q(sc.ROLE_DECODE)} END",
+        ),
+        col(
+            "endpoint",
+            VARCHAR,
+            "the leg's worker base URL (NULL in traces from before the proxy recorded it)",
+            sql=f"COALESCE({_s(sc.PROXY_PREFILL_ENDPOINT)}, {_s(sc.PROXY_DECODE_ENDPOINT)})",
+        ),
+        col("http_status", BIGINT, "the worker's HTTP status (NULL: no answer)", sql=_i(sc.HTTP_RESPONSE_STATUS_CODE)),
+        col("error_type", VARCHAR, "why the leg failed (NULL: it did not)", sql=_s(sc.ERROR_TYPE)),
+        col("unreachable", BOOLEAN, "the worker never got the request", sql=_b(sc.PROXY_UNREACHABLE)),
+        col("failover", BOOLEAN, "sent on from an unreachable worker", sql=_b(sc.PROXY_FAILOVER)),
+        col("retry", BOOLEAN, "P's fresh prefill after it failed to read the offer", sql=_b(sc.PROXY_RETRY)),
+        col("offered", BOOLEAN, "P leg: D's blocks were offered", sql=_b(sc.PROXY_OFFER)),
+        col("ttft_ms", DOUBLE, "D leg: first streamed token after the leg started, ms", sql=_f(sc.REQUEST_TTFT_MS)),
+        col("pool_wait_ms", DOUBLE, "time queued for a connection to the worker, ms", sql=_f(sc.PROXY_POOL_WAIT_MS)),
+        *common("service_name", "start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code"),
+    ),
+    source=f"FROM spans WHERE name IN ({literals((sc.SPAN_PROXY_PREFILL, sc.SPAN_PROXY_DECODE))})",
+)
+
 KV_DECISIONS = View(
     "kv_decisions",
     f"`{sc.SPAN_KV_DECISION}` spans: each pull-vs-recompute decision of a worker.",
@@ -342,6 +374,7 @@ FROM ids LEFT JOIN sess USING (session_id) LEFT JOIN req USING (session_id) LEFT
 VIEWS: tuple[View, ...] = (
     SPANS,
     REQUESTS,
+    PROXY_LEGS,
     KV_DECISIONS,
     KV_TRANSFERS,
     KV_RETENTION,
