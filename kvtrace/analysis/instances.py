@@ -1,7 +1,8 @@
 """Reuse per instance of a P/D fleet: where the proxy's routing sent the turns (``requests``:
 ``prefill_endpoint`` / ``decode_endpoint`` and why, ``prefill_route`` / ``decode_route``) and what
 each instance reused (its own decisions in ``kv_decisions``, joined on the request: P's ``d2p`` for a
-prefill endpoint, D's ``p2d`` for a decode endpoint).  One row per role and endpoint."""
+prefill endpoint, D's ``p2d`` for a decode endpoint), and the legs the proxy sent each (``proxy_legs``:
+failed, unreachable), so a worker that only failed has a row too.  One row per role and endpoint."""
 
 from __future__ import annotations
 

@@ -171,7 +171,8 @@ SPANS: dict[str, dict] = {
             SERVER_PORT: "D port (int).",
             PROXY_DECODE_ENDPOINT: "Base URL of this leg's D worker (the request span names its last leg's).",
             HTTP_RESPONSE_STATUS_CODE: "D's status (int).",
-            REQUEST_TTFT_MS: "First streamed token after the leg started, ms (float).",
+            REQUEST_TTFT_MS: "The request's time to first token at the proxy (from the request's start, as on "
+            "the request span), ms (float).",
             PROXY_FAILOVER: _FAILOVER,
             PROXY_UNREACHABLE: _UNREACHABLE,
             PROXY_POOL_WAIT_MS: _POOL_WAIT,

@@ -16,14 +16,12 @@ from kvtrace import semconv as sc
 from kvtrace.analysis import instances
 from kvtrace.analysis.filters import Filters
 from kvtrace.analysis.report import document
-from kvtrace.proxy.config import ProxyConfig, Worker
 from kvtrace.proxy.server import start
 from kvtrace.sim.cluster import SimCluster
 from kvtrace.store import connect
 from kvtrace.store.exporter import ParquetSpanExporter
-from kvtrace.testing.proxy import CHAT, closed_port
 
-from support.sim_stack import Clock, worker
+from support.sim_stack import Clock, dead_first_prefiller, two_turn_sessions
 
 SESSIONS = ("a", "b", "c")
 
@@ -35,29 +33,11 @@ async def _serve(directory) -> dict:
     clock = Clock()
     cluster = SimCluster(1, 2, cost=False, tracer_provider=provider, clock=clock)
     await cluster.__aenter__()
-    dead = closed_port()
-    config = ProxyConfig(
-        prefill=[Worker("127.0.0.1", dead), worker(cluster.prefill_urls[0])],
-        decode=[worker(u) for u in cluster.decode_urls],
-        routing=sc.ROUTING_LEAST_LOADED,
-        worker_cooldown_s=60.0,
-    )
+    config, dead = dead_first_prefiller(cluster, sc.ROUTING_LEAST_LOADED)
     proxy = await start(config, provider, clock=clock, port=0)
-    statuses = []
     try:
         async with aiohttp.ClientSession() as http:
-            for conv in SESSIONS:
-                messages = [{"role": "user", "content": f"conversation {conv}, say something " * 10}]
-                for _ in range(2):
-                    body = {"model": "m", "messages": messages, "max_tokens": 70, sc.BODY_CONVERSATION_ID: conv}
-                    async with http.post(proxy.url + CHAT, json=body) as r:
-                        statuses.append(r.status)
-                        answer = (await r.json())["choices"][0]["message"]["content"]
-                    messages = [
-                        *messages,
-                        {"role": "assistant", "content": answer},
-                        {"role": "user", "content": "go on"},
-                    ]
+            statuses = await two_turn_sessions(http, proxy.url, SESSIONS)
     finally:
         await proxy.close()
         await cluster.__aexit__(None, None, None)

@@ -17,7 +17,7 @@ from kvtrace.proxy.upstream import MAX_COOLDOWN_FACTOR, Health
 from kvtrace.sim.cluster import SimCluster
 from kvtrace.testing.proxy import BODY, CHAT, FakeWorker, closed_port, wait_for
 
-from support.sim_stack import Clock, worker
+from support.sim_stack import Clock, dead_first_prefiller, two_turn_sessions
 
 
 def _servers(span_exporter) -> list:
@@ -53,29 +53,11 @@ async def test_a_dead_prefiller_does_not_draw_the_turns(tracer_provider, span_ex
     clock = Clock()
     cluster = SimCluster(1, 2, cost=False, tracer_provider=tracer_provider, clock=clock)
     await cluster.__aenter__()
-    dead = closed_port()
-    config = ProxyConfig(
-        prefill=[Worker("127.0.0.1", dead), worker(cluster.prefill_urls[0])],
-        decode=[worker(u) for u in cluster.decode_urls],
-        routing=policy,
-        worker_cooldown_s=60.0,
-    )
+    config, dead = dead_first_prefiller(cluster, policy)
     proxy = await start(config, tracer_provider, clock=clock, port=0)
-    statuses = []
     try:
         async with aiohttp.ClientSession() as http:
-            for conv in ("a", "b", "c"):
-                messages = [{"role": "user", "content": f"conversation {conv}, say something " * 10}]
-                for _ in range(2):
-                    body = {"model": "m", "messages": messages, "max_tokens": 70, sc.BODY_CONVERSATION_ID: conv}
-                    async with http.post(proxy.url + CHAT, json=body) as r:
-                        statuses.append(r.status)
-                        answer = (await r.json())["choices"][0]["message"]["content"]
-                    messages = [
-                        *messages,
-                        {"role": "assistant", "content": answer},
-                        {"role": "user", "content": "go on"},
-                    ]
+            statuses = await two_turn_sessions(http, proxy.url, ("a", "b", "c"))
             async with http.get(proxy.url + "/health") as r:
                 health = await r.json()
             async with http.get(proxy.url + "/metrics") as r:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from kvtrace import semconv as sc
-from kvtrace.proxy.config import Worker
+from kvtrace.proxy.config import ProxyConfig, Worker
+from kvtrace.testing.proxy import closed_port
 from kvtrace.testing.wait import wait_for_async
 
 CHAT = "/v1/chat/completions"
@@ -58,6 +59,34 @@ class Stack:
         """The spans named ``name`` once there are ``n`` (they end just after the response)."""
         await wait_for_async(lambda: len(self.spans(name)) >= n, 5, f"{n} {name} spans")
         return self.spans(name)
+
+
+def dead_first_prefiller(cluster, routing: str) -> tuple[ProxyConfig, int]:
+    """A proxy's config over ``cluster`` with a dead prefiller (a closed port) before its live one, a
+    60 s --worker-cooldown; and the dead one's port."""
+    dead = closed_port()
+    config = ProxyConfig(
+        prefill=[Worker("127.0.0.1", dead), worker(cluster.prefill_urls[0])],
+        decode=[worker(u) for u in cluster.decode_urls],
+        routing=routing,
+        worker_cooldown_s=60.0,
+    )
+    return config, dead
+
+
+async def two_turn_sessions(http, url: str, sessions) -> list[int]:
+    """Each of ``sessions`` (conversation ids) in turn: a first turn, then the next one on its answer,
+    through the proxy at ``url``, non-streaming; the statuses, in order."""
+    statuses = []
+    for conv in sessions:
+        messages = [{"role": "user", "content": f"conversation {conv}, say something " * 10}]
+        for _ in range(2):
+            body = {"model": "m", "messages": messages, "max_tokens": 70, sc.BODY_CONVERSATION_ID: conv}
+            async with http.post(url + CHAT, json=body) as r:
+                statuses.append(r.status)
+                answer = (await r.json())["choices"][0]["message"]["content"]
+            messages = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "go on"}]
+    return statuses
 
 
 def d2p_decision(rid: str, d: dict, prompt: int, pulled: int, outcome: str, verification: dict) -> dict:

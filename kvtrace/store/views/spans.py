@@ -140,7 +140,7 @@ PROXY_LEGS = View(
         col("failover", BOOLEAN, "sent on from an unreachable worker", sql=_b(sc.PROXY_FAILOVER)),
         col("retry", BOOLEAN, "P's fresh prefill after it failed to read the offer", sql=_b(sc.PROXY_RETRY)),
         col("offered", BOOLEAN, "P leg: D's blocks were offered", sql=_b(sc.PROXY_OFFER)),
-        col("ttft_ms", DOUBLE, "D leg: first streamed token after the leg started, ms", sql=_f(sc.REQUEST_TTFT_MS)),
+        col("ttft_ms", DOUBLE, "D leg: the request's time to first token at the proxy, ms", sql=_f(sc.REQUEST_TTFT_MS)),
         col("pool_wait_ms", DOUBLE, "time queued for a connection to the worker, ms", sql=_f(sc.PROXY_POOL_WAIT_MS)),
         *common("service_name", "start_time", "end_time", "start_ns", "end_ns", "duration_ms", "status_code"),
     ),
