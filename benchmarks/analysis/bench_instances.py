@@ -5,8 +5,9 @@ run, on DuckDB over the Parquet directory and, with chDB installed, on ClickHous
 
     python benchmarks/analysis/bench_instances.py [--traces DIR] [--sessions 2000] [--repeat 7]
 
-Without ``--traces`` it first replays ``--sessions`` of Mooncake's conversation subset on a virtual
-8P8D fleet (kv-aware routing, as ``benchmarks/sim/bench_fleet.py``) into a temporary directory.
+Without ``--traces`` it first replays ``--sessions`` of Mooncake's conversation subset, tiled 600 s
+apart as ``benchmarks/sim/bench_fleet.py`` does, on a virtual 8P8D fleet (kv-aware routing) into a
+temporary directory.
 Prints per engine: spans and legs in the store, p50 / max of each query over ``--repeat``
 interleaved rounds, and the ratio.
 """
@@ -14,6 +15,7 @@ interleaved rounds, and the ratio.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -50,13 +52,18 @@ BASELINE_SQL = (
 
 
 def _fleet(directory: str, sessions: int) -> str:
-    from kvtrace.bench import inproc
+    """``sessions`` of Mooncake's conversation subset, tiled 600 s apart, on a virtual 8P8D fleet."""
+    from kvtrace.bench import inproc, mooncake
     from kvtrace.bench.fleet import Fleet
     from kvtrace.sim import virtual
 
-    cfg = dict(input="mooncake-conversation", sessions=sessions, nonce="instances")
+    rows = mooncake.read_rows(mooncake.shipped("mooncake-conversation"))
+    copies = max(1, math.ceil(sessions / len(mooncake.sessions(rows))))
+    wl = mooncake.workload(rows, name=f"mooncake-x{copies}", nonce="instances", copies=copies, period_s=600.0)
+    wl.sessions = wl.sessions[:sessions]
     fleet = Fleet(8, 8, sc.ROUTING_KV_AWARE)
-    virtual.run(inproc.run_arm(directory, "qwen3-32b", True, True, "efa-3200", cfg, "A", 450.0, None, fleet))
+    cfg = {"workload": wl, "nonce": "instances"}
+    virtual.run(inproc.run_arm(directory, "qwen3-32b", True, True, "efa-3200", cfg, "bench", 450.0, None, fleet))
     return directory
 
 

@@ -20,10 +20,12 @@ from kvtrace.proxy.server import start
 from kvtrace.sim.cluster import SimCluster
 from kvtrace.store import connect
 from kvtrace.store.exporter import ParquetSpanExporter
+from kvtrace.testing.synth import PROXY, SpanBuilder
 
 from support.sim_stack import Clock, dead_first_prefiller, two_turn_sessions
 
 SESSIONS = ("a", "b", "c")
+D0 = "http://10.0.0.2:8200"  # the older store's decoder
 
 
 async def _serve(directory) -> dict:
@@ -132,3 +134,51 @@ def test_clickhouse_gives_the_same_rows(fleet):
             instances.per_instance(store, filters).to_pylist()
             == instances.per_instance(connect(directory), filters).to_pylist()
         )
+
+
+def _older_store(root) -> None:
+    """Legs as the proxy wrote them before they named their worker: address and port only; one P
+    refused the first turn's leg (an error, no unreachable mark)."""
+    b = SpanBuilder()
+    for i, p in enumerate((8101, 8100, 8101)):
+        at, rid = 1000.0 * i, f"r{i}"
+        ident = {sc.GEN_AI_REQUEST_ID: rid, sc.SESSION_ID: "s"}
+        request = b.span(
+            sc.SPAN_PROXY_REQUEST,
+            at,
+            at + 500,
+            service=PROXY,
+            attrs={**ident, sc.PROXY_PREFILL_ENDPOINT: f"http://10.0.0.1:{p}", sc.PROXY_DECODE_ENDPOINT: D0},
+        )
+        if i == 0:
+            dead = {**ident, sc.SERVER_ADDRESS: "10.0.0.1", sc.SERVER_PORT: 8199, sc.ERROR_TYPE: "ClientConnectorError"}
+            b.span(sc.SPAN_PROXY_PREFILL, at + 1, at + 3, parent=request, service=PROXY, kind="CLIENT", attrs=dead)
+        leg = {**ident, sc.SERVER_ADDRESS: "10.0.0.1", sc.SERVER_PORT: p, sc.HTTP_RESPONSE_STATUS_CODE: 200}
+        b.span(sc.SPAN_PROXY_PREFILL, at + 3, at + 50, parent=request, service=PROXY, kind="CLIENT", attrs=leg)
+        leg = {**ident, sc.SERVER_ADDRESS: "10.0.0.2", sc.SERVER_PORT: 8200, sc.HTTP_RESPONSE_STATUS_CODE: 200}
+        b.span(sc.SPAN_PROXY_DECODE, at + 50, at + 500, parent=request, service=PROXY, kind="CLIENT", attrs=leg)
+    b.write(root)
+
+
+def test_older_traces_name_a_legs_worker_by_its_address(tmp_path):
+    _older_store(tmp_path)
+    found = instances.per_instance(connect(tmp_path)).to_pylist()
+    got = [(r["role"], r["endpoint"], r["requests"], r["legs"], r["failed_legs"], r["unreachable_legs"]) for r in found]
+    assert got == [
+        (sc.ROLE_PREFILL, "http://10.0.0.1:8100", 1, 1, 0, 0),
+        (sc.ROLE_PREFILL, "http://10.0.0.1:8101", 2, 2, 0, 0),
+        (sc.ROLE_PREFILL, "http://10.0.0.1:8199", 0, 1, 1, 0),  # failed; unreachable is not in older traces
+        (sc.ROLE_DECODE, D0, 3, 3, 0, 0),
+    ]
+    assert found[2]["failed_leg_ms"] == 2.0
+
+
+def test_clickhouse_gives_the_same_rows_on_older_traces(tmp_path):
+    pytest.importorskip("sqlglot")
+    pytest.importorskip("chdb")
+    from support import clickhouse_check
+
+    _older_store(tmp_path)
+    store = clickhouse_check.load_dir(tmp_path)
+    assert instances.per_instance(store).to_pylist() == instances.per_instance(connect(tmp_path)).to_pylist()
+    assert clickhouse_check.check_views(tmp_path, store)["proxy_legs"] == 7

@@ -131,8 +131,10 @@ PROXY_LEGS = View(
         col(
             "endpoint",
             VARCHAR,
-            "the leg's worker base URL (NULL in traces from before the proxy recorded it)",
-            sql=f"COALESCE({_s(sc.PROXY_PREFILL_ENDPOINT)}, {_s(sc.PROXY_DECODE_ENDPOINT)})",
+            f"the leg's worker base URL; in older traces, which do not name it, `http://` + `{sc.SERVER_ADDRESS}` "
+            f"+ `:` + `{sc.SERVER_PORT}` (how the proxy spells a worker's URL)",
+            sql=f"COALESCE({_s(sc.PROXY_PREFILL_ENDPOINT)}, {_s(sc.PROXY_DECODE_ENDPOINT)}, "
+            f"'http://' || {_s(sc.SERVER_ADDRESS)} || ':' || CAST({_i(sc.SERVER_PORT)} AS VARCHAR))",
         ),
         col("http_status", BIGINT, "the worker's HTTP status (NULL: no answer)", sql=_i(sc.HTTP_RESPONSE_STATUS_CODE)),
         col("error_type", VARCHAR, "why the leg failed (NULL: it did not)", sql=_s(sc.ERROR_TYPE)),
