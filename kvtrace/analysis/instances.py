@@ -72,8 +72,7 @@ def per_instance(con, filters: Filters | None = None) -> pa.Table:
     # a leg is in scope when its request is: the request span it is a child of passes the same filters
     requests, _ = where(filters, ROW_SCOPE)
     legs_clause = f"AND (g.trace_id, g.parent_span_id) IN (SELECT trace_id, span_id FROM requests {requests})"
-    legs_clause = legs_clause if requests else ""
-    return table(con, PER_INSTANCE_SQL.format(where=clause, legs_where=legs_clause), params)
+    return table(con, PER_INSTANCE_SQL.format(where=clause, legs_where=legs_clause if requests else ""), params)
 
 
 def is_fleet(rows: list[dict]) -> bool:

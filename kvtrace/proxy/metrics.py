@@ -204,9 +204,10 @@ class _PoolCollector:
         now = loop_time()
         for role in (sc.ROLE_PREFILL, sc.ROLE_DECODE):
             clients = self.pool.clients(role)
-            down.add_metric([role], self.pool.down_count(role, now))
-            for c in clients:
-                up.add_metric([role, c.base], 1 if c.health.up(now) else 0)
+            ups = [c.health.up(now) for c in clients]
+            down.add_metric([role], ups.count(False))
+            for c, is_up in zip(clients, ups, strict=True):
+                up.add_metric([role, c.base], 1 if is_up else 0)
             ejected.add_metric([role], sum(c.health.ejections for c in clients))
             gates = self.pool.gates(role)
             in_use.add_metric([role], sum(g.in_use for g in gates))

@@ -295,7 +295,7 @@ def _instances(con) -> list[tuple[str, str]]:
         body.append(
             [r["role"], text.md_escape(r["endpoint"]), text.num(r["requests"]), why, text.num(r["pulled"])]
             + [text.num(r["local_hit_tokens"]), text.num(r["pulled_tokens"]), text.num(r["recomputed_tokens"])]
-            + [text.ms(r["mean_ttft_ms"]), _failed_legs(r), text.ms(r["failed_leg_ms"] if r["failed_legs"] else None)]
+            + [text.ms(r["mean_ttft_ms"]), _failed_legs(r), text.ms(r["failed_leg_ms"])]
         )
     return [
         (
