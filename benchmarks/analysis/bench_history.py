@@ -13,6 +13,12 @@ The questions, each timed over ``--repeat`` interleaved rounds (p50 / p99):
 - **one session**: ``sessions.breakdown`` of one session of that day;
 - **first page**: what the dashboard's sessions page runs on opening: the time span and facets (from
   the lookups) and the totals and top 500 sessions of the last day (``sessions.overview``);
+- **KV reuse page**: what the dashboard's KV reuse page runs for the last day (the digest check, the
+  summary with its break-even, decision and offer mixes, tokens by source, the first 5,000 requests,
+  the store's break-even per engine, continuity and the per-instance table).  Not one of the issue's
+  targets; measured because these questions do not read bounds yet (their rows join each request's
+  spans, and the prefill rate they price recompute with is the whole store's), so its ratio says how
+  far the page still grows with the history;
 - on the first store only, **before #40**: the one-day totals over the whole store, the way DuckDB
   answered a time range before (no bounds pushed down), in the same run; its answer must equal the
   bounded one.
@@ -51,6 +57,31 @@ def _in_bounds(cur) -> tuple[int, int]:
     return index, raw
 
 
+def last_day(con):
+    """The store's last day (the dashboard's window on opening a ClickHouse table)."""
+    from kvtrace.analysis import sessions
+    from kvtrace.analysis.filters import Filters
+
+    span = sessions.time_span(con)
+    return Filters(start_ns=span["end_ns"] - DAY_NS, end_ns=span["end_ns"])
+
+
+def reuse_page(con, window) -> dict:
+    """What the dashboard's KV reuse page runs for ``window`` (Filters); returns its summary."""
+    from kvtrace.analysis import continuity, instances, reuse
+
+    reuse.verification(con, window)
+    out = reuse.summary(con, window)
+    reuse.decision_mix(con, window)
+    reuse.offer_mix(con, window)
+    reuse.tokens_by_source(con, window)
+    reuse.requests(con, window, limit=5000)
+    reuse.break_even(con)
+    continuity.summary(con, window)
+    instances.per_instance(con, window)
+    return out
+
+
 def questions(con, days: int):
     """(name -> fn, the filters each reads with, the one-day filter) for a store of ``days`` days."""
     from kvtrace.analysis import sessions
@@ -70,12 +101,14 @@ def questions(con, days: int):
         "one day": lambda: sessions.totals(con, day),
         "one session": lambda: sessions.breakdown(con, Filters(session_id=one)).to_pylist(),
         "first page": first_page,
+        "KV reuse page": lambda: reuse_page(con, last_day(con)),
     }
     span = sessions.time_span(con)
     reads = {
         "one day": day,
         "one session": Filters(session_id=one),
         "first page": Filters(start_ns=span["end_ns"] - DAY_NS, end_ns=span["end_ns"]),
+        "KV reuse page": None,  # no bounds: every raw row
     }
     return fns, reads, day
 
@@ -118,7 +151,9 @@ def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool)
     print("|---|---:|---:|---:|---:|---:|")
     out = {}
     for k, xs in samples.items():
-        if k in reads:
+        if k in reads and reads[k] is None:
+            cells = f"– | {spans:,} (100%) | –"
+        elif k in reads:
             idx, raw = _in_bounds(narrowed(con, reads[k]))
             looked = lookup_rows if reads[k].session_id is None else 0
             cells = f"{idx:,} ({idx / index_rows:.2%}) | {raw:,} ({raw / spans:.2%}) | {looked:,}"
@@ -154,9 +189,13 @@ def main() -> int:
     first, last = lengths[0], lengths[-1]
     print(f"\n| question | {first} days p50 s | {last} days p50 s | ratio (target <= 1.2) | target |")
     print("|---|---:|---:|---:|---|")
-    for k, target in TARGETS.items():
+    for k in results[first]:
+        if k not in results[last]:
+            continue
         a, b = results[first][k], results[last][k]
-        print(f"| {k} | {a:.3f} | {b:.3f} | {b / a:.2f} | <= {target:g} s: {'HOLDS' if b <= target else 'MISSED'} |")
+        target = TARGETS.get(k)
+        verdict = "not a target" if target is None else f"<= {target:g} s: {'HOLDS' if b <= target else 'MISSED'}"
+        print(f"| {k} | {a:.3f} | {b:.3f} | {b / a:.2f} | {verdict} |")
     return 0
 
 

@@ -12,7 +12,9 @@ clickhouse init`` on the empty table, so the views shape the inserts).  Printed:
   run, on both tables, and whether their answers are equal: ``one day`` (the middle day's
   ``session_breakdown`` totals), ``one session`` (one session's row), ``first page`` (what the
   dashboard's sessions page runs on opening: the time span, then the last day's facets, totals and top
-  500 sessions), then the ratio of each at the longest history to the shortest (flatness).
+  500 sessions), ``KV reuse page`` (what the dashboard's KV reuse page runs for the last day:
+  ``bench_history.reuse_page``, not one of the issue's targets), then the ratio of each at the longest
+  history to the shortest (flatness).
 
 ``--small DIR`` (default: a ``kvtrace demo --sessions 2`` run made here) adds ``session_breakdown`` and
 ``turn_breakdown`` of a small store, the cost of analysing the query.
@@ -29,12 +31,17 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import sys
 import time
 from pathlib import Path
 
 from bench_clickhouse import DAY_NS, first_page, generate, same, timed
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+from bench_history import last_day, reuse_page  # noqa: E402
+
 RAW, SHAPED, SINGLE = "raw", "shaped", "shaped 1st"
+QUESTIONS = ("one day", "one session", "first page", "KV reuse page")
 
 
 @contextlib.contextmanager
@@ -126,6 +133,7 @@ def cases(store, days: int) -> dict:
         "one day": (lambda c: sessions.totals(c, day), day),
         "one session": (lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist(), Filters(session_id=one)),
         "first page": (lambda c: first_page(c, True), None),
+        "KV reuse page": (lambda c: reuse_page(c, last_day(c)), None),
     }
 
 
@@ -211,7 +219,7 @@ def report(results: dict, lengths: list[int], spans: dict) -> None:
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for days in lengths:
         n = spans[days]
-        for q in ("one day", "one session", "first page"):
+        for q in QUESTIONS:
             r, s = results[days, q, RAW], results[days, q, SHAPED]
             eq = "same" if _equal(r[3], s[3]) else "DIFFERENT"
             print(
@@ -224,7 +232,7 @@ def report(results: dict, lengths: list[int], spans: dict) -> None:
         "| shaped rows read |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for q in ("one day", "one session", "first page"):
+    for q in QUESTIONS:
         ratios = [results[hi, q, k][i] / max(results[lo, q, k][i], 1e-9) for i in (1, 4, 2) for k in (RAW, SHAPED)]
         print(f"| {q} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
     print("\n| history | query | raw: bounds + one scan, rows / spans | shaped: bounds + one scan, rows / spans |")

@@ -59,8 +59,10 @@ def test_bench_history_answers_each_question_at_both_history_lengths(tmp_path):
     scale = ("--spans-per-day", "20000", "--days", "2,4", "--repeat", "1", "--dir", str(tmp_path))
     got = _run("analysis/bench_history.py", *scale)
     assert got.returncode == 0, got.stderr[-3000:]
-    for question in ("one day", "one session", "first page"):
+    for question in ("one day", "one session", "first page", "KV reuse page"):
         assert len(_lines_starting(got.stdout, f"| {question} |")) == 3, (question, got.stdout)  # 2 stores, ratio
+    [reuse_ratio] = [x for x in _lines_starting(got.stdout, "| KV reuse page |") if "not a target" in x]
+    assert reuse_ratio.count("|") == 6, reuse_ratio
     assert len(_lines_starting(got.stdout, "| before #40: one day |")) == 1, got.stdout  # equal answers checked
 
 
@@ -80,7 +82,9 @@ def test_bench_clickhouse_tiles_a_longer_history_and_answers_alike_on_every_tabl
     heads = ("| 1 d |", "| 2 d |", "| small |", "| session_breakdown |", "| turn_breakdown |")
     rows = [line for line in got.stdout.splitlines() if line.startswith(heads)]
     answers = [line.rstrip(" |").rsplit("| ", 1)[1] for line in rows if line.endswith(("same |", "DIFFERENT |"))]
-    assert len(answers) == 3 * 2 * 2 + 2 + 2 and set(answers) == {"same"}, got.stdout
+    # per history: four questions raw against shaped, three staged against one statement; the small store's two
+    assert len(answers) == (4 + 3) * 2 + 2 + 2 and set(answers) == {"same"}, got.stdout
+    assert len(_lines_starting(got.stdout, "| KV reuse page |")) == 1, got.stdout  # its flatness ratios
 
 
 def test_bench_clickhouse_prices_each_insert_size_with_and_without_the_views(tmp_path):
