@@ -178,9 +178,10 @@ def _closure(c: exp.CTE, graph: _Graph) -> list[exp.CTE] | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def stage(text: str) -> Staged | None:
+def stage(text: str, inline: frozenset[str] = frozenset()) -> Staged | None:
     """``text`` (one ClickHouse statement) in stages (module doc), or None when one statement
-    already holds no data-reading CTE twice, or when staging it is not provably the same."""
+    already holds no data-reading CTE twice, or when staging it is not provably the same.  A CTE
+    named in ``inline`` is never made a table: it stays expanded at each reference."""
     try:
         tree = sqlglot.parse_one(text, read="clickhouse")
     except sqlglot.errors.ParseError:
@@ -192,7 +193,7 @@ def stage(text: str) -> Staged | None:
     count: dict[int, int] = {}
     for c in _order(graph):
         count[id(c)] = _count(graph, c, made, count)
-        if count[id(c)] > 1 and id(c) in graph.reads_store:
+        if count[id(c)] > 1 and id(c) in graph.reads_store and c.alias_or_name not in inline:
             made.add(id(c))
     if not made:
         return None

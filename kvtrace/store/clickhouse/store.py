@@ -11,7 +11,8 @@ A query (DuckDB SQL, the language of every kvtrace view and named query) runs as
    string map: the values that read as integers, as other numbers; ClickHouse computes them only
    when a query selects them);
 3. where that statement would hold a data-reading CTE more than once, split into stages
-   (:mod:`.staged`): each such CTE made once into a temporary table of the query's own session;
+   (:mod:`.staged`): each such CTE made once into a temporary table of the query's own session,
+   except the span relations read whole (:data:`INLINE`);
 4. run on the backend (:mod:`.backend`) with its parameters bound.  Nothing lasting is created on
    the server: a read-only user suffices (with ``readonly = 1``, which forbids even temporary
    tables, the single statement of step 2 runs).
@@ -43,9 +44,14 @@ from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views import VIEWS
 from kvtrace.store.views.agents import SCAN
 from kvtrace.store.views.raw import RAW
+from kvtrace.store.views.spans import SPANS
 
 LO, HI = "kvtrace_lo_ns", "kvtrace_hi_ns"
 SESSION = "kvtrace_session"
+INLINE = frozenset({RAW, SPANS.name})
+"""Never made a stage table: a copy of every span with every derived column costs more than reading the
+table again at each reference, where ClickHouse reads only the columns and granules that reference
+needs (the KV reuse page's questions took 3-7 times as long with ``spans`` staged: docs/benchmarks.md)."""
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
 
 # the Parquet layout's columns, from the exporter's table (module doc, step 2)
@@ -291,7 +297,7 @@ class ClickHouseStore:
             shaped=self.has_lookup,
         )
         used = {k: v for k, v in params.items() if "{" + k + ":" in text}
-        plan = stage(text)
+        plan = stage(text, INLINE)
         return self.backend.query(text, used) if plan is None else self.backend.query_staged(plan, text, used)
 
     def session_bounds(self, session_id: str) -> tuple[int, int] | None:

@@ -18,7 +18,7 @@ from sqlglot import exp  # noqa: E402
 
 from kvtrace.store.clickhouse import mviews  # noqa: E402
 from kvtrace.store.clickhouse.staged import TEMP_PREFIX, Staged, most_expanded, stage, strict_in  # noqa: E402
-from kvtrace.store.clickhouse.store import assemble  # noqa: E402
+from kvtrace.store.clickhouse.store import INLINE, assemble  # noqa: E402
 
 from support import multiday  # noqa: E402
 
@@ -138,6 +138,28 @@ def test_a_statement_that_fails_over_its_tables_leaves_the_single_statement(stor
     fallbacks = store.backend.fallbacks
     assert _same(store.backend.query_staged(broken, text), store.backend.query(text))
     assert store.backend.fallbacks == fallbacks + 1 and _temporary_tables(store.backend) == []
+
+
+# the KV reuse page's questions: their views read ``spans`` several times, which staging alone would copy whole
+REUSE_QUESTIONS = {
+    "summary": "SELECT count(*) AS n, sum(d.pulled_tokens) AS pulled, sum(x.tokens) AS moved FROM kv_decisions d "
+    "LEFT JOIN kv_transfers x ON x.request_id = d.request_id AND x.engine_id = d.engine_id",
+    "offer_mix": "SELECT offer_reason, count(*) AS n FROM requests GROUP BY offer_reason",
+}
+
+
+@pytest.mark.parametrize("question", REUSE_QUESTIONS)
+def test_the_span_relations_are_never_made_stage_tables(stores, question):
+    """A stage of ``spans`` would copy every span with every derived column; expanded at each reference,
+    each read takes only the columns and granules it needs (docs/benchmarks.md: 3-7 times as fast)."""
+    store = stores["raw"]
+    text = assemble(REUSE_QUESTIONS[question], (), store.table, False)
+    everything = stage(text)
+    assert everything is not None and TEMP_PREFIX + "spans" in [n for n, _ in everything.temps]
+    plan = stage(text, INLINE)
+    made = [] if plan is None else [n.removeprefix(TEMP_PREFIX) for n, _ in plan.temps]
+    assert not set(made) & INLINE
+    assert _same(store.query(REUSE_QUESTIONS[question]), store.backend.query(text))
 
 
 def test_the_store_runs_the_breakdown_staged(stores):
