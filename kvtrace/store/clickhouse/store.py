@@ -51,7 +51,7 @@ SESSION = "kvtrace_session"
 INLINE = frozenset({RAW, SPANS.name})
 """Never made a stage table: a copy of every span with every derived column costs more than reading the
 table again at each reference, where ClickHouse reads only the columns and granules that reference
-needs (the KV reuse page's questions took 3-7 times as long with ``spans`` staged: docs/benchmarks.md)."""
+needs (docs/benchmarks.md, "The KV reuse page as the history grows")."""
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"  # SQLGlot renamed the key
 
 # the Parquet layout's columns, from the exporter's table (module doc, step 2)

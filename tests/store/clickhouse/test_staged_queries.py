@@ -151,7 +151,7 @@ REUSE_QUESTIONS = {
 @pytest.mark.parametrize("question", REUSE_QUESTIONS)
 def test_the_span_relations_are_never_made_stage_tables(stores, question):
     """A stage of ``spans`` would copy every span with every derived column; expanded at each reference,
-    each read takes only the columns and granules it needs (docs/benchmarks.md: 3-7 times as fast)."""
+    each read takes only the columns and granules it needs (docs/benchmarks.md)."""
     store = stores["raw"]
     text = assemble(REUSE_QUESTIONS[question], (), store.table, False)
     everything = stage(text)
