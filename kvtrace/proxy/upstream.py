@@ -322,7 +322,7 @@ class Pool:
         return c is not None and not c.health.up(loop_time())
 
     def down_count(self, role: str, now: float | None = None) -> int:
-        """Workers of ``role`` out of the routing at ``now`` (default: now; /metrics, /health)."""
+        """Workers of ``role`` out of the routing at ``now`` (default: now; /health)."""
         t = loop_time() if now is None else now
         return sum(not c.health.up(t) for c in self.clients(role))
 
