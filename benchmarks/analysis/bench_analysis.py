@@ -7,7 +7,8 @@ dashboard's first render at 1M spans.
 The store is written directly with pyarrow in :data:`kvtrace.store.schema.SCHEMA` (vectorised,
 ~1M spans per file, Hive date/hour partitions).  Each session is one trace of 8 turns; a turn has
 two overlapping LLM calls, a tool wait and app work, and every LLM call brings the 8 proxy /
-engine / KV spans a real store holds (170 spans per session).  Printed: time of a plain
+engine / KV spans a real store holds (170 spans per session), naming its request and carrying what
+the KV reuse and retention pages read (:mod:`synth_reuse`).  Printed: time of a plain
 ``count(*)`` scan and of a scan reading the session-id map (baselines, same run), of
 ``session_breakdown`` and ``turn_breakdown`` fully computed (every column summed), against the
 1 s target (issue #14) and against the pre-#27 breakdown SQL (:mod:`baseline_breakdown`, kvtrace's
@@ -39,6 +40,9 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.store.schema import SCHEMA, TS
 from kvtrace.testing.synth import BASE_NS, write_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synth_reuse import attribute_maps, calls  # noqa: E402
 
 TURNS = 8
 TURN_MS, GAP_MS = 10_000, 1_000
@@ -72,7 +76,8 @@ def _template() -> list[tuple[str, int, int, float | None, int | None]]:
         for name, s, e, ttft in AGENT:
             rows.append((name, base + s, base + e, ttft, t))
             if name == sc.SPAN_AGENT_LLM_CALL:
-                rows += [(f, base + s + 10, base + e - 10, None, t) for f in FILLERS]
+                rows += [(f, base + s + 10, base + e - 10, None, t) for f in FILLERS if f != sc.SPAN_KV_TRANSFER]
+                rows.append((sc.SPAN_KV_TRANSFER, base + s + 20, base + s + 120, None, t))  # P's pull: 0.1 s
     rows.insert(0, (sc.SPAN_AGENT_SESSION, 0, TURNS * (TURN_MS + GAP_MS) - GAP_MS, None, None))
     return rows
 
@@ -113,9 +118,10 @@ def session_batch(first: int, count: int, spacing_ns: int = 1_000_000_000) -> pa
     turn = np.array([-1 if r[4] is None else r[4] for r in tpl], dtype=np.int64)[idx]
     ttft = np.array([np.nan if r[3] is None else r[3] for r in tpl])[idx]
     has_turn, is_llm = turn >= 0, ~np.isnan(ttft)
-    # string map: session.id on every span; typed maps: turn index where known, TTFT on LLM calls
-    span_map = _maps([sc.SESSION_ID], [sid], n, pa.string())
-    int_map = _typed(has_turn, sc.TURN_INDEX, turn, pa.int64())
+    # string map: session.id on every span and the reuse attributes (synth_reuse); typed maps: turn
+    # index where known and the reuse counts, TTFT on LLM calls
+    call = np.array(calls([r[0] for r in tpl]), dtype=np.int64)[idx]
+    span_map, int_map = attribute_maps(names, call, sid, sess, [(sc.TURN_INDEX, has_turn, turn)])
     float_map = _typed(is_llm, sc.LLM_TTFT_MS, ttft, pa.float64())
     empty_ts, empty_str, empty_maps = empty_lists(n)
     const = lambda v: pa.array(np.full(n, v, dtype=object), pa.string())  # noqa: E731

@@ -15,16 +15,20 @@ The questions, each timed over ``--repeat`` interleaved rounds (p50 / p99):
   the lookups) and the totals and top 500 sessions of the last day (``sessions.overview``);
 - **KV reuse page**: what the dashboard's KV reuse page runs for the last day (the digest check, the
   summary with its break-even, decision and offer mixes, tokens by source, the first 5,000 requests,
-  the store's break-even per engine, continuity and the per-instance table).  Not one of the issue's
-  targets; measured because these questions do not read bounds yet (their rows join each request's
-  spans, and the prefill rate they price recompute with is the whole store's), so its ratio says how
-  far the page still grows with the history;
+  the store's break-even per engine, continuity and the per-instance table), through the bounds of
+  :func:`kvtrace.analysis.pushdown.request_scoped` and the store's prefill rates from the lookups.
+  Not one of the issue's targets; its ratio says how far the page still grows with the history;
+- **retention page**: what the dashboard's retention page runs for the last day (totals, the bytes-held
+  series, the summary per engine, the expiries), through the same bounds (a retention overlaps the
+  range); not a target either;
 - on the first store only, **before #40**: the one-day totals over the whole store, the way DuckDB
-  answered a time range before (no bounds pushed down), in the same run; its answer must equal the
-  bounded one.
+  answered a time range before (no bounds pushed down), and **before: KV reuse page** / **before:
+  retention page**, the pages as they read before their bounds (every span, the rates over the views),
+  in the same run; their answers must equal the bounded ones.
 
 Rows read: the index and raw rows within the bounds the question reads (of all the store's), and the
-lookup rows a time range reads (all of them: three narrow columns per trace part).  Printed: a table
+lookup rows a time range reads (all of them: a few narrow columns per trace part, and for the KV reuse
+page per request, prefill and d2p transfer).  Printed: a table
 per store, then the 14-day / 7-day ratio of each question's p50 (target <= 1.2) and the targets
 (<= 1 s one day and first page, <= 0.1 s and <= 1 % of the rows one session).
 """
@@ -82,6 +86,46 @@ def reuse_page(con, window) -> dict:
     return out
 
 
+def retention_page(con, window) -> dict:
+    """What the dashboard's retention page runs for ``window`` (Filters); returns its totals."""
+    from kvtrace.analysis import retention
+
+    out = retention.totals(con, window)
+    retention.series(con, window, max_points=1500)
+    retention.summary(con, window)
+    retention.expiries(con, window, limit=1000)
+    return out
+
+
+def before(page, con, window) -> dict:
+    """``page`` (:func:`reuse_page`, :func:`retention_page`) as DuckDB answered it before its bounds:
+    every span read, the rates over the views."""
+    from unittest import mock
+
+    from kvtrace.analysis import continuity, instances, retention, reuse
+
+    def whole(con, filters, **_):
+        return con
+
+    with (
+        mock.patch.object(reuse, "request_scoped", whole),
+        mock.patch.object(instances, "request_scoped", whole),
+        mock.patch.object(continuity, "request_scoped", whole),
+        mock.patch.object(retention, "request_scoped", whole),
+        mock.patch.object(reuse, "_over", lambda con: reuse._VIEWS),
+    ):
+        return page(con, window)
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Two summaries equal, floats to 1e-9 relative (a sum's order)."""
+    import math
+
+    return a.keys() == b.keys() and all(
+        math.isclose(a[k], b[k], rel_tol=1e-9) if isinstance(a[k], float) else a[k] == b[k] for k in a
+    )
+
+
 def questions(con, days: int):
     """(name -> fn, the filters each reads with, the one-day filter) for a store of ``days`` days."""
     from kvtrace.analysis import sessions
@@ -102,13 +146,15 @@ def questions(con, days: int):
         "one session": lambda: sessions.breakdown(con, Filters(session_id=one)).to_pylist(),
         "first page": first_page,
         "KV reuse page": lambda: reuse_page(con, last_day(con)),
+        "retention page": lambda: retention_page(con, last_day(con)),
     }
     span = sessions.time_span(con)
     reads = {
         "one day": day,
         "one session": Filters(session_id=one),
         "first page": Filters(start_ns=span["end_ns"] - DAY_NS, end_ns=span["end_ns"]),
-        "KV reuse page": None,  # no bounds: every raw row
+        "KV reuse page": last_day(con),
+        "retention page": last_day(con),
     }
     return fns, reads, day
 
@@ -124,7 +170,7 @@ def before_40(con, day):
 
 
 def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool) -> dict:
-    from kvtrace.analysis.pushdown import narrowed
+    from kvtrace.analysis.pushdown import narrowed, request_scoped
     from kvtrace.store import connect, lookup
     from kvtrace.store.reader import build_indexes
 
@@ -136,11 +182,18 @@ def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool)
     spans = con.sql("SELECT count(*) FROM kvtrace_raw").fetchall()[0][0]
     index_rows = con.sql("SELECT count(*) FROM kvtrace_scan").fetchall()[0][0]
     lookup_rows = sum(con.sql(f"SELECT count(*) FROM {v}").fetchall()[0][0] for v in (lookup.SESSIONS, lookup.TRACES))
+    reuse_lookups = (lookup.REQUESTS, lookup.PREFILLS, lookup.D2P)
+    reuse_rows = sum(con.sql(f"SELECT count(*) FROM {v}").fetchall()[0][0] for v in reuse_lookups)
     fns, reads, day = questions(con, days)
     if baseline:
         fns["before #40: one day"] = lambda: before_40(con, day)
         got, want = fns["one day"](), before_40(con, day)
         assert got == want, f"the bounded day disagrees with the whole store's: {got} != {want}"
+        window = reads["KV reuse page"]
+        for name, page in (("KV reuse page", reuse_page), ("retention page", retention_page)):
+            fns[f"before: {name}"] = lambda page=page: before(page, con, window)
+            got, want = fns[name](), before(page, con, window)
+            assert _same(got, want), f"the bounded {name} disagrees with the whole store's: {got} != {want}"
     samples = _samples(fns, repeat)
     print(
         f"\n{days} days: {spans:,} spans ({spans // days:,} a day), {index_rows:,} index rows, "
@@ -151,7 +204,10 @@ def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool)
     print("|---|---:|---:|---:|---:|---:|")
     out = {}
     for k, xs in samples.items():
-        if k in reads and reads[k] is None:
+        if k in ("KV reuse page", "retention page"):
+            idx, raw = _in_bounds(request_scoped(con, reads[k]))
+            cells = f"{idx:,} ({idx / index_rows:.2%}) | {raw:,} ({raw / spans:.2%}) | {lookup_rows + reuse_rows:,}"
+        elif k.startswith("before: "):
             cells = f"– | {spans:,} (100%) | –"
         elif k in reads:
             idx, raw = _in_bounds(narrowed(con, reads[k]))

@@ -14,6 +14,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import filtered, table
 from kvtrace.analysis.filters import SESSION_ROW_SCOPE, Filters, where
+from kvtrace.analysis.pushdown import request_scoped
 from kvtrace.store.sql import literal
 
 _DIVERGED, _NEW = literal(sc.CONTINUITY_DIVERGED), literal(sc.CONTINUITY_NEW)
@@ -46,11 +47,11 @@ LIMIT $limit
 def summary(con, filters: Filters | None = None) -> pa.Table:
     """Per agent and scenario: turns checked, how many diverged (and the share), and on those the
     reusable tokens lost, the tokens P recomputed, P's prefill time; mean TTFT diverged vs extends."""
-    return filtered(con, SUMMARY_SQL, filters, SESSION_ROW_SCOPE)
+    return filtered(request_scoped(con, filters, by_session=False), SUMMARY_SQL, filters, SESSION_ROW_SCOPE)
 
 
 def breaks(con, filters: Filters | None = None, limit: int = 1000) -> pa.Table:
     """The diverged turns, largest loss first."""
     clause, params = where(filters, SESSION_ROW_SCOPE)
     sql = BREAKS_SQL.format(where=clause or "WHERE", and_="AND" if clause else "")
-    return table(con, sql, {**params, "limit": limit})
+    return table(request_scoped(con, filters, by_session=False), sql, {**params, "limit": limit})

@@ -11,6 +11,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import table
 from kvtrace.analysis.filters import ROW_SCOPE, Filters, where
+from kvtrace.analysis.pushdown import request_scoped
 from kvtrace.store.sql import literal
 
 ROLES = ((sc.ROLE_PREFILL, "prefill", sc.DIRECTION_D2P), (sc.ROLE_DECODE, "decode", sc.DIRECTION_P2D))
@@ -72,7 +73,8 @@ def per_instance(con, filters: Filters | None = None) -> pa.Table:
     # a leg is in scope when its request is: the request span it is a child of passes the same filters
     requests, _ = where(filters, ROW_SCOPE)
     legs_clause = f"AND (g.trace_id, g.parent_span_id) IN (SELECT trace_id, span_id FROM requests {requests})"
-    return table(con, PER_INSTANCE_SQL.format(where=clause, legs_where=legs_clause if requests else ""), params)
+    sql = PER_INSTANCE_SQL.format(where=clause, legs_where=legs_clause if requests else "")
+    return table(request_scoped(con, filters), sql, params)
 
 
 def is_fleet(rows: list[dict]) -> bool:

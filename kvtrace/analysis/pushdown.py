@@ -23,6 +23,18 @@ read from the files' lookups, :mod:`kvtrace.store.lookup`, then a cursor whose r
 indexes carry them as variables DuckDB pushes into the Parquet scans, so files and row groups
 outside are skipped; ``tests/analysis/test_session_pushdown.py``, ``test_fleet_scale_answers.py``):
 a day's question reads that day's sessions, whatever the history kept.
+
+:func:`request_scoped` does the same for the KV reuse and retention questions (:mod:`.reuse`,
+:mod:`.instances`, :mod:`.continuity`, :mod:`.retention`), on DuckDB: their rows are decisions,
+transfers, prefills and proxy requests selected by their own start (or session), or retentions
+overlapping the range, joined to other spans of the same request by its id (or as children of its
+request span), and to the whole of its session (the continuity view's agent).  Their
+bounds are the hull of the range itself, every session whose traces overlap it
+(:func:`kvtrace.store.bounds.window_bounds`) and every request whose spans overlap it
+(:func:`kvtrace.store.bounds.requests_bounds`), so every span a selected row joins starts inside.
+The prefill rates that price recompute are the whole store's, read from the files' lookups, whatever
+the bounds (:mod:`.reuse`).  ``tests/analysis/test_reuse_pushdown.py`` checks the answers against the
+unbounded store's.  On ClickHouse these questions read the whole table, as before.
 """
 
 from __future__ import annotations
@@ -53,3 +65,35 @@ def narrowed(con, filters: Filters | None):
     else:
         return con
     return con.bounded(*(bounds or EMPTY))
+
+
+def request_scoped(con, filters: Filters | None, *, by_session: bool = True):
+    """``con``, reading only what the KV reuse questions of ``filters`` can select and join (module
+    doc); ``by_session=False``: a session filter is not pushed down (the continuity view names a
+    turn's agent from a session other than its own, which the session's bounds need not hold)."""
+    if filters is None or getattr(con, "is_clickhouse", False):
+        return con
+    if filters.session_id:
+        if not by_session:
+            return con
+        within = duck_bounds.session_bounds(con, filters.session_id)
+    elif filters.start_ns is None and filters.end_ns is None:
+        return con
+    else:
+        within = _window(con, filters.start_ns, filters.end_ns)
+    if within is None:
+        return duck_bounds.bounded(con, *EMPTY)
+    return duck_bounds.bounded(con, *_hull(within, duck_bounds.requests_bounds(con, *within)))
+
+
+def _window(con, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+    """The range itself (an open end: the store's), and every session whose traces overlap it."""
+    store = duck_bounds.store_bounds(con)
+    if store is None:
+        return None
+    own = (store[0] if start_ns is None else int(start_ns), store[1] if end_ns is None else int(end_ns))
+    return _hull(own, duck_bounds.window_bounds(con, start_ns, end_ns))
+
+
+def _hull(a: tuple[int, int], b: tuple[int, int] | None) -> tuple[int, int]:
+    return a if b is None else (min(a[0], b[0]), max(a[1], b[1]))

@@ -10,6 +10,10 @@ start until they were read by the next turn's P (``read``), timed out (``expired
   last point (where the series ends, usually back at 0);
 - :func:`summary`: per engine, pinned requests, byte·seconds, peak bytes, expiries, and blocks
   held but never read (outcome expired or released).
+
+A time range or a session reads only the spans its rows can be (on DuckDB:
+:func:`kvtrace.analysis.pushdown.request_scoped`; a row overlaps the range, and its span is whole
+within its request's bounds).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import RETENTION_SCOPE, Filters, where
+from kvtrace.analysis.pushdown import request_scoped
 from kvtrace.store.sql import literal
 
 _EVENTS = """
@@ -97,6 +102,7 @@ def series(con, filters: Filters | None = None, max_points: int = 2000) -> pa.Ta
     """Bytes (and blocks) held per engine over time: columns engine_id, t (ns), bytes_held,
     blocks_held; at most about ``max_points`` points per engine (bucket maxima)."""
     clause, params = where(filters, RETENTION_SCOPE)
+    con = request_scoped(con, filters)
     span = one(con, SPAN_SQL.format(where=clause), params)
     bucket_ns = 0
     if span.get("n") and 2 * span["n"] > max_points and span["t1"] > span["t0"]:
@@ -108,16 +114,16 @@ def summary(con, filters: Filters | None = None) -> list[dict]:
     """Per decode engine: retained requests, read/expired/released counts, bytes, byte·seconds,
     peak bytes, blocks and bytes never read, mean/max hold time."""
     clause, params = where(filters, RETENTION_SCOPE)
-    return rows(con, SUMMARY_SQL.format(where=clause), params)
+    return rows(request_scoped(con, filters), SUMMARY_SQL.format(where=clause), params)
 
 
 def totals(con, filters: Filters | None = None) -> dict:
     """:func:`summary` summed over engines (``peak_bytes_sum``: sum of per-engine peaks)."""
     clause, params = where(filters, RETENTION_SCOPE)
-    return one(con, TOTALS_SQL.format(where=clause), params)
+    return one(request_scoped(con, filters), TOTALS_SQL.format(where=clause), params)
 
 
 def expiries(con, filters: Filters | None = None, limit: int = 1000) -> pa.Table:
     """Retentions that expired unread, oldest first."""
     clause, params = where(filters, RETENTION_SCOPE, prefix="AND")
-    return table(con, EXPIRIES_SQL.format(where=clause), {**params, "limit": limit})
+    return table(request_scoped(con, filters), EXPIRIES_SQL.format(where=clause), {**params, "limit": limit})

@@ -11,14 +11,19 @@ Reuse is judged on P's ``d2p`` decisions (next turn's P pulling D's retained blo
 
 **Prefill rate** of a worker = tokens it computed (prompt − cached, from ``engine_requests``
 prefill spans) / the time it spent on them (span duration minus its own d2p transfer time),
-summed over its requests.  Recompute estimate of ``n`` tokens = ``n / rate`` (linear: it ignores
-attention's growth with context, so it slightly understates recompute for long contexts).
+summed over its requests: all of the store's, whatever the filters (on DuckDB from the files'
+lookups, :mod:`kvtrace.store.lookup`, so a bounded question does not read every span for them).
+Recompute estimate of ``n`` tokens = ``n / rate`` (linear: it ignores attention's growth with
+context, so it slightly understates recompute for long contexts).
 
 **Break-even**: transfer time is fitted as ``a + b·n`` (DuckDB ``regr_intercept`` /
 ``regr_slope`` over successful d2p transfers; a single distinct size falls back to ``a = 0``,
 ``b`` = mean ms per token).  Pulling wins above ``n* = a / (1/rate − b)`` tokens; ``NULL`` when
 the per-token transfer cost is not below the per-token recompute cost (pulling never pays).
 Rows with ``engine_id`` NULL are all engines pooled.
+
+A time range or a session reads only the spans its rows can join, on DuckDB
+(:func:`kvtrace.analysis.pushdown.request_scoped`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import pyarrow as pa
 from kvtrace import semconv as sc
 from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import ROW_SCOPE, ROW_SCOPE_NO_SERVICE, Filters, where
+from kvtrace.analysis.pushdown import request_scoped
+from kvtrace.store import lookup
 from kvtrace.store.sql import ident, literal
 
 D2P = literal(sc.DIRECTION_D2P)
@@ -41,23 +48,29 @@ _D2P_XFER = f"""
     FROM kv_transfers WHERE direction = {D2P} GROUP BY request_id, engine_id
 """
 
-# per engine and pooled (engine_id NULL): computed tokens per ms of compute.  ``tokens_per_ms`` is
-# the marginal rate, 1 / the slope of a least-squares line through (tokens computed, compute ms) of
-# the prefills, with at least 3 of them and a positive slope; else the mean rate (tokens / ms).  A
-# prefill span also holds per-request costs (scheduling, queueing, the first forward pass), so the
-# mean rate prices the tokens a decision adds or saves too high: on the what-if proof workload it was
-# 13.5 tokens/ms against a marginal 24.5 (the simulator then changed TTFT as the marginal one said).
-PREFILL_RATE_SQL = f"""
-WITH x AS ({_D2P_XFER}),
+
+def _rate_sql(prefills: str, d2p: str) -> str:
+    """:data:`PREFILL_RATE_SQL` over relations ``prefills`` (:data:`kvtrace.store.lookup.PREFILLS_COLUMNS`
+    of the prefill rows) and ``d2p`` (:data:`kvtrace.store.lookup.D2P_COLUMNS` of the d2p transfers)."""
+    # per engine and pooled (engine_id NULL): computed tokens per ms of compute.  ``tokens_per_ms`` is
+    # the marginal rate, 1 / the slope of a least-squares line through (tokens computed, compute ms) of
+    # the prefills, with at least 3 of them and a positive slope; else the mean rate (tokens / ms; so too
+    # where every prefill computed as many tokens: the slope is then NaN, which DuckDB orders above 0).  A
+    # prefill span also holds per-request costs (scheduling, queueing, the first forward pass), so the
+    # mean rate prices the tokens a decision adds or saves too high: on the what-if proof workload it was
+    # 13.5 tokens/ms against a marginal 24.5 (the simulator then changed TTFT as the marginal one said).
+    return f"""
+WITH x AS (SELECT request_id, engine_id, sum(duration_ms) AS transfer_ms FROM {d2p} GROUP BY request_id, engine_id),
 p AS (
     SELECT e.engine_id,
            e.prompt_tokens - coalesce(e.cached_tokens, 0) AS computed,
            e.duration_ms - coalesce(x.transfer_ms, 0) AS compute_ms
-    FROM (SELECT * FROM engine_requests WHERE phase = {PREFILL}) e
+    FROM {prefills} e
     LEFT JOIN x ON x.request_id = e.request_id AND x.engine_id = e.engine_id
 )
 SELECT engine_id, requests, computed_tokens, compute_ms, mean_tokens_per_ms,
-       CASE WHEN requests >= 3 AND slope > 0 THEN 1.0 / slope ELSE mean_tokens_per_ms END AS tokens_per_ms
+       CASE WHEN requests >= 3 AND slope > 0 AND NOT isnan(slope) THEN 1.0 / slope ELSE mean_tokens_per_ms END
+           AS tokens_per_ms
 FROM (
     SELECT engine_id, count(*) AS requests, sum(computed)::BIGINT AS computed_tokens,
            sum(compute_ms) AS compute_ms, sum(computed)::BIGINT / sum(compute_ms) AS mean_tokens_per_ms,
@@ -68,13 +81,28 @@ FROM (
 """
 
 
-def _break_even_sql(rates: str) -> str:
+# the two relations over the views (the what-if's calibration redefines them on its cursor) and over
+# a DuckDB store's lookups (every file's, whatever a cursor's bounds: kvtrace.store.lookup)
+_VIEWS = (
+    f"(SELECT {lookup.PREFILLS_COLUMNS} FROM engine_requests WHERE phase = {PREFILL})",
+    f"(SELECT {lookup.D2P_COLUMNS} FROM kv_transfers WHERE direction = {D2P})",
+)
+_LOOKUPS = (lookup.PREFILLS, lookup.D2P)
+
+PREFILL_RATE_SQL = _rate_sql(*_VIEWS)
+"""Per engine and pooled (``engine_id`` NULL): computed tokens per ms of compute, over the views."""
+
+
+def _over(con) -> tuple[str, str]:
+    """The relations the store's rates read on ``con``: the lookups on DuckDB, the views on ClickHouse
+    (whose reuse questions are not bounded: :func:`kvtrace.analysis.pushdown.request_scoped`)."""
+    return _VIEWS if getattr(con, "is_clickhouse", False) else _LOOKUPS
+
+
+def _break_even_sql(rates: str, d2p: str) -> str:
     return f"""
 WITH rate AS ({rates}),
-t AS (
-    SELECT engine_id, tokens, duration_ms FROM kv_transfers
-    WHERE direction = {D2P} AND status = {literal(sc.TRANSFER_OK)} AND tokens > 0
-),
+t AS (SELECT engine_id, tokens, duration_ms FROM {d2p} WHERE status = {literal(sc.TRANSFER_OK)} AND tokens > 0),
 fit AS (
     SELECT engine_id, count(*) AS transfers,
            regr_intercept(duration_ms, tokens) AS a, regr_slope(duration_ms, tokens) AS b,
@@ -96,11 +124,13 @@ FROM m ORDER BY engine_id NULLS FIRST
 """
 
 
-BREAK_EVEN_SQL = _break_even_sql(PREFILL_RATE_SQL)
+BREAK_EVEN_SQL = _break_even_sql(PREFILL_RATE_SQL, _VIEWS[1])
 
-REQUESTS_SQL = f"""
+
+def _requests_sql(rates: str) -> str:
+    return f"""
 WITH x AS ({_D2P_XFER}),
-r AS ({PREFILL_RATE_SQL})
+r AS ({rates})
 SELECT d.start_ns, d.session_id, d.turn, d.request_id, d.engine_id, d.peer_engine_id, d.outcome,
        d.prompt_tokens, d.remote_tokens AS reusable_tokens, d.local_hit_tokens, d.pulled_tokens,
        d.recomputed_tokens, d.threshold, d.expiry_remaining_s,
@@ -114,8 +144,10 @@ ORDER BY d.start_ns, d.request_id
 LIMIT $limit
 """
 
-SUMMARY_SQL = f"""
-WITH q AS ({REQUESTS_SQL})
+
+def _summary_sql(rates: str) -> str:
+    return f"""
+WITH q AS ({_requests_sql(rates)})
 SELECT count(*) AS decisions,
        count(*) FILTER (WHERE outcome = {literal(sc.OUTCOME_PULLED)}) AS pulled_requests,
        coalesce(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
@@ -128,6 +160,7 @@ SELECT count(*) AS decisions,
        coalesce(sum(recompute_est_ms) FILTER (WHERE outcome = {literal(sc.OUTCOME_PULLED)}), 0) AS recompute_est_ms
 FROM q
 """
+
 
 DECISION_MIX_SQL = """
 SELECT direction, outcome, count(*) AS decisions,
@@ -216,14 +249,16 @@ _REQUEST_SCOPE = ROW_SCOPE
 def requests(con, filters: Filters | None = None, limit: int = 100_000) -> pa.Table:
     """One row per d2p decision (P's reuse decision), in start order, at most ``limit``."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
-    return table(con, REQUESTS_SQL.format(where=clause), {**params, "limit": limit})
+    sql = _requests_sql(_rate_sql(*_over(con)))
+    return table(request_scoped(con, filters), sql.format(where=clause), {**params, "limit": limit})
 
 
 def summary(con, filters: Filters | None = None) -> dict:
     """Totals over every d2p decision, plus ``saved_ms`` (recompute estimate − transfer time of
     the pulled requests), ``pull_rate`` and the pooled ``break_even_tokens``."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
-    out = one(con, SUMMARY_SQL.format(where=clause), {**params, "limit": 2**62})
+    sql = _summary_sql(_rate_sql(*_over(con)))
+    out = one(request_scoped(con, filters), sql.format(where=clause), {**params, "limit": 2**62})
     out["saved_ms"] = out["recompute_est_ms"] - out["transfer_ms"]
     out["pull_rate"] = out["pulled_requests"] / out["decisions"] if out["decisions"] else None
     pooled = [r for r in break_even(con) if r["engine_id"] is None]
@@ -234,13 +269,13 @@ def summary(con, filters: Filters | None = None) -> dict:
 def decision_mix(con, filters: Filters | None = None) -> pa.Table:
     """Decisions per (direction, outcome)."""
     clause, params = where(filters, ROW_SCOPE)
-    return table(con, DECISION_MIX_SQL.format(where=clause), params)
+    return table(request_scoped(con, filters), DECISION_MIX_SQL.format(where=clause), params)
 
 
 def verification(con, filters: Filters | None = None) -> pa.Table:
     """d2p decisions with D's blocks offered, per ``kvtrace.kv.verified``: mismatches first."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
-    return table(con, VERIFICATION_SQL.format(where=clause), params)
+    return table(request_scoped(con, filters), VERIFICATION_SQL.format(where=clause), params)
 
 
 def mismatches(con, filters: Filters | None = None, limit: int = 20) -> pa.Table:
@@ -249,27 +284,32 @@ def mismatches(con, filters: Filters | None = None, limit: int = 20) -> pa.Table
     vLLM's rule loads or would load from other KV (``wrong_tokens``) and, where the kvtrace proxy
     forwarded the request, why the offer was made (``cause``, one of :data:`CAUSES`)."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
-    return table(con, MISMATCHES_SQL.format(where=clause), {**params, "limit": limit})
+    sql = MISMATCHES_SQL.format(where=clause)
+    return table(request_scoped(con, filters), sql, {**params, "limit": limit})
 
 
 def offer_mix(con, filters: Filters | None = None) -> pa.Table:
     """Proxy requests per offer reason (was D's location offered to P, and if not, why)."""
     clause, params = where(filters, _REQUEST_SCOPE)
-    return table(con, OFFER_MIX_SQL.format(where=clause), params)
+    return table(request_scoped(con, filters), OFFER_MIX_SQL.format(where=clause), params)
 
 
 def tokens_by_source(con, filters: Filters | None = None) -> pa.Table:
     """P's prompt tokens per turn index by source: local prefix hit, pulled from D, computed."""
     clause, params = where(filters, ROW_SCOPE_NO_SERVICE, prefix="AND")
-    return table(con, TOKENS_BY_SOURCE_SQL.format(where=clause), params)
+    return table(request_scoped(con, filters), TOKENS_BY_SOURCE_SQL.format(where=clause), params)
 
 
 def prefill_rates(con) -> list[dict]:
-    """Observed prefill rate per P engine (and pooled, engine_id None)."""
-    return rows(con, PREFILL_RATE_SQL + " ORDER BY engine_id NULLS FIRST")
+    """Observed prefill rate per P engine (and pooled, engine_id None), over the whole store."""
+    return rows(con, _rate_sql(*_over(con)) + " ORDER BY engine_id NULLS FIRST")
 
 
 def break_even(con, rates_table: str | None = None) -> list[dict]:
-    """Transfer cost fit, recompute cost and break-even tokens per engine (and pooled);
-    ``rates_table``: a table of :data:`PREFILL_RATE_SQL`'s result, read instead of computing it."""
-    return rows(con, BREAK_EVEN_SQL if rates_table is None else _break_even_sql(f"SELECT * FROM {ident(rates_table)}"))
+    """Transfer cost fit, recompute cost and break-even tokens per engine (and pooled), over the whole
+    store; ``rates_table``: a table of :data:`PREFILL_RATE_SQL`'s result, read instead of computing it,
+    with the transfers of the views (the what-if's calibration, :mod:`kvtrace.analysis.whatif.data`)."""
+    if rates_table is not None:
+        return rows(con, _break_even_sql(f"SELECT * FROM {ident(rates_table)}", _VIEWS[1]))
+    prefills, d2p = _over(con)
+    return rows(con, _break_even_sql(_rate_sql(prefills, d2p), d2p))

@@ -10,8 +10,10 @@ bounded cursor changes nothing for the others (the dashboard runs each query on 
 :func:`session_bounds` gives a session's bounds as :mod:`kvtrace.analysis.pushdown` needs them:
 the first start and last end of every trace holding a span that names it (any convention's session
 attribute), because a session is a property of whole traces and its spans start inside them;
-:func:`window_bounds` those of every session whose traces overlap a time range.  Both read the
-files' lookups (:mod:`kvtrace.store.lookup`), not the raw spans.
+:func:`window_bounds` those of every session whose traces overlap a time range; :func:`requests_bounds`
+those of every request whose spans overlap given bounds (the KV reuse questions join a request's
+spans by its id, :func:`kvtrace.analysis.pushdown.request_scoped`).  They read the files' lookups
+(:mod:`kvtrace.store.lookup`), not the raw spans.
 """
 
 from __future__ import annotations
@@ -56,6 +58,18 @@ def window_bounds(con, start_ns: int | None, end_ns: int | None) -> tuple[int, i
     lo = -(2**63) if start_ns is None else int(start_ns)
     hi = 2**63 - 1 if end_ns is None else int(end_ns)
     return _pair(con, lookup.WINDOW_BOUNDS_SQL, {"lo": lo, "hi": hi})
+
+
+def store_bounds(con) -> tuple[int, int] | None:
+    """``[first start, last end]`` of every span of the store (its files' facets); None if it has none."""
+    return _pair(con, f"SELECT min(start_ns), max(end_ns) FROM {lookup.FACETS}", {})
+
+
+def requests_bounds(con, lo_ns: int, hi_ns: int) -> tuple[int, int] | None:
+    """``[first start, last end]`` of the spans of every request (``gen_ai.request.id``) whose spans
+    overlap ``[lo_ns, hi_ns]``, and of every retention span naming no request that does; None if none
+    does.  From the requests lookup."""
+    return _pair(con, lookup.REQUESTS_BOUNDS_SQL, {"lo": int(lo_ns), "hi": int(hi_ns)})
 
 
 def bounded(con, lo_ns: int, hi_ns: int):

@@ -3,30 +3,45 @@ parts lies in time, and its facets, so that a one-session or one-day question fi
 it needs, and the dashboard its facets, from a few small files instead of every raw span.
 
 A trace file's lookups are written with its scan index (:mod:`kvtrace.store.scan_index`, same
-directory, same key, so they go stale and are swept with it), three small Parquet files:
+directory, same key, so they go stale and are swept with it), six small Parquet files:
 
 - ``<file>.<key>.kvsess``: ``(session_id, trace_id)`` for every span naming a session (any
   convention's attribute, :data:`kvtrace.semconv.SESSION_ATTRIBUTES`, each value a row), distinct;
 - ``<file>.<key>.kvtrc``: ``(trace_id, lo, hi)``, the first start and last end (epoch ns) of each
   trace's spans in that file (a *part*: a trace may span files);
-- ``<file>.<key>.kvfacet``: spans, first start and last end per (service, substrate).
+- ``<file>.<key>.kvfacet``: spans, first start and last end per (service, substrate);
+- ``<file>.<key>.kvreq``: ``(request_id, lo, hi)``, the first start and last end of the spans naming
+  each request id (``gen_ai.request.id``) in that file (and of each retention span naming none), so a
+  time range's KV reuse and retention questions find the whole of every request they select
+  (:func:`kvtrace.store.bounds.requests_bounds`);
+- ``<file>.<key>.kvpre`` and ``.kvd2p``: P's prefill spans and the ``d2p`` transfers, a few columns
+  each (:data:`PREFILLS_COLUMNS`, :data:`D2P_COLUMNS`): what the whole store's prefill rates and the
+  transfer cost fit are computed from (:mod:`kvtrace.analysis.reuse`), so a bounded question still
+  prices recompute at the store's rates without reading its raw spans.
 
 They merge at query time because each is a set of rows or a min / max: a session's traces are the
-union over files, a trace's bounds the min / max over its parts, the store's facets the union and
-sums of the files'.  The reader (:func:`kvtrace.store.reader.connect`) defines :data:`SESSIONS`,
-:data:`TRACES` and :data:`FACETS` as the union of the lookups of the files that have them and the
-same SQL over the raw rows of the files that do not (small ones, new ones, ``scan_index=False``),
-so an answer never depends on which files are indexed.
+union over files, a trace's (or a request's) bounds the min / max over its parts, the store's facets
+the union and sums of the files', the prefills and transfers the union of the files' rows.  The
+reader (:func:`kvtrace.store.reader.connect`) defines each view (:data:`KINDS`) as the union of the
+lookups of the files that have them and the same SQL over the raw rows of the files that do not
+(small ones, new ones, ``scan_index=False``), so an answer never depends on which files are indexed.
 """
 
 from __future__ import annotations
 
 from kvtrace import semconv as sc
-from kvtrace.store.sql import str_attr
+from kvtrace.store.sql import literal, str_attr
 from kvtrace.store.views.raw import RAW, spans_sql
+from kvtrace.store.views.spans import ENGINE_REQUESTS, KV_TRANSFERS
 
 SESSIONS, TRACES, FACETS = "kvtrace_lookup_sessions", "kvtrace_lookup_traces", "kvtrace_file_facets"
 """The views over every file's lookups (module doc)."""
+REQUESTS, PREFILLS, D2P = "kvtrace_lookup_requests", "kvtrace_lookup_prefills", "kvtrace_lookup_d2p"
+"""The views over every file's request bounds, prefill spans and d2p transfers (module doc)."""
+PREFILLS_COLUMNS = "request_id, engine_id, prompt_tokens, cached_tokens, duration_ms"
+"""Of ``engine_requests``' prefill rows: what a prefill rate reads."""
+D2P_COLUMNS = "request_id, engine_id, status, tokens, duration_ms"
+"""Of ``kv_transfers``' d2p rows: what a prefill rate (its transfer time) and the transfer cost fit read."""
 
 _NAMED = ", ".join(str_attr(a) for a in sc.SESSION_ATTRIBUTES)
 # what each lookup is over a relation ``{raw}`` with the raw columns (one file's, or several files')
@@ -43,14 +58,38 @@ FACETS_SQL = """
 SELECT service_name, substrate, count(*) AS spans, min(start_ns) AS start_ns, max(end_ns) AS end_ns
 FROM ({spans}) AS s GROUP BY service_name, substrate
 """
+# a retention span naming no request is a unit of its own, keyed '#' + its span id (a request id spelt
+# the same would only widen both bounds), so the retention page's rows, which overlap a range rather
+# than start in it, are read whole too
+REQUESTS_SQL = f"""
+SELECT coalesce(nullif(request_id, ''), '#' || span_id) AS request_id, min(start_ns) AS lo, max(end_ns) AS hi
+FROM ({{spans}}) AS s
+WHERE (request_id IS NOT NULL AND request_id <> '') OR name = {literal(sc.SPAN_KV_RETENTION)}
+GROUP BY 1
+"""
+# the rows of the views themselves (their SELECT over a ``spans`` of the file's raw rows), so a
+# lookup's row is the view's row, whatever the views come to extract
+PREFILLS_SQL = f"""
+WITH spans AS ({{spans}})
+SELECT {PREFILLS_COLUMNS} FROM ({ENGINE_REQUESTS.select}) AS e WHERE phase = {literal(sc.ROLE_PREFILL)}
+"""
+D2P_SQL = f"""
+WITH spans AS ({{spans}})
+SELECT {D2P_COLUMNS} FROM ({KV_TRANSFERS.select}) AS x WHERE direction = {literal(sc.DIRECTION_D2P)}
+"""
+_OVER_SPANS = {FACETS: FACETS_SQL, REQUESTS: REQUESTS_SQL, PREFILLS: PREFILLS_SQL, D2P: D2P_SQL}
 
 # (view, file suffix, columns)
 KINDS = (
     (SESSIONS, ".kvsess", "session_id, trace_id"),
     (TRACES, ".kvtrc", "trace_id, lo, hi"),
+    (REQUESTS, ".kvreq", "request_id, lo, hi"),
+    (PREFILLS, ".kvpre", PREFILLS_COLUMNS),
+    (D2P, ".kvd2p", D2P_COLUMNS),
     (FACETS, ".kvfacet", "service_name, substrate, spans, start_ns, end_ns"),
 )
 SUFFIXES = tuple(suffix for _, suffix, _ in KINDS)
+FACETS_SUFFIX = dict((view, suffix) for view, suffix, _ in KINDS)[FACETS]
 
 
 def sql(view: str, raw: str) -> str:
@@ -59,7 +98,7 @@ def sql(view: str, raw: str) -> str:
         return SESSIONS_SQL.format(raw=raw)
     if view == TRACES:
         return TRACES_SQL.format(raw=raw)
-    return FACETS_SQL.format(spans=spans_sql(raw))
+    return _OVER_SPANS[view].replace("{spans}", spans_sql(raw))
 
 
 def copy_sql(view: str, raw: str, target: str) -> str:
@@ -67,7 +106,7 @@ def copy_sql(view: str, raw: str, target: str) -> str:
     return f"COPY ({sql(view, raw)}) TO {target} (FORMAT parquet, COMPRESSION zstd)"
 
 
-VERSION_TEXT = SESSIONS_SQL + TRACES_SQL + FACETS_SQL + repr(KINDS)
+VERSION_TEXT = SESSIONS_SQL + TRACES_SQL + "".join(_OVER_SPANS.values()) + repr(KINDS)
 """What the lookups' rows depend on (part of the index key: :data:`kvtrace.store.scan_index.VERSION`)."""
 
 # Questions answered from the lookups (bound parameters only).  A session's bounds: the first start
@@ -86,6 +125,13 @@ s AS (
     GROUP BY n.session_id
 )
 SELECT min(lo) AS lo, max(hi) AS hi FROM s WHERE hi >= $lo AND lo <= $hi
+"""
+# The requests a time range (or a session's bounds) can select rows of, and the first start and last
+# end of all their spans: every span naming one of them starts inside (kvtrace.store.bounds.requests_bounds).
+REQUESTS_BOUNDS_SQL = f"""
+SELECT min(lo) AS lo, max(hi) AS hi
+FROM (SELECT request_id, min(lo) AS lo, max(hi) AS hi FROM {REQUESTS} GROUP BY request_id) AS r
+WHERE hi >= $lo AND lo <= $hi
 """
 STORE_FACETS_SQL = f"""
 SELECT list(DISTINCT service_name ORDER BY service_name) FILTER (WHERE service_name IS NOT NULL AND service_name <> '')

@@ -284,7 +284,7 @@ def _bind_lookups(con: duckdb.DuckDBPyConnection, kept: dict[str, dict[str, str]
         if all(suffix in have for suffix in lookup.SUFFIXES):
             for view, suffix, _ in lookup.KINDS:
                 found[view].append(have[suffix])
-            facets[path] = have[lookup.SUFFIXES[-1]]
+            facets[path] = have[lookup.FACETS_SUFFIX]
         else:
             rest.append(path)
     lookup.bind(con, found, rest)

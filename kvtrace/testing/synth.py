@@ -215,9 +215,11 @@ class SpanBuilder(EngineSpans):
         p_engine: str = "sim-p0",
         d_engine: str = "sim-d0",
         request_attrs: dict | None = None,
+        decision_attrs: dict | None = None,
     ) -> Call:
         """One LLM call's full tree.  Times: P's prefill (including ``xfer_ms`` of pulling) takes
-        ``prefill_ms``, then D pulls P's blocks (5 ms), first token, decode for ``decode_ms``."""
+        ``prefill_ms``, then D pulls P's blocks (5 ms), first token, decode for ``decode_ms``.
+        ``request_attrs`` / ``decision_attrs``: more attributes of the proxy's request span / P's decision."""
         ttft = prefill_ms + 10.0
         end = start_ms + ttft + decode_ms
         llm, req = self._client_spans(
@@ -250,6 +252,7 @@ class SpanBuilder(EngineSpans):
             outcome=outcome,
             p_engine=p_engine,
             d_engine=d_engine,
+            decision_attrs=decision_attrs,
         )
         ret = self._decode_leg(
             req,

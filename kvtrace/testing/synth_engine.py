@@ -131,6 +131,7 @@ class EngineSpans:
         recomputed: int,
         threshold: int = 64,
         peer: str | None = None,
+        extra: dict | None = None,
     ):
         attrs = {
             sc.KV_DIRECTION: direction,
@@ -144,6 +145,7 @@ class EngineSpans:
         }
         if peer:
             attrs[sc.KV_PEER_ENGINE_ID] = peer
+        attrs.update(extra or {})
         return self._on_engine(sc.SPAN_KV_DECISION, engine_id, role, ident, at_ms, end_ms, parent, attrs)
 
     def transfer(
@@ -229,9 +231,11 @@ class EngineSpans:
         outcome: str | None,
         p_engine: str,
         d_engine: str,
+        decision_attrs: dict | None = None,
     ) -> None:
         """The proxy's prefill leg under ``req`` from ``t`` for ``prefill_ms``, P's prefill in it and,
-        when the call has an ``outcome``, P's reuse decision (with its pull from D if ``pulled``)."""
+        when the call has an ``outcome``, P's reuse decision (with its pull from D if ``pulled``;
+        ``decision_attrs`` added to it)."""
         pleg = self.span(
             sc.SPAN_PROXY_PREFILL,
             t,
@@ -267,6 +271,7 @@ class EngineSpans:
                 remote=remote,
                 pulled=pulled,
                 recomputed=prompt - local_hit - pulled,
+                extra=decision_attrs,
             )
 
     def _decode_leg(

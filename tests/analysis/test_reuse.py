@@ -233,3 +233,15 @@ def test_empty_store(tmp_path):
     s = reuse.summary(con)
     assert (s["decisions"], s["pulled_tokens"], s["pull_rate"], s["break_even_tokens"]) == (0, 0, None, None)
     assert reuse.requests(con).num_rows == 0 and reuse.tokens_by_source(con).num_rows == 0
+
+
+def test_prefills_of_one_size_are_priced_at_their_mean_rate(tmp_path):
+    # no line through points of one x: DuckDB's slope is NaN, which it orders above 0
+    b = SpanBuilder()
+    for turn, duration in enumerate((30.0, 25.0, 35.0)):
+        _prefill(b, turn, 1000 * turn, prompt=300, duration=duration)
+    b.write(tmp_path)
+    con = connect(tmp_path)
+    rates = {r["engine_id"]: r for r in reuse.prefill_rates(con)}
+    assert rates[P]["requests"] == 3 and rates[P]["tokens_per_ms"] == pytest.approx(900 / 90.0)
+    assert rates[None]["tokens_per_ms"] == pytest.approx(10.0)

@@ -59,11 +59,13 @@ def test_bench_history_answers_each_question_at_both_history_lengths(tmp_path):
     scale = ("--spans-per-day", "20000", "--days", "2,4", "--repeat", "1", "--dir", str(tmp_path))
     got = _run("analysis/bench_history.py", *scale)
     assert got.returncode == 0, got.stderr[-3000:]
-    for question in ("one day", "one session", "first page", "KV reuse page"):
+    for question in ("one day", "one session", "first page", "KV reuse page", "retention page"):
         assert len(_lines_starting(got.stdout, f"| {question} |")) == 3, (question, got.stdout)  # 2 stores, ratio
     [reuse_ratio] = [x for x in _lines_starting(got.stdout, "| KV reuse page |") if "not a target" in x]
     assert reuse_ratio.count("|") == 6, reuse_ratio
     assert len(_lines_starting(got.stdout, "| before #40: one day |")) == 1, got.stdout  # equal answers checked
+    for page in ("KV reuse page", "retention page"):
+        assert len(_lines_starting(got.stdout, f"| before: {page} |")) == 1, got.stdout  # likewise
 
 
 def test_bench_clickhouse_tiles_a_longer_history_and_answers_alike_on_every_table(tmp_path):

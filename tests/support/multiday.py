@@ -13,7 +13,12 @@ What :func:`build` writes (``days`` UTC days from :data:`kvtrace.testing.synth.B
   proxy -> P/D engines, KV decisions, transfers, retention) twice a day: at 09:00, and at 14:59:58,
   where the first session crosses into the next hour's partition (and file);
 - **a session across midnight** at every day boundary: ``midnight-<d>``, 23:58 -> 00:05, four
-  turns, one turn, an LLM call, a tool wait and a retention crossing 00:00;
+  turns, one turn, an LLM call, a tool wait and a retention crossing 00:00; its turns go to two P
+  workers (the proxy's endpoints and routes), break continuity once (the turn across midnight) and
+  carry each verification outcome of P's check of D's offer (a mismatch across midnight); and a
+  request of no session (a bare vLLM P's: ``bare-<d>``), away from every session, whose prefill
+  starts before 03:00 and whose decision and pull after it, beside a retention naming no request
+  (02:59 -> 03:01);
 - **agents of other conventions** (:mod:`support.agent_conventions`: OpenInference, LangGraph's
   request that joins its session only by time, OTel GenAI, OpenLLMetry) once a day, tiled (ids
   suffixed ``-<copy>``): across midnight (11 s before it: an OpenInference run's trace crosses
@@ -107,6 +112,7 @@ def _midnights(days: int) -> pa.Table:
     for d in range(days - 1):
         b = SpanBuilder(base_ns=BASE_NS + (d + 1) * DAY_NS - MIDNIGHT_START * MS)
         _long_session(b, midnight_session(d))
+        _bare_request(b, d)
         tables.append(spans_to_table(list(b.exporter.get_finished_spans())))
     return pa.concat_tables(tables).cast(SCHEMA) if tables else SCHEMA.empty_table()
 
@@ -120,6 +126,65 @@ _TURNS = (
     (330_000, 330_005, 331_000, 400_000, 415_000),
 )
 _SESSION_END = 420_000
+# per turn: (continuity, P worker, why it was chosen, P's check of D's offer)
+_ROUTED = (
+    (sc.CONTINUITY_NEW, 0, sc.ROUTE_ROTATION, None),
+    (sc.CONTINUITY_DIVERGED, 1, sc.ROUTE_LEAST_LOADED, sc.VERIFIED_MISMATCH),
+    (sc.CONTINUITY_EXTENDS, 0, sc.ROUTE_LAST_PREFILL, sc.VERIFIED_MATCH),
+    (sc.CONTINUITY_EXTENDS, 1, sc.ROUTE_ROTATION, sc.VERIFIED_UNVERIFIABLE),
+)
+
+
+def _routed(turn: int) -> tuple[dict, dict, str]:
+    """The proxy request's and P's decision's attributes of turn ``turn`` (:data:`_ROUTED`), and its P."""
+    continuity, p, route, verified = _ROUTED[turn]
+    request = {
+        sc.SESSION_CONTINUITY: continuity,
+        sc.PROXY_PREFILL_ENDPOINT: f"http://127.0.0.1:810{p}",
+        sc.PROXY_DECODE_ENDPOINT: "http://127.0.0.1:8200",
+        sc.ROUTE_PREFILL_REASON: route,
+        sc.ROUTE_DECODE_REASON: sc.ROUTE_HOLDER if turn else sc.ROUTE_ROTATION,
+    }
+    if continuity == sc.CONTINUITY_DIVERGED:
+        request |= {sc.SESSION_DIVERGED_AT: 2, sc.SESSION_REUSABLE_TOKENS_LOST: 600}
+    decision = {} if verified is None else {sc.KV_VERIFIED: verified, sc.KV_VERIFY_MODE: sc.VERIFY_RECORD}
+    if verified == sc.VERIFIED_MISMATCH:
+        decision |= {sc.KV_VERIFY_MISMATCH_TOKEN: 512, sc.KV_VERIFY_WRONG_TOKENS: 88}
+    return request, decision, f"sim-p{p}"
+
+
+def bare_request(day: int) -> str:
+    """The id of the request of no session across 03:00 after day ``day``."""
+    return f"bare-{day}"
+
+
+def _bare_request(b: SpanBuilder, day: int) -> None:
+    """P's spans of a request no session names: its prefill from 0.2 s before 03:00, its decision
+    and pull 0.1 s after it (no session is open then); and a retention on D naming no request."""
+    ident = {sc.GEN_AI_REQUEST_ID: bare_request(day), sc.TURN_INDEX: 0}
+    at, p, d = MIDNIGHT_START + 3 * HOUR_NS // MS - 200, "sim-p0", "sim-d0"
+    eng = b.engine(sc.ROLE_PREFILL, p, ident, at, at + 400, parent=None, prompt_tokens=2000, cached_tokens=1600)
+    dec = b.decision(
+        p,
+        sc.ROLE_PREFILL,
+        ident,
+        at + 300,
+        at + 340,
+        parent=eng,
+        direction=sc.DIRECTION_D2P,
+        outcome=sc.OUTCOME_PULLED,
+        prompt=2000,
+        local_hit=0,
+        remote=1600,
+        pulled=1600,
+        recomputed=400,
+        peer=d,
+    )
+    x = sc.DIRECTION_D2P
+    b.transfer(p, sc.ROLE_PREFILL, ident, at + 300, at + 340, parent=dec, direction=x, tokens=1600, peer=d)
+    # D's blocks of another request it names no id of, held from a minute before to a minute after
+    gone = sc.RETENTION_EXPIRED
+    b.retention(d, {sc.TURN_INDEX: 0}, at - 60_000, at + 60_000, parent=None, tokens=2000, outcome=gone)
 
 
 def _long_session(b: SpanBuilder, sid: str) -> None:
@@ -132,6 +197,7 @@ def _long_session(b: SpanBuilder, sid: str) -> None:
         if nxt is not None:
             b.user_pause(sid, None, end, nxt, parent=sess)
         pulled = prompt - 300 if turn else 0
+        request_attrs, decision_attrs, p_engine = _routed(turn)
         b.call(
             sid,
             turn,
@@ -147,6 +213,9 @@ def _long_session(b: SpanBuilder, sid: str) -> None:
             decode_ms=400.0,
             retention_end_ms=(nxt + 6) if nxt is not None else _SESSION_END + 300_000,
             retention_outcome=sc.RETENTION_EXPIRED if last else sc.RETENTION_READ,
+            p_engine=p_engine,
+            request_attrs=request_attrs,
+            decision_attrs=decision_attrs,
         )
         b.tool(sid, turn, tool_s, tool_e, parent=tr)
         b.app_work(sid, turn, tool_e + 50, end - 100, parent=tr)

@@ -76,12 +76,17 @@ read the indexes they find and write none; a build that fails (a full disk, no w
 and the file is scanned as before. `connect(DIR, scan_index=False)` neither builds nor reads them (the
 results are the same; docs/benchmarks.md has the costs).
 
-**Lookups.** With each index three small lookups are written under the same key (`.kvsess`: the sessions
+**Lookups.** With each index six small lookups are written under the same key (`.kvsess`: the sessions
 the file's spans name and their traces; `.kvtrc`: each trace's first start and last end in the file;
-`.kvfacet`: spans, first start and last end per service and substrate). A question about one session or
+`.kvfacet`: spans, first start and last end per service and substrate; `.kvreq`: each request id's first
+start and last end in the file; `.kvpre` and `.kvd2p`: P's prefill spans and the `d2p` transfers, the few
+columns a prefill rate and the transfer cost fit read). A question about one session or
 one time range (the dashboard's pages, `kvtrace.analysis` with `Filters`) first finds the time bounds of
 the sessions it selects in them, then reads only the spans and index rows within those bounds; the
-dashboard's facets and time span are merged from them. Files without lookups (small, new, or
+dashboard's facets and time span are merged from them. The KV reuse questions (`kvtrace.analysis.reuse`,
+`instances`, `continuity`) widen those bounds to every request whose spans overlap the range, and price
+recompute at the whole store's prefill rates, computed from the prefill and transfer lookups whatever the
+bounds. Files without lookups (small, new, or
 `scan_index=False`) give the same rows from their raw spans, so no answer depends on which files have them.
 
 Attribute names are in [semconv.md](semconv.md); numbers come from the typed maps `SpanAttributesInt` /

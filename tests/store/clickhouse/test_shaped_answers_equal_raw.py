@@ -107,7 +107,7 @@ def test_the_classified_rows_are_the_scan_views(multi, name):
     store, raw = multi[name], multi["raw"]
     got = _classified(store)
     expected = [tuple(r.values()) for r in raw.query(f"SELECT {SCAN_COLUMNS} FROM {SCAN}").to_pylist()]
-    assert len(got) == 407
+    assert len(got) == 409
     assert got == sorted(expected, key=repr)
 
 
@@ -121,7 +121,7 @@ def test_the_lookups_hold_what_the_raw_table_gives(multi, name):
         f"SELECT TraceId, min(toUnixTimestamp64Nano(Timestamp)) AS s, "
         f"max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS e FROM {t} GROUP BY TraceId"
     ).to_pylist()
-    assert sorted(traces, key=repr) == sorted(raw, key=repr) and len(traces) == 35
+    assert sorted(traces, key=repr) == sorted(raw, key=repr) and len(traces) == 39
     held = q(f"SELECT SessionId, TraceId FROM {ident(n.sessions)}").to_pylist()
     pairs = {(r["SessionId"], r["TraceId"]) for r in held}
     expected = set()
@@ -134,7 +134,7 @@ def test_the_lookups_hold_what_the_raw_table_gives(multi, name):
 @pytest.mark.parametrize("name", ["live", "backfilled"])
 def test_whole_views_are_equal(multi, name):
     counts = {v: clickhouse_check.compare_view(multi["duck"], multi[name], v) for v in WHOLE_VIEWS}
-    assert counts == {"session_breakdown": 26, "turn_breakdown": 62, "kv_decisions": 74, "kv_transfers": 74}
+    assert counts == {"session_breakdown": 26, "turn_breakdown": 62, "kv_decisions": 76, "kv_transfers": 76}
 
 
 def _cases(ids) -> dict[str, Filters | None]:
@@ -212,7 +212,7 @@ def test_an_interrupted_init_is_not_read_and_a_rerun_completes_it_once(multi):
         f"{table}: materialized tables incomplete (kvtrace reads the raw table): complete them with "
         f"`kvtrace clickhouse init --clickhouse chdb:X --table {table}`"
     )
-    assert mviews.init(backend, table) == {"sessions": 26 + 3, "traces": 35, "rows": 407}
+    assert mviews.init(backend, table) == {"sessions": 26 + 3, "traces": 39, "rows": 409}
     store = ClickHouseStore(backend, table)
     assert store.has_lookup
     expected = [tuple(r.values()) for r in multi["raw"].query(f"SELECT {SCAN_COLUMNS} FROM {SCAN}").to_pylist()]
