@@ -12,7 +12,8 @@ Reuse is judged on P's ``d2p`` decisions (next turn's P pulling D's retained blo
 **Prefill rate** of a worker = tokens it computed (prompt − cached, from ``engine_requests``
 prefill spans) / the time it spent on them (span duration minus its own d2p transfer time),
 summed over its requests: all of the store's, whatever the filters (on DuckDB from the files'
-lookups, :mod:`kvtrace.store.lookup`, so a bounded question does not read every span for them).
+lookups, :mod:`kvtrace.store.lookup`, so a bounded question does not read every span for them, and
+computed once per listing of the files, not once per question).
 Recompute estimate of ``n`` tokens = ``n / rate`` (linear: it ignores attention's growth with
 context, so it slightly understates recompute for long contexts).
 
@@ -27,6 +28,8 @@ A time range or a session reads only the spans its rows can join, on DuckDB
 """
 
 from __future__ import annotations
+
+import threading
 
 import pyarrow as pa
 
@@ -97,6 +100,48 @@ def _over(con) -> tuple[str, str]:
     """The relations the store's rates read on ``con``: the lookups on DuckDB, the views on ClickHouse
     (whose reuse questions are not bounded: :func:`kvtrace.analysis.pushdown.request_scoped`)."""
     return _VIEWS if getattr(con, "is_clickhouse", False) else _LOOKUPS
+
+
+# A DuckDB store's rates and break-even rows, by the generation of the lookups they were computed from
+# (kvtrace.store.lookup.generation: a new one each time the files are re-listed), so the questions of a
+# page compute them once, not once each.  The last few generations are kept.
+_KEPT: dict[str, tuple[list[dict], list[dict]]] = {}
+_KEEP = 8
+_KEPT_LOCK = threading.Lock()  # the dashboard's script threads share them
+
+
+def _store_rates(con) -> tuple[list[dict], list[dict]] | None:
+    """(:func:`prefill_rates`, :func:`break_even`) of ``con``'s store, computed once per generation of
+    its lookups; None where they are not kept (ClickHouse, a connection that is not a store's)."""
+    if getattr(con, "is_clickhouse", False) or _over(con) is not _LOOKUPS:
+        return None
+    key = lookup.generation(con)
+    if key is None:
+        return None
+    with _KEPT_LOCK:
+        kept = _KEPT.get(key)
+    if kept is None:
+        rates = _rate_sql(*_LOOKUPS)
+        kept = (rows(con, rates + " ORDER BY engine_id NULLS FIRST"), rows(con, _break_even_sql(rates, lookup.D2P)))
+        with _KEPT_LOCK:
+            while len(_KEPT) >= _KEEP:
+                _KEPT.pop(next(iter(_KEPT)))
+            _KEPT[key] = kept
+    return kept
+
+
+def _rates_for(con) -> tuple[str, dict]:
+    """The ``r`` relation :func:`_requests_sql` joins (engine_id, tokens_per_ms) and its parameters:
+    the kept rates as bound lists where they are kept, else computed in the statement."""
+    kept = _store_rates(con)
+    if kept is None:
+        return _rate_sql(*_over(con)), {}
+    engines = [r for r in kept[0] if r["engine_id"] is not None]
+    relation = "SELECT unnest($rate_engines::VARCHAR[]) AS engine_id, unnest($rate_values::DOUBLE[]) AS tokens_per_ms"
+    return relation, {
+        "rate_engines": [r["engine_id"] for r in engines],
+        "rate_values": [r["tokens_per_ms"] for r in engines],
+    }
 
 
 def _break_even_sql(rates: str, d2p: str) -> str:
@@ -249,16 +294,18 @@ _REQUEST_SCOPE = ROW_SCOPE
 def requests(con, filters: Filters | None = None, limit: int = 100_000) -> pa.Table:
     """One row per d2p decision (P's reuse decision), in start order, at most ``limit``."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
-    sql = _requests_sql(_rate_sql(*_over(con)))
-    return table(request_scoped(con, filters), sql.format(where=clause), {**params, "limit": limit})
+    rates, bound = _rates_for(con)
+    sql = _requests_sql(rates).format(where=clause)
+    return table(request_scoped(con, filters), sql, {**params, **bound, "limit": limit})
 
 
 def summary(con, filters: Filters | None = None) -> dict:
     """Totals over every d2p decision, plus ``saved_ms`` (recompute estimate − transfer time of
     the pulled requests), ``pull_rate`` and the pooled ``break_even_tokens``."""
     clause, params = where(filters, ROW_SCOPE, prefix="AND")
-    sql = _summary_sql(_rate_sql(*_over(con)))
-    out = one(request_scoped(con, filters), sql.format(where=clause), {**params, "limit": 2**62})
+    rates, bound = _rates_for(con)
+    sql = _summary_sql(rates).format(where=clause)
+    out = one(request_scoped(con, filters), sql, {**params, **bound, "limit": 2**62})
     out["saved_ms"] = out["recompute_est_ms"] - out["transfer_ms"]
     out["pull_rate"] = out["pulled_requests"] / out["decisions"] if out["decisions"] else None
     pooled = [r for r in break_even(con) if r["engine_id"] is None]
@@ -302,6 +349,9 @@ def tokens_by_source(con, filters: Filters | None = None) -> pa.Table:
 
 def prefill_rates(con) -> list[dict]:
     """Observed prefill rate per P engine (and pooled, engine_id None), over the whole store."""
+    kept = _store_rates(con)
+    if kept is not None:
+        return [dict(r) for r in kept[0]]
     return rows(con, _rate_sql(*_over(con)) + " ORDER BY engine_id NULLS FIRST")
 
 
@@ -311,5 +361,8 @@ def break_even(con, rates_table: str | None = None) -> list[dict]:
     with the transfers of the views (the what-if's calibration, :mod:`kvtrace.analysis.whatif.data`)."""
     if rates_table is not None:
         return rows(con, _break_even_sql(f"SELECT * FROM {ident(rates_table)}", _VIEWS[1]))
+    kept = _store_rates(con)
+    if kept is not None:
+        return [dict(r) for r in kept[1]]
     prefills, d2p = _over(con)
     return rows(con, _break_even_sql(_rate_sql(prefills, d2p), d2p))

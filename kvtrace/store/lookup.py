@@ -29,6 +29,8 @@ lookups of the files that have them and the same SQL over the raw rows of the fi
 
 from __future__ import annotations
 
+import duckdb
+
 from kvtrace import semconv as sc
 from kvtrace.store.sql import literal, str_attr
 from kvtrace.store.views.raw import RAW, spans_sql
@@ -36,6 +38,9 @@ from kvtrace.store.views.spans import ENGINE_REQUESTS, KV_TRANSFERS
 
 SESSIONS, TRACES, FACETS = "kvtrace_lookup_sessions", "kvtrace_lookup_traces", "kvtrace_file_facets"
 """The views over every file's lookups (module doc)."""
+GENERATION = "kvtrace_lookup_generation"
+"""A one-row table of a fresh id each time :func:`bind` (re)defines the views: what is computed from
+them alone (the store's prefill rates) may be kept while it holds the same id."""
 REQUESTS, PREFILLS, D2P = "kvtrace_lookup_requests", "kvtrace_lookup_prefills", "kvtrace_lookup_d2p"
 """The views over every file's request bounds, prefill spans and d2p transfers (module doc)."""
 PREFILLS_COLUMNS = "request_id, engine_id, prompt_tokens, cached_tokens, duration_ms"
@@ -177,3 +182,14 @@ def bind(con, found: dict[str, list[str]], rest: list[str]) -> None:
         if rest or not parts:  # no file at all: the (empty) raw relation gives the columns
             parts.append(f"SELECT {columns} FROM ({sql(view, _UNLOOKED if rest else RAW)}) AS r")
         con.execute(f"CREATE OR REPLACE VIEW {view} AS {' UNION ALL '.join(parts)}")
+    con.execute(f"CREATE OR REPLACE TABLE {GENERATION} AS SELECT uuid()::VARCHAR AS generation")
+
+
+def generation(con) -> str | None:
+    """The id of ``con``'s lookups as :func:`bind` last defined them (:data:`GENERATION`); None for a
+    connection that has none (not a store's)."""
+    try:
+        rows = con.execute(f"SELECT generation FROM {GENERATION}").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return rows[0][0] if rows else None

@@ -245,3 +245,26 @@ def test_prefills_of_one_size_are_priced_at_their_mean_rate(tmp_path):
     rates = {r["engine_id"]: r for r in reuse.prefill_rates(con)}
     assert rates[P]["requests"] == 3 and rates[P]["tokens_per_ms"] == pytest.approx(900 / 90.0)
     assert rates[None]["tokens_per_ms"] == pytest.approx(10.0)
+
+
+def test_the_store_rates_follow_its_files(tmp_path):
+    """Computed once per listing of the files: a re-listing (the dashboard's Refresh) prices the new ones."""
+    from kvtrace.analysis.common import rows
+    from kvtrace.store.reader import refresh
+
+    b = SpanBuilder()
+    for turn, (prompt, duration) in enumerate(((1000, 100.0), (1400, 120.0), (1800, 150.0))):
+        _prefill(b, turn, 1000 * turn, prompt=prompt, duration=duration)
+    b.write(tmp_path)
+    con = connect(tmp_path)
+    by_views = "ORDER BY engine_id NULLS FIRST"
+    first = reuse.prefill_rates(con)
+    assert first == rows(con, f"{reuse.PREFILL_RATE_SQL} {by_views}") and reuse.prefill_rates(con) == first
+    _prefill(b, 3, 5000, prompt=3000, duration=400.0)
+    b.write(tmp_path)
+    assert reuse.prefill_rates(con) == first  # not listed yet: the views do not read it either
+    refresh(con)
+    got = reuse.prefill_rates(con)
+    assert got != first and got == rows(con, f"{reuse.PREFILL_RATE_SQL} {by_views}")
+    assert {r["engine_id"]: r["requests"] for r in got} == {None: 4, P: 4}
+    assert reuse.break_even(con) == rows(con, reuse.BREAK_EVEN_SQL)
