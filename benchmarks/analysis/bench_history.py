@@ -188,7 +188,7 @@ def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool)
     if baseline:
         fns["before #40: one day"] = lambda: before_40(con, day)
         got, want = fns["one day"](), before_40(con, day)
-        assert got == want, f"the bounded day disagrees with the whole store's: {got} != {want}"
+        assert _same(got, want), f"the bounded day disagrees with the whole store's: {got} != {want}"
         window = reads["KV reuse page"]
         for name, page in (("KV reuse page", reuse_page), ("retention page", retention_page)):
             fns[f"before: {name}"] = lambda page=page: before(page, con, window)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from kvtrace.analysis.filters import Filters
 from kvtrace.store import bounds as duck_bounds
+from kvtrace.store import lookup
 
 EMPTY = (1, 0)
 """Bounds no span falls in (no session matched)."""
@@ -70,20 +71,26 @@ def narrowed(con, filters: Filters | None):
 def request_scoped(con, filters: Filters | None, *, by_session: bool = True):
     """``con``, reading only what the KV reuse questions of ``filters`` can select and join (module
     doc); ``by_session=False``: a session filter is not pushed down (the continuity view names a
-    turn's agent from a session other than its own, which the session's bounds need not hold)."""
+    turn's agent from a session other than its own, which the session's bounds need not hold).  The
+    bounds are found once per listing of the files (:func:`kvtrace.store.lookup.kept`), not per question."""
     if filters is None or getattr(con, "is_clickhouse", False):
         return con
-    if filters.session_id:
-        if not by_session:
-            return con
-        within = duck_bounds.session_bounds(con, filters.session_id)
-    elif filters.start_ns is None and filters.end_ns is None:
+    if filters.session_id and not by_session:
         return con
+    if not filters.session_id and filters.start_ns is None and filters.end_ns is None:
+        return con
+    found = lookup.kept(con, ("request_scoped", filters), lambda: _request_bounds(con, filters))
+    return duck_bounds.bounded(con, *(found or EMPTY))
+
+
+def _request_bounds(con, filters: Filters) -> tuple[int, int] | None:
+    """The hull of the session's (or the range's, :func:`_window`) bounds and of every request
+    overlapping them; None if nothing is in them."""
+    if filters.session_id:
+        within = duck_bounds.session_bounds(con, filters.session_id)
     else:
         within = _window(con, filters.start_ns, filters.end_ns)
-    if within is None:
-        return duck_bounds.bounded(con, *EMPTY)
-    return duck_bounds.bounded(con, *_hull(within, duck_bounds.requests_bounds(con, *within)))
+    return None if within is None else _hull(within, duck_bounds.requests_bounds(con, *within))
 
 
 def _window(con, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:

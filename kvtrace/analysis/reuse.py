@@ -29,8 +29,6 @@ A time range or a session reads only the spans its rows can join, on DuckDB
 
 from __future__ import annotations
 
-import threading
-
 import pyarrow as pa
 
 from kvtrace import semconv as sc
@@ -102,32 +100,17 @@ def _over(con) -> tuple[str, str]:
     return _VIEWS if getattr(con, "is_clickhouse", False) else _LOOKUPS
 
 
-# A DuckDB store's rates and break-even rows, by the generation of the lookups they were computed from
-# (kvtrace.store.lookup.generation: a new one each time the files are re-listed), so the questions of a
-# page compute them once, not once each.  The last few generations are kept.
-_KEPT: dict[str, tuple[list[dict], list[dict]]] = {}
-_KEEP = 8
-_KEPT_LOCK = threading.Lock()  # the dashboard's script threads share them
-
-
 def _store_rates(con) -> tuple[list[dict], list[dict]] | None:
-    """(:func:`prefill_rates`, :func:`break_even`) of ``con``'s store, computed once per generation of
-    its lookups; None where they are not kept (ClickHouse, a connection that is not a store's)."""
-    if getattr(con, "is_clickhouse", False) or _over(con) is not _LOOKUPS:
+    """(:func:`prefill_rates`, :func:`break_even`) of ``con``'s store, computed once per listing of its
+    files (:func:`kvtrace.store.lookup.kept`); None on ClickHouse (computed in each statement there)."""
+    if _over(con) is not _LOOKUPS:
         return None
-    key = lookup.generation(con)
-    if key is None:
-        return None
-    with _KEPT_LOCK:
-        kept = _KEPT.get(key)
-    if kept is None:
+
+    def compute() -> tuple[list[dict], list[dict]]:
         rates = _rate_sql(*_LOOKUPS)
-        kept = (rows(con, rates + " ORDER BY engine_id NULLS FIRST"), rows(con, _break_even_sql(rates, lookup.D2P)))
-        with _KEPT_LOCK:
-            while len(_KEPT) >= _KEEP:
-                _KEPT.pop(next(iter(_KEPT)))
-            _KEPT[key] = kept
-    return kept
+        return rows(con, rates + " ORDER BY engine_id NULLS FIRST"), rows(con, _break_even_sql(rates, lookup.D2P))
+
+    return lookup.kept(con, ("reuse.rates",), compute)
 
 
 def _rates_for(con) -> tuple[str, dict]:

@@ -29,6 +29,10 @@ lookups of the files that have them and the same SQL over the raw rows of the fi
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
 import duckdb
 
 from kvtrace import semconv as sc
@@ -40,7 +44,8 @@ SESSIONS, TRACES, FACETS = "kvtrace_lookup_sessions", "kvtrace_lookup_traces", "
 """The views over every file's lookups (module doc)."""
 GENERATION = "kvtrace_lookup_generation"
 """A one-row table of a fresh id each time :func:`bind` (re)defines the views: what is computed from
-them alone (the store's prefill rates) may be kept while it holds the same id."""
+them alone (a question's bounds, the store's prefill rates) may be kept while it holds the same id
+(:func:`kept`)."""
 REQUESTS, PREFILLS, D2P = "kvtrace_lookup_requests", "kvtrace_lookup_prefills", "kvtrace_lookup_d2p"
 """The views over every file's request bounds, prefill spans and d2p transfers (module doc)."""
 PREFILLS_COLUMNS = "request_id, engine_id, prompt_tokens, cached_tokens, duration_ms"
@@ -193,3 +198,29 @@ def generation(con) -> str | None:
     except duckdb.CatalogException:
         return None
     return rows[0][0] if rows else None
+
+
+T = TypeVar("T")
+# (generation, key) -> value, oldest first; the dashboard's script threads share it
+_KEPT: dict[tuple, object] = {}
+_KEEP = 256
+_KEPT_LOCK = threading.Lock()
+
+
+def kept(con, key: tuple, compute: Callable[[], T]) -> T:
+    """``compute()``, computed once per generation of ``con``'s lookups and ``key`` (hashable) and kept
+    (the last :data:`_KEEP`); computed every time on a connection that has none.  ``compute`` must read
+    the lookups only (no raw span, nothing a cursor's bounds change), and its value must not be mutated."""
+    gen = generation(con)
+    if gen is None:
+        return compute()
+    k = (gen, *key)
+    with _KEPT_LOCK:
+        if k in _KEPT:
+            return _KEPT[k]  # type: ignore[return-value]
+    value = compute()
+    with _KEPT_LOCK:
+        while len(_KEPT) >= _KEEP:
+            _KEPT.pop(next(iter(_KEPT)))
+        _KEPT[k] = value
+    return value

@@ -248,7 +248,8 @@ def test_prefills_of_one_size_are_priced_at_their_mean_rate(tmp_path):
 
 
 def test_the_store_rates_follow_its_files(tmp_path):
-    """Computed once per listing of the files: a re-listing (the dashboard's Refresh) prices the new ones."""
+    """Computed once per listing of the files, as the bounds of a range: a re-listing (the dashboard's
+    Refresh) prices and bounds the new ones."""
     from kvtrace.analysis.common import rows
     from kvtrace.store.reader import refresh
 
@@ -262,8 +263,10 @@ def test_the_store_rates_follow_its_files(tmp_path):
     assert first == rows(con, f"{reuse.PREFILL_RATE_SQL} {by_views}") and reuse.prefill_rates(con) == first
     _prefill(b, 3, 5000, prompt=3000, duration=400.0)
     b.write(tmp_path)
-    assert reuse.prefill_rates(con) == first  # not listed yet: the views do not read it either
+    later = Filters(start_ns=b.ns(4000))  # bounds found before the new file was listed, then after
+    assert reuse.prefill_rates(con) == first and reuse.tokens_by_source(con, later).num_rows == 0
     refresh(con)
+    assert [r["computed_tokens"] for r in reuse.tokens_by_source(con, later).to_pylist()] == [3000]
     got = reuse.prefill_rates(con)
     assert got != first and got == rows(con, f"{reuse.PREFILL_RATE_SQL} {by_views}")
     assert {r["engine_id"]: r["requests"] for r in got} == {None: 4, P: 4}
