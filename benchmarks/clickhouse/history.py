@@ -12,9 +12,10 @@ clickhouse init`` on the empty table, so the views shape the inserts).  Printed:
   run, on both tables, and whether their answers are equal: ``one day`` (the middle day's
   ``session_breakdown`` totals), ``one session`` (one session's row), ``first page`` (what the
   dashboard's sessions page runs on opening: the time span, then the last day's facets, totals and top
-  500 sessions), ``KV reuse page`` (what the dashboard's KV reuse page runs for the last day:
-  ``bench_history.reuse_page``, not one of the issue's targets), then the ratio of each at the longest
-  history to the shortest (flatness).
+  500 sessions), ``KV reuse page`` and ``retention page`` (what the dashboard's KV reuse and retention
+  pages run for the last day: ``bench_history.reuse_page`` / ``retention_page``, not among the issue's
+  targets; the shaped table bounds them by its requests table and prices recompute from its prefill
+  tables), then the ratio of each at the longest history to the shortest (flatness).
 
 ``--small DIR`` (default: a ``kvtrace demo --sessions 2`` run made here) adds ``session_breakdown`` and
 ``turn_breakdown`` of a small store, the cost of analysing the query.
@@ -38,10 +39,10 @@ from pathlib import Path
 from bench_clickhouse import DAY_NS, first_page, generate, same, timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
-from bench_history import last_day, reuse_page  # noqa: E402
+from bench_history import last_day, retention_page, reuse_page  # noqa: E402
 
 RAW, SHAPED, SINGLE = "raw", "shaped", "shaped 1st"
-QUESTIONS = ("one day", "one session", "first page", "KV reuse page")
+QUESTIONS = ("one day", "one session", "first page", "KV reuse page", "retention page")
 
 
 @contextlib.contextmanager
@@ -134,6 +135,7 @@ def cases(store, days: int) -> dict:
         "one session": (lambda c: sessions.breakdown(c, Filters(session_id=one)).to_pylist(), Filters(session_id=one)),
         "first page": (lambda c: first_page(c, True), None),
         "KV reuse page": (lambda c: reuse_page(c, last_day(c)), None),
+        "retention page": (lambda c: retention_page(c, last_day(c)), None),
     }
 
 

@@ -34,7 +34,10 @@ bounds are the hull of the range itself, every session whose traces overlap it
 (:func:`kvtrace.store.bounds.requests_bounds`), so every span a selected row joins starts inside.
 The prefill rates that price recompute are the whole store's, read from the files' lookups, whatever
 the bounds (:mod:`.reuse`).  ``tests/analysis/test_reuse_pushdown.py`` checks the answers against the
-unbounded store's.  On ClickHouse these questions read the whole table, as before.
+unbounded store's.  On ClickHouse the same bounds come from kvtrace's materialized tables
+(:mod:`kvtrace.store.clickhouse.mviews`: windows, traces, requests), and the rates from its prefill
+tables (``tests/store/clickhouse/test_reuse_pushdown_clickhouse.py``); a table without them is read
+whole, as before.
 """
 
 from __future__ import annotations
@@ -72,34 +75,73 @@ def request_scoped(con, filters: Filters | None, *, by_session: bool = True):
     """``con``, reading only what the KV reuse questions of ``filters`` can select and join (module
     doc); ``by_session=False``: a session filter is not pushed down (the continuity view names a
     turn's agent from a session other than its own, which the session's bounds need not hold).  The
-    bounds are found once per listing of the files (:func:`kvtrace.store.lookup.kept`), not per question."""
-    if filters is None or getattr(con, "is_clickhouse", False):
+    bounds are found once per listing of the files (on ClickHouse: per state of its tables' parts,
+    :func:`kvtrace.store.lookup.kept`), not per question."""
+    if filters is None:
         return con
     if filters.session_id and not by_session:
         return con
     if not filters.session_id and filters.start_ns is None and filters.end_ns is None:
         return con
-    found = lookup.kept(con, ("request_scoped", filters), lambda: _request_bounds(con, filters))
-    return duck_bounds.bounded(con, *(found or EMPTY))
+    clickhouse = getattr(con, "is_clickhouse", False)
+    if clickhouse and (con.bounds is not None or not con.has_lookup):  # bounded already; or no requests table
+        return con
+    found = _ClickHouseBounds(con) if clickhouse else _DuckBounds(con)
+    within = lookup.kept(con, ("request_scoped", filters), lambda: _request_bounds(found, filters))
+    return con.bounded(*(within or EMPTY)) if clickhouse else duck_bounds.bounded(con, *(within or EMPTY))
 
 
-def _request_bounds(con, filters: Filters) -> tuple[int, int] | None:
+class _DuckBounds:
+    """The bounds a DuckDB store's lookups give (:mod:`kvtrace.store.bounds`)."""
+
+    def __init__(self, con) -> None:
+        self.con = con
+
+    def session(self, session_id: str) -> tuple[int, int] | None:
+        return duck_bounds.session_bounds(self.con, session_id)
+
+    def window(self, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+        return duck_bounds.window_bounds(self.con, start_ns, end_ns)
+
+    def store(self) -> tuple[int, int] | None:
+        return duck_bounds.store_bounds(self.con)
+
+    def requests(self, lo_ns: int, hi_ns: int) -> tuple[int, int] | None:
+        return duck_bounds.requests_bounds(self.con, lo_ns, hi_ns)
+
+
+class _ClickHouseBounds(_DuckBounds):
+    """The same bounds from a ClickHouse table's materialized tables (:mod:`kvtrace.store.clickhouse.mviews`)."""
+
+    def session(self, session_id: str) -> tuple[int, int] | None:
+        return self.con.session_bounds(session_id)
+
+    def window(self, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+        return self.con.window_bounds(start_ns, end_ns)
+
+    def store(self) -> tuple[int, int] | None:
+        span = self.con.time_span()
+        return None if not span or span["start_ns"] is None else (span["start_ns"], span["end_ns"])
+
+    def requests(self, lo_ns: int, hi_ns: int) -> tuple[int, int] | None:
+        return self.con.requests_bounds(lo_ns, hi_ns)
+
+
+def _request_bounds(found: _DuckBounds, filters: Filters) -> tuple[int, int] | None:
     """The hull of the session's (or the range's, :func:`_window`) bounds and of every request
     overlapping them; None if nothing is in them."""
-    if filters.session_id:
-        within = duck_bounds.session_bounds(con, filters.session_id)
-    else:
-        within = _window(con, filters.start_ns, filters.end_ns)
-    return None if within is None else _hull(within, duck_bounds.requests_bounds(con, *within))
+    within = found.session(filters.session_id) if filters.session_id else _window(found, filters)
+    return None if within is None else _hull(within, found.requests(*within))
 
 
-def _window(con, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+def _window(found: _DuckBounds, filters: Filters) -> tuple[int, int] | None:
     """The range itself (an open end: the store's), and every session whose traces overlap it."""
-    store = duck_bounds.store_bounds(con)
+    store = found.store()
     if store is None:
         return None
+    start_ns, end_ns = filters.start_ns, filters.end_ns
     own = (store[0] if start_ns is None else int(start_ns), store[1] if end_ns is None else int(end_ns))
-    return _hull(own, duck_bounds.window_bounds(con, start_ns, end_ns))
+    return _hull(own, found.window(start_ns, end_ns))
 
 
 def _hull(a: tuple[int, int], b: tuple[int, int] | None) -> tuple[int, int]:

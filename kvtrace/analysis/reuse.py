@@ -13,7 +13,8 @@ Reuse is judged on P's ``d2p`` decisions (next turn's P pulling D's retained blo
 prefill spans) / the time it spent on them (span duration minus its own d2p transfer time),
 summed over its requests: all of the store's, whatever the filters (on DuckDB from the files'
 lookups, :mod:`kvtrace.store.lookup`, so a bounded question does not read every span for them, and
-computed once per listing of the files, not once per question).
+computed once per listing of the files, not once per question; on ClickHouse from kvtrace's prefills
+and d2p tables where the table has them, in each statement).
 Recompute estimate of ``n`` tokens = ``n / rate`` (linear: it ignores attention's growth with
 context, so it slightly understates recompute for long contexts).
 
@@ -23,8 +24,8 @@ context, so it slightly understates recompute for long contexts).
 the per-token transfer cost is not below the per-token recompute cost (pulling never pays).
 Rows with ``engine_id`` NULL are all engines pooled.
 
-A time range or a session reads only the spans its rows can join, on DuckDB
-(:func:`kvtrace.analysis.pushdown.request_scoped`).
+A time range or a session reads only the spans its rows can join, on DuckDB and on a ClickHouse table
+with kvtrace's materialized tables (:func:`kvtrace.analysis.pushdown.request_scoped`).
 """
 
 from __future__ import annotations
@@ -95,36 +96,45 @@ PREFILL_RATE_SQL = _rate_sql(*_VIEWS)
 
 
 def _over(con) -> tuple[str, str]:
-    """The relations the store's rates read on ``con``: the lookups on DuckDB, the views on ClickHouse
-    (whose reuse questions are not bounded: :func:`kvtrace.analysis.pushdown.request_scoped`)."""
-    return _VIEWS if getattr(con, "is_clickhouse", False) else _LOOKUPS
+    """The relations the store's rates read on ``con``: the lookups on DuckDB; on ClickHouse kvtrace's
+    prefills and d2p tables (:mod:`kvtrace.store.clickhouse.mviews`), else the views (a table without
+    them is read whole: :func:`kvtrace.analysis.pushdown.request_scoped`)."""
+    if getattr(con, "is_clickhouse", False):
+        return con.rates_relations() or _VIEWS
+    return _LOOKUPS
 
 
 def _store_rates(con) -> tuple[list[dict], list[dict]] | None:
-    """(:func:`prefill_rates`, :func:`break_even`) of ``con``'s store, computed once per listing of its
-    files (:func:`kvtrace.store.lookup.kept`); None on ClickHouse (computed in each statement there)."""
-    if _over(con) is not _LOOKUPS:
+    """(:func:`prefill_rates`, :func:`break_even`) of ``con``'s store, from its lookups (DuckDB) or
+    prefill tables (ClickHouse), computed once per listing of its files, or state of its tables' parts
+    (:func:`kvtrace.store.lookup.kept`); None over the views (computed in each statement there)."""
+    prefills, d2p = over = _over(con)
+    if over is _VIEWS:
         return None
 
     def compute() -> tuple[list[dict], list[dict]]:
-        rates = _rate_sql(*_LOOKUPS)
-        return rows(con, rates + " ORDER BY engine_id NULLS FIRST"), rows(con, _break_even_sql(rates, lookup.D2P))
+        rates = _rate_sql(prefills, d2p)
+        return rows(con, rates + " ORDER BY engine_id NULLS FIRST"), rows(con, _break_even_sql(rates, d2p))
 
     return lookup.kept(con, ("reuse.rates",), compute)
 
 
 def _rates_for(con) -> tuple[str, dict]:
     """The ``r`` relation :func:`_requests_sql` joins (engine_id, tokens_per_ms) and its parameters:
-    the kept rates as bound lists where they are kept, else computed in the statement."""
+    the kept rates, a row of bound values per engine, where they are kept, else computed in the
+    statement.  (One ``SELECT`` per engine, not two lists unnested: ClickHouse binds no list, and
+    would pair two unnested arrays' every element with every other's.)"""
     kept = _store_rates(con)
     if kept is None:
         return _rate_sql(*_over(con)), {}
     engines = [r for r in kept[0] if r["engine_id"] is not None]
-    relation = "SELECT unnest($rate_engines::VARCHAR[]) AS engine_id, unnest($rate_values::DOUBLE[]) AS tokens_per_ms"
-    return relation, {
-        "rate_engines": [r["engine_id"] for r in engines],
-        "rate_values": [r["tokens_per_ms"] for r in engines],
-    }
+    one = "SELECT $rate_engine_{0}::VARCHAR AS engine_id, $rate_{0}::DOUBLE AS tokens_per_ms"
+    parts = [one.format(i) for i in range(len(engines))]
+    relation = " UNION ALL ".join(parts) or "SELECT NULL::VARCHAR AS engine_id, NULL::DOUBLE AS tokens_per_ms LIMIT 0"
+    params: dict = {}
+    for i, r in enumerate(engines):
+        params[f"rate_engine_{i}"], params[f"rate_{i}"] = r["engine_id"], r["tokens_per_ms"]
+    return relation, params
 
 
 def _break_even_sql(rates: str, d2p: str) -> str:

@@ -26,11 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Add kvtrace's materialized tables to an otel_traces table: materialized views that shape
-    every insert the Collector makes into four tables (the session breakdown's classified spans, a
-    session id -> trace ids lookup, trace id -> first start / last end, each session's window), so
-    session_breakdown / turn_breakdown read the classified rows instead of classifying raw spans, and
-    a one-session or one-day question (the dashboard's drill-down and pages) finds its bounds in the
-    small tables: its cost grows with its answer, not with the history kept.  Creates the tables and
+    every insert the Collector makes into seven tables (the session breakdown's classified spans, a
+    session id -> trace ids lookup, trace id -> first start / last end, each session's window, each
+    request's first start / last end, P's prefills and the d2p transfers), so session_breakdown /
+    turn_breakdown read the classified rows instead of classifying raw spans, a one-session or one-day
+    question (the dashboard's drill-down and pages, KV reuse and retention included) finds its bounds
+    in the small tables, and recompute is priced from the prefill tables: its cost grows with its
+    answer, not with the history kept.  Creates the tables and
     views (IF NOT EXISTS), backfills them from the rows already in the table a day at a time (spans
     the views already shaped are skipped) and marks them complete; kvtrace reads them only then.
     Nothing to do on current tables; run it again after an interruption.  Older tables (e.g. the v1

@@ -192,7 +192,11 @@ def bind(con, found: dict[str, list[str]], rest: list[str]) -> None:
 
 def generation(con) -> str | None:
     """The id of ``con``'s lookups as :func:`bind` last defined them (:data:`GENERATION`); None for a
-    connection that has none (not a store's)."""
+    connection that has none (not a store's).  A ClickHouse store gives its own
+    (:meth:`kvtrace.store.clickhouse.store.ClickHouseStore.generation`: its tables' parts)."""
+    own = getattr(con, "generation", None)
+    if own is not None:
+        return own()
     try:
         rows = con.execute(f"SELECT generation FROM {GENERATION}").fetchall()
     except duckdb.CatalogException:

@@ -84,9 +84,10 @@ def test_bench_clickhouse_tiles_a_longer_history_and_answers_alike_on_every_tabl
     heads = ("| 1 d |", "| 2 d |", "| small |", "| session_breakdown |", "| turn_breakdown |")
     rows = [line for line in got.stdout.splitlines() if line.startswith(heads)]
     answers = [line.rstrip(" |").rsplit("| ", 1)[1] for line in rows if line.endswith(("same |", "DIFFERENT |"))]
-    # per history: four questions raw against shaped, three staged against one statement; the small store's two
-    assert len(answers) == (4 + 3) * 2 + 2 + 2 and set(answers) == {"same"}, got.stdout
-    assert len(_lines_starting(got.stdout, "| KV reuse page |")) == 1, got.stdout  # its flatness ratios
+    # per history: five questions raw against shaped, three staged against one statement; the small store's two
+    assert len(answers) == (5 + 3) * 2 + 2 + 2 and set(answers) == {"same"}, got.stdout
+    for page in ("KV reuse page", "retention page"):
+        assert len(_lines_starting(got.stdout, f"| {page} |")) == 1, got.stdout  # its flatness ratios
 
 
 def test_bench_clickhouse_prices_each_insert_size_with_and_without_the_views(tmp_path):
@@ -97,7 +98,8 @@ def test_bench_clickhouse_prices_each_insert_size_with_and_without_the_views(tmp
     got = _run("clickhouse/bench_clickhouse.py", *args, "--dir", str(tmp_path))
     assert got.returncode == 0, got.stderr[-3000:]
     rows = [line.strip("| ").split(" | ") for line in _lines_starting(got.stdout, "| ") if line[2:3].isdigit()]
-    variants = ["raw", "shaped", "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows", "floor"]
+    tables = ("scan", "sessions", "traces", "windows", "requests", "prefills", "d2p")
+    variants = ["raw", "shaped", *(f"_kvtrace_{t}" for t in tables), "floor"]
     assert [(r[0], r[1], r[2]) for r in rows] == [
         (size, inserts, v) for size, inserts in (("1,000", "6"), ("3,000", "2")) for v in variants
     ], got.stdout

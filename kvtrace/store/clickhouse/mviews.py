@@ -1,13 +1,16 @@
 """kvtrace's materialized tables on an ``otel_traces`` table (``kvtrace clickhouse init``): data
 shaped at ingest, so what a question costs grows with its answer, not with the history kept.
 
-Incremental materialized views fill four tables on every insert the exporter makes
+Incremental materialized views fill seven tables on every insert the exporter makes
 (:mod:`.mviews_sql` has them and their SQL): the breakdown's classified rows (``kvtrace_scan``), a
 session -> trace ids lookup, trace id -> first start / last end (like the exporter's own
-``otel_traces_trace_id_ts``), and each session's window per trace.  :class:`.store.ClickHouseStore`
+``otel_traces_trace_id_ts``), each session's window per trace, each request's first start / last end,
+and P's prefills and the d2p transfers (what a prefill rate reads).  :class:`.store.ClickHouseStore`
 then reads the classified rows instead of classifying raw spans (``session_breakdown`` /
-``turn_breakdown`` read the raw table no more), and finds a session's or a time range's bounds in
-the small tables; every other view reads the raw table as before.
+``turn_breakdown`` read the raw table no more), finds a session's, a time range's or its requests'
+bounds in the small tables, and the KV reuse questions price recompute from the prefill tables
+(:mod:`kvtrace.analysis.pushdown`, :mod:`kvtrace.analysis.reuse`); every other view reads the raw
+table (within those bounds) as before.
 
 **Versions.**  Every object carries a comment (:data:`COMMENT`, kvtrace's version of the DDL):
 :func:`state` tells a current set from an absent, partial (a target still marked ``(building)``:
@@ -30,10 +33,11 @@ from dataclasses import dataclass
 from kvtrace.store.clickhouse import ddl, mviews_sql
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 
-VERSION = 3
+VERSION = 4
 """Bump when the DDL of :mod:`.mviews_sql` changes: older tables are then ignored until
 ``kvtrace clickhouse init --replace`` rebuilds them.  1: the session lookup alone; 2: the four
-tables; 3: the scan table derives ``trace_id`` / ``span_id`` on read and keeps the default codec."""
+tables; 3: the scan table derives ``trace_id`` / ``span_id`` on read and keeps the default codec;
+4: the requests, prefills and d2p tables (the KV reuse and retention pages' bounds and rates)."""
 
 _MARK = "kvtrace materialized tables v"
 
@@ -57,6 +61,9 @@ class Names:
     traces: str
     scan: str
     windows: str
+    requests: str
+    prefills: str
+    d2p: str
 
     @property
     def objects(self) -> tuple[str, ...]:
@@ -65,7 +72,17 @@ class Names:
 
 def names(table: str = ddl.TABLE) -> Names:
     t = mviews_sql.target
-    return Names(table, t(table, SESSIONS), t(table, TRACES), t(table, mviews_sql.SCAN_T), t(table, mviews_sql.WINDOWS))
+    m = mviews_sql
+    return Names(
+        table,
+        t(table, SESSIONS),
+        t(table, TRACES),
+        t(table, m.SCAN_T),
+        t(table, m.WINDOWS),
+        t(table, m.REQUESTS),
+        t(table, m.PREFILLS),
+        t(table, m.D2P),
+    )
 
 
 def ddl_statements(table: str = ddl.TABLE, version: int = VERSION) -> list[str]:

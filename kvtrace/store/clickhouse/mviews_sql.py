@@ -20,23 +20,35 @@ shapes its own spans and nothing runs on the exporter's request path beyond Clic
 - ``<table>_kvtrace_windows`` (AggregatingMergeTree, by session and trace): the first start and last
   end of the spans that delimit a session's window (kvtrace's session and request spans and every
   trace's root, the session the first present of the conventions' attributes: what
-  :meth:`.store.ClickHouseStore.window_bounds` reads on the raw table).
+  :meth:`.store.ClickHouseStore.window_bounds` reads on the raw table);
+- ``<table>_kvtrace_requests`` (AggregatingMergeTree, by request): the first start and last end of the
+  spans naming each request id, and of each retention span naming none (keyed ``#`` + its span id): the
+  DuckDB requests lookup's rows (:data:`kvtrace.store.lookup.REQUESTS_SQL`), so a KV reuse question finds
+  the whole of every request it selects (:meth:`.store.ClickHouseStore.requests_bounds`);
+- ``<table>_kvtrace_prefills`` and ``<table>_kvtrace_d2p`` (MergeTree): P's prefill rows of the
+  ``engine_requests`` view and the d2p rows of ``kv_transfers``, the columns a prefill rate reads
+  (:data:`kvtrace.store.lookup.PREFILLS_COLUMNS`, ``D2P_COLUMNS``) and the span's ids (for the
+  backfill): the whole table's prefill rates are computed from them, not from its spans
+  (:mod:`kvtrace.analysis.reuse`).  Both views are projections and filters of one span at a time.
 
-The three small ones hold partial aggregates (min / max, distinct pairs) that merge across inserts and
-parts, and their readers aggregate again, so a row repeated (a backfill rerun) changes nothing.
+The small aggregating ones hold partial aggregates (min / max, distinct pairs) that merge across
+inserts and parts, and their readers aggregate again, so a row repeated (a backfill rerun) changes
+nothing; the backfill of the others skips spans already shaped.
 """
 
 from __future__ import annotations
 
 from kvtrace import semconv as sc
+from kvtrace.store import lookup
 from kvtrace.store.clickhouse import ddl
 from kvtrace.store.clickhouse.dialect import SETTINGS
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
 from kvtrace.store.views.agents import SCAN, SCAN_COLUMNS, SCAN_KEEPS_TRACE, scan_ids
 
 SCAN_T, SESSIONS, TRACES, WINDOWS = "_kvtrace_scan", "_kvtrace_sessions", "_kvtrace_traces", "_kvtrace_windows"
+REQUESTS, PREFILLS, D2P = "_kvtrace_requests", "_kvtrace_prefills", "_kvtrace_d2p"
 MV = "_mv"
-TARGETS = (SCAN_T, SESSIONS, TRACES, WINDOWS)
+TARGETS = (SCAN_T, SESSIONS, TRACES, WINDOWS, REQUESTS, PREFILLS, D2P)
 
 
 def target(table: str, suffix: str) -> str:
@@ -119,6 +131,42 @@ def scan_select(table: str, where: str = "") -> str:
     return assemble(f"SELECT {cols} FROM {SCAN}", (), table, False, raw_where=where, keep_ids=True)
 
 
+# The DuckDB store's requests, prefills and d2p lookups (kvtrace.store.lookup), as DuckDB SQL over kvtrace's
+# views (transpiled like the scan view's), the row tables with their spans' ids (the backfill's key)
+_REQUESTS_ROWS = lookup.REQUESTS_SQL.replace("{spans}", "SELECT * FROM spans")
+_ROWS = {
+    PREFILLS: (
+        f"trace_id, span_id, {lookup.PREFILLS_COLUMNS}",
+        f"engine_requests WHERE phase = {literal(sc.ROLE_PREFILL)}",
+    ),
+    D2P: (f"trace_id, span_id, {lookup.D2P_COLUMNS}", f"kv_transfers WHERE direction = {literal(sc.DIRECTION_D2P)}"),
+}
+_ROW_TYPES = {
+    PREFILLS: "prompt_tokens Nullable(Int64), cached_tokens Nullable(Int64), duration_ms Float64",
+    D2P: "status Nullable(String), tokens Nullable(Int64), duration_ms Float64",
+}
+_ROW_IDS = ", ".join(f"{c} Nullable(String)" for c in ("trace_id", "span_id", "request_id", "engine_id"))
+
+
+def _views_select(table: str, sql: str, where: str = "") -> str:
+    """DuckDB ``sql`` over kvtrace's views as a ClickHouse ``SELECT`` over ``table`` (``where``: on its
+    columns), as :mod:`.store` transpiles every question."""
+    from kvtrace.store.clickhouse.store import assemble  # store imports this module
+
+    return assemble(sql, (), table, False, raw_where=where)
+
+
+def rows_select(table: str, kind: str, where: str = "") -> str:
+    """The rows of the ``kind`` table (:data:`PREFILLS` or :data:`D2P`) over ``table``'s spans."""
+    cols, source = _ROWS[kind]
+    return _views_select(table, f"SELECT {cols} FROM {source}", where)
+
+
+def requests_select(table: str, where: str = "") -> str:
+    """The requests table's rows (partial min / max) over ``table``'s spans."""
+    return _views_select(table, _REQUESTS_ROWS, where)
+
+
 def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
     """CREATE statements (targets with comment ``pending``, then views with ``comment``), each
     ``IF NOT EXISTS``."""
@@ -141,6 +189,14 @@ def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
         "    TraceId String CODEC(ZSTD(1)),\n    Start SimpleAggregateFunction(min, Int64),\n"
         "    End SimpleAggregateFunction(max, Int64)\n"
         f") ENGINE = AggregatingMergeTree\nORDER BY (SessionId, TraceId)\nCOMMENT {b}",
+        f"CREATE TABLE IF NOT EXISTS {t[REQUESTS]} (\n    request_id String CODEC(ZSTD(1)),\n"
+        "    lo SimpleAggregateFunction(min, Int64),\n    hi SimpleAggregateFunction(max, Int64)\n"
+        f") ENGINE = AggregatingMergeTree\nORDER BY request_id\nCOMMENT {b}",
+        *(
+            f"CREATE TABLE IF NOT EXISTS {t[kind]} ({_ROW_IDS}, {_ROW_TYPES[kind]}) ENGINE = MergeTree\n"
+            f"ORDER BY tuple()\nCOMMENT {b}"
+            for kind in (PREFILLS, D2P)
+        ),
         *(
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS {ident(target(table, s) + MV)} TO {t[s]}\nAS {select}\nCOMMENT {c}"
             for s, select in _mv_selects(src, table).items()
@@ -154,6 +210,9 @@ def _mv_selects(src: str, table: str) -> dict[str, str]:
         SESSIONS: _SESSIONS_SELECT.format(src=src) + _AGG,
         TRACES: _TRACES_SELECT.format(src=src) + _AGG,
         WINDOWS: _WINDOWS_SELECT.format(src=src) + _AGG,
+        REQUESTS: requests_select(table) + _AGG,
+        PREFILLS: rows_select(table, PREFILLS) + _settings(),
+        D2P: rows_select(table, D2P) + _settings(),
     }
 
 
@@ -178,7 +237,19 @@ def backfill_statements(table: str, day: str) -> list[str]:
         f"INSERT INTO {ident(target(table, TRACES))} (TraceId, Start, End) {_TRACES_SELECT.format(src=src)}{_AGG}",
         f"INSERT INTO {ident(target(table, WINDOWS))} (SessionId, TraceId, Start, End) "
         f"{_WINDOWS_SELECT.format(src=src)}{_AGG}",
+        f"INSERT INTO {ident(target(table, REQUESTS))} (request_id, lo, hi) {requests_select(table, where)}{_AGG}",
+        *(
+            f"INSERT INTO {ident(target(table, kind))} ({_ROWS[kind][0]}) "
+            f"{rows_select(table, kind, _unshaped(table, kind, where))}{_settings()}"
+            for kind in (PREFILLS, D2P)
+        ),
     ]
+
+
+def _unshaped(table: str, kind: str, where: str) -> str:
+    """``where``, and the span not in the ``kind`` table yet (by its ids, which the views keep as they are
+    on every span those tables hold)."""
+    return f"({where}) AND (TraceId, SpanId) NOT IN (SELECT trace_id, span_id FROM {ident(target(table, kind))})"
 
 
 def days_sql(table: str) -> str:
@@ -188,6 +259,19 @@ def days_sql(table: str) -> str:
     return (
         "SELECT DISTINCT toString(toDate(min_time)) AS day FROM system.parts "
         f"WHERE {where_db} AND table = {literal(name, CLICKHOUSE)} AND active ORDER BY day"
+    )
+
+
+def parts_sql(table: str) -> str:
+    """A fingerprint of the active parts of ``table`` and its targets (``system.parts``): how many, their
+    rows and the XOR of their names' hashes.  Every insert, merge or mutation makes new parts, so it
+    changes whenever what the tables hold may have changed."""
+    db, _ = table.rsplit(".", 1) if "." in table else (None, table)
+    where_db = f"database = {literal(db, CLICKHOUSE)}" if db else "database = currentDatabase()"
+    names = ", ".join(literal(n.rsplit(".", 1)[-1], CLICKHOUSE) for n in [table, *(target(table, s) for s in TARGETS)])
+    return (
+        "SELECT count() AS parts, sum(rows) AS rows, groupBitXor(cityHash64(name, table)) AS names "
+        f"FROM system.parts WHERE active AND {where_db} AND table IN ({names})"
     )
 
 
@@ -258,6 +342,23 @@ def scan_read_sql(table: str, bounded: bool, lo: str, hi: str, scope: str | None
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
     cols = ", ".join(f"{_DERIVED[n]} AS {n}" if n in _DERIVED else n for n in _SCAN_TYPES)
     return f"SELECT {cols} FROM {ident(target(table, SCAN_T))}{where}"
+
+
+def requests_bounds_sql(table: str) -> str:
+    """``lo`` / ``hi`` of the spans of every request whose spans overlap ``[{lo}, {hi}]`` (the DuckDB
+    store's :data:`kvtrace.store.lookup.REQUESTS_BOUNDS_SQL`, on the requests table)."""
+    r = ident(target(table, REQUESTS))
+    return (
+        f"SELECT min(lo) AS lo, max(hi) AS hi FROM (SELECT request_id, min(lo) AS lo, max(hi) AS hi FROM {r} "
+        "GROUP BY request_id) WHERE hi >= {lo:Int64} AND lo <= {hi:Int64}"
+    )
+
+
+def rows_relation(table: str, kind: str) -> str:
+    """The ``kind`` table (:data:`PREFILLS` or :data:`D2P`) as the DuckDB relation a prefill rate reads
+    (:data:`kvtrace.store.lookup.PREFILLS_COLUMNS` or ``D2P_COLUMNS``)."""
+    cols = lookup.PREFILLS_COLUMNS if kind == PREFILLS else lookup.D2P_COLUMNS
+    return f"(SELECT {cols} FROM {ident(target(table, kind))})"
 
 
 def building(comment: str) -> str:

@@ -338,6 +338,35 @@ class ClickHouseStore:
         traces = f"SELECT TraceId {windows} AND ({sid}) IN ({chosen})"
         return self._bounds(f"SELECT {_MIN_MAX} FROM {t} WHERE TraceId IN ({traces})", params)
 
+    def requests_bounds(self, lo_ns: int, hi_ns: int) -> tuple[int, int] | None:
+        """``[first start, last end]`` of the spans of every request whose spans overlap ``[lo_ns, hi_ns]``
+        (and of every retention span naming no request that does), from kvtrace's requests table
+        (:mod:`.mviews`); None if none does, or without the materialized tables."""
+        if not self.has_lookup:
+            return None
+        return self._bounds(mviews_sql.requests_bounds_sql(self.table), {"lo": int(lo_ns), "hi": int(hi_ns)})
+
+    def rates_relations(self) -> tuple[str, str] | None:
+        """(prefills, d2p): the relations a prefill rate reads (:mod:`kvtrace.analysis.reuse`) over
+        kvtrace's prefills and d2p tables, whatever this store's bounds; None without them."""
+        if not self.has_lookup:
+            return None
+        m = mviews_sql
+        return m.rows_relation(self.table, m.PREFILLS), m.rows_relation(self.table, m.D2P)
+
+    def generation(self) -> str | None:
+        """What this table and its materialized tables hold, as an id that changes whenever it may
+        have changed (:func:`.mviews_sql.parts_sql`): what is computed from the materialized tables
+        alone (a question's bounds) is kept while it holds (:func:`kvtrace.store.lookup.kept`).  None
+        without them, or where ``system.parts`` cannot be read (then nothing is kept)."""
+        if not self.has_lookup:
+            return None
+        try:
+            [row] = self.backend.query(mviews_sql.parts_sql(self.table)).to_pylist()
+        except BackendError:
+            return None
+        return f"{self.backend.description} {self.table} {row['parts']} {row['rows']} {row['names']}"
+
     def time_span(self) -> dict | None:
         """First span start, last span end (epoch ns) and span count of the whole table from kvtrace's
         materialized tables (:func:`.mviews_sql.time_span_sql`); None without them (the caller reads
