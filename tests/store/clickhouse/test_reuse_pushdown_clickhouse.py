@@ -24,6 +24,7 @@ from kvtrace.analysis.common import rows  # noqa: E402
 from kvtrace.analysis.filters import Filters  # noqa: E402
 from kvtrace.store import connect, lookup  # noqa: E402
 from kvtrace.store.clickhouse import load, mviews, mviews_sql  # noqa: E402
+from kvtrace.store.clickhouse.backend import BackendError  # noqa: E402
 from kvtrace.store.clickhouse.store import ClickHouseStore  # noqa: E402
 from kvtrace.store.files import list_files  # noqa: E402
 from kvtrace.store.schema import SCHEMA  # noqa: E402
@@ -178,3 +179,25 @@ def test_what_is_kept_follows_each_insert(stores):
     whole = reuse.prefill_rates(raw)
     assert not session_queries.same_answer(day0_rates, whole)
     assert session_queries.same_answer(reuse.prefill_rates(store), whole)
+
+
+def test_without_system_parts_nothing_is_kept_and_the_answers_hold(stores, monkeypatch):
+    """A user who cannot read ``system.parts``: no generation, so bounds and rates are found for each
+    question (never kept where a change could not be seen), and the answers are the raw table's."""
+    live, raw = stores["live"], stores["raw"]
+    store = ClickHouseStore(live.backend, live.table)
+    real = store.backend.query
+
+    def query(sql, params=None):
+        if "system.parts" in sql:
+            raise BackendError("Not enough privileges")
+        return real(sql, params)
+
+    monkeypatch.setattr(store.backend, "query", query)
+    assert store.has_lookup and store.generation() is None
+    calls = []
+    monkeypatch.setattr(store, "requests_bounds", lambda lo, hi: calls.append((lo, hi)) or live.requests_bounds(lo, hi))
+    day = Filters(*multiday.day_range(1))
+    for _ in range(2):
+        assert session_queries.same_answer(reuse.summary(store, day), reuse.summary(raw, day))
+    assert len(calls) == 2
