@@ -35,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
     answer, not with the history kept.  Creates the tables and
     views (IF NOT EXISTS), backfills them from the rows already in the table a day at a time (spans
     the views already shaped are skipped) and marks them complete; kvtrace reads them only then.
-    Nothing to do on current tables; run it again after an interruption.  Older tables (e.g. the v1
-    session lookup) are refused unless --replace.  Needs a user allowed CREATE TABLE, CREATE VIEW,
+    Nothing to do on current tables; run it again after an interruption.  A v3 set is completed in
+    place (the requests, prefills and d2p tables added and backfilled, the others kept); other older
+    tables (e.g. the v1 session lookup) are refused unless --replace.  Needs a user allowed CREATE TABLE, CREATE VIEW,
     ALTER TABLE and INSERT (without, every answer still reads the raw table); the DDL is in
     collectors/clickhouse-kvtrace-views.sql.  `kvtrace doctor --clickhouse URL` says when a table
     lacks them.  docs/clickhouse.md ("Materialized tables").

@@ -16,7 +16,9 @@ table (within those bounds) as before.
 :func:`state` tells a current set from an absent, partial (a target still marked ``(building)``:
 :func:`init` did not finish) or older one (the v1 session lookup, any other version), and the store
 uses only a current one; otherwise it reads the raw table as without them, and ``kvtrace doctor``
-says in one line (:func:`advice`) how to add or rebuild them.
+says in one line (:func:`advice`) how to add, complete or rebuild them.  A set one version older whose
+tables this version keeps as they are (:data:`UPGRADES`: v3) is completed in place by :func:`init`,
+so a long history's classified rows are not written again.
 
 **Backfill.**  :func:`init` creates the targets (marked ``(building)``) and the views, then inserts
 what the table held before, a day (partition) at a time; the classified rows only of spans not
@@ -28,7 +30,7 @@ the exporter writes, or while it is quiet, on a table with history.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtrace.store.clickhouse import ddl, mviews_sql
 from kvtrace.store.sql import CLICKHOUSE, ident, literal
@@ -85,10 +87,13 @@ def names(table: str = ddl.TABLE) -> Names:
     )
 
 
-def ddl_statements(table: str = ddl.TABLE, version: int = VERSION) -> list[str]:
-    """CREATE statements (targets marked building, then views), each idempotent (``IF NOT EXISTS``)."""
+def ddl_statements(
+    table: str = ddl.TABLE, version: int = VERSION, only: tuple[str, ...] = mviews_sql.TARGETS
+) -> list[str]:
+    """CREATE statements (targets marked building, then views), each idempotent (``IF NOT EXISTS``);
+    ``only``: of these targets (and their views)."""
     c = comment(version)
-    return mviews_sql.ddl_statements(table, c, mviews_sql.building(c))
+    return mviews_sql.ddl_statements(table, c, mviews_sql.building(c), only)
 
 
 def drop_statements(table: str = ddl.TABLE) -> list[str]:
@@ -106,6 +111,8 @@ class State:
 
     kind: str
     versions: tuple[str, ...] = ()
+    found: frozenset[str] = field(default=frozenset(), compare=False)
+    """The objects present (names without the database)."""
 
     @property
     def current(self) -> bool:
@@ -132,9 +139,28 @@ def classify(found: dict[str, str], wanted: list[str]) -> State:
     pending = mviews_sql.building(COMMENT)
     other = tuple(sorted({c for c in found.values() if c not in (COMMENT, pending)}))
     if other:
-        return State("old", other)
+        return State("old", other, frozenset(found))
     complete = len(found) == len(wanted) and pending not in found.values()
     return State("current") if complete else State("partial")
+
+
+UPGRADES = {comment(3): (mviews_sql.REQUESTS, mviews_sql.PREFILLS, mviews_sql.D2P)}
+"""An older set :func:`init` completes in place (its comment -> the targets this version added to it):
+its tables stay as they are, the added ones are created and backfilled, then every object is marked
+current.  Any other older set is rebuilt (``--replace``)."""
+
+
+def added(table: str, st: State) -> tuple[str, ...] | None:
+    """The targets :func:`init` adds to ``table``'s older set ``st`` in place (:data:`UPGRADES`); None
+    if it must be rebuilt: another version, or an object of the older set missing (an upgrade
+    interrupted may have left some of the added ones, marked ``(building)``)."""
+    if st.kind != "old" or len(st.versions) != 1 or st.versions[0] not in UPGRADES:
+        return None
+    new = UPGRADES[st.versions[0]]
+    kept = [s for s in mviews_sql.TARGETS if s not in new]
+    short = table.rsplit(".", 1)[-1]
+    needed = {short + s for s in kept} | {short + s + mviews_sql.MV for s in kept}
+    return new if needed <= st.found else None
 
 
 def advice(table: str, st: State, url: str = "URL") -> str | None:
@@ -143,6 +169,11 @@ def advice(table: str, st: State, url: str = "URL") -> str | None:
         return None
     flag = "" if table == ddl.TABLE else f" --table {table}"
     cmd = f"kvtrace clickhouse init --clickhouse {url}{flag}"
+    if added(table, st):
+        return (
+            f"{table}: materialized tables are {st.versions[0]}, this kvtrace reads {COMMENT} (until then it reads "
+            f"the raw table): add what {COMMENT} adds with `{cmd}` (the tables already there are kept)"
+        )
     if st.kind == "old":
         found = ", ".join(st.versions) or "unversioned"
         return (
@@ -168,9 +199,9 @@ def note(store, url: str = "URL") -> str | None:
 
 def init(backend, table: str = ddl.TABLE, *, replace: bool = False) -> dict[str, int]:
     """Create the tables for ``table``, backfill them and mark them current (module doc);
-    ``replace``: drop existing ones first (an older version is refused without it).  Nothing to do
-    on current tables.  Returns the sessions and traces the lookup then holds.  Raises
-    :class:`.backend.BackendError` (one line)."""
+    ``replace``: drop existing ones first (an older version is refused without it, but for one it
+    completes in place: :data:`UPGRADES`).  Nothing to do on current tables.  Returns the sessions
+    and traces the lookup then holds.  Raises :class:`.backend.BackendError` (one line)."""
     from kvtrace.store.clickhouse.backend import BackendError
 
     try:
@@ -178,11 +209,15 @@ def init(backend, table: str = ddl.TABLE, *, replace: bool = False) -> dict[str,
     except BackendError as exc:
         raise BackendError(f"table {table}: {exc}") from None
     st = state(backend, table)
-    if st.kind == "old" and not replace:
+    upgrade = None if replace else added(table, st)
+    if st.kind == "old" and not replace and upgrade is None:
         raise BackendError(advice(table, st, backend.description) or "")
     if replace or not st.current:
         try:
-            _build(backend, table, replace)
+            if upgrade:
+                _upgrade(backend, table, upgrade)
+            else:
+                _build(backend, table, replace)
         except BackendError as exc:
             raise BackendError(
                 f"cannot create the materialized tables of {table}: {exc} (needs a user allowed CREATE TABLE, "
@@ -198,6 +233,18 @@ def _build(backend, table: str, replace: bool) -> None:
         for sql in mviews_sql.backfill_statements(table, row["day"]):
             backend.command(sql)
     for sql in mviews_sql.mark_statements(table, COMMENT):
+        backend.command(sql)
+
+
+def _upgrade(backend, table: str, new: tuple[str, ...]) -> None:
+    """The targets ``new`` (and their views) added to an older set, backfilled, then every object marked
+    current (:data:`UPGRADES`); the older set's tables are not touched."""
+    for sql in ddl_statements(table, only=new):
+        backend.command(sql)
+    for row in backend.query(mviews_sql.days_sql(table)).to_pylist():
+        for sql in mviews_sql.backfill_statements(table, row["day"], new):
+            backend.command(sql)
+    for sql in mviews_sql.mark_statements(table, COMMENT, views=True):
         backend.command(sql)
 
 

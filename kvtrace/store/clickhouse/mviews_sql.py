@@ -167,40 +167,41 @@ def requests_select(table: str, where: str = "") -> str:
     return _views_select(table, _REQUESTS_ROWS, where)
 
 
-def ddl_statements(table: str, comment: str, pending: str) -> list[str]:
+def ddl_statements(table: str, comment: str, pending: str, only: tuple[str, ...] = TARGETS) -> list[str]:
     """CREATE statements (targets with comment ``pending``, then views with ``comment``), each
-    ``IF NOT EXISTS``."""
+    ``IF NOT EXISTS``; ``only``: of these targets (and their views)."""
     src, c, b = ident(table), literal(comment, CLICKHOUSE), literal(pending, CLICKHOUSE)
     t = {s: ident(target(table, s)) for s in TARGETS}
     cols = ",\n    ".join(f"{n} {ty}" for n, ty in SCAN_STORED.items())
     ids = ",\n    ".join(f"{n} String" for n in _IDS)
-    return [
-        f"CREATE TABLE IF NOT EXISTS {t[SCAN_T]} (\n    {cols},\n    {ids},\n"
+    tables = {
+        SCAN_T: f"CREATE TABLE IF NOT EXISTS {t[SCAN_T]} (\n    {cols},\n    {ids},\n"
         "    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1\n) ENGINE = MergeTree\n"
         "PARTITION BY toDate(fromUnixTimestamp64Nano(start_ns))\nORDER BY start_ns\n"
         f"COMMENT {b}",
-        f"CREATE TABLE IF NOT EXISTS {t[SESSIONS]} (\n    SessionId String CODEC(ZSTD(1)),\n"
+        SESSIONS: f"CREATE TABLE IF NOT EXISTS {t[SESSIONS]} (\n    SessionId String CODEC(ZSTD(1)),\n"
         "    TraceId String CODEC(ZSTD(1))\n) ENGINE = ReplacingMergeTree\nORDER BY (SessionId, TraceId)\n"
         f"COMMENT {b}",
-        f"CREATE TABLE IF NOT EXISTS {t[TRACES]} (\n    TraceId String CODEC(ZSTD(1)),\n"
+        TRACES: f"CREATE TABLE IF NOT EXISTS {t[TRACES]} (\n    TraceId String CODEC(ZSTD(1)),\n"
         "    Start SimpleAggregateFunction(min, Int64),\n    End SimpleAggregateFunction(max, Int64)\n"
         f") ENGINE = AggregatingMergeTree\nORDER BY TraceId\nCOMMENT {b}",
-        f"CREATE TABLE IF NOT EXISTS {t[WINDOWS]} (\n    SessionId String CODEC(ZSTD(1)),\n"
+        WINDOWS: f"CREATE TABLE IF NOT EXISTS {t[WINDOWS]} (\n    SessionId String CODEC(ZSTD(1)),\n"
         "    TraceId String CODEC(ZSTD(1)),\n    Start SimpleAggregateFunction(min, Int64),\n"
         "    End SimpleAggregateFunction(max, Int64)\n"
         f") ENGINE = AggregatingMergeTree\nORDER BY (SessionId, TraceId)\nCOMMENT {b}",
-        f"CREATE TABLE IF NOT EXISTS {t[REQUESTS]} (\n    request_id String CODEC(ZSTD(1)),\n"
+        REQUESTS: f"CREATE TABLE IF NOT EXISTS {t[REQUESTS]} (\n    request_id String CODEC(ZSTD(1)),\n"
         "    lo SimpleAggregateFunction(min, Int64),\n    hi SimpleAggregateFunction(max, Int64)\n"
         f") ENGINE = AggregatingMergeTree\nORDER BY request_id\nCOMMENT {b}",
-        *(
-            f"CREATE TABLE IF NOT EXISTS {t[kind]} ({_ROW_IDS}, {_ROW_TYPES[kind]}) ENGINE = MergeTree\n"
+        **{
+            kind: f"CREATE TABLE IF NOT EXISTS {t[kind]} ({_ROW_IDS}, {_ROW_TYPES[kind]}) ENGINE = MergeTree\n"
             f"ORDER BY tuple()\nCOMMENT {b}"
             for kind in (PREFILLS, D2P)
-        ),
-        *(
-            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {ident(target(table, s) + MV)} TO {t[s]}\nAS {select}\nCOMMENT {c}"
-            for s, select in _mv_selects(src, table).items()
-        ),
+        },
+    }
+    views = _mv_selects(src, table)
+    return [tables[s] for s in only] + [
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {ident(target(table, s) + MV)} TO {t[s]}\nAS {views[s]}\nCOMMENT {c}"
+        for s in only
     ]
 
 
@@ -222,28 +223,30 @@ def day_filter(day: str) -> str:
     return f"Timestamp >= toDateTime64({d}, 9, 'UTC') AND Timestamp < toDateTime64({d}, 9, 'UTC') + INTERVAL 1 DAY"
 
 
-def backfill_statements(table: str, day: str) -> list[str]:
-    """INSERT ... SELECT of day ``day``'s spans already in ``table``: the classified rows of the spans
-    the scan view has not shaped yet (by trace and span id; the view already sees new inserts), the
-    lookups' rows of all (repeats change nothing)."""
+def backfill_statements(table: str, day: str, only: tuple[str, ...] = TARGETS) -> list[str]:
+    """INSERT ... SELECT of day ``day``'s spans already in ``table``: the classified, prefill and d2p
+    rows of the spans those views have not shaped yet (by trace and span id; the views already see new
+    inserts), the lookups' rows of all (repeats change nothing); ``only``: into these targets."""
     where = day_filter(day)
     scan = ident(target(table, SCAN_T))
     fresh = f"({where}) AND (TraceId, SpanId) NOT IN (SELECT TraceId, SpanId FROM {scan})"
     src = f"(SELECT * FROM {ident(table)} WHERE {where})"
     cols = ", ".join((*SCAN_STORED, *_IDS))
-    return [
-        f"INSERT INTO {scan} ({cols}) {scan_select(table, fresh)}{_settings()}",
-        f"INSERT INTO {ident(target(table, SESSIONS))} (SessionId, TraceId) {_SESSIONS_SELECT.format(src=src)}{_AGG}",
-        f"INSERT INTO {ident(target(table, TRACES))} (TraceId, Start, End) {_TRACES_SELECT.format(src=src)}{_AGG}",
-        f"INSERT INTO {ident(target(table, WINDOWS))} (SessionId, TraceId, Start, End) "
+    into = {s: ident(target(table, s)) for s in TARGETS}
+    statements = {
+        SCAN_T: f"INSERT INTO {scan} ({cols}) {scan_select(table, fresh)}{_settings()}",
+        SESSIONS: f"INSERT INTO {into[SESSIONS]} (SessionId, TraceId) {_SESSIONS_SELECT.format(src=src)}{_AGG}",
+        TRACES: f"INSERT INTO {into[TRACES]} (TraceId, Start, End) {_TRACES_SELECT.format(src=src)}{_AGG}",
+        WINDOWS: f"INSERT INTO {into[WINDOWS]} (SessionId, TraceId, Start, End) "
         f"{_WINDOWS_SELECT.format(src=src)}{_AGG}",
-        f"INSERT INTO {ident(target(table, REQUESTS))} (request_id, lo, hi) {requests_select(table, where)}{_AGG}",
-        *(
-            f"INSERT INTO {ident(target(table, kind))} ({_ROWS[kind][0]}) "
+        REQUESTS: f"INSERT INTO {into[REQUESTS]} (request_id, lo, hi) {requests_select(table, where)}{_AGG}",
+        **{
+            kind: f"INSERT INTO {into[kind]} ({_ROWS[kind][0]}) "
             f"{rows_select(table, kind, _unshaped(table, kind, where))}{_settings()}"
             for kind in (PREFILLS, D2P)
-        ),
-    ]
+        },
+    }
+    return [statements[s] for s in only]
 
 
 def _unshaped(table: str, kind: str, where: str) -> str:
@@ -286,10 +289,12 @@ def drop_statements(table: str) -> list[str]:
     return views + [f"DROP TABLE IF EXISTS {ident(target(table, s))}" for s in TARGETS]
 
 
-def mark_statements(table: str, comment: str) -> list[str]:
-    """The targets' comment set to ``comment`` (the tables are complete)."""
+def mark_statements(table: str, comment: str, only: tuple[str, ...] = TARGETS, views: bool = False) -> list[str]:
+    """The targets' comment set to ``comment`` (the tables are complete); ``views``: their views' too
+    (an older set upgraded in place, :func:`.mviews.init`)."""
     c = literal(comment, CLICKHOUSE)
-    return [f"ALTER TABLE {ident(target(table, s))} MODIFY COMMENT {c}" for s in TARGETS]
+    names = [target(table, s) for s in only] + ([target(table, s) + MV for s in only] if views else [])
+    return [f"ALTER TABLE {ident(n)} MODIFY COMMENT {c}" for n in names]
 
 
 # ------------------------------------------------------------------------------------- reads

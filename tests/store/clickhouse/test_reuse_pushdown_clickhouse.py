@@ -201,3 +201,56 @@ def test_without_system_parts_nothing_is_kept_and_the_answers_hold(stores, monke
     for _ in range(2):
         assert session_queries.same_answer(reuse.summary(store, day), reuse.summary(raw, day))
     assert len(calls) == 2
+
+
+def test_a_v3_set_is_completed_in_place(stores):
+    """``kvtrace clickhouse init`` on a table with the v3 set adds the requests, prefills and d2p tables
+    (backfilled) and keeps the v3 tables as they are (a row only they hold survives); the answers are
+    then the raw table's, for what was inserted before and after."""
+    backend, raw = stores["raw"].backend, stores["raw"]
+    table = stores["live"].table + "_v3"
+    old, t = mviews.comment(3), mviews.names(table)
+    v3 = tuple(s for s in mviews_sql.TARGETS if s not in mviews.UPGRADES[old])
+    load.create_table(backend, table)
+    spans = load.exporter_table(pa.concat_tables(pq.read_table(p, schema=SCHEMA) for p in list_files(stores["dir"])))
+    first = pc.less(pc.cast(spans["Timestamp"], pa.int64()), multiday.day_range(1)[0] + 3600 * 10**9)
+    settings = load.exporter_settings(backend)
+    load.insert(backend, table, spans.filter(first), settings)
+    for sql in mviews_sql.ddl_statements(table, old, mviews_sql.building(old), v3):
+        backend.command(sql)
+    for row in backend.query(mviews_sql.days_sql(table)).to_pylist():
+        for sql in mviews_sql.backfill_statements(table, row["day"], v3):
+            backend.command(sql)
+    for sql in mviews_sql.mark_statements(table, old, v3):
+        backend.command(sql)
+    st = mviews.state(backend, table)
+    assert st == mviews.State("old", (old,)) and mviews.added(table, st) == mviews.UPGRADES[old]
+    assert mviews.advice(table, st, "chdb:X") == (
+        f"{table}: materialized tables are {old}, this kvtrace reads {mviews.COMMENT} (until then it reads the raw "
+        f"table): add what {mviews.COMMENT} adds with `kvtrace clickhouse init --clickhouse chdb:X --table {table}` "
+        "(the tables already there are kept)"
+    )
+    backend.command(f"INSERT INTO {ident(t.sessions)} (SessionId, TraceId) VALUES ('kept-session', 'kept-trace')")
+    mviews.init(backend, table)
+    assert mviews.state(backend, table) == mviews.State("current")
+    load.insert(backend, table, spans.filter(pc.invert(first)), settings)
+    store = ClickHouseStore(backend, table)
+    assert _at(store, f"SELECT count(*) AS n FROM {ident(t.sessions)} WHERE SessionId = 'kept-session'", {}) == 1
+    for f in (Filters(*multiday.day_range(1)), Filters(session_id=multiday.midnight_session(0))):
+        for query in ("summary", "retention_totals", "tokens_by_source"):
+            fn = session_queries.REUSE_QUERIES[query]
+            assert session_queries.same_answer(fn(store, f), fn(raw, f)), (query, f)
+
+
+def test_an_older_set_missing_a_table_is_rebuilt_not_completed(stores):
+    backend = stores["raw"].backend
+    table = stores["live"].table + "_v3_short"
+    old = mviews.comment(3)
+    load.create_table(backend, table)
+    v3 = (mviews_sql.SCAN_T, mviews_sql.SESSIONS, mviews_sql.TRACES)  # the windows table dropped by hand
+    for sql in mviews_sql.ddl_statements(table, old, old, v3):
+        backend.command(sql)
+    st = mviews.state(backend, table)
+    assert st == mviews.State("old", (old,)) and mviews.added(table, st) is None
+    with pytest.raises(BackendError, match="--replace"):
+        mviews.init(backend, table)
