@@ -117,12 +117,13 @@ def before(page, con, window) -> dict:
         return page(con, window)
 
 
-def _same(a: dict, b: dict) -> bool:
-    """Two summaries equal, floats to 1e-9 relative (a sum's order)."""
+def same(a: dict, b: dict, rel_tol: float = 1e-9) -> bool:
+    """Two summaries equal, floats to ``rel_tol`` relative (a sum's order)."""
     import math
 
     return a.keys() == b.keys() and all(
-        math.isclose(a[k], b[k], rel_tol=1e-9) if isinstance(a[k], float) else a[k] == b[k] for k in a
+        math.isclose(a[k], b[k], rel_tol=rel_tol) if isinstance(a[k], float) and b[k] is not None else a[k] == b[k]
+        for k in a
     )
 
 
@@ -188,12 +189,12 @@ def bench(directory: Path, days: int, threads: int, repeat: int, baseline: bool)
     if baseline:
         fns["before #40: one day"] = lambda: before_40(con, day)
         got, want = fns["one day"](), before_40(con, day)
-        assert _same(got, want), f"the bounded day disagrees with the whole store's: {got} != {want}"
+        assert same(got, want), f"the bounded day disagrees with the whole store's: {got} != {want}"
         window = reads["KV reuse page"]
         for name, page in (("KV reuse page", reuse_page), ("retention page", retention_page)):
             fns[f"before: {name}"] = lambda page=page: before(page, con, window)
             got, want = fns[name](), before(page, con, window)
-            assert _same(got, want), f"the bounded {name} disagrees with the whole store's: {got} != {want}"
+            assert same(got, want), f"the bounded {name} disagrees with the whole store's: {got} != {want}"
     samples = _samples(fns, repeat)
     print(
         f"\n{days} days: {spans:,} spans ({spans // days:,} a day), {index_rows:,} index rows, "

@@ -49,6 +49,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+from bench_history import same  # noqa: E402
+
 DAY_NS = 86_400 * 10**9
 TEMPLATE_SESSIONS, TEMPLATE_TURNS = 16, 6
 TABLE = "otel.otel_traces"
@@ -138,13 +141,6 @@ def first_page(con, clickhouse: bool) -> dict:
     return sessions.overview(con, window, limit=500)["totals"]  # the totals and the top rows in one query
 
 
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        math.isclose(a[k], b[k], rel_tol=1e-6) if isinstance(a[k], float) and b[k] is not None else a[k] == b[k]
-        for k in a
-    )
-
-
 def bench(parquet: Path, db: Path, days: int, threads: int, repeat: int = REPEAT) -> None:
     from kvtrace.analysis import sessions
     from kvtrace.analysis.filters import Filters
@@ -207,7 +203,7 @@ def bench(parquet: Path, db: Path, days: int, threads: int, repeat: int = REPEAT
 
 def _equal(a, b) -> bool:
     if isinstance(a, dict):
-        return same(a, b)
+        return same(a, b, rel_tol=1e-6)
     return a == b
 
 

@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import sys
 import time
 from pathlib import Path
 
-from bench_clickhouse import DAY_NS, first_page, generate, same, timed
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
-from bench_history import last_day, retention_page, reuse_page  # noqa: E402
+from bench_clickhouse import DAY_NS, first_page, generate, timed
+from bench_history import last_day, retention_page, reuse_page, same  # bench_clickhouse put it on the path
 
 RAW, SHAPED, SINGLE = "raw", "shaped", "shaped 1st"
 QUESTIONS = ("one day", "one session", "first page", "KV reuse page", "retention page")
@@ -167,7 +164,7 @@ def measure(stores: dict, fns: dict, repeat: int) -> dict:
 
 def _equal(a, b) -> bool:
     if isinstance(a, dict):
-        return same(a, b)
+        return same(a, b, rel_tol=1e-6)
     if isinstance(a, list):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b

@@ -107,7 +107,8 @@ def _over(con) -> tuple[str, str]:
 def _store_rates(con) -> tuple[list[dict], list[dict]] | None:
     """(:func:`prefill_rates`, :func:`break_even`) of ``con``'s store, from its lookups (DuckDB) or
     prefill tables (ClickHouse), computed once per listing of its files, or state of its tables' parts
-    (:func:`kvtrace.store.lookup.kept`); None over the views (computed in each statement there)."""
+    (:func:`kvtrace.store.lookup.kept`); None over the views (:data:`PREFILL_RATE_SQL` and
+    :data:`BREAK_EVEN_SQL`, computed in each statement)."""
     prefills, d2p = over = _over(con)
     if over is _VIEWS:
         return None
@@ -126,7 +127,7 @@ def _rates_for(con) -> tuple[str, dict]:
     would pair two unnested arrays' every element with every other's.)"""
     kept = _store_rates(con)
     if kept is None:
-        return _rate_sql(*_over(con)), {}
+        return PREFILL_RATE_SQL, {}
     engines = [r for r in kept[0] if r["engine_id"] is not None]
     one = "SELECT $rate_engine_{0}::VARCHAR AS engine_id, $rate_{0}::DOUBLE AS tokens_per_ms"
     parts = [one.format(i) for i in range(len(engines))]
@@ -345,7 +346,7 @@ def prefill_rates(con) -> list[dict]:
     kept = _store_rates(con)
     if kept is not None:
         return [dict(r) for r in kept[0]]
-    return rows(con, _rate_sql(*_over(con)) + " ORDER BY engine_id NULLS FIRST")
+    return rows(con, PREFILL_RATE_SQL + " ORDER BY engine_id NULLS FIRST")
 
 
 def break_even(con, rates_table: str | None = None) -> list[dict]:
@@ -357,5 +358,4 @@ def break_even(con, rates_table: str | None = None) -> list[dict]:
     kept = _store_rates(con)
     if kept is not None:
         return [dict(r) for r in kept[1]]
-    prefills, d2p = _over(con)
-    return rows(con, _break_even_sql(_rate_sql(prefills, d2p), d2p))
+    return rows(con, BREAK_EVEN_SQL)

@@ -37,9 +37,10 @@ from kvtrace.store.sql import CLICKHOUSE, ident, literal
 
 VERSION = 4
 """Bump when the DDL of :mod:`.mviews_sql` changes: older tables are then ignored until
-``kvtrace clickhouse init --replace`` rebuilds them.  1: the session lookup alone; 2: the four
-tables; 3: the scan table derives ``trace_id`` / ``span_id`` on read and keeps the default codec;
-4: the requests, prefills and d2p tables (the KV reuse and retention pages' bounds and rates)."""
+``kvtrace clickhouse init --replace`` rebuilds them (or ``init`` completes them, :data:`UPGRADES`).
+1: the session lookup alone; 2: the four tables; 3: the scan table derives ``trace_id`` /
+``span_id`` on read and keeps the default codec; 4: the requests, prefills and d2p tables (the KV
+reuse and retention pages' bounds and rates)."""
 
 _MARK = "kvtrace materialized tables v"
 
@@ -73,18 +74,9 @@ class Names:
 
 
 def names(table: str = ddl.TABLE) -> Names:
-    t = mviews_sql.target
     m = mviews_sql
-    return Names(
-        table,
-        t(table, SESSIONS),
-        t(table, TRACES),
-        t(table, m.SCAN_T),
-        t(table, m.WINDOWS),
-        t(table, m.REQUESTS),
-        t(table, m.PREFILLS),
-        t(table, m.D2P),
-    )
+    suffixes = (SESSIONS, TRACES, m.SCAN_T, m.WINDOWS, m.REQUESTS, m.PREFILLS, m.D2P)
+    return Names(table, *(m.target(table, s) for s in suffixes))
 
 
 def ddl_statements(
@@ -122,8 +114,8 @@ class State:
 def state(backend, table: str = ddl.TABLE) -> State:
     """The state for ``table`` (reads ``system.tables`` only)."""
     db = table.rsplit(".", 1)[0] if "." in table else None
-    wanted = [o.rsplit(".", 1)[-1] for o in mviews_sql.objects(table)]
-    older = [table.rsplit(".", 1)[-1] + o for o in _V1_OBJECTS]
+    wanted = [mviews_sql.short_name(o) for o in mviews_sql.objects(table)]
+    older = [mviews_sql.short_name(table) + o for o in _V1_OBJECTS]
     where_db = "database = {db:String}" if db else "database = currentDatabase()"
     listed = ", ".join(literal(w, CLICKHOUSE) for w in sorted(set(wanted + older)))
     rows = backend.query(
@@ -158,7 +150,7 @@ def added(table: str, st: State) -> tuple[str, ...] | None:
         return None
     new = UPGRADES[st.versions[0]]
     kept = [s for s in mviews_sql.TARGETS if s not in new]
-    short = table.rsplit(".", 1)[-1]
+    short = mviews_sql.short_name(table)
     needed = {short + s for s in kept} | {short + s + mviews_sql.MV for s in kept}
     return new if needed <= st.found else None
 

@@ -257,11 +257,9 @@ def _unshaped(table: str, kind: str, where: str) -> str:
 
 def days_sql(table: str) -> str:
     """The UTC days (``YYYY-MM-DD``) the table holds spans of: its partitions (``system.parts``)."""
-    db, name = table.rsplit(".", 1) if "." in table else (None, table)
-    where_db = f"database = {literal(db, CLICKHOUSE)}" if db else "database = currentDatabase()"
     return (
         "SELECT DISTINCT toString(toDate(min_time)) AS day FROM system.parts "
-        f"WHERE {where_db} AND table = {literal(name, CLICKHOUSE)} AND active ORDER BY day"
+        f"WHERE {_in_database(table)} AND table = {literal(short_name(table), CLICKHOUSE)} AND active ORDER BY day"
     )
 
 
@@ -269,13 +267,22 @@ def parts_sql(table: str) -> str:
     """A fingerprint of the active parts of ``table`` and its targets (``system.parts``): how many, their
     rows and the XOR of their names' hashes.  Every insert, merge or mutation makes new parts, so it
     changes whenever what the tables hold may have changed."""
-    db, _ = table.rsplit(".", 1) if "." in table else (None, table)
-    where_db = f"database = {literal(db, CLICKHOUSE)}" if db else "database = currentDatabase()"
-    names = ", ".join(literal(n.rsplit(".", 1)[-1], CLICKHOUSE) for n in [table, *(target(table, s) for s in TARGETS)])
+    names = ", ".join(literal(short_name(n), CLICKHOUSE) for n in [table, *(target(table, s) for s in TARGETS)])
     return (
         "SELECT count() AS parts, sum(rows) AS rows, groupBitXor(cityHash64(name, table)) AS names "
-        f"FROM system.parts WHERE active AND {where_db} AND table IN ({names})"
+        f"FROM system.parts WHERE active AND {_in_database(table)} AND table IN ({names})"
     )
+
+
+def short_name(table: str) -> str:
+    """``table`` without its database."""
+    return table.rsplit(".", 1)[-1]
+
+
+def _in_database(table: str) -> str:
+    """A ``system`` table's rows of ``table``'s database (its own, else the current one)."""
+    db = table.rsplit(".", 1)[0] if "." in table else None
+    return f"database = {literal(db, CLICKHOUSE)}" if db else "database = currentDatabase()"
 
 
 def objects(table: str) -> list[str]:

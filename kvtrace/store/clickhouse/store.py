@@ -357,7 +357,7 @@ class ClickHouseStore:
     def generation(self) -> str | None:
         """What this table and its materialized tables hold, as an id that changes whenever it may
         have changed (:func:`.mviews_sql.parts_sql`): what is computed from the materialized tables
-        alone (a question's bounds) is kept while it holds (:func:`kvtrace.store.lookup.kept`).  None
+        alone (a question's bounds, the prefill rates) is kept while it holds (:func:`kvtrace.store.lookup.kept`).  None
         without them, or where ``system.parts`` cannot be read (then nothing is kept)."""
         if not self.has_lookup:
             return None
