@@ -125,7 +125,7 @@ def scan_select(table: str, where: str = "") -> str:
     """The classified rows of ``table``'s spans (``where``: on its columns) as the scan table stores
     them, with ``TraceId`` and ``SpanId``: the ``kvtrace_scan`` view as :mod:`.store` transpiles it,
     the raw relation keeping the two ids, less the columns derived from them."""
-    from kvtrace.store.clickhouse.store import assemble  # store imports this module
+    from kvtrace.store.clickhouse.statement import assemble  # statement imports this module
 
     cols = ", ".join((*SCAN_STORED, *_IDS))
     return assemble(f"SELECT {cols} FROM {SCAN}", (), table, False, raw_where=where, keep_ids=True)
@@ -151,7 +151,7 @@ _ROW_IDS = ", ".join(f"{c} Nullable(String)" for c in ("trace_id", "span_id", "r
 def _views_select(table: str, sql: str, where: str = "") -> str:
     """DuckDB ``sql`` over kvtrace's views as a ClickHouse ``SELECT`` over ``table`` (``where``: on its
     columns), as :mod:`.store` transpiles every question."""
-    from kvtrace.store.clickhouse.store import assemble  # store imports this module
+    from kvtrace.store.clickhouse.statement import assemble  # statement imports this module
 
     return assemble(sql, (), table, False, raw_where=where)
 

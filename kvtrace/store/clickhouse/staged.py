@@ -3,7 +3,7 @@
 ClickHouse inlines a CTE at every reference and analyses it again each time, ``AS MATERIALIZED``
 included: the breakdown's query tree held the scan 32 times and its analysis, not its data, was
 most of a small question's time.  :func:`stage` finds, in an assembled statement
-(:func:`.store.assemble`), each CTE that reads data and that the statement would expand more than
+(:func:`.statement.assemble`), each CTE that reads data and that the statement would expand more than
 once (counting every path from the final SELECT), and turns it into a temporary table made once,
 before the statement, from its own CTE and those it reads (a CTE made earlier is read from its
 table).  The statement then reads the tables.  Anything it cannot prove safe (a name defined twice

@@ -2,7 +2,7 @@
 (``AS MATERIALIZED`` included), so what a view costs there grows with the number of times the
 table's scan appears in its query tree once every CTE reference is expanded.  The breakdown views
 read the table through chains of CTEs (kvtrace's views, each inlined by
-:func:`kvtrace.store.clickhouse.store.assemble`); these bounds keep a change to them from
+:func:`kvtrace.store.clickhouse.statement.assemble`); these bounds keep a change to them from
 multiplying that count unnoticed (docs/benchmarks.md, ``benchmarks/analysis``, has the history).
 
 With kvtrace's materialized tables (:mod:`kvtrace.store.clickhouse.mviews`) the breakdown's scan reads
@@ -17,7 +17,7 @@ sqlglot = pytest.importorskip("sqlglot")
 from sqlglot import exp  # noqa: E402
 
 from kvtrace.store.clickhouse import mviews_sql  # noqa: E402
-from kvtrace.store.clickhouse.store import assemble  # noqa: E402
+from kvtrace.store.clickhouse.statement import assemble  # noqa: E402
 
 TABLE = "otel_traces"
 # the scan's appearances in each view's expanded query tree (no more than when these bounds were set)

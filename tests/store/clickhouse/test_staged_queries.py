@@ -18,7 +18,7 @@ from sqlglot import exp  # noqa: E402
 
 from kvtrace.store.clickhouse import mviews  # noqa: E402
 from kvtrace.store.clickhouse.staged import TEMP_PREFIX, Staged, most_expanded, stage, strict_in  # noqa: E402
-from kvtrace.store.clickhouse.store import INLINE, assemble  # noqa: E402
+from kvtrace.store.clickhouse.statement import INLINE, assemble  # noqa: E402
 
 from support import multiday  # noqa: E402
 
