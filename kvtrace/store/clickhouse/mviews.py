@@ -206,10 +206,7 @@ def init(backend, table: str = ddl.TABLE, *, replace: bool = False) -> dict[str,
         raise BackendError(advice(table, st, backend.description) or "")
     if replace or not st.current:
         try:
-            if upgrade:
-                _upgrade(backend, table, upgrade)
-            else:
-                _build(backend, table, replace)
+            _build(backend, table, replace, upgrade or mviews_sql.TARGETS)
         except BackendError as exc:
             raise BackendError(
                 f"cannot create the materialized tables of {table}: {exc} (needs a user allowed CREATE TABLE, "
@@ -218,23 +215,14 @@ def init(backend, table: str = ddl.TABLE, *, replace: bool = False) -> dict[str,
     return counts(backend, table)
 
 
-def _build(backend, table: str, replace: bool) -> None:
-    for sql in (drop_statements(table) if replace else []) + ddl_statements(table):
+def _build(backend, table: str, replace: bool, only: tuple[str, ...] = mviews_sql.TARGETS) -> None:
+    """The targets ``only`` and their views created (``replace``: the set dropped first), backfilled,
+    then every object marked current.  Fewer than all: added to an older set, whose tables are not
+    touched, and whose views this marks current too (:data:`UPGRADES`)."""
+    for sql in (drop_statements(table) if replace else []) + ddl_statements(table, only=only):
         backend.command(sql)
     for row in backend.query(mviews_sql.days_sql(table)).to_pylist():
-        for sql in mviews_sql.backfill_statements(table, row["day"]):
-            backend.command(sql)
-    for sql in mviews_sql.mark_statements(table, COMMENT):
-        backend.command(sql)
-
-
-def _upgrade(backend, table: str, new: tuple[str, ...]) -> None:
-    """The targets ``new`` (and their views) added to an older set, backfilled, then every object marked
-    current (:data:`UPGRADES`); the older set's tables are not touched."""
-    for sql in ddl_statements(table, only=new):
-        backend.command(sql)
-    for row in backend.query(mviews_sql.days_sql(table)).to_pylist():
-        for sql in mviews_sql.backfill_statements(table, row["day"], new):
+        for sql in mviews_sql.backfill_statements(table, row["day"], only):
             backend.command(sql)
     for sql in mviews_sql.mark_statements(table, COMMENT, views=True):
         backend.command(sql)
