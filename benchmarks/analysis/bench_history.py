@@ -6,7 +6,8 @@
 
 Each store is :mod:`bench_analysis`'s synthetic sessions (170 spans, 8 turns each) spread evenly over
 the days, written a million spans at a time and split by hour as the exporter does, then indexed as
-``kvtrace dashboard`` does (scan indexes and their lookups, :mod:`kvtrace.store.lookup`; timed).
+``kvtrace dashboard`` does (scan indexes, their lookups and the KV views' partials,
+:mod:`kvtrace.store.lookup`, :mod:`kvtrace.store.partials`; timed).
 The questions, each timed over ``--repeat`` interleaved rounds (p50 / p99):
 
 - **one day**: ``sessions.totals`` of the sessions overlapping the middle day (every column summed);

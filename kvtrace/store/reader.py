@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import duckdb
 import pyarrow as pa
 
-from kvtrace.store import bounds, lookup, narrow, runs, scan_index
+from kvtrace.store import bounds, lookup, narrow, partials, runs, scan_index
 from kvtrace.store.files import list_files
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
@@ -237,26 +237,30 @@ _WITHOUT_IDS = ", ".join(f"NULL::VARCHAR AS {c}" if c in _IDS else c for c in SC
 
 
 def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
-    """(Re)define ``kvtrace_scan`` (the breakdown's scan) over ``files``: the rows of their current
-    scan indexes and the scan of the others, with the same ``Timestamp`` bounds (:mod:`.bounds`);
-    with no index (or the connection opened with ``scan_index=False``), the scan view as registered."""
+    """(Re)define ``kvtrace_scan`` (the breakdown's scan) and the per-span views of
+    :mod:`.partials` over ``files``: the rows of their current scan indexes and partials and the
+    views' SQL over the others, with the same ``Timestamp`` bounds (:mod:`.bounds`); with no index
+    (or the connection opened with ``scan_index=False``), the views as registered."""
     ((use,),) = con.execute(f"SELECT scan_index FROM {SOURCE}").fetchall()
     kept = {path: scan_index.sidecars(path) if use else {} for path in files}
     facets = _bind_lookups(con, kept)
     indexed: list[str] = []
     rest: list[str] = []
+    with_partials: dict[str, dict[str, str]] = {}
     entries = [(narrow.FILES, glob_escape(f), f) for f in files]
     for path in files:
         found = kept[path].get(scan_index.SUFFIX)
-        if found is None:
+        if found is None or not partials.complete(kept[path]):
             rest.append(path)
         else:
             indexed.append(found)
+            with_partials[path] = kept[path]
             entries.append((narrow.INDEXES, glob_escape(found), path))
     entries += [(narrow.REST, glob_escape(f), f) for f in rest] if indexed else []
-    narrow.record(con, entries, facets)
+    narrow.record(con, entries + partials.entries(with_partials), facets)
     if not indexed:
-        con.execute(BY_NAME[SCAN].create())
+        for name in (SCAN, *partials.VIEWS):
+            con.execute(BY_NAME[name].create())
         return
     indexed.sort(key=lambda f: (-os.path.getsize(f), f))  # largest first (see _bind)
     params = {"indexes": [glob_escape(f) for f in indexed]}
@@ -270,6 +274,7 @@ def _bind_scan(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
         con.sql(rest_sql, params={"files": [glob_escape(f) for f in rest]}).create_view(_RAW_REST, replace=True)
         sql += f"\nUNION ALL\nSELECT {SCAN_COLUMNS} FROM ({scan_sql(f'({spans_sql(_RAW_REST)}) AS spans')}) AS rest"
     con.sql(sql, params=params).create_view(SCAN, replace=True)
+    partials.bind(con, with_partials, _RAW_REST if rest else None)
 
 
 def _bind_lookups(con: duckdb.DuckDBPyConnection, kept: dict[str, dict[str, str]]) -> dict[str, str]:

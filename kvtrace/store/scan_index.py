@@ -33,11 +33,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 
 from kvtrace import settings
-from kvtrace.store import lookup
+from kvtrace.store import lookup, partials
 from kvtrace.store.schema import SCHEMA
 from kvtrace.store.sql import glob_escape, literal
 from kvtrace.store.views.agents import SCAN_SQL
@@ -49,11 +50,14 @@ log = logging.getLogger(__name__)
 INDEX_DIR = ".kvtrace-scan"
 SUFFIX = ".kvscan"
 TMP_MAX_AGE_S = 3600.0  # an unfinished index older than this was abandoned by a killed builder
-VERSION = hashlib.sha256((SCAN_SQL + SPANS.select + str(SCHEMA) + lookup.VERSION_TEXT).encode()).hexdigest()[:16]
+VERSION = hashlib.sha256(
+    (SCAN_SQL + SPANS.select + str(SCHEMA) + lookup.VERSION_TEXT + partials.VERSION_TEXT).encode()
+).hexdigest()[:16]
 """What an index's rows depend on besides the file: the scan, the ``spans`` view it reads, the
-schema, and the lookups written with it (:mod:`kvtrace.store.lookup`)."""
-SIDECARS = (SUFFIX, *lookup.SUFFIXES)
-"""The files kept per trace file: the scan index and its lookups."""
+schema, and the lookups and partials written with it (:mod:`kvtrace.store.lookup`,
+:mod:`kvtrace.store.partials`)."""
+SIDECARS = (SUFFIX, *lookup.SUFFIXES, *partials.SUFFIXES)
+"""The files kept per trace file: the scan index, its lookups and its partials."""
 _failed: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose build failed: logged once
 
 
@@ -95,14 +99,17 @@ def build_one(path: str, *, threads: int | None = None) -> str | None:
         con.execute("SET TimeZone = 'UTC'")
         con.sql(READ_FILES, params={"files": [glob_escape(path)]}).create_view(RAW)
         con.execute(SPANS.create())
-        con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmps[SUFFIX])} (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY ({SCAN_SQL}) TO {literal(tmps[SUFFIX])} {lookup.COPY_OPTIONS}")
         for view, suffix, _ in lookup.KINDS:
             con.execute(lookup.copy_sql(view, RAW, literal(tmps[suffix])))
+        for partial in partials.PARTIALS:
+            con.execute(partials.copy_sql(partial, literal(tmps[partial.suffix])))
         after = os.stat(path)
         if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
             _unlink(tmps.values())
             return None
-        for suffix in (*lookup.SUFFIXES, SUFFIX):  # the index last: a reader that finds it finds them
+        # the index last: a reader that finds it finds the others
+        for suffix in (*lookup.SUFFIXES, *partials.SUFFIXES, SUFFIX):
             os.replace(tmps[suffix], target[: -len(SUFFIX)] + suffix)
     except BaseException:
         _unlink(tmps.values())
@@ -125,10 +132,11 @@ def build(paths: Iterable[str], *, min_bytes: int | None = None, threads: int | 
     :func:`kvtrace.store.reader.trace_files` lists them) of at least ``min_bytes``
     (``KVTRACE_SCAN_INDEX_MIN_BYTES``; negative: none), then :func:`sweep` their directories.
     Returns the indexes built; files whose index cannot be written are skipped, and logged in one
-    line (each file version once per process)."""
+    line (each file version once per process).  ``threads`` files are indexed at once (default: one
+    per core), each on one DuckDB thread (a file of one row group is read on one thread anyway); a
+    single file gets them all."""
     limit = settings.SCAN_INDEX_MIN_BYTES.get(min_bytes)
-    built: list[str] = []
-    failed: list[tuple[str, BaseException]] = []
+    todo: list[tuple[str, os.stat_result]] = []
     directories = set()
     for path in paths:
         directories.add(os.path.dirname(path))
@@ -138,15 +146,24 @@ def build(paths: Iterable[str], *, min_bytes: int | None = None, threads: int | 
             continue
         if limit < 0 or st.st_size < limit or os.path.isfile(index_path(path, st)):
             continue
+        todo.append((path, st))
+    workers = max(1, min(len(todo), threads or os.cpu_count() or 1))
+    each = 1 if workers > 1 else threads
+
+    def attempt(item: tuple[str, os.stat_result]) -> str | BaseException | None:
         try:
-            out = build_one(path, threads=threads)
+            return build_one(item[0], threads=each)
         except (OSError, duckdb.Error) as exc:
-            if (path, st.st_size, st.st_mtime_ns) not in _failed:
-                _failed.add((path, st.st_size, st.st_mtime_ns))
-                failed.append((path, exc))
-            continue
-        if out is not None:
-            built.append(out)
+            return exc
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvtrace-index") as pool:
+        outcomes = list(pool.map(attempt, todo))
+    built = [out for out in outcomes if isinstance(out, str)]
+    failed: list[tuple[str, BaseException]] = []
+    for (path, st), out in zip(todo, outcomes, strict=True):
+        if isinstance(out, BaseException) and (path, st.st_size, st.st_mtime_ns) not in _failed:
+            _failed.add((path, st.st_size, st.st_mtime_ns))
+            failed.append((path, out))
     if failed:  # one line per call, not per file: a read-only mount fails them all
         n = len(failed)
         what = f"{n} trace file{'s' if n > 1 else ''}"

@@ -31,8 +31,7 @@ _NAMES = (
     sc.SPAN_AGENT_SESSION,
 )
 
-CONTINUITY_SQL = f"""
-WITH base AS MATERIALIZED (
+BASE_SQL = f"""
     SELECT name, trace_id, span_id, request_id, session_id, turn, start_ns, duration_ms, engine_role,
            {_s(sc.SESSION_SOURCE)} AS source, {_s(sc.SESSION_CONTINUITY)} AS continuity,
            {_i(sc.SESSION_DIVERGED_AT)} AS diverged_at, {_i(sc.SESSION_REUSABLE_TOKENS_LOST)} AS tokens_lost,
@@ -42,8 +41,19 @@ WITH base AS MATERIALIZED (
            {_i(sc.KV_PULLED_TOKENS)} AS pulled_tokens, {_i(sc.KV_RECOMPUTED_TOKENS)} AS recomputed_tokens,
            {_s(sc.GEN_AI_AGENT_NAME)} AS agent_name, {_s(sc.AGENT_SCENARIO)} AS scenario
     FROM spans WHERE name IN ({literals(_NAMES)})
-),
-req AS (SELECT * FROM base WHERE name = {_REQ} AND continuity IS NOT NULL),
+"""
+"""The spans ``continuity`` reads, one row each with the attributes it reads: a SELECT over ``spans``
+(:mod:`kvtrace.store.partials` keeps each file's rows)."""
+
+
+def continuity_sql(base: str) -> str:
+    """The view's SELECT over ``base`` (:data:`BASE_SQL`'s rows)."""
+    return f"""
+WITH base AS MATERIALIZED ({base}),
+{_JOINS}"""
+
+
+_JOINS = f"""req AS (SELECT * FROM base WHERE name = {_REQ} AND continuity IS NOT NULL),
 dec AS (
     SELECT request_id, arg_max(prompt_tokens, start_ns) AS prompt_tokens,
            arg_max(local_hit_tokens, start_ns) AS local_hit_tokens, arg_max(pulled_tokens, start_ns) AS pulled_tokens,
@@ -70,6 +80,7 @@ LEFT JOIN pre p ON p.request_id = r.request_id
 LEFT JOIN calls c ON c.trace_id = r.trace_id
 LEFT JOIN agents a ON a.session_id = COALESCE(c.agent_session, r.session_id)
 """
+CONTINUITY_SQL = continuity_sql(BASE_SQL)
 
 CONTINUITY = View(
     "continuity",

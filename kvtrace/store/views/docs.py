@@ -89,6 +89,14 @@ recompute at the whole store's prefill rates, computed from the prefill and tran
 bounds. Files without lookups (small, new, or
 `scan_index=False`) give the same rows from their raw spans, so no answer depends on which files have them.
 
+**Partials.** With each index, eight partials are written under the same key: the file's rows of the views
+the KV reuse, retention and instance questions read (`.kvp_req`: `requests`, with each span's own
+substrate; `.kvp_leg`: `proxy_legs`; `.kvp_dec`: `kv_decisions`; `.kvp_xfer`: `kv_transfers`; `.kvp_ret`:
+`kv_retention`; `.kvp_eng`: `engine_requests`; `.kvp_cont`: the spans `continuity` joins, with the
+attributes it reads; `.kvp_sub`: each span's trace and substrate, from which `requests` names its trace's
+substrate at query time). These views then read typed columns instead of the spans' attribute maps, with
+the same bounds; files without partials give the same rows from their raw spans.
+
 Attribute names are in [semconv.md](semconv.md); numbers come from the typed maps `SpanAttributesInt` /
 `SpanAttributesFloat`, strings from `SpanAttributes` (e.g. `SpanAttributesInt['kvtrace.kv.pulled_tokens']`).
 Enumerated values are listed with each column and spelled exactly as stored: `kind` and `status_code`

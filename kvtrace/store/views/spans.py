@@ -62,6 +62,16 @@ SPANS = View(
 _TRACE_SUBSTRATE = (
     "(SELECT trace_id, min(substrate) AS t_substrate FROM spans WHERE substrate IS NOT NULL GROUP BY trace_id)"
 )
+NO_TRACE_SUBSTRATE = "(SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS t_substrate WHERE false)"
+"""A trace-substrate relation with no row: ``requests``' SELECT then gives each span's own substrate."""
+
+
+def _requests_source(trace_substrate: str) -> str:
+    return f"""
+FROM spans s LEFT JOIN {trace_substrate} t ON t.trace_id = s.trace_id
+WHERE name = {_q(sc.SPAN_PROXY_REQUEST)}
+"""
+
 
 REQUESTS = View(
     "requests",
@@ -109,11 +119,16 @@ REQUESTS = View(
             sql="COALESCE(substrate, t.t_substrate)",
         ),
     ),
-    source=f"""
-FROM spans s LEFT JOIN {_TRACE_SUBSTRATE} t ON t.trace_id = s.trace_id
-WHERE name = {_q(sc.SPAN_PROXY_REQUEST)}
-""",
+    source=_requests_source(_TRACE_SUBSTRATE),
 )
+
+
+def requests_select(trace_substrate: str) -> str:
+    """``requests``' SELECT with ``trace_substrate`` (a relation of ``trace_id, t_substrate``) naming
+    the substrate of each trace's engine spans (:mod:`kvtrace.store.partials`)."""
+    listed = ", ".join(c.selected() for c in REQUESTS.columns)
+    return f"SELECT {listed}\n{_requests_source(trace_substrate).strip()}"
+
 
 PROXY_LEGS = View(
     "proxy_legs",
