@@ -17,6 +17,8 @@ from kvtrace.store import bounds, connect, partials, scan_index
 from kvtrace.store.reader import build_indexes, trace_files
 from kvtrace.testing.stores import sample_store
 
+from support import sidecars
+
 
 def _rows(con) -> dict[str, list[str]]:
     return {v: sorted(map(repr, con.execute(f"SELECT * FROM {v}").fetchall())) for v in partials.VIEWS}
@@ -94,9 +96,7 @@ def test_what_the_partials_hold_is_what_the_views_show(split):
     root, _ = split
     build_indexes(root, min_bytes=0)
     for path in _partials(root, ".kvp_dec"):
-        t = pq.read_table(path)
-        i = t.schema.get_field_index("outcome")
-        pq.write_table(t.set_column(i, "outcome", pa.array(["from-the-partial"] * t.num_rows, pa.string())), path)
+        sidecars.set_column(path, "outcome", "from-the-partial")
     outcomes = connect(root, read_only=True).execute("SELECT DISTINCT outcome FROM kv_decisions").fetchall()
     assert outcomes == [("from-the-partial",)]
 

@@ -11,7 +11,6 @@ import logging
 import os
 import time
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -24,7 +23,7 @@ from kvtrace.store.views import VIEWS
 from kvtrace.store.views.agents import SCAN
 from kvtrace.testing.stores import sample_store
 
-from support import agent_conventions
+from support import agent_conventions, sidecars
 
 
 def _own(root) -> None:
@@ -58,9 +57,7 @@ def _indexes(root, suffix: str = scan_index.SUFFIX) -> list[str]:
 
 def _tamper(index: str, session_id: str) -> None:
     """Rewrite an index with every session id replaced (what only a read of the index can show)."""
-    t = pq.read_table(index)
-    col = t.schema.get_field_index("session_id")
-    pq.write_table(t.set_column(col, "session_id", pa.array([session_id] * t.num_rows, pa.string())), index)
+    sidecars.set_column(index, "session_id", session_id)
 
 
 def _split_store(tmp_path, parts: int):
