@@ -41,6 +41,7 @@ from kvtrace.store.views.spans import (
     PROXY_LEGS,
     REQUESTS,
     requests_select,
+    trace_substrate,
 )
 
 
@@ -62,16 +63,15 @@ class Partial:
         return f"kvtrace_part_{self.key}"
 
 
-_PER_SPAN = (PROXY_LEGS, KV_DECISIONS, KV_TRANSFERS, KV_RETENTION, ENGINE_REQUESTS)
-for _view in _PER_SPAN:  # a partial holds a view's rows only if each row is one span's own
+_PER_SPAN = {"leg": PROXY_LEGS, "dec": KV_DECISIONS, "xfer": KV_TRANSFERS, "ret": KV_RETENTION, "eng": ENGINE_REQUESTS}
+for _view in _PER_SPAN.values():  # a partial holds a view's rows only if each row is one span's own
     assert _view.source.startswith("FROM spans WHERE") and "JOIN" not in _view.source, _view.name
     assert "start_ns" in _view.column_names, _view.name
 
-_KEYS = {PROXY_LEGS: "leg", KV_DECISIONS: "dec", KV_TRANSFERS: "xfer", KV_RETENTION: "ret", ENGINE_REQUESTS: "eng"}
 SUBSTRATES = Partial("sub", "", "SELECT trace_id, start_ns, substrate FROM spans WHERE substrate IS NOT NULL")
 PARTIALS: tuple[Partial, ...] = (
     Partial("req", REQUESTS.name, requests_select(NO_TRACE_SUBSTRATE)),
-    *(Partial(_KEYS[v], v.name, v.select) for v in _PER_SPAN),
+    *(Partial(key, v.name, v.select) for key, v in _PER_SPAN.items()),
     Partial("cont", CONTINUITY.name, BASE_SQL),
     SUBSTRATES,
 )
@@ -122,13 +122,16 @@ def bind(con, indexed: dict[str, dict[str, str]], rest_raw: str | None) -> None:
         con.sql(sql, params={k: v for k, v in params.items() if f"${k}" in sql}).create_view(p.view, replace=True)
 
 
+# the view's own substrate column (each span's, else its trace's), over ``p`` and ``t`` below
+_SUBSTRATE = next(c for c in REQUESTS.columns if c.name == "substrate").selected()
+
+
 def _requests(rows: str, substrates: str, rest: str | None) -> str:
     """``requests`` from its rows with their own substrate and the trace substrates' rows."""
     if rest is not None:
         substrates += f"\nUNION ALL\n({rest}{SUBSTRATES.select})"
     return f"""
-WITH p AS ({rows}),
-t AS (SELECT trace_id, min(substrate) AS t_substrate FROM ({substrates}) AS s GROUP BY trace_id)
-SELECT p.* REPLACE (COALESCE(p.substrate, t.t_substrate) AS substrate)
-FROM p LEFT JOIN t ON t.trace_id = p.trace_id
+WITH p AS ({rows})
+SELECT p.* REPLACE ({_SUBSTRATE})
+FROM p LEFT JOIN {trace_substrate(f"({substrates})")} t ON t.trace_id = p.trace_id
 """

@@ -58,10 +58,13 @@ SPANS = View(
     spans_sql(RAW),
 )
 
-# substrate of proxy/agent spans: that of the engine spans in the same trace
-_TRACE_SUBSTRATE = (
-    "(SELECT trace_id, min(substrate) AS t_substrate FROM spans WHERE substrate IS NOT NULL GROUP BY trace_id)"
-)
+
+def trace_substrate(rows: str) -> str:
+    """The substrate of each trace's engine spans, from ``rows`` (spans, or any relation with their
+    ``trace_id`` and ``substrate``): what ``requests`` names for the proxy's spans, which carry none."""
+    return f"(SELECT trace_id, min(substrate) AS t_substrate FROM {rows} WHERE substrate IS NOT NULL GROUP BY trace_id)"
+
+
 NO_TRACE_SUBSTRATE = "(SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS t_substrate WHERE false)"
 """A trace-substrate relation with no row: ``requests``' SELECT then gives each span's own substrate."""
 
@@ -119,7 +122,7 @@ REQUESTS = View(
             sql="COALESCE(substrate, t.t_substrate)",
         ),
     ),
-    source=_requests_source(_TRACE_SUBSTRATE),
+    source=_requests_source(trace_substrate("spans")),
 )
 
 
