@@ -17,6 +17,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from kvtrace import semconv as sc
 from kvtrace import settings
 from kvtrace.analysis import palette, sessions
 from kvtrace.analysis.filters import Filters
@@ -38,6 +39,7 @@ Only the key :func:`config` builds from the command line opens ClickHouse (:func
 BACKEND_PREFIXES = (CLICKHOUSE, "chdb:")
 """Text a page's directory box refuses outright: backends are chosen at start, never on a page."""
 DEFAULT_WINDOW_NS = 24 * 3600 * 10**9
+VIRTUAL_CAPTION = "Simulated time (virtual clock): every time and timestamp is the model's, wall ones included."
 """ClickHouse: the time range the dashboard opens on (the last day of data), so the first page
 reads that day, not the whole table."""
 
@@ -222,6 +224,8 @@ def sidebar() -> tuple[str, Filters, dict]:
             facets = q(sessions.facets, directory)
             window = _time_widget(facets.get("start_ns"), facets.get("end_ns"), DEFAULT_WINDOW_NS)
         st.caption(f"{facets['spans']:,} spans")
+        if sc.CLOCK_VIRTUAL in q(sessions.clocks, directory, tuple(facets["substrates"])):
+            st.caption(VIRTUAL_CAPTION)
         filters = _filter_widgets(facets, window)
     return directory, filters, facets
 

@@ -15,6 +15,7 @@ from kvtrace.analysis.common import one, rows, table
 from kvtrace.analysis.filters import SESSION_SCOPE, Filters, where
 from kvtrace.analysis.pushdown import narrowed
 from kvtrace.store import lookup
+from kvtrace.store.sql import literal
 from kvtrace.store.views.breakdown import BREAKDOWN_COLUMNS
 
 SORTABLE = BREAKDOWN_COLUMNS + ("unattributed_ms", "start_ns", "kv_gib_s", "unplaced_spans")
@@ -100,6 +101,12 @@ SELECT (SELECT list(DISTINCT service_name ORDER BY service_name) FROM g
 
 # facets of the spans that start in the range (a bound on ``Timestamp`` on ClickHouse)
 FACETS_SCOPE = {"start_ns": "start_ns >= $start_ns", "end_ns": "start_ns <= $end_ns"}
+
+# the clocks the simulated workers ran on (kvtrace.sim.clock): a virtual run's timestamps are simulated
+CLOCKS_SQL = f"""
+SELECT DISTINCT ResourceAttributes[{literal(sc.SIM_CLOCK)}] AS clock
+FROM spans WHERE engine_role IS NOT NULL AND substrate = {literal(sc.SUBSTRATE_SIM)}
+"""
 
 TIME_SPAN_SQL = "SELECT min(start_ns) AS start_ns, max(end_ns) AS end_ns, count(*) AS spans FROM spans"
 # DuckDB: the same from the files' facets (kvtrace.store.lookup), no raw span read
@@ -222,3 +229,13 @@ def facets(con, filters: Filters | None = None) -> dict:
     out["services"] = out.get("services") or []
     out["substrates"] = out.get("substrates") or []
     return out
+
+
+def clocks(con, substrates: tuple[str, ...] | None = None) -> list[str]:
+    """The clocks (``sc.CLOCKS``) the store's simulated workers ran on, sorted; spans written before
+    kvtrace named the clock count as wall.  ``substrates``: the store's (its facets'); without the
+    simulator there this reads nothing, so a fleet of real engines pays no scan for it."""
+    if substrates is not None and sc.SUBSTRATE_SIM not in substrates:
+        return []
+    found = {r["clock"] for r in rows(con, CLOCKS_SQL)}
+    return sorted({c if c in sc.CLOCKS else sc.CLOCK_WALL for c in found})

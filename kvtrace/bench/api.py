@@ -194,11 +194,13 @@ class ABResult:
 
 
 class Progress:
-    """One self-rewriting stderr line (tqdm is not required)."""
+    """One self-rewriting stderr line (tqdm is not required), on a terminal only: written to a file or
+    a pipe its carriage returns would leave every update on one long line of the log."""
 
     def __init__(self, enabled: bool, total: int, label: str, stream=None) -> None:
-        self.enabled, self.total, self.label = enabled, total, label
         self.stream = stream or sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.enabled, self.total, self.label = enabled and isatty is not None and isatty(), total, label
         self.done = self.errors = 0
         self.t0 = self.last = time.perf_counter()
 

@@ -260,6 +260,8 @@ async def arun_arms(
         raise bench.BenchError("--sim-time-scale compresses wall time: it does not go with --clock virtual")
     if clock == WALL:
         _check_wall_span(config, min(sim_time_scale or TIME_SCALES.get(p, 1.0) for p in presets or ("",)))
+    elif config.get("input") is not None:  # a bad file fails here, before the first arm's directory is made
+        bench._config(dict(config)).build(config.get("seed", 0), "")
     if calibrate_from:
         presets = (CALIBRATED,)
     elif clock == VIRTUAL:

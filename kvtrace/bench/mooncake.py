@@ -75,13 +75,15 @@ def shipped(path: str | Path) -> Path:
 
 
 def looks_like(path: str | Path) -> bool:
-    """True when the file's first non-empty line is a JSON object with Mooncake's four fields."""
+    """True when the file's first non-empty line is a JSON object with one of Mooncake's four fields
+    (reading it then names what a row lacks, where the file read as one JSON document would not
+    parse past its first line)."""
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 if line.strip():
                     obj = json.loads(line)
-                    return isinstance(obj, dict) and all(k in obj for k in FIELDS)
+                    return isinstance(obj, dict) and "filetype" not in obj and any(k in obj for k in FIELDS)
     except (OSError, ValueError, UnicodeDecodeError):
         return False
     return False
@@ -110,7 +112,8 @@ def _row(n: int, line: str) -> Row:
     except ValueError:
         raise TraceError(f"line {n}: not JSON") from None
     if not isinstance(obj, dict) or any(k not in obj for k in FIELDS):
-        raise TraceError(f"line {n}: expected an object with {', '.join(FIELDS)}")
+        missing = [k for k in FIELDS if k not in obj] if isinstance(obj, dict) else FIELDS
+        raise TraceError(f"line {n}: expected an object with {', '.join(FIELDS)} (missing {', '.join(missing)})")
     ints = [obj[k] for k in FIELDS[:3]]
     ids = obj["hash_ids"]
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ints):

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeat", type=int, default=1, help="run the workload N times (A/B: interleaved) for a noise estimate"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr (shown only on a terminal)")
     add_arms_arguments(p)
 
 

@@ -9,9 +9,10 @@ the GenAI conventions of :data:`GENAI_SEMCONV_VERSION` (docs/semconv.md says mor
 :data:`KV_TRANSFER_FIELDS` with ``python -m kvtrace.semconv``; a test fails when a constant
 defined here is missing from it.
 
-Timebase: every span carries wall-clock timestamps of the process that emitted it.  The
-simulator compresses time by ``kvtrace.sim.time_scale`` (a resource attribute); multiply its
-durations by that factor to read them in simulated model time.
+Timebase: every span carries wall-clock timestamps of the process that emitted it, except a run on
+the virtual clock (``kvtrace.sim.clock`` ``virtual``, a resource attribute of its simulated workers),
+whose timestamps are simulated.  The served simulator compresses time by ``kvtrace.sim.time_scale``
+(a resource attribute); multiply its durations by that factor to read them in simulated model time.
 """
 
 from kvtrace.semconv.conventions import *  # noqa: F403  (other conventions, roles: ``sc.ROLE_RULES``)

@@ -45,6 +45,9 @@ RESOURCE: dict[str, str] = {
     ENGINE_ROLE: f"{', '.join(ROLES)} (connector / simulator processes).",
     SIM_TIME_SCALE: "Simulator time compression factor (float; 1.0 = real time).",
     SIM_PRESET: "Simulator cost-model preset.",
+    SIM_CLOCK: f"The simulator's clock: {CLOCK_WALL} (served workers sleeping in wall time: timestamps and "
+    f"durations are the host's) or {CLOCK_VIRTUAL} (kvtrace bench --clock virtual: every process of the run "
+    "on one discrete-event loop, timestamps and durations simulated, the run starting at 2026-01-01T00:00:00Z).",
     ENGINE_PREFIX_CACHING: "The worker's prefix cache is on (bool; vLLM's --enable-prefix-caching / "
     "--no-enable-prefix-caching).",
     KV_BIDIRECTIONAL: "bidirectional_kv_xfer is on (bool).",

@@ -144,6 +144,7 @@ ENGINE_ROLE = "kvtrace.engine.role"
 SUBSTRATE = "kvtrace.substrate"
 SIM_TIME_SCALE = "kvtrace.sim.time_scale"
 SIM_PRESET = "kvtrace.sim.preset"
+SIM_CLOCK = "kvtrace.sim.clock"  # resource attribute: the simulator's clock, CLOCKS
 ENGINE_PREFIX_CACHING = "kvtrace.engine.prefix_caching"  # bool resource attribute: vLLM's enable_prefix_caching
 KV_BIDIRECTIONAL = "kvtrace.kv.bidirectional"  # bool resource attribute: bidirectional_kv_xfer
 ENGINE_KV_POOL_BYTES = "kvtrace.engine.kv_pool_bytes"
@@ -262,6 +263,10 @@ QUEUE_FREED_BY = (RETENTION_READ, RETENTION_EXPIRED, RETENTION_RELEASED, FREED_F
 SUBSTRATE_SIM = "sim"
 SUBSTRATE_VLLM = "vllm"
 SUBSTRATES = (SUBSTRATE_SIM, SUBSTRATE_VLLM)
+
+CLOCK_WALL = "wall"  # served workers sleeping in wall time: the host's timestamps
+CLOCK_VIRTUAL = "virtual"  # kvtrace.sim.virtual's event loop: simulated timestamps
+CLOCKS = (CLOCK_WALL, CLOCK_VIRTUAL)
 
 OFFER_OFFERED = "offered"
 OFFER_NO_CONVERSATION_ID = "no_conversation_id"

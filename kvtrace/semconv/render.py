@@ -57,6 +57,7 @@ def render_markdown() -> str:
         ("engine queue freed by", QUEUE_FREED_BY),
         ("engine role", ROLES),
         ("substrate", SUBSTRATES),
+        ("simulator clock", CLOCKS),
         ("proxy offer reason", OFFER_REASONS),
         ("session source", SESSION_SOURCES),
         ("session continuity", CONTINUITIES),

@@ -28,15 +28,17 @@ API (stable; the proxy, bench, demo and tests use it)::
 
 Every worker gets its own TracerProvider (``kvtrace.configure`` with service
 ``kvtrace-sim-prefill`` / ``kvtrace-sim-decode`` and resource attributes substrate=sim, engine id,
-role, time scale, preset, prefix caching on/off, bidirectional on/off, KV pool bytes) unless
-``tracer_provider`` is given; providers made here are flushed and shut down on exit.  With metrics
-on, each worker serves ``GET /metrics`` like a vLLM server (:mod:`kvtrace.sim.metrics`): its
-recorder counts every KV span it ends.  On exit every retained block is released (retention ends
+role, time scale, preset, clock (``virtual`` on :mod:`kvtrace.sim.virtual`'s loop, else ``wall``),
+prefix caching on/off, bidirectional on/off, KV pool bytes) unless ``tracer_provider`` is given;
+providers made here are flushed and shut down on exit.  With metrics on, each worker serves
+``GET /metrics`` like a vLLM server (:mod:`kvtrace.sim.metrics`): its recorder counts every KV span
+it ends.  On exit every retained block is released (retention ends
 ``released``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from kvtrace import semconv as sc
@@ -48,6 +50,7 @@ from kvtrace.sim.engine import Engine, Registry
 from kvtrace.sim.kvcache import KVCache
 from kvtrace.sim.metrics import WorkerMetrics
 from kvtrace.sim.scheduler import KVConfig
+from kvtrace.sim.virtual import VirtualLoop
 from kvtrace.sim.wire import check_tool_calls
 from kvtrace.sim.worker import SimWorker
 
@@ -178,6 +181,7 @@ class SimCluster:
             sc.ENGINE_ROLE: role,
             sc.SIM_TIME_SCALE: self.time_scale,
             sc.SIM_PRESET: self.preset,
+            sc.SIM_CLOCK: _clock(),
             sc.ENGINE_PREFIX_CACHING: role not in self.no_prefix_caching,
             sc.KV_BIDIRECTIONAL: self.kv.bidirectional,
             sc.ENGINE_KV_POOL_BYTES: self.capacity_blocks * self.block_size * self._cost.bytes_per_token,
@@ -235,3 +239,8 @@ class SimCluster:
         port = base_port + index if base_port else 0
         engine.port = await worker.start(self.host, port)
         return worker
+
+
+def _clock() -> str:
+    """The clock the workers run on (they start on the running loop): the virtual loop's or wall time."""
+    return sc.CLOCK_VIRTUAL if isinstance(asyncio.get_running_loop(), VirtualLoop) else sc.CLOCK_WALL

@@ -78,3 +78,19 @@ def test_a_trace_that_would_keep_a_wall_clock_arm_waiting_for_days_is_refused(tm
         "kvtrace bench: error: the trace spans 2,592,000 s of model time, 144.0 h of wall time per arm at time "
         "scale 5: use --clock virtual (no wall time spent waiting)\n"
     )
+
+
+@pytest.mark.parametrize("clock", ["virtual", "wall"])
+def test_a_bad_trace_file_leaves_no_directory_behind_so_the_fixed_rerun_starts(tmp_path, capsys, clock):
+    """The file is read before the first arm's directory is made: a directory left behind would make
+    the rerun with the file fixed fail as "not empty"."""
+    path = tmp_path / "short.jsonl"
+    path.write_text('{"timestamp": 5, "input_length": 10}\n')
+    runs = tmp_path / "runs"
+    argv = ["bench", "--arms", "--input", str(path), "--clock", clock, "--presets", "qwen3-32b", "--no-progress"]
+    assert main([*argv, "--traces", str(runs)]) == 2
+    assert capsys.readouterr().err == (
+        "kvtrace bench: error: short.jsonl: line 1: expected an object with timestamp, input_length, "
+        "output_length, hash_ids (missing output_length, hash_ids)\n"
+    )
+    assert not runs.exists() or not any(runs.iterdir())

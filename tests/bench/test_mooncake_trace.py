@@ -104,6 +104,7 @@ def test_the_text_is_the_seeded_words_of_the_blocks_and_of_the_growth(tmp_path):
         ('{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": ["a"]}', "line 2: hash_ids must be"),
         ("{not json", "line 2: not JSON"),
         ('{"timestamp": 0}', "line 2: expected an object with timestamp"),
+        ("[1, 2]", r"line 2: expected an object with .* \(missing timestamp, input_length, output_length, hash_ids\)"),
     ],
 )
 def test_a_bad_row_is_named_by_its_line(tmp_path, line, message):
@@ -111,6 +112,15 @@ def test_a_bad_row_is_named_by_its_line(tmp_path, line, message):
     path.write_text('{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [1]}\n' + line + "\n")
     with pytest.raises(vllm_inputs.InputError, match="^bad.jsonl: " + message):
         vllm_inputs.load(path)
+
+
+def test_a_first_row_short_of_fields_is_named_not_read_as_one_json_document(tmp_path):
+    path = tmp_path / "short.jsonl"
+    path.write_text('{"timestamp": 5, "input_length": 10}\n{"timestamp": 6, "input_length": 10}\n')
+    message = "short.jsonl: line 1: expected an object with timestamp, input_length, output_length, hash_ids "
+    with pytest.raises(vllm_inputs.InputError) as err:
+        vllm_inputs.load(path)
+    assert str(err.value) == message + "(missing output_length, hash_ids)"
 
 
 def test_the_shipped_subset_has_the_documented_numbers():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from kvtrace import semconv as sc
@@ -83,6 +85,21 @@ def test_api_base():
     assert bench.api_base("http://h:1/v1/") == "http://h:1/v1"
     with pytest.raises(bench.BenchError, match="must start with http"):
         bench.api_base("h:1")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("stream", "shown"), [(_Terminal(), True), (io.StringIO(), False)], ids=["tty", "file"])
+def test_the_progress_line_is_written_to_a_terminal_only(stream, shown):
+    bar = bench.Progress(True, 2, "A", stream)
+    for _ in range(2):
+        bar(RequestRecord(session="s", turn=0, call=0, label="A", start_s=0.0))
+    bar.close()
+    text = stream.getvalue()
+    assert text.startswith("\r[A] requests 2/2 errors 0 ") and text.endswith(" \n") if shown else text == ""
 
 
 @pytest.mark.parametrize(

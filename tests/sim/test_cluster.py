@@ -54,6 +54,7 @@ async def test_one_provider_per_worker_with_sim_resource():
             sc.ENGINE_ROLE,
             sc.SIM_TIME_SCALE,
             sc.SIM_PRESET,
+            sc.SIM_CLOCK,
             sc.ENGINE_KV_POOL_BYTES,
         )
     } == {
@@ -63,6 +64,7 @@ async def test_one_provider_per_worker_with_sim_resource():
         sc.ENGINE_ROLE: sc.ROLE_PREFILL,
         sc.SIM_TIME_SCALE: 4.0,
         sc.SIM_PRESET: "glm5-fp8",
+        sc.SIM_CLOCK: sc.CLOCK_WALL,
         sc.ENGINE_KV_POOL_BYTES: 65536 * 64 * 61_464,
     }  # capacity blocks x block size (glm5-fp8: 64, vLLM's sparse MLA) x glm5-fp8 bytes/token
     assert made[0][2].get_finished_spans() == ()

@@ -134,3 +134,32 @@ def test_client_pools_expire_idle_connections_on_the_virtual_clock():
     proxy's 60 s idle timeout: a connection error)."""
     first, second, third = virtual.run(_requests_with_pauses(), seed=0)
     assert first == second != third  # reused after 1 s, not after 20 s (the pool keeps one 15 s)
+
+
+async def _worker_resources() -> list[dict]:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kvtrace.sim.cluster import SimCluster
+    from kvtrace.telemetry import make_resource
+
+    made: list[dict] = []
+
+    def factory(service, attrs):
+        made.append(dict(make_resource(service, attrs).attributes))
+        return TracerProvider(resource=make_resource(service, attrs))
+
+    async with SimCluster(1, 1, cost=False, tracer_provider_factory=factory):
+        pass
+    return made
+
+
+def test_workers_on_the_virtual_loop_say_their_timestamps_are_simulated():
+    """``kvtrace.sim.clock``: what the report and the dashboard read to say a run's times are
+    simulated (tests/sim/test_cluster.py has ``wall`` for a cluster on asyncio's loop)."""
+    from kvtrace import semconv as sc
+
+    made = virtual.run(_worker_resources(), seed=0)
+    assert [(r[sc.ENGINE_ROLE], r[sc.SIM_CLOCK]) for r in made] == [
+        (sc.ROLE_PREFILL, sc.CLOCK_VIRTUAL),
+        (sc.ROLE_DECODE, sc.CLOCK_VIRTUAL),
+    ]

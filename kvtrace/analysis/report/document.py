@@ -24,6 +24,23 @@ TIME_NOTE = (
     "Times are wall-clock as recorded (wall ms). Traces of `kvtrace sim` or `kvtrace demo` replayed with "
     "`--time-scale S` ran S times faster than the simulated GPUs: multiply by S for model time."
 )
+VIRTUAL_TIME_NOTE = (
+    "Times are simulated: this run is on the virtual clock (`kvtrace bench --clock virtual`), so every "
+    "time below, those labelled wall included, is model time on the simulated GPUs, and so are the "
+    "timestamps above; no host load is in them."
+)
+MIXED_TIME_NOTE = (
+    "This directory holds runs on the virtual clock (simulated times) and on the wall clock (wall ms as "
+    "recorded): their times are not on one clock."
+)
+
+
+def time_note(clocks: list[str]) -> str:
+    """What the report's times are, from the clocks the simulated workers ran on
+    (:func:`kvtrace.analysis.sessions.clocks`)."""
+    if sc.CLOCK_VIRTUAL not in clocks:
+        return TIME_NOTE
+    return VIRTUAL_TIME_NOTE if clocks == [sc.CLOCK_VIRTUAL] else MIXED_TIME_NOTE
 
 
 def build(
@@ -47,7 +64,7 @@ def build(
                     f"- services: {', '.join(map(text.md_escape, facets['services'])) or '–'}",
                     f"- substrates: {', '.join(map(text.md_escape, facets['substrates'])) or '–'}",
                     "",
-                    TIME_NOTE,
+                    time_note(sessions.clocks(con, tuple(facets["substrates"]))),
                 ]
             ),
         )

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from kvtrace import semconv as sc
+from kvtrace.analysis.report import document
 from kvtrace.bench.fleet import Fleet
 from kvtrace.cli import main
 from kvtrace.sim import virtual
@@ -49,12 +50,14 @@ def _requests(run_dir: str) -> list[tuple]:
     )
 
 
-def _check(run_dir: str, policy: str, n_p: int, n_d: int, requests: int) -> None:
+def _check(run_dir: str, policy: str, n_p: int, n_d: int, requests: int) -> str:
+    """The checks every fleet's run passes; returns its report."""
     rows = _requests(run_dir)
     assert len(rows) == requests and {r[0] for r in rows} == {policy}
     assert len({r[1] for r in rows}) == n_p and len({r[3] for r in rows}) == n_d
     assert {r[2] for r in rows} <= set(sc.ROUTE_REASONS) and {r[4] for r in rows} <= set(sc.ROUTE_REASONS)
-    section = _section(_report(run_dir))
+    report = _report(run_dir)
+    section = _section(report)
     assert [r[0] for r in section] == [sc.ROLE_PREFILL] * n_p + [sc.ROLE_DECODE] * n_d
     assert sorted(r[1] for r in section[:n_p]) == sorted({r[1] for r in rows})
     for role in (0, 1):
@@ -65,6 +68,7 @@ def _check(run_dir: str, policy: str, n_p: int, n_d: int, requests: int) -> None
             assert {k for k, _ in counts} <= set(sc.ROUTE_REASONS) and sum(int(v) for _, v in counts) == int(r[2])
     pulls = sum(int(r[4]) for r in section[:n_p])
     assert pulls == sum(r[5] == sc.OUTCOME_PULLED for r in rows) and pulls > 0
+    return report
 
 
 def test_a_virtual_4p4d_arm_names_its_routing_in_spans_views_and_report(tmp_path):
@@ -73,7 +77,8 @@ def test_a_virtual_4p4d_arm_names_its_routing_in_spans_views_and_report(tmp_path
     run_dir = str(tmp_path / "v")
     fleet = Fleet(4, 4, sc.ROUTING_KV_AWARE)
     result = virtual.run(inproc.run_arm(run_dir, "qwen3-32b", True, True, "efa-3200", CFG, "A", 450.0, None, fleet))
-    _check(run_dir, sc.ROUTING_KV_AWARE, 4, 4, len(result.requests))
+    report = _check(run_dir, sc.ROUTING_KV_AWARE, 4, 4, len(result.requests))
+    assert document.VIRTUAL_TIME_NOTE in report and document.TIME_NOTE not in report  # simulated times
     reasons = {(r[2], r[4]) for r in _requests(run_dir)}
     assert (sc.ROUTE_LAST_PREFILL, sc.ROUTE_HOLDER) in reasons  # later turns kept their P and D
 
@@ -94,6 +99,7 @@ def test_the_served_proxy_over_two_prefillers_names_its_routing_the_same_way(tmp
     fleet = Fleet(2, 2, sc.ROUTING_SESSION_AFFINE)
     cfg = dict(scenario="coding-agent", sessions=3, nonce="fleet", clients=3, time_scale=0.0)
     result = asyncio.run(arms._one(run_dir, "qwen3-32b", True, True, 20.0, arms.LINK, cfg, False, None, fleet))
-    _check(run_dir, sc.ROUTING_SESSION_AFFINE, 2, 2, len(result.requests))
+    report = _check(run_dir, sc.ROUTING_SESSION_AFFINE, 2, 2, len(result.requests))
+    assert document.TIME_NOTE in report and document.VIRTUAL_TIME_NOTE not in report  # served: wall times
     later = [r for r in _requests(run_dir) if r[4] == sc.ROUTE_HOLDER]
     assert later  # the sessions' later turns went to the D holding their KV
