@@ -245,7 +245,8 @@ def markdown(ts: list[PresetTable]) -> str:
         "Gain = mean(bidir off) / mean(bidir on) with its bootstrap 95% interval "
         "(kvtrace.analysis.compare): above 1 bidirectional transfer is faster. Published: P prefix cache "
         "off, as the vendor benchmark ran; incremental: P prefix cache on, as production runs. D KV held: "
-        "retention spans (blocks kept for the next turn), GiB x simulated seconds, and the peak held at once."
+        "retention spans (blocks kept for the next turn), GiB x simulated seconds, and the peak held at once "
+        "(on all of a fleet's D together)."
     )
     return "\n\n".join(parts) + "\n"
 
