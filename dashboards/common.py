@@ -39,9 +39,9 @@ Only the key :func:`config` builds from the command line opens ClickHouse (:func
 BACKEND_PREFIXES = (CLICKHOUSE, "chdb:")
 """Text a page's directory box refuses outright: backends are chosen at start, never on a page."""
 DEFAULT_WINDOW_NS = 24 * 3600 * 10**9
-VIRTUAL_CAPTION = "Simulated time (virtual clock): every time and timestamp is the model's, wall ones included."
 """ClickHouse: the time range the dashboard opens on (the last day of data), so the first page
 reads that day, not the whole table."""
+VIRTUAL_CAPTION = "Simulated time (virtual clock): every time and timestamp is the model's, wall ones included."
 
 
 def config() -> dict:

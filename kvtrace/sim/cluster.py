@@ -32,8 +32,7 @@ role, time scale, preset, clock (``virtual`` on :mod:`kvtrace.sim.virtual`'s loo
 prefix caching on/off, bidirectional on/off, KV pool bytes) unless ``tracer_provider`` is given;
 providers made here are flushed and shut down on exit.  With metrics on, each worker serves
 ``GET /metrics`` like a vLLM server (:mod:`kvtrace.sim.metrics`): its recorder counts every KV span
-it ends.  On exit every retained block is released (retention ends
-``released``).
+it ends.  On exit every retained block is released (retention ends ``released``).
 """
 
 from __future__ import annotations
