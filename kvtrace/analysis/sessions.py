@@ -103,7 +103,7 @@ SELECT (SELECT list(DISTINCT service_name ORDER BY service_name) FROM g
 FACETS_SCOPE = {"start_ns": "start_ns >= $start_ns", "end_ns": "start_ns <= $end_ns"}
 
 # the clocks the simulated workers ran on (kvtrace.sim.clock): a virtual run's timestamps are simulated;
-# their engine spans say it (picked by name: a third of the time of a test on the attribute maps)
+# their engine spans say it (picked by name, so no other span's attribute maps are read: docs/benchmarks.md)
 CLOCKS_SQL = f"""
 SELECT DISTINCT ResourceAttributes[{literal(sc.SIM_CLOCK)}] AS clock
 FROM spans WHERE name IN ({literal(sc.SPAN_ENGINE_PREFILL)}, {literal(sc.SPAN_ENGINE_DECODE)})
