@@ -75,6 +75,15 @@ class FakeWorker:
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """Any request cancelled (its client gone), wherever it was (reading the body included), sets
+        ``cancelled``."""
+        try:
+            return await self._answer(request)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append((dict(request.headers), body))
         if self.status != 200:
@@ -83,21 +92,13 @@ class FakeWorker:
         chat = request.path.endswith("chat/completions")
         if not body.get("stream"):
             if self.stall_after == 0:  # P: never answer until cancelled
-                try:
-                    self.stalled.set()
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    self.cancelled.set()
-                    raise
+                self.stalled.set()
+                await asyncio.Event().wait()
             full = self._full(body, chat)
             if self.pad_bytes:
                 return await self._padded(request, full)
             return web.json_response(full)
-        try:
-            return await self._stream(request, body, chat)
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
+        return await self._stream(request, body, chat)
 
     async def _padded(self, request: web.Request, full: dict) -> web.StreamResponse:
         """``full`` with a ``pad`` field of ``pad_bytes`` bytes, sent chunked (no Content-Length)."""
