@@ -232,11 +232,11 @@ def facets(con, filters: Filters | None = None) -> dict:
     return out
 
 
-def clocks(con, substrates: tuple[str, ...] | None = None) -> list[str]:
+def clocks(con, substrates: tuple[str, ...]) -> list[str]:
     """The clocks (``sc.CLOCKS``) the store's simulated workers ran on, sorted; spans written before
     kvtrace named the clock count as wall.  ``substrates``: the store's (its facets'); without the
     simulator there this reads nothing, so a fleet of real engines pays no scan for it."""
-    if substrates is not None and sc.SUBSTRATE_SIM not in substrates:
+    if sc.SUBSTRATE_SIM not in substrates:
         return []
     found = {r["clock"] for r in rows(con, CLOCKS_SQL)}
     return sorted({c if c in sc.CLOCKS else sc.CLOCK_WALL for c in found})

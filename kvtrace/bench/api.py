@@ -199,8 +199,7 @@ class Progress:
 
     def __init__(self, enabled: bool, total: int, label: str, stream=None) -> None:
         self.stream = stream or sys.stderr
-        isatty = getattr(self.stream, "isatty", None)
-        self.enabled, self.total, self.label = enabled and isatty is not None and isatty(), total, label
+        self.enabled, self.total, self.label = enabled and self.stream.isatty(), total, label
         self.done = self.errors = 0
         self.t0 = self.last = time.perf_counter()
 

@@ -261,7 +261,7 @@ async def arun_arms(
     if clock == WALL:
         _check_wall_span(config, min(sim_time_scale or TIME_SCALES.get(p, 1.0) for p in presets or ("",)))
     elif config.get("input") is not None:  # a bad file fails here, before the first arm's directory is made
-        bench._config(dict(config)).build(config.get("seed", 0), "")
+        _workload(config)
     if calibrate_from:
         presets = (CALIBRATED,)
     elif clock == VIRTUAL:
@@ -330,12 +330,18 @@ async def _one_virtual(
     )
 
 
+def _workload(config: dict) -> tuple[bench.BenchConfig, Any]:
+    """``config`` read, and the workload it describes built once before any arm runs: BenchError on
+    bad input (a file read before any arm's directory is made)."""
+    cfg = bench._config(dict(config))
+    return cfg, cfg.build(cfg.seed, "")
+
+
 def _check_wall_span(config: dict, scale: float) -> None:
     """BenchError (one line) when a replayed trace would keep a wall-clock arm waiting more than
     :data:`MAX_WALL_REPLAY_S` (its sessions' pauses, compressed by the time scale): a trace with a long
     gap replays in seconds on the virtual clock instead of hanging here."""
-    cfg = bench._config(dict(config))
-    workload = cfg.build(cfg.seed, "")
+    cfg, workload = _workload(config)
     if not workload.timed:
         return
     span_s = max((sum(t.pause_s for t in s.turns) for s in workload.sessions), default=0.0) * cfg.time_scale
