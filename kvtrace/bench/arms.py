@@ -1,43 +1,37 @@
 """``kvtrace bench --arms``: the published configuration beside a production one.
 
-One workload (scenario or input file, seed, sessions) runs against a fresh simulated 1 P + 1 D
-cluster (``kvtrace sim``) behind a fresh ``kvtrace proxy`` in each of four arms — P prefix cache
-{off, on} x bidirectional transfer {off, on} — for each cost preset (default: both) over the EFA
-link.  Simulator and proxy run as subprocesses (the workers' token pacing then does not share an
-event loop with the proxy and the client); each run of an arm is written to
-``DIR/<preset>/<arm>/r<k>`` (simulator, proxy and bench spans together; process logs beside it as
-``r<k>.log``).  With ``repeat`` > 1 the arms run interleaved (arm 1..4, arm 1..4, ...), so a drift
-of the machine's load hits every arm alike, and the repeats' spread is the noise the verdicts use.
-:mod:`kvtrace.analysis.arms_table` reads the runs back and builds each preset's table (``kvtrace report
---traces DIR`` shows the same).
+One workload (scenario or input file, seed, sessions) runs against a fresh simulated cluster
+(1 P + 1 D, or the :class:`~kvtrace.bench.fleet.Fleet` asked for) behind a fresh ``kvtrace proxy`` in each
+of four arms — P prefix cache {off, on} x bidirectional transfer {off, on} — for each cost preset
+(default: :data:`PRESETS`) over the EFA link: in this process on the virtual clock
+(:mod:`kvtrace.bench.inproc`), or, on the wall clock, the simulator and the proxy as subprocesses
+(:mod:`kvtrace.bench.served`). Each run of an arm is written to ``DIR/<preset>/<arm>/r<k>``
+(simulator, proxy and bench spans together; process logs beside it as ``r<k>.log``). With
+``repeat`` > 1 the arms run interleaved (arm 1..4, arm 1..4, ...), so a drift of the machine's load hits every
+arm alike, and the repeats' spread is the noise the verdicts use. :mod:`kvtrace.analysis.arms_table`
+reads the runs back and builds each preset's table (``kvtrace report --traces DIR`` shows the same).
 
-Time: the simulator compresses model time by the time scale (:data:`TIME_SCALES` per preset,
-chosen so one simulated decode step lasts at least ~1 ms of wall time and Python's per-token work
-stays small beside it); the bench's waits (tools, app work, pauses) are compressed by the same
-factor so the workload keeps its simulated timing, and every reported time is simulated (wall x
-the time scale).  The same ``nonce`` is used in every arm, so every arm sends the same prompts and
-gets the same answers.
+Time: on the virtual clock model time costs nothing to wait (time scale 1). On the wall clock the
+simulator compresses model time by the time scale (:data:`TIME_SCALES` per preset, chosen so one
+simulated decode step lasts at least ~1 ms of wall time and Python's per-token work stays small
+beside it); the bench's waits (tools, app work, pauses) are compressed by the same factor so the
+workload keeps its simulated timing, and every reported time is simulated (wall x the time scale).
+The same ``nonce`` is used in every arm, so every arm sends the same prompts and gets the same
+answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from kvtrace.analysis import arms_table as arms_analysis
 from kvtrace.bench import api as bench
-from kvtrace.bench import lateness
-from kvtrace.bench.fleet import SINGLE, Fleet, consecutive_free_ports
+from kvtrace.bench import lateness, served
+from kvtrace.bench.fleet import SINGLE, Fleet
 
 PRESETS = ("qwen3-32b", "glm5-fp8", "llama-3.3-70b")
 CONVERSATION_TTL_S = 450.0  # the proxy's default --conversation-ttl (D's 480 s TTL less 30 s), model s
@@ -46,8 +40,6 @@ TIME_SCALES = {"qwen3-32b": 5.0, "glm5-fp8": 4.0, "llama-3.3-70b": 8.0}
 LINK = "efa-3200"
 CALIBRATED = "calibrated"  # the table of a run at fitted costs (kvtrace.sim.fitted.NAME)
 NONCE = "arms"
-HOST = "127.0.0.1"
-READY_TIMEOUT_S = 120.0
 VIRTUAL, WALL = "virtual", "wall"
 MAX_WALL_REPLAY_S = 6 * 3600.0  # a wall-clock arm longer than this is refused (the virtual clock takes no wait)
 CLOCKS = (VIRTUAL, WALL)  # --clock: the virtual-time loop in this process, or the served subprocesses
@@ -82,152 +74,6 @@ class ArmsResult:
         }
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: each socket stays bound until all are chosen (the kernel may give
-    a port just released to the next bind(0))."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-async def _ready(url: str, proc: subprocess.Popen, log: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise bench.BenchError(
-                    f"kvtrace {proc.args[3]} exited ({proc.returncode}): {_last_line(log)} (log: {log})"
-                )
-            try:
-                async with http.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)  # polling a process that is starting, bounded by the deadline
-    raise bench.BenchError(f"{url} not ready within {READY_TIMEOUT_S:g} s (log: {log})")
-
-
-def _last_line(log: str) -> str:
-    with open(log, errors="replace") as f:
-        lines = [line.strip() for line in f.read()[-4000:].splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
-
-
-def check_presets(presets: tuple[str, ...]) -> None:
-    """BenchError (one line) unless ``kvtrace sim`` knows every preset: its own parser decides
-    (``--preset P --help`` exits 0 after a valid preset, 2 at an unknown one), so the arms never
-    start on a name the simulator refuses halfway through the runs."""
-    if not presets:
-        raise bench.BenchError("--presets needs at least one preset")
-    for preset in presets:
-        cmd = [sys.executable, "-m", "kvtrace.cli", "sim", "--preset", preset, "--help"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        if done.returncode:
-            lines = [line for line in done.stderr.splitlines() if line.strip()]
-            raise bench.BenchError(lines[-1].split("error: ", 1)[-1] if lines else f"unknown preset {preset!r}")
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()  # SIGTERM: both flush their traces before exiting
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-async def _one(
-    run_dir: str,
-    preset: str,
-    prefix_caching: bool,
-    bidirectional: bool,
-    scale: float,
-    link: str,
-    cfg: dict,
-    progress: bool,
-    calibrate_from: str | None = None,
-    fleet: Fleet = SINGLE,
-) -> bench.BenchResult:
-    (proxy_port,) = _free_ports(1)
-    p_port = consecutive_free_ports(fleet.prefillers, HOST)
-    d_port = consecutive_free_ports(fleet.decoders, HOST)
-    p_ports = [str(p_port + i) for i in range(fleet.prefillers)]
-    d_ports = [str(d_port + i) for i in range(fleet.decoders)]
-    kv = {"kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional}}
-    cli = [sys.executable, "-m", "kvtrace.cli"]
-    sim = [
-        *cli,
-        "sim",
-        *(["--calibrate-from", calibrate_from] if calibrate_from else ["--preset", preset]),
-        "--prefill",
-        str(fleet.prefillers),
-        "--decode",
-        str(fleet.decoders),
-        "--link",
-        link,
-        "--time-scale",
-        f"{scale:g}",
-        "--host",
-        HOST,
-        "--prefill-port",
-        str(p_port),
-        "--decode-port",
-        str(d_port),
-        "--traces",
-        run_dir,
-        "--kv-transfer-config",
-        json.dumps(kv),
-    ] + ([] if prefix_caching else ["--no-enable-prefix-caching", "prefill"])
-    proxy = [
-        *cli,
-        "proxy",
-        "--host",
-        HOST,
-        "--port",
-        str(proxy_port),
-        "--prefiller-host",
-        HOST,
-        "--prefiller-ports",
-        *p_ports,
-        "--decoder-host",
-        HOST,
-        "--decoder-ports",
-        *d_ports,
-        "--routing",
-        fleet.routing,
-        "--traces",
-        run_dir,
-        "--conversation-ttl",  # the proxy's clock is wall time: its default TTL, in model seconds
-        f"{CONVERSATION_TTL_S / scale:g}",
-    ]
-    log = run_dir + ".log"
-    os.makedirs(run_dir, exist_ok=True)
-    env = {**os.environ, "KVTRACE_METRICS": "0"}
-    procs: list[subprocess.Popen] = []
-    with open(log, "ab") as out:
-        try:
-            for cmd in (sim, proxy):
-                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
-            workers = [(f"http://{HOST}:{port}", procs[0]) for port in p_ports + d_ports]
-            for url, proc in (*workers, (f"http://{HOST}:{proxy_port}", procs[1])):
-                await _ready(url, proc, log)
-            label = arms_analysis.arm_label(prefix_caching, bidirectional)
-            return await bench.arun_bench(
-                f"http://{HOST}:{proxy_port}", traces_dir=run_dir, progress=progress, label=label, **cfg
-            )
-        finally:
-            _stop(procs[::-1])
-
-
 async def arun_arms(
     traces_dir: str,
     *,
@@ -246,28 +92,7 @@ async def arun_arms(
     preset's :data:`TIME_SCALES` entry.  ``calibrate_from``: a trace directory whose fitted costs
     (``kvtrace sim --calibrate-from``) every arm runs at, instead of the presets (one table, named
     ``calibrated``)."""
-    if sim_time_scale is not None and not sim_time_scale > 0:
-        raise bench.BenchError("sim_time_scale must be positive")
-    if repeat < 1:
-        raise bench.BenchError("repeat must be >= 1")
-    if os.path.isdir(traces_dir) and os.listdir(traces_dir):
-        raise bench.BenchError(f"{traces_dir} is not empty: the arms' runs need a directory of their own")
-    bench._config(dict(config)).validate()  # bad workload arguments fail before any cluster starts
-    fleet.check(config.get("clients"))
-    if clock not in CLOCKS:
-        raise bench.BenchError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
-    if clock == VIRTUAL and sim_time_scale is not None:
-        raise bench.BenchError("--sim-time-scale compresses wall time: it does not go with --clock virtual")
-    if clock == WALL:
-        _check_wall_span(config, min(sim_time_scale or TIME_SCALES.get(p, 1.0) for p in presets or ("",)))
-    elif config.get("input") is not None:  # a bad file fails here, before the first arm's directory is made
-        _workload(config)
-    if calibrate_from:
-        presets = (CALIBRATED,)
-    elif clock == VIRTUAL:
-        _check_presets_here(presets)
-    else:
-        check_presets(presets)
+    presets = _checked(traces_dir, presets, sim_time_scale, repeat, calibrate_from, clock, fleet, config)
     results: dict = {}
     late: list[float] = []
     for preset in presets:
@@ -279,27 +104,55 @@ async def arun_arms(
         for rep in range(repeat):
             for prefix_caching, bidirectional in arms_analysis.ARMS:
                 run_dir = os.path.join(traces_dir, preset, arm_dir(prefix_caching, bidirectional), f"r{rep}")
+                key = (preset, prefix_caching, bidirectional, rep)
                 if clock == VIRTUAL:
                     one = _one_virtual(run_dir, preset, prefix_caching, bidirectional, link, cfg, calibrate_from, fleet)
-                    results[(preset, prefix_caching, bidirectional, rep)] = await one
+                    results[key] = await one
                     continue
                 async with lateness.Lateness() as probe:
-                    results[(preset, prefix_caching, bidirectional, rep)] = await _one(
-                        run_dir,
-                        preset,
-                        prefix_caching,
-                        bidirectional,
-                        scale,
-                        link,
-                        cfg,
-                        progress,
-                        calibrate_from,
-                        fleet,
-                    )
+                    arm = (run_dir, preset, prefix_caching, bidirectional, scale, link, cfg, progress)
+                    results[key] = await served.run_arm(*arm, CONVERSATION_TTL_S, calibrate_from, fleet)
                 late += probe.late_s
     found = arms_analysis.from_directory(traces_dir)
     # the bootstrap seed kvtrace report uses
     return ArmsResult(arms_analysis.tables(found), results, traces_dir, late, fleet)
+
+
+def _checked(
+    traces_dir: str,
+    presets: tuple[str, ...],
+    sim_time_scale: float | None,
+    repeat: int,
+    calibrate_from: str | None,
+    clock: str,
+    fleet: Fleet,
+    config: dict,
+) -> tuple[str, ...]:
+    """The presets the arms run at, once every argument is checked (BenchError, one line) before any
+    cluster starts or any arm's directory is made."""
+    if sim_time_scale is not None and not sim_time_scale > 0:
+        raise bench.BenchError("sim_time_scale must be positive")
+    if repeat < 1:
+        raise bench.BenchError("repeat must be >= 1")
+    if os.path.isdir(traces_dir) and os.listdir(traces_dir):
+        raise bench.BenchError(f"{traces_dir} is not empty: the arms' runs need a directory of their own")
+    bench._config(dict(config)).validate()
+    fleet.check(config.get("clients"))
+    if clock not in CLOCKS:
+        raise bench.BenchError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
+    if clock == VIRTUAL and sim_time_scale is not None:
+        raise bench.BenchError("--sim-time-scale compresses wall time: it does not go with --clock virtual")
+    if clock == WALL:
+        _check_wall_span(config, min(sim_time_scale or TIME_SCALES.get(p, 1.0) for p in presets or ("",)))
+    elif config.get("input") is not None:  # a bad file fails here, before the first arm's directory is made
+        _workload(config)
+    if calibrate_from:
+        return (CALIBRATED,)
+    if clock == VIRTUAL:
+        _check_presets_here(presets)
+    else:
+        served.check_presets(presets)
+    return presets
 
 
 async def _one_virtual(

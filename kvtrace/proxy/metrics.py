@@ -21,31 +21,8 @@ import itertools
 from kvtrace import semconv as sc
 from kvtrace.telemetry import exposition
 
-# vLLM 0.32/0.33 buckets (vllm/v1/metrics/loggers.py), so the proxy's TTFT compares with vLLM's
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
+# vLLM's buckets, so the proxy's TTFT compares with vLLM's
+TTFT_BUCKETS = exposition.VLLM_TTFT_BUCKETS
 LATENCY_BUCKETS = (
     0.3,
     0.5,

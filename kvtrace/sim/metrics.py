@@ -29,30 +29,7 @@ from kvtrace.emit import metrics as km
 from kvtrace.telemetry import exposition
 
 # vLLM 0.32/0.33 buckets (vllm/v1/metrics/loggers.py, .../nixl/stats.py)
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
+TTFT_BUCKETS = exposition.VLLM_TTFT_BUCKETS
 NIXL_XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 NIXL_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 

@@ -21,6 +21,33 @@ OPENMETRICS = "application/openmetrics-text"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+#: vLLM 0.32/0.33's time-to-first-token histogram buckets, s (vllm/v1/metrics/loggers.py): the
+#: simulated workers' and the proxy's TTFT histograms compare with a real vLLM's
+VLLM_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+
 
 def render(registry, accept: str | None) -> tuple[bytes, str]:
     """(body, content type) of ``registry`` for a scrape with this ``Accept`` header."""

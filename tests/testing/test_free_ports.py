@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from kvtrace.bench import arms
+from kvtrace.bench import served
 from kvtrace.testing import wait
 
 
@@ -110,7 +110,7 @@ def test_free_port_gives_a_port_nothing_listens_on_outside_the_ephemeral_range()
 def test_bench_arms_ports_are_chosen_while_all_are_bound(monkeypatch):
     kernel = _Kernel(42001)
     with monkeypatch.context() as m:
-        m.setattr(arms.socket, "socket", kernel)
-        assert arms._free_ports(3) == [42001, 42002, 42003]
+        m.setattr(served.socket, "socket", kernel)
+        assert served.free_ports(3) == [42001, 42002, 42003]
     assert kernel.bound == set()
-    assert len(set(arms._free_ports(3))) == 3  # the real kernel
+    assert len(set(served.free_ports(3))) == 3  # the real kernel

@@ -93,12 +93,16 @@ def test_one_p_and_one_d_have_no_per_instance_section(tmp_path):
 
 
 def test_the_served_proxy_over_two_prefillers_names_its_routing_the_same_way(tmp_path):
-    from kvtrace.bench import arms
+    from kvtrace.bench import arms, served
 
     run_dir = str(tmp_path / "w")
     fleet = Fleet(2, 2, sc.ROUTING_SESSION_AFFINE)
     cfg = dict(scenario="coding-agent", sessions=3, nonce="fleet", clients=3, time_scale=0.0)
-    result = asyncio.run(arms._one(run_dir, "qwen3-32b", True, True, 20.0, arms.LINK, cfg, False, None, fleet))
+    result = asyncio.run(
+        served.run_arm(
+            run_dir, "qwen3-32b", True, True, 20.0, arms.LINK, cfg, False, arms.CONVERSATION_TTL_S, None, fleet
+        )
+    )
     report = _check(run_dir, sc.ROUTING_SESSION_AFFINE, 2, 2, len(result.requests))
     assert document.TIME_NOTE in report and document.VIRTUAL_TIME_NOTE not in report  # served: wall times
     later = [r for r in _requests(run_dir) if r[4] == sc.ROUTE_HOLDER]
