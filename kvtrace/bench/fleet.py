@@ -56,8 +56,10 @@ class Fleet:
 SINGLE = Fleet()  # 1 P + 1 D: the published setup
 
 
-def consecutive_free_ports(n: int, host: str, tries: int = 200) -> int:
-    """The first of ``n`` consecutive free ports (``kvtrace sim`` numbers its workers port, port+1, ...)."""
+def consecutive_free_ports(n: int, host: str, tries: int = 200, held: list[socket.socket] | None = None) -> int:
+    """The first of ``n`` consecutive free ports (``kvtrace sim`` numbers its workers port, port+1, ...).
+    ``held``: the range's sockets stay bound, added to it (the caller closes them), so that a later
+    choice is not handed them: the kernel may give a port just released to the next bind(0)."""
     for _ in range(tries):
         with socket.socket() as probe:
             probe.bind((host, 0))
@@ -70,10 +72,14 @@ def consecutive_free_ports(n: int, host: str, tries: int = 200) -> int:
                 s = socket.socket()
                 socks.append(s)
                 s.bind((host, port))
-            return base
         except OSError:
-            continue
-        finally:
             for s in socks:
                 s.close()
+            continue
+        if held is None:
+            for s in socks:
+                s.close()
+        else:
+            held += socks
+        return base
     raise BenchError(f"found no {n} consecutive free ports on {host}")

@@ -25,16 +25,16 @@ READY_TIMEOUT_S = 120.0
 CLI = (sys.executable, "-m", "kvtrace.cli")
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: each socket stays bound until all are chosen (the kernel may give
-    a port just released to the next bind(0))."""
-    socks = [socket.socket() for _ in range(n)]
+def arm_ports(fleet: Fleet) -> tuple[int, int, int]:
+    """(the proxy's port, the first P's, the first D's; each role's workers on consecutive ports),
+    every one chosen while those chosen before it are still bound."""
+    held: list[socket.socket] = []
     try:
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
+        proxy = consecutive_free_ports(1, HOST, held=held)
+        first_p = consecutive_free_ports(fleet.prefillers, HOST, held=held)
+        return proxy, first_p, consecutive_free_ports(fleet.decoders, HOST, held=held)
     finally:
-        for s in socks:
+        for s in held:
             s.close()
 
 
@@ -66,9 +66,7 @@ async def run_arm(
 ) -> bench.BenchResult:
     """The arm's workload (``cfg``: BenchConfig fields) through a fresh proxy and simulated fleet
     whose model time runs ``scale`` times faster than wall time; ``conversation_ttl_s`` in model s."""
-    (proxy_port,) = free_ports(1)
-    p_port = consecutive_free_ports(fleet.prefillers, HOST)
-    d_port = consecutive_free_ports(fleet.decoders, HOST)
+    proxy_port, p_port, d_port = arm_ports(fleet)
     p_ports = [p_port + i for i in range(fleet.prefillers)]
     d_ports = [d_port + i for i in range(fleet.decoders)]
     sim = _sim_argv(preset, calibrate_from, fleet, link, scale, p_port, d_port, run_dir, prefix_caching, bidirectional)

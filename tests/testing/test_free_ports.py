@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import socket
 
+from kvtrace import semconv as sc
 from kvtrace.bench import served
+from kvtrace.bench.fleet import Fleet
 from kvtrace.testing import wait
 
 
 class _Kernel:
     """socket.socket whose bind(0) gives the port released last when one is free again, else a new
-    one: the worst case of a real kernel's choice."""
+    one: the worst case of a real kernel's choice.  An explicit port binds unless it is bound."""
 
     def __init__(self, first: int) -> None:
         self.next, self.bound, self.released = first, set(), []
@@ -26,9 +28,15 @@ class _Kernel:
 
             def bind(self, addr):
                 free = [p for p in kernel.released if p not in kernel.bound]
-                if free:
+                if addr[1]:
+                    if addr[1] in kernel.bound:
+                        raise OSError(98, "Address already in use")
+                    self.port = addr[1]
+                elif free:
                     self.port = free[-1]
                 else:
+                    while kernel.next in kernel.bound:
+                        kernel.next += 1
                     self.port, kernel.next = kernel.next, kernel.next + 1
                 kernel.bound.add(self.port)
 
@@ -107,10 +115,16 @@ def test_free_port_gives_a_port_nothing_listens_on_outside_the_ephemeral_range()
         s.bind(("127.0.0.1", port))  # EADDRINUSE if anything held it
 
 
+def _arm_ports(fleet: Fleet) -> list[int]:
+    proxy, first_p, first_d = served.arm_ports(fleet)
+    return [proxy, *range(first_p, first_p + fleet.prefillers), *range(first_d, first_d + fleet.decoders)]
+
+
 def test_bench_arms_ports_are_chosen_while_all_are_bound(monkeypatch):
+    fleet = Fleet(2, 3, sc.ROUTING_ROUND_ROBIN)
     kernel = _Kernel(42001)
     with monkeypatch.context() as m:
-        m.setattr(served.socket, "socket", kernel)
-        assert served.free_ports(3) == [42001, 42002, 42003]
+        m.setattr(socket, "socket", kernel)
+        assert _arm_ports(fleet) == [42001, 42002, 42003, 42004, 42005, 42006]
     assert kernel.bound == set()
-    assert len(set(served.free_ports(3))) == 3  # the real kernel
+    assert len(set(_arm_ports(fleet))) == 6  # the real kernel
