@@ -174,9 +174,24 @@ class CostModel:
         """One decode step with ``total_ctx`` tokens of KV across the running batch."""
         if not self.enabled:
             return 0.0
+        weights, per_token, bandwidth, comm = self._decode_terms()
+        return (weights + total_ctx * per_token) / bandwidth + comm
+
+    def decode_steps_wall(self, total_ctx: int, n: int) -> list[float]:
+        """``wall(decode_step_s(c))`` for ``c`` from ``total_ctx`` to ``total_ctx + n - 1``, the same
+        numbers, in one pass: a decode alone on its engine, step by step (:mod:`kvtrace.sim.decoding`)."""
+        if not self.enabled:
+            return [0.0] * n
+        weights, per_token, bandwidth, comm = self._decode_terms()
+        scale = self.time_scale
+        return [((weights + c * per_token) / bandwidth + comm) / scale for c in range(total_ctx, total_ctx + n)]
+
+    def _decode_terms(self) -> tuple[float, int, float, float]:
+        """A decode step's weights read, KV bytes per token of context, the bandwidth both are read
+        at (tp x hbm), and its all-reduces' latency."""
         p = self.preset
         comm = p.layers * p.allreduces_per_layer * p.allreduce_latency_s if p.gpus > 1 else 0.0
-        return (p.active_weight_bytes + total_ctx * p.bytes_per_token) / (p.gpus * p.hbm_bytes_per_s) + comm
+        return p.active_weight_bytes, p.bytes_per_token, p.gpus * p.hbm_bytes_per_s, comm
 
     # ------------------------------------------------------------------ transfer
     def descriptors(self, blocks: int) -> int:

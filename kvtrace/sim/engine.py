@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtrace import kvdigest
 from kvtrace import semconv as sc
@@ -101,20 +102,20 @@ class Generation:
         async for item in self.engine._decode(self):
             yield item
 
-    async def decode_batches(self, deliver: decoding.Deliver):
+    async def decode_batches(self, pacer: decoding.Pacer | None):
         """Yield the generated tokens in lists, each at the time of its last token, which
-        ``deliver(i, piece)`` asked to see then (None: only the last); on the virtual loop by
+        ``pacer.deliver(i, piece)`` asked to see then (None: only the last); on the virtual loop by
         :mod:`~kvtrace.sim.decoding`'s fast events, else token by token."""
         loop = decoding.fast_loop(self.engine)
         if loop is not None:
-            async for batch in decoding.batches(self.engine, self, deliver, loop):
+            async for batch in decoding.batches(self.engine, self, pacer, loop):
                 yield batch
             return
         batch: list[decoding.Token] = []
         async for item in self.engine._decode(self):
             batch.append(item)
             i = len(self.output) - 1  # the engine made max_tokens tokens (tokenizer.generate)
-            if i + 1 == self.max_tokens or (deliver is not None and deliver(i, item[1])):
+            if i + 1 == self.max_tokens or (pacer is not None and pacer.deliver(i, item[1])):
                 yield batch
                 batch = []
 
@@ -163,6 +164,7 @@ class Engine(Connector):
         self.queue = BlockQueue(cache, self.clock, self._held_blocks)
         self._held_key, self._held_count = (-1, -1), 0  # _held_blocks's last answer, and when
         self._decode_ctx = 0  # sum of context lengths of running decodes (batch KV reads)
+        self._ahead: Any = None  # the decode whose steps kvtrace.sim.decoding computed ahead, if any
         #: called with the wall-clock seconds from arrival to each request's first token
         self.on_first_token: Callable[[float], None] | None = None
         registry.engines[engine_id] = self
@@ -309,7 +311,11 @@ class Engine(Connector):
 
     def _step_s(self) -> float:
         """The next decode step's duration (wall s) on the running batch's context now."""
-        return self.cost.wall(self.cost.decode_step_s(self._decode_ctx))
+        return self._step_at(self._decode_ctx)
+
+    def _step_at(self, ctx: int) -> float:
+        """A decode step's duration (wall s) on ``ctx`` tokens of running context."""
+        return self.cost.wall(self.cost.decode_step_s(ctx))
 
     def _finish(self, gen: Generation, finish_reason: str) -> dict:
         if gen.done:
@@ -341,6 +347,7 @@ class Engine(Connector):
         return out
 
     def _abort(self, gen: Generation, error_type: str) -> None:
+        decoding.settle(self)  # the tokens it made so far, if its steps were computed ahead
         if not gen.done:
             self._fail(gen, error_type)
 

@@ -18,6 +18,7 @@ with 1 (:func:`kvtrace.bench.inproc.run_arm`); and a write goes out at least eve
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ MAX_SILENCE_S = 30.0  # at most this long (model s, the engine's clock) between 
 
 
 class Pacing:
-    """``deliver(i, piece)`` for :meth:`~kvtrace.sim.engine.Generation.decode_batches`: which
-    tokens of one streamed request are written at their own time."""
+    """The :class:`~kvtrace.sim.decoding.Pacer` of one streamed request: which tokens of it are
+    written at their own time."""
 
     def __init__(self, interval: float, req: wire.ParsedRequest, reasoning: int, timed: bool) -> None:
         self.interval, self.req, self.reasoning, self.timed = interval, req, reasoning, timed
@@ -55,6 +56,27 @@ class Pacing:
             return False
         self.since, self.last_t = 0, now
         return True
+
+    def first_due(self, i: int, pieces: list[str], times: list[float], skipped: int) -> int | None:
+        """What :meth:`deliver` would answer, by a count and a binary search over the (increasing)
+        times instead of token by token: after the first token with text only the count and the
+        silence bound decide, and before it every token goes out."""
+        if not self.timed or not times:
+            return None
+        if self.interval <= 1 or not self.texted:
+            return 0
+        # deliver's "since < interval" fails at token i + k when since + skipped + k + 1 >= interval
+        by_count = len(times)
+        if math.isfinite(self.interval):
+            by_count = max(0, math.ceil(self.interval - self.since - skipped - 1))
+        last_t = self.last_t
+        by_time = bisect.bisect_left(times, True, key=lambda t: t - last_t >= MAX_SILENCE_S)
+        k = min(by_count, by_time)
+        return k if k < len(times) else None
+
+    def skip(self, n: int) -> None:
+        if self.timed and self.interval > 1:
+            self.since += n
 
     def _has_text(self, i: int, piece: str) -> bool:
         req = self.req

@@ -201,8 +201,17 @@ class SimWorker:
         reasoning = tokenizer.reasoning_words(max_tokens, gen.thinking)
         pace = streaming.Pacing(self.stream_interval, req, reasoning, self.engine.cost.enabled)
         n_out, merge = 0, self.stream_interval > 1
-        async for batch in gen.decode_batches(pace.deliver):
+        # merged, a plain answer's batch is one chunk: one field's deltas, the last token's finish
+        plain = merge and not req.tool_name and not req.continuous_usage and not (req.chat and reasoning)
+        async for batch in gen.decode_batches(pace):
             runs: list[streaming.Run] = []
+            if plain:  # what the loop below makes of it, without a step per token
+                n_out += len(batch)
+                finish = FINISH_LENGTH if n_out >= max_tokens else None
+                kvp = gen.finish(finish) if finish else None
+                text = "".join([piece for _, piece in batch])
+                runs.append(streaming.Run("content" if req.chat else "text", [text], None, finish, kvp))
+                batch = []
             for _, piece in batch:
                 n_out += 1
                 last = n_out >= max_tokens

@@ -196,3 +196,14 @@ def test_causal_pairs_with_and_without_a_window():
     brute = lambda new, ctx, w=None: sum(min(k, w or k) for k in range(ctx - new + 1, ctx + 1))  # noqa: E731
     for new, ctx, w in [(1, 1, None), (3, 3, None), (5, 12, None), (10, 10, 4), (4, 20, 8), (12, 16, 8), (0, 5, None)]:
         assert causal_pairs(new, ctx, w) == brute(new, ctx, w)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("scale", [1.0, 7.5])
+def test_decode_steps_in_one_pass_are_the_step_by_step_numbers(name, scale):
+    """A decode computed ahead (kvtrace.sim.decoding) takes its steps from ``decode_steps_wall``:
+    bit for bit ``wall(decode_step_s(c))``, or its tokens' times would drift from the served path's."""
+    model = CostModel(name, time_scale=scale)
+    for ctx in (0, 1, 13_317, 250_000):
+        assert model.decode_steps_wall(ctx, 50) == [model.wall(model.decode_step_s(c)) for c in range(ctx, ctx + 50)]
+    assert CostModel(name, enabled=False).decode_steps_wall(100, 3) == [0.0, 0.0, 0.0]
