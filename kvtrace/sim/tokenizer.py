@@ -57,6 +57,9 @@ def piece_id(piece: str) -> int:
     return tid
 
 
+_GEN_IDS = tuple(piece_id(p) for p in _GEN_PIECES)  # the generated words' ids
+
+
 def _py_encode(text: str) -> list[int]:
     """Token ids of ``text``."""
     pieces = _PIECE.findall(text)
@@ -146,11 +149,14 @@ def generate(seed: int, n: int, thinking: bool = False) -> tuple[list[int], list
     """``n`` output token ids and their text pieces, a deterministic function of ``seed``;
     ``thinking``: ``<|think|>``, :func:`reasoning_words` words, ``<|end_think|>``, then the answer."""
     k = len(_GEN_PIECES)
-    pieces = [_GEN_PIECES[(seed + i * 7919) % k] for i in range(n)]
+    cycle = [(seed + i * 7919) % k for i in range(k)]  # word i + k is word i: (k * 7919) % k == 0
+    reps = n // k + 1
+    pieces = ([_GEN_PIECES[j] for j in cycle] * reps)[:n]
     r = reasoning_words(n, thinking)
     if r:
         pieces = [THINK, *pieces[:r], END_THINK, *pieces[r : n - 2]]
-    return [piece_id(p) for p in pieces], pieces
+        return [piece_id(p) for p in pieces], pieces
+    return ([_GEN_IDS[j] for j in cycle] * reps)[:n], pieces
 
 
 def delta(i: int, piece: str, reasoning: int) -> tuple[str, str]:

@@ -53,3 +53,17 @@ def test_kept_ids_are_not_walked_by_the_garbage_collector():
     gc.collect()  # a collection it survives: from then on the collector no longer follows it
     assert memo.encode("a long message the memo keeps for the next turn ") is ids and not gc.is_tracked(ids)
     assert list(ids) == tokenizer.encode("a long message the memo keeps for the next turn ")
+
+
+def test_generated_words_are_word_seed_plus_7919_i_of_the_list_by_its_id():
+    """``generate`` repeats a cycle of the word list rather than computing every token: the same ids
+    and pieces as the definition (word ``(seed + 7919 i) mod k``, its crc32 id), thinking or not."""
+    words = [w + " " for w in tokenizer._WORDS]
+    for seed in (0, 1, 39, 40, 12_345, 2**31 - 1):
+        for n in (0, 1, 4, 39, 40, 41, 333, 1_000):
+            pieces = [words[(seed + i * 7919) % len(words)] for i in range(n)]
+            assert tokenizer.generate(seed, n) == ([tokenizer.piece_id(p) for p in pieces], pieces)
+            r = tokenizer.reasoning_words(n, True)
+            if r:
+                thought = [tokenizer.THINK, *pieces[:r], tokenizer.END_THINK, *pieces[r : n - 2]]
+                assert tokenizer.generate(seed, n, True) == ([tokenizer.piece_id(p) for p in thought], thought)
