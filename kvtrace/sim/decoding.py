@@ -49,10 +49,10 @@ class Pacer(Protocol):
         """Token ``i`` is made now: hand it over now?  (Counts it.)"""
         ...
 
-    def first_due(self, i: int, pieces: list[str], times: list[float], skipped: int) -> int | None:
-        """The first ``k`` for which :meth:`deliver` would say yes to token ``i + k`` (``pieces[i +
-        k]``) made at ``times[k]``, after it said no to the ``skipped`` tokens before ``i`` since it
-        last counted and to those up to ``i + k``; None: to none of them.  Changes nothing."""
+    def first_due(self, times: list[float], skipped: int) -> int | None:
+        """The first ``k`` for which :meth:`deliver` would say yes to the ``k``-th next token, made at
+        ``times[k]``, after it said no to the ``skipped`` tokens since it last counted and to the
+        ``k`` before; None: to none of them.  Changes nothing."""
         ...
 
     def skip(self, n: int) -> None:
@@ -196,13 +196,13 @@ def _tick(run: _Run) -> None:
 def _go_ahead(run: _Run, engine: Engine) -> None:
     """The times of ``run``'s next tokens, up to the next its pacer delivers or the last (in
     growing slices: a pacer may want the very next one), and one event at that token's time."""
-    pacer, pieces, i, n = run.pacer, run.pieces, run.i, len(run.ids) - run.i
+    pacer, n = run.pacer, len(run.ids) - run.i
     times: list[float] = []
     t, size = run.loop._now, 1
     while True:
         part = list(accumulate(engine.cost.decode_steps_wall(run.ctx + len(times), size), initial=t))
         del part[0]  # t itself: the times are t + the first step, + the second, ...
-        due = pacer.first_due(i + len(times), pieces, part, len(times)) if pacer is not None else None
+        due = pacer.first_due(part, len(times)) if pacer is not None else None
         if due is not None:
             times += part[: due + 1]
             break

@@ -57,15 +57,15 @@ class Pacing:
         self.since, self.last_t = 0, now
         return True
 
-    def first_due(self, i: int, pieces: list[str], times: list[float], skipped: int) -> int | None:
+    def first_due(self, times: list[float], skipped: int) -> int | None:
         """What :meth:`deliver` would answer, by a count and a binary search over the (increasing)
-        times instead of token by token: after the first token with text only the count and the
-        silence bound decide, and before it every token goes out."""
+        times instead of token by token: before the first token with text every token goes out
+        (whatever its text), after it only the count and the silence bound decide."""
         if not self.timed or not times:
             return None
         if self.interval <= 1 or not self.texted:
             return 0
-        # deliver's "since < interval" fails at token i + k when since + skipped + k + 1 >= interval
+        # deliver's "since < interval" fails at the k-th token when since + skipped + k + 1 >= interval
         by_count = len(times)
         if math.isfinite(self.interval):
             by_count = max(0, math.ceil(self.interval - self.since - skipped - 1))

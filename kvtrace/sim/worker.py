@@ -197,7 +197,7 @@ class SimWorker:
         """The tokens as chunks, the last one with finish_reason and kv_transfer_params: one chunk per
         token, or (``stream_interval`` > 1) one write per delivered batch, a field's consecutive
         deltas in one chunk."""
-        n_prompt, max_tokens = len(req.prompt_ids), req.max_tokens
+        max_tokens = req.max_tokens
         reasoning = tokenizer.reasoning_words(max_tokens, gen.thinking)
         pace = streaming.Pacing(self.stream_interval, req, reasoning, self.engine.cost.enabled)
         n_out, merge = 0, self.stream_interval > 1
@@ -205,29 +205,36 @@ class SimWorker:
         plain = merge and not req.tool_name and not req.continuous_usage and not (req.chat and reasoning)
         async for batch in gen.decode_batches(pace):
             runs: list[streaming.Run] = []
-            if plain:  # what the loop below makes of it, without a step per token
+            if plain:  # what _token_runs makes of it, without a step per token
                 n_out += len(batch)
                 finish = FINISH_LENGTH if n_out >= max_tokens else None
                 kvp = gen.finish(finish) if finish else None
                 text = "".join([piece for _, piece in batch])
                 runs.append(streaming.Run("content" if req.chat else "text", [text], None, finish, kvp))
-                batch = []
-            for _, piece in batch:
-                n_out += 1
-                last = n_out >= max_tokens
-                finish = (wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH) if last else None
-                kvp = gen.finish(finish) if last else None
-                usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
-                if req.tool_name:
-                    chunk = self._tool_chunk(req, rid, model, created, n_out, finish, kvp, usage)
-                    if chunk is not None:  # a tool parser holds the tokens between name and arguments back
-                        runs.append(streaming.Run(None, [], chunk))
-                    continue
-                field, text = tokenizer.delta(n_out - 1, piece, reasoning) if req.chat else ("text", piece)
-                streaming.add(runs, field, text, finish, kvp, usage, merge)
+            else:
+                n_out = self._token_runs(runs, req, gen, batch, n_out, reasoning, merge, rid, model, created)
             body = [streaming.encode(run, req.chat, rid, created, model) for run in runs]
             if body:
                 await resp.write(b"".join(body))
+
+    def _token_runs(self, runs, req, gen, batch, n_out, reasoning, merge, rid, model, created) -> int:
+        """``batch``'s tokens onto ``runs``, one by one (tool calls, continuous usage, reasoning, or
+        unmerged); returns the tokens counted so far."""
+        n_prompt, max_tokens = len(req.prompt_ids), req.max_tokens
+        for _, piece in batch:
+            n_out += 1
+            last = n_out >= max_tokens
+            finish = (wire.FINISH_TOOL_CALLS if req.tool_name else FINISH_LENGTH) if last else None
+            kvp = gen.finish(finish) if last else None
+            usage = wire.usage(n_prompt, n_out, False) if req.continuous_usage else None
+            if req.tool_name:
+                chunk = self._tool_chunk(req, rid, model, created, n_out, finish, kvp, usage)
+                if chunk is not None:  # a tool parser holds the tokens between name and arguments back
+                    runs.append(streaming.Run(None, [], chunk))
+                continue
+            field, text = tokenizer.delta(n_out - 1, piece, reasoning) if req.chat else ("text", piece)
+            streaming.add(runs, field, text, finish, kvp, usage, merge)
+        return n_out
 
     @staticmethod
     def _tool_chunk(req, rid, model, created, n_out, finish, kvp, usage) -> dict | None:

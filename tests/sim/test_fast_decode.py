@@ -234,7 +234,7 @@ def test_a_pacers_first_due_token_is_the_one_its_deliver_says_yes_to(interval):
         due, skipped = None, 0
         while due is None and i + skipped < len(pieces):
             part = times[i + skipped : i + skipped + 7]
-            due = ahead.first_due(i + skipped, pieces, part, skipped)
+            due = ahead.first_due(part, skipped)
             skipped += 0 if due is not None else len(part)
         if due is None:
             break
